@@ -1,0 +1,111 @@
+//! The command line of aether-controller. Every flag can also be set from the environment
+//! variable named in its help.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::webhook::DEFAULT_MAX_BODY_BYTES;
+
+/// aether-controller: admission webhook and tools for EndpointPolicy (config.aether.io/v1).
+///
+/// An EndpointPolicy tells the node proxy to deliver a Service's inbound traffic to its pods over a
+/// Unix domain socket in an emptyDir volume. The webhook denies policies whose target or socket
+/// value is invalid, or whose socket path would not fit in sun_path (107 bytes) with the
+/// configured kubelet pods dir, and says which field broke which rule.
+#[derive(Parser, Debug)]
+#[command(name = "aether-controller", version, about, long_about)]
+pub struct Cli {
+    /// Log format: plain text or one JSON object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve the admission webhook (POST /validate, AdmissionReview v1) over TLS, and /healthz,
+    /// /readyz, /metrics on the plain admin port. Runs until SIGTERM or SIGINT.
+    Run(RunArgs),
+    /// Decide EndpointPolicies in YAML files offline, exactly as the webhook would (for GitOps
+    /// CI). Exit 0: all allowed; 1: any denied; 2: input unreadable or unparsable.
+    Validate(ValidateArgs),
+    /// Print the EndpointPolicy CustomResourceDefinition as YAML.
+    Crd,
+}
+
+/// Flags of `run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Address the HTTPS webhook listens on.
+    #[arg(long, default_value = "0.0.0.0:9443", env = "AETHER_WEBHOOK_ADDR")]
+    pub webhook_addr: SocketAddr,
+    /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics).
+    #[arg(long, default_value = "0.0.0.0:9090", env = "AETHER_ADMIN_ADDR")]
+    pub admin_addr: SocketAddr,
+    /// Folder holding tls.crt and tls.key (e.g. a mounted kubernetes.io/tls Secret). Use this or
+    /// --tls-cert with --tls-key.
+    #[arg(long, env = "AETHER_TLS_DIR", conflicts_with_all = ["tls_cert", "tls_key"], required_unless_present_all = ["tls_cert", "tls_key"])]
+    pub tls_dir: Option<PathBuf>,
+    /// PEM certificate chain served by the webhook.
+    #[arg(long, env = "AETHER_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "AETHER_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The kubelet pods dir (see --kubelet-pods-dir).
+    #[command(flatten)]
+    pub pods_dir: PodsDirArg,
+    /// Largest AdmissionReview body decided, in bytes; larger ones get 413. The default (7 MiB)
+    /// holds an UPDATE of a ~3 MiB object (the API server's request limit) and its old object.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, env = "AETHER_MAX_BODY_BYTES")]
+    pub max_body_bytes: usize,
+}
+
+/// The kubelet pods dir, shared by `run` and `validate`.
+#[derive(Args, Debug)]
+pub struct PodsDirArg {
+    /// The kubelet pods dir as the node proxy sees it (the chart's mount path). The socket value
+    /// budget is 107 - len(dir) - 70 bytes: 16 for /var/lib/kubelet/pods. Must match the agents'
+    /// --kubelet-pods-dir.
+    #[arg(long, default_value = aether_crds::udspath::DEFAULT_PODS_DIR, env = "AETHER_KUBELET_PODS_DIR")]
+    pub kubelet_pods_dir: String,
+}
+
+/// Flags of `validate`.
+#[derive(Args, Debug)]
+pub struct ValidateArgs {
+    /// YAML files with one or more documents ("-" reads standard input). Documents that are
+    /// not EndpointPolicies are listed as skipped.
+    #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    /// The kubelet pods dir (see --kubelet-pods-dir).
+    #[command(flatten)]
+    pub pods_dir: PodsDirArg,
+    /// Output format: text lines, or a JSON array of {kind, namespace, name, allowed, message,
+    /// warnings, skipped, file}.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text, env = "AETHER_OUTPUT")]
+    pub output: Output,
+}
+
+/// Output of `validate`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// One line per document and a summary.
+    Text,
+    /// A JSON array.
+    Json,
+}

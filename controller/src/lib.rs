@@ -1,0 +1,16 @@
+//! aether-controller: the cluster-scoped half of aether's UDS delivery (proposal 034 Phase 1b).
+//!
+//! - [`admission`]: AdmissionReview v1 parsing and the decision, dispatched by kind.
+//! - [`webhook`]: `POST /validate` over axum (body cap, 400/413 answers).
+//! - [`admin`]: `/healthz`, `/readyz`, `/metrics` on a plain port.
+//! - [`server`]: `run`, binding both listeners (TLS via rustls with the ring provider).
+//! - [`offline`]: `validate`, the same decision for YAML files.
+//! - [`cli`]: the command line.
+
+pub mod admin;
+pub mod admission;
+pub mod cli;
+pub mod metrics;
+pub mod offline;
+pub mod server;
+pub mod webhook;

@@ -1,0 +1,88 @@
+//! The admission webhook's HTTP surface: `POST /validate` (AdmissionReview v1 JSON in and out).
+//!
+//! - Bodies are capped at [`DEFAULT_MAX_BODY_BYTES`] (configurable): an UPDATE review carries the
+//!   object and the old object, each up to the API server's ~3 MiB request limit. Larger bodies are
+//!   answered 413 as soon as their Content-Length is seen, or once the cap is read.
+//! - A body that is not JSON, not an AdmissionReview, has no `request`, or is not sent as
+//!   `application/json` is answered 400 with the reason in plain text.
+//! - Everything else is answered 200 with an AdmissionReview whose `response.uid` echoes the
+//!   request's.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use aether_crds::udspath::{Budget, PodsDirError};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use tower_http::limit::RequestBodyLimitLayer;
+
+use crate::admission;
+use crate::metrics::Metrics;
+
+/// Default cap on a review body: 7 MiB, room for two ~3 MiB objects (UPDATE) plus the envelope.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+
+/// What the handler needs.
+#[derive(Clone)]
+pub struct WebhookState {
+    /// The budget from `--kubelet-pods-dir`, or the configuration error to deny with.
+    pub budget: Arc<Result<Budget, PodsDirError>>,
+    /// Metrics to count into.
+    pub metrics: Metrics,
+}
+
+/// The webhook router: `POST /validate`, with the body cap applied.
+pub fn router(state: WebhookState, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/validate", post(validate))
+        .layer(DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(max_body_bytes))
+        .with_state(state)
+}
+
+fn bad_request(state: &WebhookState, reason: String) -> Response {
+    tracing::warn!(%reason, "answering 400 to a malformed admission request");
+    state.metrics.count("none", "malformed");
+    (StatusCode::BAD_REQUEST, reason).into_response()
+}
+
+async fn validate(State(state): State<WebhookState>, headers: HeaderMap, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => {
+            let status = rejection.status();
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                state.metrics.count("none", "too_large");
+                tracing::warn!("answering 413 to an admission request over the body cap");
+            }
+            return (status, rejection.body_text()).into_response();
+        }
+    };
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !content_type.to_ascii_lowercase().starts_with("application/json") {
+        return bad_request(&state, format!("Content-Type must be application/json, got {content_type:?}"));
+    }
+    let start = Instant::now();
+    let request = match admission::parse(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(&state, e.to_string()),
+    };
+    let decision = admission::decide(&request, &state.budget);
+    state.metrics.duration.observe(start.elapsed().as_secs_f64());
+    state.metrics.count(&decision.kind, decision.result);
+    let message = decision.response.result.message.clone();
+    tracing::info!(
+        kind = %decision.kind,
+        object = %decision.object,
+        uid = %request.uid,
+        operation = ?request.operation,
+        result = decision.result,
+        message = %message,
+        "admission review decided"
+    );
+    axum::Json(decision.response.into_review()).into_response()
+}

@@ -1,0 +1,18 @@
+//! Prints the EndpointPolicy CustomResourceDefinition as YAML.
+//!
+//! `crdgen` prints the plain CRD; `crdgen --chart` prints the copy kept in
+//! `charts/aether-crds/templates/`, which adds only chart metadata (labels and the
+//! `helm.sh/resource-policy: keep` annotation, so uninstalling the chart never deletes users'
+//! policies). `make crds` writes that copy; a test fails when it drifts.
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => print!("{}", aether_crds::crd_yaml()),
+        [flag] if flag == "--chart" => print!("{}", aether_crds::chart::crd_for_chart()),
+        _ => {
+            eprintln!("usage: crdgen [--chart]\n  prints the EndpointPolicy CRD as YAML; --chart adds the chart's labels and keep annotation");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! The API contract of aether's UDS delivery (proposal 034, Phases 1 and 1b), shared by the
+//! controller's webhook, the offline validator and the node agent. Pure: no I/O, no async, no
+//! Kubernetes client.
+//!
+//! - [`policy`]: the `EndpointPolicy` CRD types (`config.aether.io/v1`).
+//! - [`udspath`]: socket value grammar, the sun_path budget, and the host path resolver.
+//! - [`validate`]: the one decision every component uses for a policy.
+//! - [`tiebreak`]: the one-policy-per-Service rule and the mesh service key.
+//! - [`pod`]: pod label and annotation keys.
+
+pub mod chart;
+pub mod pod;
+pub mod policy;
+pub mod tiebreak;
+pub mod udspath;
+pub mod validate;
+
+pub use policy::{EndpointPolicy, EndpointPolicySpec, EndpointPolicyStatus, TargetRef};
+pub use udspath::{Budget, PodDirId, SocketError, SocketPath};
+pub use validate::{FieldViolation, Verdict, review};
+
+/// The CustomResourceDefinition as YAML, exactly as `crdgen` and `aether-controller crd` print it.
+///
+/// # Panics
+/// Never in practice: the CRD is a plain data structure that always serializes.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    yaml_serde::to_string(&EndpointPolicy::crd()).expect("a CRD always serializes to YAML")
+}

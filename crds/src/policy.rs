@@ -1,0 +1,111 @@
+//! The `EndpointPolicy` custom resource (`config.aether.io/v1`), spec Phase 1b "Shape".
+//!
+//! Every field carries a doc comment: kube-derive copies them into the CRD's OpenAPI schema, so
+//! they are what `kubectl explain endpointpolicy.spec` prints. The schema patterns and enums
+//! reject bad *shapes* even when the admission webhook is not registered; the webhook adds the
+//! rules that depend on configuration (the sun_path budget) and names the field and the rule.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group of EndpointPolicy.
+pub const GROUP: &str = "config.aether.io";
+/// The served and stored API version.
+pub const VERSION: &str = "v1";
+/// The kind.
+pub const KIND: &str = "EndpointPolicy";
+/// The resource (plural) name, as in RBAC rules and webhook rules.
+pub const PLURAL: &str = "endpointpolicies";
+
+/// Pattern of a DNS-1035 label (Service names): starts with a letter, ends alphanumeric.
+pub const DNS1035_LABEL_PATTERN: &str = "^[a-z]([-a-z0-9]*[a-z0-9])?$";
+
+/// Pattern of a socket value `<volume>/<file>`: a DNS-1123 label, one `/`, and a file name of
+/// `[A-Za-z0-9._-]` that is not `.` or `..` (RE2 has no look-ahead, hence the three branches).
+pub const SOCKET_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/([A-Za-z0-9_-][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+)$";
+
+/// Declares, for every pod behind one Service, that the node proxy delivers inbound traffic over
+/// a Unix domain socket the app serves in one of its emptyDir volumes, instead of TCP loopback.
+/// A pod's own `endpoint.aether.io/uds-socket` annotation takes precedence over this policy. At
+/// most one policy applies per Service: when several target the same Service, the one with the
+/// lexicographically smallest name wins and the others are reported as conflicted.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, garde::Validate)]
+#[kube(
+    group = "config.aether.io",
+    version = "v1",
+    kind = "EndpointPolicy",
+    plural = "endpointpolicies",
+    shortname = "epol",
+    category = "aether",
+    namespaced,
+    doc = "EndpointPolicy attaches Unix-domain-socket delivery to a Service: the node proxy delivers inbound traffic to the Service's pods over the socket named in spec.udsSocket instead of TCP loopback.",
+    status = "EndpointPolicyStatus",
+    printcolumn = r#"{"name":"Target","type":"string","description":"The Service this policy attaches to.","jsonPath":".spec.targetRef.name"}"#,
+    printcolumn = r#"{"name":"Socket","type":"string","description":"The <volume>/<file> socket value.","jsonPath":".spec.udsSocket"}"#,
+    printcolumn = r#"{"name":"Accepted","type":"string","description":"Whether the policy is in effect.","jsonPath":".status.conditions[?(@.type==\"Accepted\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[garde(context(crate::udspath::Budget))]
+pub struct EndpointPolicySpec {
+    /// The Service this policy attaches to, in the policy's own namespace (Gateway API policy
+    /// attachment, GEP-713 direct attachment). It carries no namespace: cross-namespace
+    /// attachment is not possible. The Service name is matched against the mesh service key
+    /// `<namespace>/<name>`, whose name is the workload's ServiceAccount.
+    #[garde(dive)]
+    pub target_ref: TargetRef,
+
+    /// The Unix socket the pods serve on, as `<volume>/<file>`: `<volume>` is the name of one of
+    /// the pod's emptyDir volumes (a DNS-1123 label), `<file>` the socket file the app creates in
+    /// it (1 or more of A-Z a-z 0-9 . _ -, not "." or ".."). Exactly one "/". The node proxy dials
+    /// `<kubelet-pods-dir>/<pod-uid>/volumes/kubernetes.io~empty-dir/<volume>/<file>`, which must
+    /// fit in sun_path (107 bytes): with the default pods dir /var/lib/kubelet/pods the value may
+    /// be at most 16 bytes. The admission webhook enforces the budget for the configured pods dir.
+    /// Example: "sockets/app.sock".
+    #[schemars(length(min = 3, max = 36), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/([A-Za-z0-9_-][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+)$"))]
+    #[garde(custom(crate::validate::socket_rule))]
+    pub uds_socket: String,
+}
+
+/// A reference to the Service a policy attaches to (GEP-713 `LocalPolicyTargetReference`,
+/// restricted to core Services).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, garde::Validate)]
+#[serde(rename_all = "camelCase")]
+#[garde(context(crate::udspath::Budget))]
+pub struct TargetRef {
+    /// The API group of the target: "" or "core", both meaning the core group (Services live
+    /// there). Defaults to "".
+    #[serde(default)]
+    #[schemars(extend("enum" = ["", "core"]))]
+    #[garde(custom(crate::validate::group_rule))]
+    pub group: String,
+
+    /// The kind of the target. Only "Service" is supported.
+    #[schemars(extend("enum" = ["Service"]))]
+    #[garde(custom(crate::validate::kind_rule))]
+    pub kind: String,
+
+    /// The name of the target Service in the policy's namespace: a DNS-1035 label (1-63 of
+    /// lowercase a-z, 0-9 and '-', starting with a letter and ending with a letter or digit).
+    #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z]([-a-z0-9]*[a-z0-9])?$"))]
+    #[garde(custom(crate::validate::service_name_rule))]
+    pub name: String,
+}
+
+/// The observed state of an EndpointPolicy, written by aether-controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointPolicyStatus {
+    /// The latest observations of the policy's state. Type "Accepted" is True when the policy is
+    /// in effect; when False, its reason says why: Invalid, Conflicted (another policy targeting
+    /// the same Service wins; the message names it) or TargetNotFound.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// The metadata.generation of the policy that the conditions were computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Builds the real control-plane binaries the tests and the demo run against:
+# kube-apiserver and kubectl (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3) and helm
+# (helm.sh/helm/v3), from the Go module proxy, into a git-ignored cache. Each binary is built once
+# per pinned version; later runs only check that it is there.
+#
+# Usage: tests/harness/build-tools.sh [kube-apiserver|kubectl|etcd|helm ...]   (default: all four)
+# Env:   AETHER_TOOLS_DIR  cache folder (default: <repo>/.cache/tools)
+set -euo pipefail
+
+KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
+ETCD_VERSION=${ETCD_VERSION:-v3.7.3}
+HELM_VERSION=${HELM_VERSION:-v3.22.0}
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
+mkdir -p "$tools/bin" "$tools/src"
+export GOFLAGS="-mod=mod -buildvcs=false"
+export CGO_ENABLED=0
+
+log() { printf '[build-tools] %s\n' "$*" >&2; }
+
+# new_module DIR: a scratch Go module in DIR (kept so the next build reuses its go.sum).
+new_module() {
+  mkdir -p "$1"
+  if [ ! -f "$1/go.mod" ]; then
+    (cd "$1" && go mod init "aether.local/tools/$(basename "$1")" >/dev/null 2>&1)
+  fi
+}
+
+# build NAME VERSION-TAG MODULE-DIR PACKAGE
+build() {
+  local name=$1 tag=$2 dir=$3 pkg=$4
+  local out="$tools/bin/$name-$tag"
+  if [ -x "$out" ]; then
+    ln -sf "$name-$tag" "$tools/bin/$name"
+    return 0
+  fi
+  log "building $name $tag (first time only; this takes minutes) ..."
+  local start=$SECONDS
+  (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "$out.tmp" "$pkg")
+  mv "$out.tmp" "$out"
+  ln -sf "$name-$tag" "$tools/bin/$name"
+  log "built $name in $((SECONDS - start))s -> $out"
+}
+
+kube_module() {
+  local dir="$tools/src/kubernetes-$KUBE_VERSION"
+  new_module "$dir"
+  if ! grep -q "k8s.io/kubernetes $KUBE_VERSION" "$dir/go.mod" 2>/dev/null; then
+    # k8s.io/kubernetes requires its staging modules at v0.0.0; point each at the matching v0.X.Y.
+    local modfile staging=${KUBE_VERSION/v1./v0.}
+    modfile=$(cd "$dir" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+    local mods
+    mods=$(awk '/^\tk8s.io\/[a-z0-9-]+ v0\.0\.0$/ {print $1}' "$modfile")
+    [ -n "$mods" ] || { log "found no staging modules in $modfile"; exit 1; }
+    local args=()
+    for m in $mods; do args+=("-replace=$m=$m@$staging"); done
+    (cd "$dir" && go mod edit "${args[@]}" && go get "k8s.io/kubernetes@$KUBE_VERSION" >&2)
+  fi
+  echo "$dir"
+}
+
+want=("$@")
+[ ${#want[@]} -gt 0 ] || want=(kube-apiserver kubectl etcd helm)
+for t in "${want[@]}"; do
+  case $t in
+    kube-apiserver|kubectl)
+      [ -x "$tools/bin/$t-$KUBE_VERSION" ] && { ln -sf "$t-$KUBE_VERSION" "$tools/bin/$t"; continue; }
+      build "$t" "$KUBE_VERSION" "$(kube_module)" "k8s.io/kubernetes/cmd/$t" ;;
+    etcd)
+      d="$tools/src/etcd-$ETCD_VERSION"; new_module "$d"
+      [ -x "$tools/bin/etcd-$ETCD_VERSION" ] || (cd "$d" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2)
+      build etcd "$ETCD_VERSION" "$d" go.etcd.io/etcd/server/v3 ;;
+    helm)
+      d="$tools/src/helm-$HELM_VERSION"; new_module "$d"
+      [ -x "$tools/bin/helm-$HELM_VERSION" ] || (cd "$d" && go get "helm.sh/helm/v3@$HELM_VERSION" >&2)
+      build helm "$HELM_VERSION" "$d" helm.sh/helm/v3/cmd/helm ;;
+    *) log "unknown tool '$t' (known: kube-apiserver kubectl etcd helm)"; exit 2 ;;
+  esac
+done

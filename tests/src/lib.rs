@@ -1,0 +1,1 @@
+//! Harness for tests against real components (filled below).
