@@ -7,6 +7,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
+use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -22,16 +23,28 @@ pub const PLURAL: &str = "endpointpolicies";
 /// Pattern of a DNS-1035 label (Service names): starts with a letter, ends alphanumeric.
 pub const DNS1035_LABEL_PATTERN: &str = "^[a-z]([-a-z0-9]*[a-z0-9])?$";
 
+/// The CRD's CEL rule for `spec.targetRef.name`: [`DNS1035_LABEL_PATTERN`] as a CEL raw string.
+pub const SERVICE_NAME_RULE: &str = "self.matches(r'^[a-z]([-a-z0-9]*[a-z0-9])?$')";
+/// The message the API server prints when [`SERVICE_NAME_RULE`] fails.
+pub const SERVICE_NAME_MESSAGE: &str = "must be a Service name, a DNS-1035 label: 1-63 of lowercase a-z, 0-9 and '-', starting with a letter and ending with a letter or digit";
+
 /// Pattern of a socket value `<volume>/<file>`: a DNS-1123 label, one `/`, and a file name of
 /// `[A-Za-z0-9._-]` that is not `.` or `..` (RE2 has no look-ahead, hence the three branches).
+/// The CRD checks it with the CEL rule [`SOCKET_RULE`], whose message says what to fix (a
+/// `pattern` would make the API server print the bare regex).
 pub const SOCKET_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/([A-Za-z0-9_-][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+)$";
+
+/// The CRD's CEL rule for `spec.udsSocket`: [`SOCKET_PATTERN`] as a CEL raw string.
+pub const SOCKET_RULE: &str = r"self.matches(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?/([A-Za-z0-9_-][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+)$')";
+/// The message the API server prints when [`SOCKET_RULE`] fails.
+pub const SOCKET_MESSAGE: &str = "must be <volume>/<file> with exactly one '/': <volume> a DNS-1123 label (lowercase a-z, 0-9, '-'; the name of one of the pod's emptyDir volumes), <file> 1 or more of A-Z a-z 0-9 . _ - and not '.' or '..', e.g. sockets/app.sock";
 
 /// Declares, for every pod behind one Service, that the node proxy delivers inbound traffic over
 /// a Unix domain socket the app serves in one of its emptyDir volumes, instead of TCP loopback.
 /// A pod's own `endpoint.aether.io/uds-socket` annotation takes precedence over this policy. At
 /// most one policy applies per Service: when several target the same Service, the one with the
 /// lexicographically smallest name wins and the others are reported as conflicted.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, garde::Validate)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema, garde::Validate)]
 #[kube(
     group = "config.aether.io",
     version = "v1",
@@ -64,14 +77,15 @@ pub struct EndpointPolicySpec {
     /// fit in sun_path (107 bytes): with the default pods dir /var/lib/kubelet/pods the value may
     /// be at most 16 bytes. The admission webhook enforces the budget for the configured pods dir.
     /// Example: "sockets/app.sock".
-    #[schemars(length(min = 3, max = 36), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/([A-Za-z0-9_-][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+)$"))]
+    #[schemars(length(min = 3, max = 36))]
+    #[x_kube(validation = Rule::new(SOCKET_RULE).message(SOCKET_MESSAGE))]
     #[garde(custom(crate::validate::socket_rule))]
     pub uds_socket: String,
 }
 
 /// A reference to the Service a policy attaches to (GEP-713 `LocalPolicyTargetReference`,
 /// restricted to core Services).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, garde::Validate)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema, garde::Validate)]
 #[serde(rename_all = "camelCase")]
 #[garde(context(crate::udspath::Budget))]
 pub struct TargetRef {
@@ -89,7 +103,8 @@ pub struct TargetRef {
 
     /// The name of the target Service in the policy's namespace: a DNS-1035 label (1-63 of
     /// lowercase a-z, 0-9 and '-', starting with a letter and ending with a letter or digit).
-    #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new(SERVICE_NAME_RULE).message(SERVICE_NAME_MESSAGE))]
     #[garde(custom(crate::validate::service_name_rule))]
     pub name: String,
 }

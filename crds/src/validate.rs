@@ -112,7 +112,10 @@ pub fn validate_spec(spec: &EndpointPolicySpec, budget: &Budget) -> Result<(), V
     spec.validate_with(budget).map_err(|report| {
         report
             .iter()
-            .map(|(path, err)| FieldViolation { field: wire_path(&path.to_string()), message: err.message().to_owned() })
+            .map(|(path, err)| FieldViolation {
+                field: wire_path(&path.to_string()),
+                message: err.message().to_owned(),
+            })
             .collect()
     })
 }

@@ -11,7 +11,9 @@ fn main() {
         [] => print!("{}", aether_crds::crd_yaml()),
         [flag] if flag == "--chart" => print!("{}", aether_crds::chart::crd_for_chart()),
         _ => {
-            eprintln!("usage: crdgen [--chart]\n  prints the EndpointPolicy CRD as YAML; --chart adds the chart's labels and keep annotation");
+            eprintln!(
+                "usage: crdgen [--chart]\n  prints the EndpointPolicy CRD as YAML; --chart adds the chart's labels and keep annotation"
+            );
             std::process::exit(2);
         }
     }

@@ -1,0 +1,237 @@
+//! Admission against a real kube-apiserver: `kubectl apply` of EndpointPolicies through our TLS
+//! webhook, registered by URL with `failurePolicy: Fail`, and the CRD schema on its own.
+//!
+//! One control plane and one controller serve every trial; trials run one at a time in the
+//! order listed (the last one deletes the webhook configuration).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use aether_tests::{ControlPlane, Controller, repo_root};
+use anyhow::{Context, bail, ensure};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+struct Env {
+    cp: ControlPlane,
+    controller: Controller,
+}
+
+/// What an example's first line promises: `# expect: allowed` or
+/// `# expect: denied: <substring> | <substring> ...`.
+enum Expect {
+    Allowed,
+    Denied(Vec<String>),
+}
+
+fn expectation(path: &Path) -> anyhow::Result<Expect> {
+    let text = std::fs::read_to_string(path)?;
+    let first = text.lines().next().unwrap_or_default();
+    let rest = first
+        .strip_prefix("# expect: ")
+        .with_context(|| format!("{} lacks a '# expect:' first line", path.display()))?;
+    if rest == "allowed" {
+        return Ok(Expect::Allowed);
+    }
+    let subs =
+        rest.strip_prefix("denied: ").with_context(|| format!("{}: bad expectation {rest:?}", path.display()))?;
+    Ok(Expect::Denied(subs.split(" | ").map(str::to_owned).collect()))
+}
+
+fn examples() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_root().join("crds/examples"))
+        .expect("crds/examples exists")
+        .map(|e| e.expect("readable dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn apply_example(env: &Env, path: &Path) -> anyhow::Result<()> {
+    let out = env.cp.kubectl(&["apply".as_ref(), "-f".as_ref(), path.as_os_str()])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match expectation(path)? {
+        Expect::Allowed => {
+            ensure!(out.status.success(), "expected {} to be created, kubectl said: {stderr}", path.display())
+        }
+        Expect::Denied(subs) => {
+            ensure!(!out.status.success(), "expected {} to be denied, but it was created", path.display());
+            for s in subs {
+                ensure!(stderr.contains(&s), "denial of {} lacks {s:?}; kubectl said: {stderr}", path.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn apply_yaml(env: &Env, yaml: &str) -> anyhow::Result<std::process::Output> {
+    let dir = tempfile::tempdir()?;
+    let f = dir.path().join("policy.yaml");
+    std::fs::write(&f, yaml)?;
+    env.cp.kubectl(&["apply".as_ref(), "-f".as_ref(), f.as_os_str()])
+}
+
+fn policy(name: &str, target_ref: &str, socket: &str) -> String {
+    format!(
+        "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata:\n  name: {name}\nspec:\n  targetRef: {target_ref}\n  udsSocket: {socket:?}\n"
+    )
+}
+
+fn over_budget_denial_comes_from_our_webhook_with_the_arithmetic(env: &Env) -> anyhow::Result<()> {
+    let out = apply_yaml(env, &policy("arith", "{kind: Service, name: echo}", "sockets/app1.sock"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "17-byte value was admitted");
+    let want = r#"admission webhook "endpointpolicies.config.aether.io" denied the request: spec.udsSocket "sockets/app1.sock" is 17 bytes; the budget is 16 bytes with pods dir /var/lib/kubelet/pods (sun_path holds 107)"#;
+    ensure!(stderr.contains(want), "kubectl said: {stderr}");
+    Ok(())
+}
+
+fn update_is_validated_too(env: &Env) -> anyhow::Result<()> {
+    let out = apply_yaml(env, &policy("upd", "{kind: Service, name: upd}", "s/app.sock"))?;
+    ensure!(out.status.success(), "create failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = apply_yaml(env, &policy("upd", "{kind: Service, name: upd}", "sockets/app1.sock"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "an over-budget UPDATE was admitted");
+    ensure!(stderr.contains("denied the request") && stderr.contains("spec.udsSocket"), "kubectl said: {stderr}");
+    let stored = env.cp.kubectl_ok(&["get", "epol", "upd", "-o", "jsonpath={.spec.udsSocket}"])?;
+    ensure!(stored == "s/app.sock", "stored socket changed to {stored:?}");
+    Ok(())
+}
+
+fn kubectl_explain_shows_our_field_docs(env: &Env) -> anyhow::Result<()> {
+    let out = env.cp.kubectl_ok(&["explain", "endpointpolicy.spec.udsSocket"])?;
+    for s in ["<volume>/<file>", "sun_path", "emptyDir"] {
+        ensure!(out.contains(s), "kubectl explain lacks {s:?}: {out}");
+    }
+    let out = env.cp.kubectl_ok(&["explain", "epol.spec.targetRef.group"])?;
+    ensure!(out.contains("core"), "kubectl explain targetRef.group lacks 'core': {out}");
+    Ok(())
+}
+
+fn get_epol_prints_target_socket_accepted_age(env: &Env) -> anyhow::Result<()> {
+    let out = env.cp.kubectl_ok(&["get", "epol"])?;
+    let header = out.lines().next().unwrap_or_default();
+    for col in ["NAME", "TARGET", "SOCKET", "ACCEPTED", "AGE"] {
+        ensure!(header.contains(col), "header lacks {col}: {out}");
+    }
+    ensure!(out.contains("echo-uds") && out.contains("sockets/app.sock"), "echo-uds row missing: {out}");
+    let cats = env.cp.kubectl_ok(&["get", "aether"])?;
+    ensure!(cats.contains("echo-uds"), "category 'aether' does not list policies: {cats}");
+    Ok(())
+}
+
+fn controller_metrics_count_the_decisions(env: &Env) -> anyhow::Result<()> {
+    let port: u16 = env.controller.admin.rsplit(':').next().context("admin port")?.parse()?;
+    let body = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+        let mut b = String::new();
+        s.read_to_string(&mut b)?;
+        b
+    };
+    for want in [r#"result="denied""#, r#"result="allowed""#, "aether_admission_requests_total"] {
+        ensure!(body.contains(want), "/metrics lacks {want}: {body}");
+    }
+    Ok(())
+}
+
+/// Runs last: removes the webhook configuration, then checks what the CRD schema alone refuses.
+fn without_the_webhook_the_schema_still_rejects_bad_shapes(env: &Env) -> anyhow::Result<()> {
+    env.cp.delete_webhook()?;
+    let bad = [
+        ("traversal", "{kind: Service, name: echo}", "../app.sock", "spec.udsSocket"),
+        ("dot-file", "{kind: Service, name: echo}", "sockets/..", "spec.udsSocket"),
+        ("double-slash", "{kind: Service, name: echo}", "sockets//app.sock", "spec.udsSocket"),
+        ("upper-volume", "{kind: Service, name: echo}", "Sockets/app.sock", "spec.udsSocket"),
+        ("newline", "{kind: Service, name: echo}", "sockets/app.sock\n", "spec.udsSocket"),
+        ("fullwidth", "{kind: Service, name: echo}", "sockets\u{ff0f}app.sock", "spec.udsSocket"),
+        ("too-long-anywhere", "{kind: Service, name: echo}", "sockets/abcdefghijklmnopqrstuvwxyz123", "spec.udsSocket"),
+        ("lower-kind", "{kind: service, name: echo}", "s/app.sock", "spec.targetRef.kind"),
+        ("deployment", "{group: apps, kind: Deployment, name: echo}", "s/app.sock", "spec.targetRef"),
+        ("digit-name", "{kind: Service, name: 1cart}", "s/app.sock", "spec.targetRef.name"),
+        ("cross-ns", "{kind: Service, name: echo, namespace: other}", "s/app.sock", "namespace"),
+    ];
+    let mut failures = Vec::new();
+    for (name, target, socket, field) in bad {
+        let out = apply_yaml(env, &policy(&format!("schema-{name}"), target, socket))?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            failures.push(format!("{name}: admitted without the webhook"));
+        } else if !stderr.contains(field) || stderr.contains("admission webhook") {
+            failures.push(format!("{name}: rejection does not come from the schema naming {field}: {stderr}"));
+        }
+    }
+    // The budget depends on the configured pods dir, so only the webhook can enforce it.
+    let out = apply_yaml(env, &policy("schema-budget", "{kind: Service, name: echo}", "sockets/app1.sock"))?;
+    ensure!(out.status.success(), "the schema alone refused a 17-byte value: {}", String::from_utf8_lossy(&out.stderr));
+    if !failures.is_empty() {
+        bail!("{}", failures.join("\n"));
+    }
+    Ok(())
+}
+
+fn trial(name: &str, env: &Arc<Env>, f: fn(&Env) -> anyhow::Result<()>) -> Trial {
+    let env = env.clone();
+    Trial::test(name, move || f(&env).map_err(|e| Failed::from(format!("{e:#}"))))
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    if args.list {
+        // Listing must not start a control plane.
+        let names = ["examples", "over_budget_denial_comes_from_our_webhook_with_the_arithmetic"];
+        let trials = names.iter().map(|n| Trial::test(*n, || Ok(()))).collect();
+        libtest_mimic::run(&args, trials).exit();
+    }
+    let env = match setup() {
+        Ok(e) => Arc::new(e),
+        Err(e) => {
+            eprintln!("e2e setup failed: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    let mut trials: Vec<Trial> = examples()
+        .into_iter()
+        .map(|p| {
+            let env = env.clone();
+            let name = format!("example_{}", p.file_stem().unwrap_or_default().to_string_lossy());
+            Trial::test(name, move || apply_example(&env, &p).map_err(|e| Failed::from(format!("{e:#}"))))
+        })
+        .collect();
+    trials.push(trial(
+        "over_budget_denial_comes_from_our_webhook_with_the_arithmetic",
+        &env,
+        over_budget_denial_comes_from_our_webhook_with_the_arithmetic,
+    ));
+    trials.push(trial("update_is_validated_too", &env, update_is_validated_too));
+    trials.push(trial("kubectl_explain_shows_our_field_docs", &env, kubectl_explain_shows_our_field_docs));
+    trials.push(trial("get_epol_prints_target_socket_accepted_age", &env, get_epol_prints_target_socket_accepted_age));
+    trials.push(trial("controller_metrics_count_the_decisions", &env, controller_metrics_count_the_decisions));
+    trials.push(trial(
+        "without_the_webhook_the_schema_still_rejects_bad_shapes",
+        &env,
+        without_the_webhook_the_schema_still_rejects_bad_shapes,
+    ));
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(env);
+    conclusion.exit();
+}
+
+fn setup() -> anyhow::Result<Env> {
+    let cp = ControlPlane::start()?;
+    let crd = repo_root().join("charts/aether-crds/templates/endpointpolicy-crd.yaml");
+    cp.kubectl_ok(&["apply".as_ref(), "--server-side".as_ref(), "-f".as_ref(), crd.as_os_str()])?;
+    cp.kubectl_ok(&[
+        "wait",
+        "--for",
+        "condition=Established",
+        "--timeout",
+        "60s",
+        "crd/endpointpolicies.config.aether.io",
+    ])?;
+    let controller = Controller::start(&[])?;
+    cp.register_webhook(&controller.url, &controller.ca_file)?;
+    Ok(Env { cp, controller })
+}

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# A real, local Kubernetes control plane for tests and the demo: etcd + kube-apiserver on
+# loopback, RBAC authorization, the ValidatingAdmissionWebhook plugin, client-certificate auth
+# for an admin kubeconfig. No kubelet, scheduler or controller-manager runs.
+#
+# Usage:
+#   controlplane.sh start DIR          start etcd + kube-apiserver, state and logs in DIR;
+#                                      writes DIR/kubeconfig and DIR/env (KUBECONFIG=..., ports)
+#   controlplane.sh stop DIR           stop both (TERM, then KILL after 10 s)
+#   controlplane.sh register-webhook DIR URL CA_FILE
+#                                      create/replace the ValidatingWebhookConfiguration
+#                                      "aether-endpointpolicy" pointing at URL
+#                                      (endpointpolicies CREATE/UPDATE only, failurePolicy Fail)
+#   controlplane.sh delete-webhook DIR remove it
+# Env: AETHER_TOOLS_DIR (default <repo>/.cache/tools): where build-tools.sh put the binaries.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
+log() { printf '[controlplane] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+
+mint_pki() {
+  local pki=$1
+  mkdir -p "$pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=aether-test-ca" \
+    -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n' > "$pki/apiserver.ext"
+  openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 \
+    -extfile "$pki/apiserver.ext" -out "$pki/apiserver.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=aether-admin" -keyout "$pki/admin.key" -out "$pki/admin.csr" 2>/dev/null
+  printf 'extendedKeyUsage=clientAuth\n' > "$pki/admin.ext"
+  openssl x509 -req -in "$pki/admin.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 \
+    -extfile "$pki/admin.ext" -out "$pki/admin.crt" 2>/dev/null
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+}
+
+start() {
+  local dir=$1
+  for b in etcd kube-apiserver kubectl; do
+    [ -x "$tools/$b" ] || die "$tools/$b is missing: run tests/harness/build-tools.sh first"
+  done
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  [ -f "$dir/apiserver.pid" ] && kill -0 "$(cat "$dir/apiserver.pid")" 2>/dev/null && die "a control plane already runs in $dir"
+  mint_pki "$dir/pki"
+  local etcd_port etcd_peer api_port
+  etcd_port=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
+
+  log "starting etcd on 127.0.0.1:$etcd_port (log: $dir/etcd.log)"
+  "$tools/etcd" --name aether-test --data-dir "$dir/etcd-data" \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-cluster "aether-test=http://127.0.0.1:$etcd_peer" --unsafe-no-fsync \
+    --log-level warn >"$dir/etcd.log" 2>&1 &
+  echo $! >"$dir/etcd.pid"
+
+  log "starting kube-apiserver on https://127.0.0.1:$api_port (log: $dir/apiserver.log)"
+  "$tools/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --tls-cert-file "$dir/pki/apiserver.crt" --tls-private-key-file "$dir/pki/apiserver.key" \
+    --client-ca-file "$dir/pki/ca.crt" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key" \
+    --service-cluster-ip-range 10.96.0.0/16 \
+    --authorization-mode RBAC \
+    --endpoint-reconciler-type none \
+    --enable-admission-plugins ValidatingAdmissionWebhook \
+    --cert-dir "$dir/pki" \
+    --v 1 >"$dir/apiserver.log" 2>&1 &
+  echo $! >"$dir/apiserver.pid"
+
+  cat >"$dir/kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: aether-test
+  cluster:
+    server: https://127.0.0.1:$api_port
+    certificate-authority: $dir/pki/ca.crt
+users:
+- name: admin
+  user:
+    client-certificate: $dir/pki/admin.crt
+    client-key: $dir/pki/admin.key
+contexts:
+- name: aether-test
+  context: {cluster: aether-test, user: admin, namespace: default}
+current-context: aether-test
+KC
+  cat >"$dir/env" <<ENV
+export KUBECONFIG=$dir/kubeconfig
+export AETHER_APISERVER_PORT=$api_port
+export AETHER_ETCD_PORT=$etcd_port
+ENV
+  local deadline=$((SECONDS + 120))
+  until "$tools/kubectl" --kubeconfig "$dir/kubeconfig" get --raw /readyz >/dev/null 2>&1; do
+    kill -0 "$(cat "$dir/apiserver.pid")" 2>/dev/null || { tail -n 30 "$dir/apiserver.log" >&2; die "kube-apiserver exited"; }
+    kill -0 "$(cat "$dir/etcd.pid")" 2>/dev/null || { tail -n 30 "$dir/etcd.log" >&2; die "etcd exited"; }
+    [ $SECONDS -lt $deadline ] || { tail -n 30 "$dir/apiserver.log" >&2; die "kube-apiserver not ready after 120 s"; }
+    sleep 0.5
+  done
+  # The default namespace is made by a controller loop inside the apiserver; wait for it too.
+  until "$tools/kubectl" --kubeconfig "$dir/kubeconfig" get namespace default >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || die "namespace default not created after 120 s"
+    sleep 0.5
+  done
+  log "ready: KUBECONFIG=$dir/kubeconfig"
+}
+
+stop_pid() {
+  local f=$1 pid
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+
+stop() {
+  local dir=$1
+  stop_pid "$dir/apiserver.pid"
+  stop_pid "$dir/etcd.pid"
+  log "stopped control plane in $dir"
+}
+
+register_webhook() {
+  local dir=$1 url=$2 ca=$3
+  local bundle
+  bundle=$(base64 -w0 <"$ca")
+  "$tools/kubectl" --kubeconfig "$dir/kubeconfig" apply -f - >/dev/null <<VWC
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata:
+  name: aether-endpointpolicy
+webhooks:
+- name: endpointpolicies.config.aether.io
+  clientConfig:
+    url: $url
+    caBundle: $bundle
+  rules:
+  - apiGroups: ["config.aether.io"]
+    apiVersions: ["v1"]
+    operations: ["CREATE", "UPDATE"]
+    resources: ["endpointpolicies"]
+    scope: Namespaced
+  sideEffects: None
+  failurePolicy: Fail
+  admissionReviewVersions: ["v1"]
+  timeoutSeconds: 5
+VWC
+  log "registered ValidatingWebhookConfiguration aether-endpointpolicy -> $url"
+}
+
+cmd=${1:-}; shift || true
+case $cmd in
+  start) [ $# -eq 1 ] || die "usage: $0 start DIR"; start "$1" ;;
+  stop) [ $# -eq 1 ] || die "usage: $0 stop DIR"; stop "$1" ;;
+  register-webhook) [ $# -eq 3 ] || die "usage: $0 register-webhook DIR URL CA_FILE"; register_webhook "$@" ;;
+  delete-webhook) [ $# -eq 1 ] || die "usage: $0 delete-webhook DIR"
+    "$tools/kubectl" --kubeconfig "$1/kubeconfig" delete validatingwebhookconfiguration aether-endpointpolicy --ignore-not-found >/dev/null ;;
+  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+esac
