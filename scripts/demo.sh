@@ -22,7 +22,7 @@ step "starting etcd + kube-apiserver (RBAC, ValidatingAdmissionWebhook) on loopb
 "$repo/tests/harness/controlplane.sh" start "$work/cp"
 export KUBECONFIG=$work/cp/kubeconfig
 kubectl() { "$tools/kubectl" "$@"; }
-kubectl version | sed 's/^/    /'
+kubectl version 2>&1 | sed 's/^/    /' || true
 
 step "installing the EndpointPolicy CRD (charts/aether-crds)"
 kubectl apply --server-side -f "$repo/charts/aether-crds/templates/endpointpolicy-crd.yaml"

@@ -28,9 +28,9 @@ new_module() {
   fi
 }
 
-# build NAME VERSION-TAG MODULE-DIR PACKAGE
+# build NAME VERSION-TAG MODULE-DIR PACKAGE [EXTRA-LDFLAGS]
 build() {
-  local name=$1 tag=$2 dir=$3 pkg=$4
+  local name=$1 tag=$2 dir=$3 pkg=$4 ldextra=${5:-}
   local out="$tools/bin/$name-$tag"
   if [ -x "$out" ]; then
     ln -sf "$name-$tag" "$tools/bin/$name"
@@ -38,7 +38,7 @@ build() {
   fi
   log "building $name $tag (first time only; this takes minutes) ..."
   local start=$SECONDS
-  (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "$out.tmp" "$pkg")
+  (cd "$dir" && go build -trimpath -ldflags "-s -w $ldextra" -o "$out.tmp" "$pkg")
   mv "$out.tmp" "$out"
   ln -sf "$name-$tag" "$tools/bin/$name"
   log "built $name in $((SECONDS - start))s -> $out"
@@ -61,13 +61,26 @@ kube_module() {
   echo "$dir"
 }
 
+# Stamp the version the way Kubernetes' own build does, so /version and `kubectl version` report
+# it instead of v0.0.0-master.
+kube_version_ldflags() {
+  local v=${KUBE_VERSION#v} f=""
+  local major=${v%%.*} rest=${v#*.}
+  local minor=${rest%%.*}
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    f+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    f+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$f"
+}
+
 want=("$@")
 [ ${#want[@]} -gt 0 ] || want=(kube-apiserver kubectl etcd helm)
 for t in "${want[@]}"; do
   case $t in
     kube-apiserver|kubectl)
       [ -x "$tools/bin/$t-$KUBE_VERSION" ] && { ln -sf "$t-$KUBE_VERSION" "$tools/bin/$t"; continue; }
-      build "$t" "$KUBE_VERSION" "$(kube_module)" "k8s.io/kubernetes/cmd/$t" ;;
+      build "$t" "$KUBE_VERSION" "$(kube_module)" "k8s.io/kubernetes/cmd/$t" "$(kube_version_ldflags)" ;;
     etcd)
       d="$tools/src/etcd-$ETCD_VERSION"; new_module "$d"
       [ -x "$tools/bin/etcd-$ETCD_VERSION" ] || (cd "$d" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2)
