@@ -36,34 +36,46 @@ pub enum BadReview {
 pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, BadReview> {
     let review: AdmissionReview<DynamicObject> =
         serde_json::from_slice(body).map_err(|e| BadReview::Parse(e.to_string()))?;
-    review.try_into().map_err(|e: kube::core::admission::ConvertAdmissionReviewError| BadReview::NoRequest(e.to_string()))
+    review
+        .try_into()
+        .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| BadReview::NoRequest(e.to_string()))
 }
 
 /// Decides one request. EndpointPolicy CREATE/UPDATE go through [`aether_crds::review`] (the
 /// same decision as `aether-controller validate` and the agent); DELETE and requests without an
 /// object are allowed; other kinds are allowed (this webhook has no rules for them).
+///
+/// An UPDATE that leaves `spec` exactly as it was is allowed even when that spec no longer passes
+/// (e.g. after the pods dir changed), with the violations as a warning: otherwise metadata-only
+/// updates, such as removing a finalizer, could never complete (the same ratcheting the API
+/// server applies to CRD schema validation).
 pub fn decide(req: &AdmissionRequest<DynamicObject>, budget: &Result<Budget, PodsDirError>) -> Decision {
     let object = format!("{}/{}", req.namespace.as_deref().unwrap_or(""), req.name);
-    let kind = req.kind.kind.clone();
-    let allowed = |r: AdmissionResponse| Decision { response: r, result: "allowed", object: object.clone(), kind: kind.clone() };
-    let base = AdmissionResponse::from(req);
     let is_policy = req.kind.group == policy::GROUP && req.kind.kind == policy::KIND;
+    // A fixed label set: the kind comes from the request, and metric labels must stay bounded.
+    let kind = if is_policy { policy::KIND } else { "other" }.to_owned();
+    let base = AdmissionResponse::from(req);
     let Some(obj) = req.object.as_ref().filter(|_| is_policy && req.operation != Operation::Delete) else {
-        return allowed(base);
+        return Decision { response: base, result: "allowed", object, kind };
     };
-    let verdict = match budget {
-        Ok(budget) => match serde_json::to_value(obj) {
-            Ok(json) => aether_crds::review(&json, budget),
-            Err(e) => return deny(base, format!("object cannot be read as JSON: {e}"), object, kind),
-        },
-        Err(e) => return deny(base, format!("aether-controller is misconfigured, no policy can be admitted: {e}"), object, kind),
+    let budget = match budget {
+        Ok(b) => b,
+        Err(e) => {
+            let message = format!("aether-controller is misconfigured, no policy can be admitted: {e}");
+            return Decision { response: base.deny(message), result: "denied", object, kind };
+        }
     };
-    match verdict.message() {
-        None => allowed(base),
-        Some(message) => deny(base, message, object, kind),
+    let verdict = aether_crds::review(&serde_json::to_value(obj).unwrap_or_default(), budget);
+    let Some(message) = verdict.message() else {
+        return Decision { response: base, result: "allowed", object, kind };
+    };
+    let unchanged_spec = req.operation == Operation::Update
+        && req.old_object.as_ref().is_some_and(|old| old.data.get("spec") == obj.data.get("spec"));
+    if unchanged_spec {
+        let mut response = base;
+        response.warnings =
+            Some(vec![format!("spec is unchanged and allowed to stay, but it no longer passes: {message}")]);
+        return Decision { response, result: "allowed", object, kind };
     }
-}
-
-fn deny(base: AdmissionResponse, message: String, object: String, kind: String) -> Decision {
     Decision { response: base.deny(message), result: "denied", object, kind }
 }

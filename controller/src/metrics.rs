@@ -11,7 +11,8 @@ use prometheus_client::registry::Registry;
 /// Labels of an admission request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdmissionLabels {
-    /// The kind reviewed (`EndpointPolicy`), or `none` for a malformed request.
+    /// `EndpointPolicy`, `other` (any other kind: a bounded label set), or `none` for a
+    /// malformed or oversized request.
     pub kind: String,
     /// `allowed`, `denied`, `malformed` (400) or `too_large` (413).
     pub result: String,
@@ -32,8 +33,16 @@ impl Default for Metrics {
         let mut registry = Registry::default();
         let requests = Family::<AdmissionLabels, Counter>::default();
         let duration = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
-        registry.register("aether_admission_requests", "Admission requests answered, by kind and result", requests.clone());
-        registry.register("aether_admission_duration_seconds", "Time to decide one admission review, in seconds", duration.clone());
+        registry.register(
+            "aether_admission_requests",
+            "Admission requests answered, by kind and result",
+            requests.clone(),
+        );
+        registry.register(
+            "aether_admission_duration_seconds",
+            "Time to decide one admission review, in seconds",
+            duration.clone(),
+        );
         Metrics { registry: Arc::new(registry), requests, duration }
     }
 }

@@ -72,8 +72,11 @@ pub fn read_documents(files: &[PathBuf]) -> Result<Vec<(String, Value)>, InputEr
         }
         .map_err(|source| InputError::Read { path: name.clone(), source })?;
         for (i, de) in yaml_serde::Deserializer::from_str(&text).enumerate() {
-            let v: Value = serde::Deserialize::deserialize(de)
-                .map_err(|e| InputError::Parse { path: name.clone(), doc: i + 1, reason: e.to_string() })?;
+            let v: Value = serde::Deserialize::deserialize(de).map_err(|e| InputError::Parse {
+                path: name.clone(),
+                doc: i + 1,
+                reason: e.to_string(),
+            })?;
             match v {
                 Value::Null => {}
                 Value::Object(ref m) if m.get("kind").and_then(Value::as_str) == Some("List") => {
@@ -111,12 +114,21 @@ pub fn decide_all(docs: &[(String, Value)], budget: &Budget) -> Vec<Outcome> {
             let group = api_version.split_once('/').map(|(g, _)| g);
             if kind != policy::KIND || group != Some(policy::GROUP) {
                 o.skipped = true;
-                o.message = Some(format!("skipped: not an {}/{} {} (apiVersion {api_version:?}, kind {kind:?})", policy::GROUP, policy::VERSION, policy::KIND));
+                o.message = Some(format!(
+                    "not an {} {}/{} (apiVersion {api_version:?}, kind {kind:?})",
+                    policy::KIND,
+                    policy::GROUP,
+                    policy::VERSION
+                ));
                 return o;
             }
             if api_version != format!("{}/{}", policy::GROUP, policy::VERSION) {
                 o.allowed = Some(false);
-                o.message = Some(format!("apiVersion {api_version:?} is not served; use {}/{}", policy::GROUP, policy::VERSION));
+                o.message = Some(format!(
+                    "apiVersion {api_version:?} is not served; use {}/{}",
+                    policy::GROUP,
+                    policy::VERSION
+                ));
                 return o;
             }
             let verdict = aether_crds::review(doc, budget);

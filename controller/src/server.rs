@@ -47,7 +47,9 @@ pub async fn run(cfg: RunConfig) -> anyhow::Result<()> {
     let budget = Budget::new(&cfg.kubelet_pods_dir);
     match &budget {
         Ok(b) => tracing::info!(pods_dir = b.pods_dir(), budget_bytes = b.bytes(), "socket value budget"),
-        Err(e) => tracing::error!(error = %e, "--kubelet-pods-dir gives no usable budget: every EndpointPolicy will be denied with this reason"),
+        Err(e) => {
+            tracing::error!(error = %e, "--kubelet-pods-dir gives no usable budget: every EndpointPolicy will be denied with this reason")
+        }
     }
     let metrics = Metrics::default();
     let ready = Arc::new(AtomicBool::new(false));
@@ -57,12 +59,16 @@ pub async fn run(cfg: RunConfig) -> anyhow::Result<()> {
         .with_context(|| format!("cannot bind --admin-addr {}", cfg.admin_addr))?;
     let admin_app = admin::router(AdminState { ready: ready.clone(), metrics: metrics.clone() });
     tracing::info!(addr = %cfg.admin_addr, "admin endpoints (/healthz, /readyz, /metrics) listening");
-    let admin_task = tokio::spawn(async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(shutdown_signal()).await });
+    let admin_task =
+        tokio::spawn(
+            async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(shutdown_signal()).await },
+        );
 
     let tls = RustlsConfig::from_pem_file(&cfg.tls.cert, &cfg.tls.key).await.with_context(|| {
         format!("cannot load TLS certificate {} / key {}", cfg.tls.cert.display(), cfg.tls.key.display())
     })?;
-    let listener = TcpListener::bind(cfg.webhook_addr).with_context(|| format!("cannot bind --webhook-addr {}", cfg.webhook_addr))?;
+    let listener = TcpListener::bind(cfg.webhook_addr)
+        .with_context(|| format!("cannot bind --webhook-addr {}", cfg.webhook_addr))?;
     listener.set_nonblocking(true)?;
     let app = webhook::router(WebhookState { budget: Arc::new(budget), metrics }, cfg.max_body_bytes);
     let handle = axum_server::Handle::new();

@@ -41,7 +41,18 @@ pub fn router(state: WebhookState, max_body_bytes: usize) -> Router {
         .route("/validate", post(validate))
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(max_body_bytes))
+        // Outside the limit layer, so that a 413 it answers from Content-Length alone (the usual
+        // case: the API server always sends one) is counted too, not only one found while reading.
+        .layer(axum::middleware::map_response_with_state(state.clone(), count_too_large))
         .with_state(state)
+}
+
+async fn count_too_large(State(state): State<WebhookState>, response: Response) -> Response {
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        state.metrics.count("none", "too_large");
+        tracing::warn!("answering 413 to an admission request over the body cap");
+    }
+    response
 }
 
 fn bad_request(state: &WebhookState, reason: String) -> Response {
@@ -50,17 +61,15 @@ fn bad_request(state: &WebhookState, reason: String) -> Response {
     (StatusCode::BAD_REQUEST, reason).into_response()
 }
 
-async fn validate(State(state): State<WebhookState>, headers: HeaderMap, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Response {
+async fn validate(
+    State(state): State<WebhookState>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
     let body = match body {
         Ok(b) => b,
-        Err(rejection) => {
-            let status = rejection.status();
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
-                state.metrics.count("none", "too_large");
-                tracing::warn!("answering 413 to an admission request over the body cap");
-            }
-            return (status, rejection.body_text()).into_response();
-        }
+        // A 413 is counted by `count_too_large`, whichever layer answers it.
+        Err(rejection) => return (rejection.status(), rejection.body_text()).into_response(),
     };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     if !content_type.to_ascii_lowercase().starts_with("application/json") {
