@@ -300,7 +300,19 @@ impl PodDirId {
     /// A 36-byte stand-in UID for pods that have none yet (an offline plan of a manifest); it
     /// takes the same room as a real UID, so budgets stay exact.
     pub fn placeholder() -> Self {
-        PodDirId("00000000-0000-0000-0000-000000000000".to_owned())
+        Self::numbered_placeholder(0)
+    }
+
+    /// The `n`-th placeholder (`00000000-0000-0000-0000-<n, 12 digits>`), so that several pods
+    /// without UIDs stay distinct. Never a real UID: the all-zero version field is not that of a
+    /// random (v4) UUID, which is what the API server assigns.
+    pub fn numbered_placeholder(n: u64) -> Self {
+        PodDirId(format!("00000000-0000-0000-0000-{:012}", n % 1_000_000_000_000))
+    }
+
+    /// True for [`PodDirId::placeholder`] and [`PodDirId::numbered_placeholder`] ids.
+    pub fn is_placeholder(&self) -> bool {
+        self.0.starts_with("00000000-0000-0000-0000-")
     }
 
     /// The id as a path segment.

@@ -1,0 +1,114 @@
+//! The command line of `aether-agent`. Every flag can also be set from the environment variable
+//! named in its help.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// aether-agent: the node agent that delivers mesh traffic to pods over Unix sockets.
+///
+/// It watches this node's managed pods (label aether.io/managed=true) and the EndpointPolicies,
+/// decides for each pod whether the node proxy reaches it over its Unix socket (the pod's
+/// endpoint.aether.io/uds-socket annotation first, then the policy of its Service, else TCP), and
+/// serves the result to the node's Envoy over xDS (ADS: CDS + LDS).
+#[derive(Parser, Debug)]
+#[command(name = "aether-agent", version, about, long_about)]
+pub struct Cli {
+    /// Log format: plain text or one JSON object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Watch pods and policies and serve xDS to the node's Envoy until SIGTERM or SIGINT.
+    Run(RunArgs),
+    /// Offline: what each managed pod in a Pod manifest file would get, and why.
+    Plan(PlanArgs),
+}
+
+/// Settings shared by `run` and `plan`.
+#[derive(Args, Debug, Clone)]
+pub struct DeliveryArgs {
+    /// The kubelet pods dir as the node proxy sees it (the chart's mount path). The socket value
+    /// budget is 107 - len(dir) - 70 bytes: 16 for /var/lib/kubelet/pods. Must match the
+    /// controller's --kubelet-pods-dir. A dir too long for any value is reported at start-up and
+    /// every pod is delivered over TCP.
+    #[arg(long, default_value = aether_crds::udspath::DEFAULT_PODS_DIR, env = "AETHER_KUBELET_PODS_DIR")]
+    pub kubelet_pods_dir: String,
+    /// false: never deliver over a Unix socket and do not watch EndpointPolicies (the chart's
+    /// proxy.udsWorkloads.enabled=false).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "AETHER_UDS_WORKLOADS")]
+    pub uds_workloads: bool,
+}
+
+/// Flags of `run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// This node's name: only pods with spec.nodeName equal to it are watched.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Delivery settings.
+    #[command(flatten)]
+    pub delivery: DeliveryArgs,
+    /// Where pod records and the last policy map are kept, so the node's Envoy gets the same
+    /// clusters after a restart while the API server is unreachable.
+    #[arg(long, default_value = "/var/lib/aether/agent", env = "AETHER_STATE_DIR")]
+    pub state_dir: PathBuf,
+    /// Where the xDS (ADS gRPC) server listens: unix://<path> or <ip>:<port>.
+    #[arg(long, default_value = "unix:///run/aether/xds.sock", env = "AETHER_XDS_ADDRESS")]
+    pub xds_address: String,
+    /// Path of the health gateway's pipe listener that Envoy serves (GET /healthz/<health cluster>).
+    #[arg(long, default_value = "/run/aether/health.sock", env = "AETHER_HEALTH_SOCKET")]
+    pub health_socket: String,
+    /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics).
+    #[arg(long, default_value = "0.0.0.0:9091", env = "AETHER_ADMIN_ADDR")]
+    pub admin_addr: SocketAddr,
+    /// Folder of the CNI plugin's <pod uid>.json records ({"netns": "/var/run/netns/..."}): TCP
+    /// delivery then dials 127.0.0.1:<port> inside the pod's network namespace instead of its IP.
+    #[arg(long, env = "AETHER_CNI_RECORDS_DIR")]
+    pub cni_records_dir: Option<PathBuf>,
+    /// Seconds between re-checks, with lstat, that no pod's socket path has become a symlink.
+    #[arg(long, default_value_t = 10, env = "AETHER_RECHECK_SECONDS")]
+    pub recheck_seconds: u64,
+}
+
+/// Flags of `plan`.
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Multi-document YAML of Pod manifests (other kinds are ignored).
+    #[arg(long)]
+    pub pods: PathBuf,
+    /// Multi-document YAML of EndpointPolicy manifests (other kinds are ignored).
+    #[arg(long)]
+    pub policies: Option<PathBuf>,
+    /// Delivery settings.
+    #[command(flatten)]
+    pub delivery: DeliveryArgs,
+    /// Output: text, or a JSON array of {namespace, name, uid, source, socket, path, reason, clusters}.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+/// Output of `plan`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Readable text.
+    Text,
+    /// A JSON array.
+    Json,
+}

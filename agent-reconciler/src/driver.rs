@@ -1,0 +1,323 @@
+//! The reconcile loop: the one task that owns the [`Index`]. Watch drivers send it [`Event`]s;
+//! after each it checks the re-rendered pipes on disk ([`crate::fscheck`]), persists what changed
+//! ([`StateStore`]), renders ([`crate::render`]) and publishes a new xDS [`Snapshot`] only when
+//! it differs. Fallbacks and conflicts are logged once per change, never per resync.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use aether_crds::EndpointPolicy;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::{mpsc, watch};
+
+use crate::cni::CniRecords;
+use crate::fscheck::{self, Refusal};
+use crate::index::{Change, Index};
+use crate::record::{PodKey, PodRecord, PolicyRecord};
+use crate::render::{self, Effective};
+use crate::store::StateStore;
+use crate::xds::resources::Snapshot;
+
+/// What the watch drivers tell the loop.
+#[derive(Debug)]
+pub enum Event {
+    /// A pod on this node was added or changed.
+    PodApplied(Box<Pod>),
+    /// A pod on this node was deleted.
+    PodDeleted(Box<Pod>),
+    /// A complete list of this node's managed pods (start-up, or a relist after 410 Gone).
+    PodsListed(Vec<Pod>),
+    /// An EndpointPolicy was added or changed (already parsed; malformed ones never get here).
+    PolicyApplied(Box<EndpointPolicy>),
+    /// An EndpointPolicy was deleted.
+    PolicyDeleted {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// A complete list of EndpointPolicies.
+    PoliciesListed(Vec<EndpointPolicy>),
+    /// The EndpointPolicy CRD is not served: no policy applies.
+    CrdAbsent,
+    /// Re-run the on-disk checks of every pipe.
+    Recheck,
+}
+
+/// What the loop reports to the admin endpoints.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Status {
+    /// Managed pods by effective delivery: `pipe`, `tcp`, `waiting`.
+    pub pods: HashMap<&'static str, usize>,
+    /// `Some(true)` once policies are watched, `Some(false)` while the CRD is absent, `None`
+    /// before the API server answered.
+    pub crd_installed: Option<bool>,
+    /// True once the first complete pod list arrived from the API server.
+    pub pods_synced: bool,
+    /// Open policy conflicts.
+    pub conflicts: usize,
+}
+
+/// The loop's state.
+pub struct Driver {
+    index: Index,
+    store: Option<StateStore>,
+    cni: CniRecords,
+    refused: HashMap<PodKey, Refusal>,
+    logged: HashMap<PodKey, String>,
+    snapshot: watch::Sender<Arc<Snapshot>>,
+    status: watch::Sender<Status>,
+}
+
+impl Driver {
+    /// A loop over `index` that publishes to `snapshot` and `status`, persisting to `store`.
+    pub fn new(
+        index: Index,
+        store: Option<StateStore>,
+        cni: CniRecords,
+        snapshot: watch::Sender<Arc<Snapshot>>,
+        status: watch::Sender<Status>,
+    ) -> Self {
+        Driver { index, store, cni, refused: HashMap::new(), logged: HashMap::new(), snapshot, status }
+    }
+
+    /// Loads the state dir (pods and the last policy map) so the node serves the same clusters
+    /// before the API server answers. Unusable files are logged and skipped.
+    pub fn boot(&mut self) {
+        let Some(store) = &self.store else { return };
+        let (pods, errors): (Vec<PodRecord>, _) = store.load_pods();
+        for e in errors {
+            tracing::warn!(error = %e, "skipping a pod record in the state dir");
+        }
+        let policies: Vec<PolicyRecord> = match store.load_policies() {
+            Ok(p) => p.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping the policy records in the state dir");
+                vec![]
+            }
+        };
+        tracing::info!(pods = pods.len(), policies = policies.len(), "loaded the state dir");
+        let mut change = self.index.reset_pods(pods);
+        merge(&mut change, self.index.reset_policies(policies));
+        self.after(change, false);
+    }
+
+    /// Runs until `events` closes.
+    pub async fn run(mut self, mut events: mpsc::Receiver<Event>) {
+        self.publish();
+        while let Some(event) = events.recv().await {
+            self.handle(event);
+        }
+    }
+
+    /// Applies one event.
+    pub fn handle(&mut self, event: Event) {
+        match event {
+            Event::PodApplied(pod) => match PodRecord::from_pod(&pod) {
+                Ok(Some(rec)) => {
+                    let uid = rec.uid.clone();
+                    let change = self.index.apply_pod(rec.clone());
+                    if !change.rerendered.is_empty() {
+                        self.save_pod(&uid, &rec);
+                    }
+                    self.after(change, false);
+                }
+                Ok(None) => self.delete_pod(&pod),
+                Err(e) => tracing::warn!(pod = %pod_name(&pod), error = %e, "ignoring a pod the agent cannot read"),
+            },
+            Event::PodDeleted(pod) => self.delete_pod(&pod),
+            Event::PodsListed(pods) => {
+                let records: Vec<PodRecord> = pods
+                    .iter()
+                    .filter_map(|p| match PodRecord::from_pod(p) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            tracing::warn!(pod = %pod_name(p), error = %e, "ignoring a pod the agent cannot read");
+                            None
+                        }
+                    })
+                    .collect();
+                if let Some(store) = &self.store {
+                    for r in &records {
+                        self.save_pod(&r.uid, r);
+                    }
+                    let keep: HashSet<String> = records.iter().map(|r| r.uid.clone()).collect();
+                    match store.retain_pods(&keep) {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(removed = n, "removed stale pod records from the state dir"),
+                        Err(e) => tracing::warn!(error = %e, "cannot prune the state dir"),
+                    }
+                }
+                let change = self.index.reset_pods(records);
+                self.status.send_modify(|s| s.pods_synced = true);
+                self.after(change, false);
+            }
+            Event::PolicyApplied(policy) => match PolicyRecord::from_policy(&policy, self.index.settings()) {
+                Ok(rec) => {
+                    if let Some(why) = &rec.invalid {
+                        tracing::warn!(policy = %format!("{}/{}", rec.namespace, rec.name), reason = %why, "EndpointPolicy is invalid on this node and is ignored");
+                    }
+                    let change = self.index.apply_policy(rec);
+                    self.after(change, true);
+                }
+                Err(e) => tracing::warn!(error = %e, "ignoring an EndpointPolicy the agent cannot read"),
+            },
+            Event::PolicyDeleted { namespace, name } => {
+                let change = self.index.delete_policy(&namespace, &name);
+                self.after(change, true);
+            }
+            Event::PoliciesListed(list) => {
+                let settings = self.index.settings().clone();
+                let records: Vec<PolicyRecord> =
+                    list.iter().filter_map(|p| PolicyRecord::from_policy(p, &settings).ok()).collect();
+                let change = self.index.reset_policies(records);
+                self.status.send_modify(|s| s.crd_installed = Some(true));
+                self.after(change, true);
+            }
+            Event::CrdAbsent => {
+                let change = self.index.reset_policies(Vec::new());
+                self.status.send_modify(|s| s.crd_installed = Some(false));
+                self.after(change, true);
+            }
+            Event::Recheck => {
+                let all: Vec<PodKey> = self.index.snapshot().iter().map(|(k, _)| k.clone()).collect();
+                if self.check_pipes(&all) {
+                    self.publish();
+                }
+            }
+        }
+    }
+
+    fn delete_pod(&mut self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.as_deref() else { return };
+        if let Some(store) = &self.store
+            && let Err(e) = store.remove_pod(uid)
+        {
+            tracing::warn!(pod = %pod_name(pod), error = %e, "cannot remove the pod record");
+        }
+        let change = self.index.delete_pod(uid);
+        for key in &change.removed {
+            self.refused.remove(key);
+            self.logged.remove(key);
+        }
+        self.after(change, false);
+    }
+
+    fn save_pod(&self, uid: &str, rec: &PodRecord) {
+        if let Some(store) = &self.store
+            && let Err(e) = store.save_pod(uid, rec)
+        {
+            tracing::warn!(pod = %format!("{}/{}", rec.namespace, rec.name), error = %e, "cannot persist the pod record");
+        }
+    }
+
+    /// Re-checks the listed pods' pipes on disk; true when a refusal appeared or cleared.
+    fn check_pipes(&mut self, keys: &[PodKey]) -> bool {
+        let map = self.index.snapshot();
+        let pods_dir = self.index.settings().budget().map(|b| b.pods_dir().to_owned()).unwrap_or_default();
+        let mut changed = false;
+        for key in keys {
+            let verdict = map.get(key).and_then(|e| e.delivery.path.as_ref()).and_then(|p| fscheck::check(&pods_dir, p).err());
+            let before = self.refused.get(key);
+            if before != verdict.as_ref() {
+                changed = true;
+                match verdict {
+                    Some(r) => {
+                        tracing::warn!(pod = %key, reason = r.reason(), detail = %r, "refusing the pod's socket path; delivering over TCP");
+                        self.refused.insert(key.clone(), r);
+                    }
+                    None => {
+                        self.refused.remove(key);
+                    }
+                }
+            }
+        }
+        changed
+    }
+
+    fn after(&mut self, change: Change, policy_event: bool) {
+        for c in &change.conflicts {
+            tracing::warn!(service = %c.key, winner = %c.winner, losers = ?c.losers, "several EndpointPolicies target one Service; only the lexicographically smallest name applies");
+        }
+        for key in &change.resolved {
+            tracing::info!(service = %key, "EndpointPolicy conflict resolved");
+        }
+        let fs_changed = self.check_pipes(&change.rerendered);
+        if change.map_changed || fs_changed {
+            self.log_deliveries(&change.rerendered);
+            self.publish();
+        }
+        if policy_event || !change.conflicts.is_empty() || !change.resolved.is_empty() {
+            self.save_policies();
+        }
+    }
+
+    fn save_policies(&self) {
+        if let Some(store) = &self.store {
+            let records: Vec<PolicyRecord> = self.index.policies().cloned().collect();
+            if let Err(e) = store.save_policies(&records) {
+                tracing::warn!(error = %e, "cannot persist the policy records");
+            }
+        }
+    }
+
+    fn log_deliveries(&mut self, keys: &[PodKey]) {
+        let map = self.index.snapshot();
+        for key in keys {
+            let Some(entry) = map.get(key) else { continue };
+            let d = &entry.delivery;
+            let line = format!("{}: {}", d.source.as_str(), d.reason);
+            if self.logged.get(key) == Some(&line) {
+                continue;
+            }
+            match (d.is_pipe(), &d.socket) {
+                (true, _) => tracing::info!(pod = %key, source = d.source.as_str(), path = %d.path.as_ref().map(|p| p.as_str()).unwrap_or(""), "delivering over the pod's Unix socket"),
+                (false, Some(socket)) => tracing::warn!(pod = %key, socket = %socket, reason = d.source.as_str(), detail = %d.reason, "pod declared a socket but is delivered over TCP"),
+                (false, None) => tracing::debug!(pod = %key, "delivering over TCP"),
+            }
+            self.logged.insert(key.clone(), line);
+        }
+    }
+
+    fn publish(&mut self) {
+        let map = self.index.snapshot();
+        let cni = &self.cni;
+        let rendered = render::render(&map, &|uid| cni.netns(uid), &self.refused);
+        let mut pods: HashMap<&'static str, usize> = HashMap::new();
+        for e in rendered.effective.values() {
+            let k = match e {
+                Effective::Pipe(_) => "pipe",
+                Effective::Tcp => "tcp",
+                Effective::Waiting => "waiting",
+            };
+            *pods.entry(k).or_default() += 1;
+        }
+        let conflicts = self.index.conflicts().count();
+        self.status.send_modify(|s| {
+            s.pods = pods;
+            s.conflicts = conflicts;
+        });
+        self.snapshot.send_if_modified(|current| {
+            if **current == rendered.snapshot {
+                false
+            } else {
+                *current = Arc::new(rendered.snapshot);
+                true
+            }
+        });
+    }
+}
+
+fn merge(into: &mut Change, other: Change) {
+    into.rerendered.extend(other.rerendered);
+    into.rerendered.sort();
+    into.rerendered.dedup();
+    into.removed.extend(other.removed);
+    into.map_changed |= other.map_changed;
+    into.conflicts.extend(other.conflicts);
+    into.resolved.extend(other.resolved);
+}
+
+fn pod_name(pod: &Pod) -> String {
+    format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""))
+}

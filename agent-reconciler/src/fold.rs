@@ -1,0 +1,281 @@
+//! The precedence fold: one pod, the winning policy of its service, the node's settings → one
+//! [`Delivery`] (DESIGN.md "Precedence"; spec Phase 1b "Precedence").
+//!
+//! Rules, in the order they are applied:
+//! 1. `--uds-workloads=false` → TCP ([`TcpReason::UdsDisabled`]) for every pod.
+//! 2. A pods dir that leaves no socket budget → TCP ([`TcpReason::BudgetConfig`]) for every pod.
+//! 3. A pod with an unusable `endpoint.aether.io/*` annotation (port, ports, protocol, health
+//!    path) → TCP on the defaults ([`TcpReason::InvalidEndpointAnnotation`]).
+//! 4. The declared socket: a non-empty `endpoint.aether.io/uds-socket` annotation wins, *even an
+//!    invalid one*; else the winning valid EndpointPolicy of the pod's service key; else TCP
+//!    ([`TcpReason::NoSocketDeclared`]).
+//! 5. The value must pass the grammar and fit the budget ([`TcpReason::InvalidAnnotation`],
+//!    [`TcpReason::InvalidPolicy`], [`TcpReason::PathTooLong`]); an invalid annotation never
+//!    falls back to the policy.
+//! 6. The named volume must be an `emptyDir` volume of the pod ([`TcpReason::VolumeNotEmptyDir`]).
+//! 7. The pod's directory id: the API UID ([`TcpReason::BadPodUid`] otherwise). Static (mirror)
+//!    pods are always TCP ([`TcpReason::StaticPod`]): their directory is named by a config hash
+//!    that any pod creator can forge in the mirror annotation.
+//!
+//! A failure degrades that one pod to TCP with a stable reason token and a human message; it
+//! never affects another pod.
+
+use aether_crds::pod::UDS_SOCKET_ANNOTATION;
+use aether_crds::tiebreak;
+use aether_crds::udspath::{Budget, PodDirId, PodsDirError, SocketError, SocketPath, UID_BYTES};
+
+use crate::record::{PodRecord, PolicyRecord};
+
+/// The node's configuration the fold depends on. Fixed for the life of an index: changing it
+/// means building a new one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    uds_workloads: bool,
+    budget: Result<Budget, PodsDirError>,
+}
+
+impl Settings {
+    /// Settings for the kubelet pods dir *as the proxy sees it* (`--kubelet-pods-dir`) and the
+    /// `--uds-workloads` switch. A pods dir without a usable budget is kept as its error: every
+    /// pod is then delivered over TCP with [`TcpReason::BudgetConfig`] (field report F02); the
+    /// binary also reports it loudly at start-up.
+    pub fn new(pods_dir: &str, uds_workloads: bool) -> Self {
+        Settings { uds_workloads, budget: Budget::new(pods_dir) }
+    }
+
+    /// Whether pipes may be rendered at all (`--uds-workloads`).
+    pub fn uds_workloads(&self) -> bool {
+        self.uds_workloads
+    }
+
+    /// The socket budget of the pods dir, or why there is none.
+    ///
+    /// # Errors
+    /// The [`PodsDirError`] of [`Budget::new`] for the configured pods dir.
+    pub fn budget(&self) -> Result<&Budget, &PodsDirError> {
+        self.budget.as_ref()
+    }
+}
+
+/// Why a pod is delivered over TCP. [`TcpReason::as_str`] is a stable token for metric labels,
+/// pod events and tests; the human detail is in [`Delivery::reason`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TcpReason {
+    /// Neither annotation nor valid policy declares a socket: plain TCP, not a failure.
+    NoSocketDeclared,
+    /// `--uds-workloads=false`.
+    UdsDisabled,
+    /// The pods dir leaves less than the shortest socket value (`a/b`) in sun_path.
+    BudgetConfig,
+    /// An `endpoint.aether.io/port`, `ports`, `protocol` or `health-path` annotation is
+    /// unusable; the pod runs on the defaults over TCP.
+    InvalidEndpointAnnotation,
+    /// The `endpoint.aether.io/uds-socket` annotation breaks the socket grammar.
+    InvalidAnnotation,
+    /// The winning policy's socket fails the agent's own re-check (fail-closed: the agent does
+    /// not trust admission, spec Phase 1b "Implementation").
+    InvalidPolicy,
+    /// The socket value is longer than the budget: the path would not fit in sun_path.
+    PathTooLong,
+    /// The socket names a volume that is not an `emptyDir` volume of the pod.
+    VolumeNotEmptyDir,
+    /// A static pod's mirror whose config hash or ownership cannot be trusted.
+    StaticPod,
+    /// The pod's UID is not a canonical lowercase UUID, so it cannot name a directory.
+    BadPodUid,
+}
+
+impl TcpReason {
+    /// The stable token, e.g. `"path-too-long"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TcpReason::NoSocketDeclared => "no-socket-declared",
+            TcpReason::UdsDisabled => "uds-disabled",
+            TcpReason::BudgetConfig => "budget-config",
+            TcpReason::InvalidEndpointAnnotation => "invalid-endpoint-annotation",
+            TcpReason::InvalidAnnotation => "invalid-annotation",
+            TcpReason::InvalidPolicy => "invalid-policy",
+            TcpReason::PathTooLong => "path-too-long",
+            TcpReason::VolumeNotEmptyDir => "volume-not-emptydir",
+            TcpReason::StaticPod => "static-pod",
+            TcpReason::BadPodUid => "bad-pod-uid",
+        }
+    }
+}
+
+/// Where a pod's delivery comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A pipe from the pod's `endpoint.aether.io/uds-socket` annotation.
+    Annotation,
+    /// A pipe from the winning EndpointPolicy of the pod's service.
+    Policy,
+    /// TCP loopback in the pod's netns (or `<pod IP>:<port>`), and why.
+    Tcp(TcpReason),
+}
+
+impl Source {
+    /// A stable token: `annotation`, `policy`, or the [`TcpReason`] token.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Annotation => "annotation",
+            Source::Policy => "policy",
+            Source::Tcp(reason) => reason.as_str(),
+        }
+    }
+}
+
+/// How the node proxy reaches one pod.
+///
+/// Invariant: `path` is `Some` exactly when `source` is [`Source::Annotation`] or
+/// [`Source::Policy`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// Annotation, policy, or TCP with its reason.
+    pub source: Source,
+    /// The declared socket value (`<volume>/<file>`) from the annotation or the winning policy,
+    /// even when it was rejected; `None` when neither declares one.
+    pub socket: Option<String>,
+    /// The name of the EndpointPolicy whose socket was considered, if it came from one.
+    pub policy: Option<String>,
+    /// The resolved host path of the socket (at most 107 bytes) for a pipe.
+    pub path: Option<SocketPath>,
+    /// A human sentence saying why (names the annotation, policy, volume or rule).
+    pub reason: String,
+}
+
+impl Delivery {
+    /// True when the proxy dials a Unix socket.
+    pub fn is_pipe(&self) -> bool {
+        self.path.is_some()
+    }
+
+    /// The reason as a TCP token, `None` for a pipe.
+    pub fn tcp_reason(&self) -> Option<TcpReason> {
+        match self.source {
+            Source::Tcp(reason) => Some(reason),
+            Source::Annotation | Source::Policy => None,
+        }
+    }
+}
+
+/// The winning policy among `candidates` (all for one service key): the *valid* one with the
+/// lexicographically smallest name (byte order), via [`aether_crds::tiebreak::winner`]. Invalid
+/// policies never win and never shadow a valid one (spec Phase 1b "Precedence").
+pub fn select_policy<'a>(candidates: impl IntoIterator<Item = &'a PolicyRecord>) -> Option<&'a PolicyRecord> {
+    tiebreak::winner(candidates.into_iter().filter(|p| p.is_valid()), policy_name)
+}
+
+/// The tie-break's name accessor for policy records.
+pub(crate) fn policy_name<'a>(p: &&'a PolicyRecord) -> &'a str {
+    p.name.as_str()
+}
+
+/// Decides the delivery of one pod (the module doc lists the rules in order).
+///
+/// `policy` is the winner for the pod's service key (see [`select_policy`]); a policy that is
+/// invalid or targets another service key is ignored. Pure and total: every failure becomes
+/// a TCP delivery with its reason.
+pub fn deliver(pod: &PodRecord, policy: Option<&PolicyRecord>, settings: &Settings) -> Delivery {
+    let key = pod.service_key();
+    let policy = policy.filter(|p| p.is_valid() && p.target == key);
+    let (source, socket) = match (&pod.uds_socket, policy) {
+        (Some(value), _) => (Source::Annotation, Some(value.as_str())),
+        (None, Some(p)) => (Source::Policy, Some(p.socket.as_str())),
+        (None, None) => (Source::Tcp(TcpReason::NoSocketDeclared), None),
+    };
+    let policy_used = policy.filter(|_| source == Source::Policy).map(|p| p.name.clone());
+    let origin = match (source, policy) {
+        (Source::Policy, Some(p)) => format!("EndpointPolicy {}/{} for service {key}", p.namespace, p.name),
+        _ => format!("annotation {UDS_SOCKET_ANNOTATION}"),
+    };
+    let tcp = |reason: TcpReason, message: String| Delivery {
+        source: Source::Tcp(reason),
+        socket: socket.map(str::to_owned),
+        policy: policy_used.clone(),
+        path: None,
+        reason: message,
+    };
+
+    if !settings.uds_workloads() {
+        return tcp(
+            TcpReason::UdsDisabled,
+            "Unix socket delivery is disabled on this node (--uds-workloads=false)".into(),
+        );
+    }
+    let budget = match settings.budget() {
+        Ok(budget) => budget,
+        Err(e) => return tcp(TcpReason::BudgetConfig, e.to_string()),
+    };
+    if let Some(defect) = pod.defects.first() {
+        let more = if pod.defects.len() > 1 { format!(" (and {} more)", pod.defects.len() - 1) } else { String::new() };
+        return tcp(TcpReason::InvalidEndpointAnnotation, format!("{defect}{more}; serving the defaults over TCP"));
+    }
+    let Some(value) = socket else {
+        return tcp(
+            TcpReason::NoSocketDeclared,
+            format!("no {UDS_SOCKET_ANNOTATION} annotation and no valid EndpointPolicy for service {key}"),
+        );
+    };
+    let socket_error = |e: SocketError| {
+        let reason = match (&e, source) {
+            (SocketError::TooLong { .. }, _) => TcpReason::PathTooLong,
+            (_, Source::Policy) => TcpReason::InvalidPolicy,
+            _ => TcpReason::InvalidAnnotation,
+        };
+        let shadowed = match (source, policy) {
+            (Source::Annotation, Some(p)) => {
+                format!("; the annotation takes precedence, so EndpointPolicy {}/{} is not used", p.namespace, p.name)
+            }
+            _ => String::new(),
+        };
+        tcp(reason, format!("{origin}: {value:?} {e}{shadowed}"))
+    };
+    let volume = match budget.check(value) {
+        Ok(parsed) => parsed.volume,
+        Err(e) => return socket_error(e),
+    };
+    if !pod.empty_dirs.contains(volume) {
+        return tcp(
+            TcpReason::VolumeNotEmptyDir,
+            format!("{origin}: {value:?} names volume {volume:?}, which is not an emptyDir volume of this pod"),
+        );
+    }
+    let dir = match pod_dir(pod) {
+        Ok(dir) => dir,
+        Err((reason, message)) => return tcp(reason, message),
+    };
+    match budget.resolve(&dir, value) {
+        Err(e) => socket_error(e),
+        Ok(path) => {
+            let placeholder = if dir.is_placeholder() { " (placeholder UID: offline plan)" } else { "" };
+            Delivery {
+                source,
+                socket: Some(value.to_owned()),
+                policy: policy_used.clone(),
+                path: Some(path),
+                reason: format!("{origin}: {value:?}{placeholder}"),
+            }
+        }
+    }
+}
+
+/// The pod's directory under the pods dir: its API UID. Static (mirror) pods are never piped:
+/// kubelet keeps their volumes under the config hash named in the `kubernetes.io/config.mirror`
+/// annotation, and whoever can create pods can write that annotation (and a Node owner reference)
+/// on an ordinary pod, pointing it at another static pod's directory. Fail closed: TCP.
+fn pod_dir(pod: &PodRecord) -> Result<PodDirId, (TcpReason, String)> {
+    if let Some(mirror) = &pod.static_pod {
+        return Err((
+            TcpReason::StaticPod,
+            format!(
+                "static pod (kubernetes.io/config.mirror {:?}): its volumes live under a config hash any pod creator can forge, so it is never delivered over a socket",
+                mirror.config_hash
+            ),
+        ));
+    }
+    PodDirId::new(&pod.uid)
+        .ok()
+        .filter(|id| id.as_str().len() == UID_BYTES)
+        .ok_or_else(|| (TcpReason::BadPodUid, format!("pod UID {:?} is not a canonical lowercase UUID", pod.uid)))
+}

@@ -1,0 +1,321 @@
+//! The incremental index: pods and policies as the watches last reported them, and the
+//! [`DeliveryMap`] the fold makes of them.
+//!
+//! Every mutation returns a [`Change`] naming exactly what was re-rendered:
+//! - a pod event re-renders that pod only;
+//! - a policy event re-renders only the pods of the service keys it touches, and only when the
+//!   winning policy of that key changed (a losing policy's edit re-renders nothing);
+//! - an event that leaves a record equal to the stored one re-renders nothing (a resync);
+//! - a relist ([`Index::reset_pods`], [`Index::reset_policies`]) applies the difference, so the
+//!   result equals a fresh build on the same state (field report F08).
+//!
+//! Conflicts (several valid policies on one service key) are reported in the [`Change`] that
+//! makes them appear or alter, never again on a resync (DESIGN.md "Precedence").
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use aether_crds::tiebreak::{self, ServiceKey};
+
+use crate::fold::{self, Delivery, Settings};
+use crate::record::{PodKey, PodRecord, PolicyRecord};
+
+/// One pod's entry in the [`DeliveryMap`]: its record (ports, health, IPs for rendering) and
+/// its delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodDelivery {
+    /// The pod as last reported.
+    pub pod: Arc<PodRecord>,
+    /// What the fold decided for it.
+    pub delivery: Delivery,
+}
+
+/// Every managed pod on the node and its delivery, ordered by [`PodKey`]. Entries are shared
+/// (`Arc`), so cloning the map copies pointers, not records; the index hands out
+/// `Arc<DeliveryMap>` snapshots that later changes never alter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveryMap {
+    entries: BTreeMap<PodKey, Arc<PodDelivery>>,
+}
+
+impl DeliveryMap {
+    /// The entry of one pod.
+    pub fn get(&self, key: &PodKey) -> Option<&PodDelivery> {
+        self.entries.get(key).map(Arc::as_ref)
+    }
+
+    /// All entries in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&PodKey, &PodDelivery)> {
+        self.entries.iter().map(|(k, v)| (k, v.as_ref()))
+    }
+
+    /// The number of pods.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when no managed pod is known.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Several valid policies target one service: `winner` (smallest name) applies, `losers` do not
+/// (spec Phase 1b "Precedence").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// The contested service key.
+    pub key: ServiceKey,
+    /// The name of the policy in effect.
+    pub winner: String,
+    /// The names of the other valid policies, sorted.
+    pub losers: Vec<String>,
+}
+
+/// What one index mutation did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Change {
+    /// Pods whose delivery was recomputed, sorted (their entry may or may not have changed).
+    pub rerendered: Vec<PodKey>,
+    /// Pods removed from the map, sorted.
+    pub removed: Vec<PodKey>,
+    /// True when the [`DeliveryMap`] differs from the one before the mutation: the only case in
+    /// which a new snapshot needs to be pushed.
+    pub map_changed: bool,
+    /// Conflicts that appeared or altered (other winner or losers) with this mutation.
+    pub conflicts: Vec<Conflict>,
+    /// Service keys whose conflict ended with this mutation.
+    pub resolved: Vec<ServiceKey>,
+}
+
+impl Change {
+    /// True when the mutation changed nothing observable.
+    pub fn is_empty(&self) -> bool {
+        *self == Change::default()
+    }
+}
+
+/// A policy's identity: `(namespace, name)`.
+type PolicyId = (String, String);
+
+/// The node's pods and policies, the delivery map derived from them, and the open conflicts.
+#[derive(Debug, Clone)]
+pub struct Index {
+    settings: Settings,
+    pods: HashMap<String, Arc<PodRecord>>,
+    policies: BTreeMap<PolicyId, Arc<PolicyRecord>>,
+    pods_by_service: HashMap<ServiceKey, BTreeSet<String>>,
+    policies_by_service: HashMap<ServiceKey, BTreeSet<PolicyId>>,
+    conflicts: BTreeMap<ServiceKey, Conflict>,
+    map: Arc<DeliveryMap>,
+}
+
+impl Index {
+    /// An empty index for the node's settings.
+    pub fn new(settings: Settings) -> Self {
+        Index {
+            settings,
+            pods: HashMap::new(),
+            policies: BTreeMap::new(),
+            pods_by_service: HashMap::new(),
+            policies_by_service: HashMap::new(),
+            conflicts: BTreeMap::new(),
+            map: Arc::default(),
+        }
+    }
+
+    /// The settings the fold runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The current delivery map; cheap (one `Arc` clone) and never altered afterwards.
+    pub fn snapshot(&self) -> Arc<DeliveryMap> {
+        Arc::clone(&self.map)
+    }
+
+    /// The open conflicts, by service key.
+    pub fn conflicts(&self) -> impl Iterator<Item = &Conflict> {
+        self.conflicts.values()
+    }
+
+    /// The stored pod records (for the state dir), in no particular order.
+    pub fn pods(&self) -> impl Iterator<Item = &PodRecord> {
+        self.pods.values().map(Arc::as_ref)
+    }
+
+    /// The stored policy records (for the state dir), by namespace and name.
+    pub fn policies(&self) -> impl Iterator<Item = &PolicyRecord> {
+        self.policies.values().map(Arc::as_ref)
+    }
+
+    /// A pod was added or modified (watch `Apply`). Re-renders that pod only, or nothing when
+    /// the record equals the stored one.
+    pub fn apply_pod(&mut self, pod: PodRecord) -> Change {
+        let uid = pod.uid.clone();
+        self.edit_pods([(uid, Some(pod))])
+    }
+
+    /// A pod was deleted (watch `Delete`), by UID. Nothing happens for an unknown UID.
+    pub fn delete_pod(&mut self, uid: &str) -> Change {
+        self.edit_pods([(uid.to_owned(), None)])
+    }
+
+    /// A relist of pods (watch `Init`..`InitDone`, e.g. after 410 Gone): `pods` is the whole
+    /// truth. Pods not in it are removed; only added or changed pods are re-rendered. A UID
+    /// listed twice keeps its last record.
+    pub fn reset_pods(&mut self, pods: impl IntoIterator<Item = PodRecord>) -> Change {
+        let listed: BTreeMap<String, PodRecord> = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
+        let gone: Vec<String> = self.pods.keys().filter(|uid| !listed.contains_key(*uid)).cloned().collect();
+        let listed = listed.into_iter().map(|(uid, p)| (uid, Some(p)));
+        self.edit_pods(listed.chain(gone.into_iter().map(|uid| (uid, None))))
+    }
+
+    /// A policy was added or modified. Re-renders the pods of its service key (and of its old
+    /// key if the target moved) when the winner there changed; nothing otherwise.
+    pub fn apply_policy(&mut self, policy: PolicyRecord) -> Change {
+        let id = (policy.namespace.clone(), policy.name.clone());
+        self.edit_policies([(id, Some(policy))])
+    }
+
+    /// A policy was deleted. Nothing happens for an unknown policy.
+    pub fn delete_policy(&mut self, namespace: &str, name: &str) -> Change {
+        self.edit_policies([((namespace.to_owned(), name.to_owned()), None)])
+    }
+
+    /// A relist of policies: `policies` is the whole truth (an empty list also models the CRD
+    /// being uninstalled, F07). Conflicts are compared before and after the whole relist, so a
+    /// transient state between two list items is never reported.
+    pub fn reset_policies(&mut self, policies: impl IntoIterator<Item = PolicyRecord>) -> Change {
+        let listed: BTreeMap<PolicyId, PolicyRecord> =
+            policies.into_iter().map(|p| ((p.namespace.clone(), p.name.clone()), p)).collect();
+        let gone: Vec<PolicyId> = self.policies.keys().filter(|id| !listed.contains_key(*id)).cloned().collect();
+        let listed = listed.into_iter().map(|(id, p)| (id, Some(p)));
+        self.edit_policies(listed.chain(gone.into_iter().map(|id| (id, None))))
+    }
+
+    /// Stores, replaces or removes pods by UID and re-renders each changed one.
+    fn edit_pods(&mut self, edits: impl IntoIterator<Item = (String, Option<PodRecord>)>) -> Change {
+        let mut change = Change::default();
+        for (uid, new) in edits {
+            if self.pods.get(&uid).map(Arc::as_ref) == new.as_ref() {
+                continue;
+            }
+            let new_key = new.as_ref().map(PodRecord::key);
+            if let Some(old) = self.pods.remove(&uid) {
+                unlink(&mut self.pods_by_service, &old.service_key(), &uid);
+                let old_key = old.key();
+                if new_key.as_ref() != Some(&old_key) {
+                    Arc::make_mut(&mut self.map).entries.remove(&old_key);
+                    change.removed.push(old_key);
+                    change.map_changed = true;
+                }
+            }
+            if let Some(new) = new {
+                let new = Arc::new(new);
+                self.pods_by_service.entry(new.service_key()).or_default().insert(uid.clone());
+                self.pods.insert(uid, Arc::clone(&new));
+                self.render(new, &mut change);
+            }
+        }
+        change.rerendered.sort();
+        change.removed.sort();
+        change
+    }
+
+    /// Stores, replaces or removes policies, then re-renders the pods of every service key whose
+    /// winner changed and reports the conflicts that appeared, altered or ended.
+    fn edit_policies(&mut self, edits: impl IntoIterator<Item = (PolicyId, Option<PolicyRecord>)>) -> Change {
+        let mut winners_before: BTreeMap<ServiceKey, Option<PolicyRecord>> = BTreeMap::new();
+        for (id, new) in edits {
+            let old = self.policies.get(&id);
+            if old.map(Arc::as_ref) == new.as_ref() {
+                continue;
+            }
+            for key in old.map(|p| &p.target).into_iter().chain(new.as_ref().map(|p| &p.target)) {
+                if !winners_before.contains_key(key) {
+                    winners_before.insert(key.clone(), self.winner(key).cloned());
+                }
+            }
+            if let Some(old) = self.policies.remove(&id) {
+                unlink(&mut self.policies_by_service, &old.target, &id);
+            }
+            if let Some(new) = new {
+                self.policies_by_service.entry(new.target.clone()).or_default().insert(id.clone());
+                self.policies.insert(id, Arc::new(new));
+            }
+        }
+
+        let mut change = Change::default();
+        for (key, before) in winners_before {
+            if self.winner(&key) != before.as_ref() {
+                let pods: Vec<Arc<PodRecord>> = self
+                    .pods_by_service
+                    .get(&key)
+                    .into_iter()
+                    .flatten()
+                    .map(|uid| Arc::clone(&self.pods[uid]))
+                    .collect();
+                for pod in pods {
+                    self.render(pod, &mut change);
+                }
+            }
+            match (self.conflict(&key), self.conflicts.get(&key)) {
+                (Some(now), Some(was)) if now == *was => {}
+                (Some(now), _) => {
+                    change.conflicts.push(now.clone());
+                    self.conflicts.insert(key, now);
+                }
+                (None, Some(_)) => {
+                    self.conflicts.remove(&key);
+                    change.resolved.push(key);
+                }
+                (None, None) => {}
+            }
+        }
+        change.rerendered.sort();
+        change
+    }
+
+    /// The valid policies of one service key, in name order.
+    fn valid_policies<'a>(&'a self, key: &ServiceKey) -> impl Iterator<Item = &'a PolicyRecord> + 'a {
+        let ids = self.policies_by_service.get(key).into_iter().flatten();
+        ids.map(|id| self.policies[id].as_ref()).filter(|p| p.is_valid())
+    }
+
+    /// The winning policy of one service key.
+    fn winner(&self, key: &ServiceKey) -> Option<&PolicyRecord> {
+        fold::select_policy(self.valid_policies(key))
+    }
+
+    /// The conflict on one service key, if two or more valid policies target it.
+    fn conflict(&self, key: &ServiceKey) -> Option<Conflict> {
+        let valid: Vec<&PolicyRecord> = self.valid_policies(key).collect();
+        let winner = tiebreak::winner(valid.iter().copied(), fold::policy_name).filter(|_| valid.len() > 1)?;
+        let mut losers: Vec<String> = valid.iter().filter(|p| p.name != winner.name).map(|p| p.name.clone()).collect();
+        losers.sort();
+        Some(Conflict { key: key.clone(), winner: winner.name.clone(), losers })
+    }
+
+    /// Folds one pod and stores its entry; records it as re-rendered.
+    fn render(&mut self, pod: Arc<PodRecord>, change: &mut Change) {
+        let key = pod.key();
+        let delivery = fold::deliver(&pod, self.winner(&pod.service_key()), &self.settings);
+        let entry = PodDelivery { pod, delivery };
+        if self.map.entries.get(&key).map(Arc::as_ref) != Some(&entry) {
+            Arc::make_mut(&mut self.map).entries.insert(key.clone(), Arc::new(entry));
+            change.map_changed = true;
+        }
+        change.rerendered.push(key);
+    }
+}
+
+/// Removes `member` from the set of `key`, dropping the set when it empties.
+fn unlink<T: Ord>(by_service: &mut HashMap<ServiceKey, BTreeSet<T>>, key: &ServiceKey, member: &T) {
+    if let Some(set) = by_service.get_mut(key) {
+        set.remove(member);
+        if set.is_empty() {
+            by_service.remove(key);
+        }
+    }
+}

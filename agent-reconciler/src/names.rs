@@ -1,0 +1,85 @@
+//! Envoy resource names for delivery clusters (DESIGN.md "Envoy resources", field report F10):
+//! `app_<ns>_<pod>_<port>` per declared port and `health_<ns>_<pod>` per pod.
+//!
+//! The spec's `app_<pod>_<port>` collides across namespaces, so names are namespace-qualified.
+//! They are never truncated or hashed: a name is a pure function of namespace, pod name and
+//! port, so it is stable across agent restarts and pod re-creation under the same name.
+//!
+//! Why `_` is an unambiguous separator: Kubernetes validates a namespace as a DNS-1123 label
+//! (`ValidateNamespaceName`, at most 63 bytes of `[a-z0-9-]`) and a pod name as a DNS-1123
+//! subdomain (`ValidatePodName`, at most 253 bytes of `[a-z0-9.-]`); neither admits `_`, and
+//! [`crate::record::PodRecord::from_pod`] rejects any record that would break this. So a name
+//! splits on `_` into exactly its parts ([`ClusterName::parse`] is the inverse), and two
+//! distinct `(namespace, pod, port)` triples always give distinct names. The longest name is
+//! `app_` + 63 + `_` + 253 + `_` + 5 = 327 bytes.
+
+use std::fmt;
+
+/// The prefix of per-port delivery clusters.
+pub const APP_PREFIX: &str = "app";
+/// The prefix of per-pod health-probe clusters.
+pub const HEALTH_PREFIX: &str = "health";
+
+/// The name of the delivery cluster of one declared port: `app_<ns>_<pod>_<port>`.
+pub fn app_cluster(namespace: &str, pod: &str, port: u16) -> String {
+    ClusterName::App { namespace: namespace.to_owned(), pod: pod.to_owned(), port }.to_string()
+}
+
+/// The name of a pod's health-probe cluster: `health_<ns>_<pod>` (the health gateway answers
+/// `/healthz/<this name>`).
+pub fn health_cluster(namespace: &str, pod: &str) -> String {
+    ClusterName::Health { namespace: namespace.to_owned(), pod: pod.to_owned() }.to_string()
+}
+
+/// A delivery cluster name, parsed. `Display` prints the Envoy name; [`ClusterName::parse`]
+/// reads one back (e.g. to map an xDS NACK to its pod).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ClusterName {
+    /// `app_<namespace>_<pod>_<port>`.
+    App {
+        /// The pod's namespace.
+        namespace: String,
+        /// The pod's name.
+        pod: String,
+        /// The declared port.
+        port: u16,
+    },
+    /// `health_<namespace>_<pod>`.
+    Health {
+        /// The pod's namespace.
+        namespace: String,
+        /// The pod's name.
+        pod: String,
+    },
+}
+
+impl ClusterName {
+    /// Reads a name made by [`app_cluster`] or [`health_cluster`]. `None` for anything else:
+    /// another prefix, an empty part, a part holding `_`, or a port that is not the canonical
+    /// decimal of 1–65535.
+    pub fn parse(name: &str) -> Option<ClusterName> {
+        let parts: Vec<&str> = name.split('_').collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            return None;
+        }
+        match parts.as_slice() {
+            [APP_PREFIX, namespace, pod, port] => {
+                let port: u16 = port.parse().ok().filter(|p: &u16| *p != 0 && p.to_string() == *port)?;
+                Some(ClusterName::App { namespace: (*namespace).to_owned(), pod: (*pod).to_owned(), port })
+            }
+            [HEALTH_PREFIX, namespace, pod] => {
+                Some(ClusterName::Health { namespace: (*namespace).to_owned(), pod: (*pod).to_owned() })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ClusterName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterName::App { namespace, pod, port } => write!(f, "{APP_PREFIX}_{namespace}_{pod}_{port}"),
+            ClusterName::Health { namespace, pod } => write!(f, "{HEALTH_PREFIX}_{namespace}_{pod}"),
+        }
+    }
+}

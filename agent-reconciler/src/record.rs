@@ -1,0 +1,526 @@
+//! What the fold needs to know about a pod and an EndpointPolicy, extracted once from the API
+//! objects by pure functions ([`PodRecord::from_pod`], [`PolicyRecord::from_policy`]).
+//!
+//! Records hold only the fields that decide a delivery or name an Envoy resource, so an update
+//! that touches nothing else (a status condition, a label the mesh ignores) yields an equal
+//! record and the index re-renders nothing. Both are serde-serializable: the agent persists them
+//! in `--state-dir` to serve the same clusters with the API server down (DESIGN.md "Envoy
+//! resources").
+//!
+//! Pod annotations follow DESIGN.md "Contracts". A bad `endpoint.aether.io/*` annotation never
+//! drops the pod: that annotation falls back to its default and the record carries an
+//! [`AnnotationDefect`], which makes the fold deliver the pod over TCP (see
+//! [`crate::fold::TcpReason::InvalidEndpointAnnotation`]).
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::IpAddr;
+
+use aether_crds::EndpointPolicy;
+use aether_crds::pod::{
+    DEFAULT_PORT, HEALTH_PATH_ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, MIRROR_ANNOTATION, PORT_ANNOTATION,
+    PORTS_ANNOTATION, PROTOCOL_ANNOTATION, UDS_SOCKET_ANNOTATION,
+};
+use aether_crds::tiebreak::ServiceKey;
+use aether_crds::udspath::is_dns1123_label;
+use aether_crds::validate::{Verdict, validate_spec};
+use k8s_openapi::api::core::v1::Pod;
+use serde::{Deserialize, Serialize};
+
+use crate::fold::Settings;
+
+/// The ServiceAccount a pod runs as when `spec.serviceAccountName` is unset or empty (the API
+/// server's ServiceAccount admission plugin defaults it to this name).
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+
+/// The health-check path used when `endpoint.aether.io/health-path` is absent, empty or invalid.
+pub const DEFAULT_HEALTH_PATH: &str = "/";
+
+/// Longest DNS-1123 subdomain (pod names), in bytes (Kubernetes API conventions).
+const DNS1123_SUBDOMAIN_MAX: usize = 253;
+
+/// Why an API object cannot become a record. Only objects the API server would never serve hit
+/// this (a watch event always carries name, namespace and UID); the driver logs and skips them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// A required metadata field is absent or empty.
+    #[error("{kind} has no {field}")]
+    Missing {
+        /// `Pod` or `EndpointPolicy`.
+        kind: &'static str,
+        /// The wire path of the missing field, e.g. `metadata.uid`.
+        field: &'static str,
+    },
+    /// A name breaks the Kubernetes name rule it must follow. The Envoy names of
+    /// [`crate::names`] rely on these rules (no `_` in either part), so a record never holds
+    /// such a name.
+    #[error("{kind} {field} {value:?} is not a {rule}")]
+    InvalidName {
+        /// `Pod` or `EndpointPolicy`.
+        kind: &'static str,
+        /// The wire path of the field, e.g. `metadata.namespace`.
+        field: &'static str,
+        /// The offending value.
+        value: String,
+        /// The rule, e.g. `DNS-1123 label`.
+        rule: &'static str,
+    },
+}
+
+impl RecordError {
+    /// A short, stable name of the error, for metric labels.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RecordError::Missing { .. } => "missing-field",
+            RecordError::InvalidName { .. } => "invalid-name",
+        }
+    }
+}
+
+/// The identity of one pod in the [`crate::index::DeliveryMap`]: namespace, name and API UID.
+///
+/// Ordered by namespace, then name, then UID, so the map iterates in a stable, readable order.
+/// The UID is part of the key so that a pod deleted and re-created under the same name is never
+/// mistaken for its predecessor (its kubelet directory differs).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodKey {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
+}
+
+impl fmt::Display for PodKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// The application protocol of one declared port (`endpoint.aether.io/ports`, `=h2` suffix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AppProtocol {
+    /// HTTP/1.1 (the default for a port without a suffix).
+    Http1,
+    /// HTTP/2 with prior knowledge (gRPC): the health check uses the HTTP/2 codec when the
+    /// primary port is `h2` (DESIGN.md "Envoy resources").
+    H2,
+}
+
+impl AppProtocol {
+    /// The annotation spelling: `http1` or `h2`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AppProtocol::Http1 => "http1",
+            AppProtocol::H2 => "h2",
+        }
+    }
+}
+
+/// One declared service port of a pod: the port clients dial, and its protocol. Over a pipe,
+/// every declared port's `app_` cluster dials the same socket (spec Phase 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PortSpec {
+    /// The port number, 1–65535.
+    pub port: u16,
+    /// Its application protocol.
+    pub protocol: AppProtocol,
+}
+
+/// The delegated health check of a pod's `health_` cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum HealthCheck {
+    /// An active HTTP check (`Host: localhost`) on `path`, from `endpoint.aether.io/health-path`
+    /// (default `/`).
+    Http {
+        /// The request path: starts with `/`, visible ASCII only.
+        path: String,
+    },
+    /// Connect-only (`endpoint.aether.io/protocol: tcp`); on a pipe: "the socket accepts".
+    Connect,
+}
+
+/// What the agent knows about a static pod's mirror (DESIGN.md "Security"): kubelet names a
+/// static pod's directory by its config hash, not by the mirror's API UID.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticPod {
+    /// The raw `kubernetes.io/config.mirror` value (untrusted: the fold accepts only 32 lowercase
+    /// hex digits).
+    pub config_hash: String,
+    /// `spec.nodeName`, if set.
+    pub node_name: Option<String>,
+    /// The name of the pod's owner reference of `apiVersion: v1, kind: Node`, if any (kubelet
+    /// makes a mirror pod owned by its Node).
+    pub owner_node: Option<String>,
+}
+
+impl StaticPod {
+    /// True when the pod is owned by the Node it is bound to: an owner reference
+    /// `v1/Node` whose name equals a non-empty `spec.nodeName`.
+    pub fn owned_by_its_node(&self) -> bool {
+        matches!((&self.owner_node, &self.node_name), (Some(owner), Some(node)) if owner == node && !node.is_empty())
+    }
+}
+
+/// An `endpoint.aether.io/*` annotation whose value could not be used; the record holds that
+/// annotation's default instead.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AnnotationDefect {
+    /// The annotation key, e.g. `endpoint.aether.io/ports`.
+    pub annotation: String,
+    /// The rule broken, including the offending value.
+    pub message: String,
+}
+
+impl fmt::Display for AnnotationDefect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "annotation {} {}", self.annotation, self.message)
+    }
+}
+
+/// The fields of a managed pod that decide its delivery and name its Envoy resources.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRecord {
+    /// `metadata.uid`: the pod's kubelet directory (unless it is a static pod).
+    pub uid: String,
+    /// `metadata.namespace`, a DNS-1123 label.
+    pub namespace: String,
+    /// `metadata.name`, a DNS-1123 subdomain (up to 253 bytes).
+    pub name: String,
+    /// `spec.serviceAccountName`, or [`DEFAULT_SERVICE_ACCOUNT`]: the name half of the pod's
+    /// mesh service key.
+    pub service_account: String,
+    /// The declared ports, never empty; the first is the primary port. From
+    /// `endpoint.aether.io/ports` (`"8080,9090=h2"`), else `endpoint.aether.io/port`, else
+    /// `8080/http1`.
+    pub ports: Vec<PortSpec>,
+    /// The delegated health check.
+    pub health: HealthCheck,
+    /// The raw `endpoint.aether.io/uds-socket` value; `None` when absent or empty. Not validated
+    /// here: the fold decides (an invalid value still wins over a policy).
+    pub uds_socket: Option<String>,
+    /// `status.podIPs` (else `status.podIP`); empty while the pod has none. Values that do not
+    /// parse as an IP address are left out.
+    pub pod_ips: Vec<IpAddr>,
+    /// The names of the pod's `emptyDir` volumes: only these can carry a socket.
+    pub empty_dirs: BTreeSet<String>,
+    /// Set for a static pod's mirror (`kubernetes.io/config.mirror` present, even empty).
+    pub static_pod: Option<StaticPod>,
+    /// Endpoint annotations that were ignored in favour of their defaults; non-empty makes the
+    /// fold deliver over TCP.
+    pub defects: Vec<AnnotationDefect>,
+}
+
+impl PodRecord {
+    /// Extracts the record of a pod, or `None` when the pod is not managed (label
+    /// `aether.io/managed` is not exactly `"true"`): unmanaged pods are ignored and their
+    /// annotations are inert (spec Phase 1).
+    ///
+    /// Bad endpoint annotations do not fail: each falls back to its default (port `8080/http1`,
+    /// health path `/`, HTTP health check) and is listed in [`PodRecord::defects`]. When both
+    /// `ports` and `port` are set, `ports` is used and `port` must be one of its ports.
+    ///
+    /// # Errors
+    /// [`RecordError::Missing`] without `metadata.name`, `metadata.namespace` or `metadata.uid`;
+    /// [`RecordError::InvalidName`] when the namespace is not a DNS-1123 label or the name not a
+    /// DNS-1123 subdomain (the API server never serves such a pod).
+    pub fn from_pod(pod: &Pod) -> Result<Option<PodRecord>, RecordError> {
+        let meta = &pod.metadata;
+        let label = meta.labels.as_ref().and_then(|l| l.get(MANAGED_LABEL));
+        if label.map(String::as_str) != Some(MANAGED_VALUE) {
+            return Ok(None);
+        }
+        let required = |value: &Option<String>, field| {
+            value.clone().filter(|v| !v.is_empty()).ok_or(RecordError::Missing { kind: "Pod", field })
+        };
+        let name = required(&meta.name, "metadata.name")?;
+        let namespace = required(&meta.namespace, "metadata.namespace")?;
+        let uid = required(&meta.uid, "metadata.uid")?;
+        if !is_dns1123_label(&namespace) {
+            let rule = "DNS-1123 label";
+            return Err(RecordError::InvalidName { kind: "Pod", field: "metadata.namespace", value: namespace, rule });
+        }
+        if !is_dns1123_subdomain(&name) {
+            let rule = "DNS-1123 subdomain";
+            return Err(RecordError::InvalidName { kind: "Pod", field: "metadata.name", value: name, rule });
+        }
+
+        let annotations = meta.annotations.as_ref();
+        let annotation = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str).filter(|v| !v.is_empty());
+        let mut defects = Vec::new();
+        let mut defect = |annotation: &str, message: String| {
+            defects.push(AnnotationDefect { annotation: annotation.to_owned(), message });
+        };
+
+        let default_ports = || vec![PortSpec { port: DEFAULT_PORT, protocol: AppProtocol::Http1 }];
+        let ports = match (annotation(PORTS_ANNOTATION), annotation(PORT_ANNOTATION)) {
+            (Some(list), single) => match (parse_ports(list), single.map(parse_port)) {
+                (Err(e), _) => {
+                    defect(PORTS_ANNOTATION, e);
+                    default_ports()
+                }
+                (Ok(_), Some(Err(e))) => {
+                    defect(PORT_ANNOTATION, e);
+                    default_ports()
+                }
+                (Ok(ports), Some(Ok(port))) if !ports.iter().any(|p| p.port == port) => {
+                    defect(PORT_ANNOTATION, format!("{port} is not one of the ports in {PORTS_ANNOTATION} {list:?}"));
+                    default_ports()
+                }
+                (Ok(ports), _) => ports,
+            },
+            (None, Some(single)) => match parse_port(single) {
+                Ok(port) => vec![PortSpec { port, protocol: AppProtocol::Http1 }],
+                Err(e) => {
+                    defect(PORT_ANNOTATION, e);
+                    default_ports()
+                }
+            },
+            (None, None) => default_ports(),
+        };
+
+        let path = match annotation(HEALTH_PATH_ANNOTATION) {
+            None => DEFAULT_HEALTH_PATH.to_owned(),
+            Some(p) if is_health_path(p) => p.to_owned(),
+            Some(p) => {
+                defect(
+                    HEALTH_PATH_ANNOTATION,
+                    format!("{p:?} must start with '/' and hold only visible ASCII (no spaces or control characters)"),
+                );
+                DEFAULT_HEALTH_PATH.to_owned()
+            }
+        };
+        let health = match annotation(PROTOCOL_ANNOTATION) {
+            Some("tcp") => HealthCheck::Connect,
+            None | Some("http") => HealthCheck::Http { path },
+            Some(other) => {
+                defect(PROTOCOL_ANNOTATION, format!("{other:?} is not \"tcp\" or \"http\""));
+                HealthCheck::Http { path }
+            }
+        };
+
+        let spec = pod.spec.as_ref();
+        let service_account = spec
+            .and_then(|s| s.service_account_name.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| DEFAULT_SERVICE_ACCOUNT.to_owned());
+        let empty_dirs = spec
+            .and_then(|s| s.volumes.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|v| v.empty_dir.is_some())
+            .map(|v| v.name.clone())
+            .collect();
+
+        let status = pod.status.as_ref();
+        let listed: Vec<&str> =
+            status.and_then(|s| s.pod_ips.as_ref()).into_iter().flatten().map(|ip| ip.ip.as_str()).collect();
+        let pod_ips =
+            if listed.is_empty() { status.and_then(|s| s.pod_ip.as_deref()).into_iter().collect() } else { listed }
+                .into_iter()
+                .filter_map(|ip| ip.parse().ok())
+                .collect();
+
+        let static_pod = annotations.and_then(|a| a.get(MIRROR_ANNOTATION)).map(|hash| StaticPod {
+            config_hash: hash.clone(),
+            node_name: spec.and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()),
+            owner_node: meta
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.api_version == "v1" && o.kind == "Node")
+                .map(|o| o.name.clone()),
+        });
+
+        Ok(Some(PodRecord {
+            uid,
+            namespace,
+            name,
+            service_account,
+            ports,
+            health,
+            uds_socket: annotation(UDS_SOCKET_ANNOTATION).map(str::to_owned),
+            pod_ips,
+            empty_dirs,
+            static_pod,
+            defects,
+        }))
+    }
+
+    /// The pod's key in the delivery map.
+    pub fn key(&self) -> PodKey {
+        PodKey { namespace: self.namespace.clone(), name: self.name.clone(), uid: self.uid.clone() }
+    }
+
+    /// The pod's mesh service key `<namespace>/<service account>` (DESIGN.md "Contracts").
+    pub fn service_key(&self) -> ServiceKey {
+        ServiceKey::new(&self.namespace, &self.service_account)
+    }
+
+    /// The primary (first) declared port; its protocol picks the health check's codec.
+    pub fn primary_port(&self) -> PortSpec {
+        self.ports.first().copied().unwrap_or(PortSpec { port: DEFAULT_PORT, protocol: AppProtocol::Http1 })
+    }
+}
+
+/// True when `s` is a DNS-1123 subdomain (pod names): at most 253 bytes of dot-separated parts,
+/// each 1+ of `[a-z0-9-]` starting and ending alphanumeric (Kubernetes `IsDNS1123Subdomain`).
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= DNS1123_SUBDOMAIN_MAX
+        && s.split('.').all(|part| {
+            let b = part.as_bytes();
+            !b.is_empty()
+                && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b[0] != b'-'
+                && b[b.len() - 1] != b'-'
+        })
+}
+
+/// A port number: 1–5 ASCII digits (surrounding spaces ignored) with a value in 1–65535.
+fn parse_port(s: &str) -> Result<u16, String> {
+    let t = s.trim();
+    let digits = !t.is_empty() && t.len() <= 5 && t.bytes().all(|b| b.is_ascii_digit());
+    match t.parse::<u32>() {
+        Ok(p @ 1..=65535) if digits => Ok(p as u16),
+        _ => Err(format!("{s:?} is not a port number (1-65535)")),
+    }
+}
+
+/// `"8080,9090=h2"`: comma-separated `<port>[=http1|h2]`, spaces around items tolerated, at
+/// least one port, no port twice.
+fn parse_ports(s: &str) -> Result<Vec<PortSpec>, String> {
+    let mut out: Vec<PortSpec> = Vec::new();
+    for item in s.split(',') {
+        let (port, protocol) = item.split_once('=').map_or((item, None), |(p, proto)| (p, Some(proto.trim())));
+        let port = parse_port(port).map_err(|e| format!("{s:?}: entry {e}"))?;
+        let protocol = match protocol {
+            None | Some("http1") => AppProtocol::Http1,
+            Some("h2") => AppProtocol::H2,
+            Some(other) => return Err(format!("{s:?}: protocol {other:?} of port {port} is not \"http1\" or \"h2\"")),
+        };
+        if out.iter().any(|p| p.port == port) {
+            return Err(format!("{s:?}: port {port} is listed twice"));
+        }
+        out.push(PortSpec { port, protocol });
+    }
+    Ok(out)
+}
+
+/// A health-check path Envoy accepts in any snapshot: starts with `/`, visible ASCII only
+/// (a control character would make Envoy NACK the whole cluster update).
+fn is_health_path(p: &str) -> bool {
+    p.starts_with('/') && p.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// serde mirror of [`ServiceKey`], which lives in the contract crate without serde derives.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "ServiceKey")]
+struct ServiceKeyDef {
+    namespace: String,
+    name: String,
+}
+
+/// An EndpointPolicy as the index needs it. "Admitted" means "usable": validity is decided by
+/// the same [`validate_spec`] the webhook runs, with the agent's own budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyRecord {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`: the tie-break compares these (smallest wins).
+    pub name: String,
+    /// The service key `<policy namespace>/<spec.targetRef.name>`.
+    #[serde(with = "ServiceKeyDef")]
+    pub target: ServiceKey,
+    /// `spec.udsSocket`, as written.
+    pub socket: String,
+    /// `None` when the policy passes validation; otherwise the denial message (every violation,
+    /// each naming its field and rule).
+    pub invalid: Option<String>,
+}
+
+impl PolicyRecord {
+    /// Extracts the record of a policy and decides its validity with
+    /// [`aether_crds::validate::validate_spec`] against `settings`' budget. Without a budget
+    /// (a pods dir too long for any socket) every policy is invalid.
+    ///
+    /// # Errors
+    /// [`RecordError::Missing`] without `metadata.name` or `metadata.namespace`.
+    pub fn from_policy(policy: &EndpointPolicy, settings: &Settings) -> Result<PolicyRecord, RecordError> {
+        let required = |value: &Option<String>, field| {
+            value.clone().filter(|v| !v.is_empty()).ok_or(RecordError::Missing { kind: "EndpointPolicy", field })
+        };
+        let name = required(&policy.metadata.name, "metadata.name")?;
+        let namespace = required(&policy.metadata.namespace, "metadata.namespace")?;
+        let invalid = match settings.budget() {
+            Err(e) => Some(format!("no socket can be used on this node: {e}")),
+            Ok(budget) => {
+                validate_spec(&policy.spec, budget).err().and_then(|violations| Verdict { violations }.message())
+            }
+        };
+        Ok(PolicyRecord {
+            target: ServiceKey::new(&namespace, &policy.spec.target_ref.name),
+            namespace,
+            name,
+            socket: policy.spec.uds_socket.clone(),
+            invalid,
+        })
+    }
+
+    /// True when the policy may take part in the tie-break: it passed validation and targets a
+    /// Service in its own namespace (attachment is same-namespace by construction).
+    pub fn is_valid(&self) -> bool {
+        self.invalid.is_none() && self.target.namespace == self.namespace
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_list_parses_ports_and_protocols_with_http1_default() {
+        let ports = parse_ports("8080, 9090=h2 ,7070=http1").unwrap();
+        let want = [(8080, AppProtocol::Http1), (9090, AppProtocol::H2), (7070, AppProtocol::Http1)];
+        assert_eq!(ports, want.map(|(port, protocol)| PortSpec { port, protocol }));
+    }
+
+    #[test]
+    fn ports_list_rejects_bad_entries() {
+        for bad in ["", "8080,", "0", "65536", "80a", "+80", "-1", "8080=h3", "8080=H2", "8080,8080=h2", "123456"] {
+            assert!(parse_ports(bad).is_err(), "{bad:?} must be rejected");
+        }
+    }
+
+    #[test]
+    fn port_accepts_the_full_range_only() {
+        assert_eq!(parse_port("1"), Ok(1));
+        assert_eq!(parse_port("65535"), Ok(65535));
+        assert!(parse_port("0").is_err());
+        assert!(parse_port("65536").is_err());
+        assert!(parse_port("http").is_err());
+    }
+
+    #[test]
+    fn health_path_must_be_absolute_visible_ascii() {
+        assert!(is_health_path("/"));
+        assert!(is_health_path("/healthz?full=1"));
+        for bad in ["healthz", "/a b", "/a\nb", "/ü", ""] {
+            assert!(!is_health_path(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn pod_names_are_dns1123_subdomains_so_they_never_hold_an_underscore() {
+        assert!(is_dns1123_subdomain("cart-7d9f.v2"));
+        assert!(is_dns1123_subdomain(&"a".repeat(253)));
+        for bad in ["", "a_b", "A", "-a", "a-", "a..b", ".a", &"a".repeat(254)] {
+            assert!(!is_dns1123_subdomain(bad), "{bad:?}");
+        }
+    }
+}

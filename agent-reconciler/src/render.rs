@@ -1,0 +1,162 @@
+//! From the delivery map to the xDS input: one pure function (DESIGN.md "Envoy resources").
+//!
+//! For every pod in the [`DeliveryMap`]:
+//! - one `app_<ns>_<pod>_<port>` cluster per declared port, all dialing the same endpoint;
+//! - one `health_<ns>_<pod>` cluster with the pod's active health check (HTTP on its health path,
+//!   HTTP/2 codec when the primary port is `h2`, or connect-only), answered by the health gateway.
+//!
+//! The endpoint is the pipe for a pod delivered over its socket, unless the on-disk check refused
+//! it (then TCP, with the refusal as the reason). TCP is `127.0.0.1:<port>` inside the pod's network
+//! namespace when the CNI record gives one, else `<pod IP>:<port>`. A TCP pod with neither yet is
+//! left out until it has one ("rendered once they have what their delivery needs").
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use crate::fscheck::Refusal;
+use crate::index::DeliveryMap;
+use crate::names;
+use crate::record::{AppProtocol, HealthCheck, PodKey, PodRecord};
+use crate::xds::resources::{self as xds, ClusterSpec, Endpoint, Snapshot};
+
+/// Where a rendered pod is actually delivered, after the on-disk check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effective {
+    /// Over the Unix socket at this path.
+    Pipe(String),
+    /// Over TCP (the fold chose TCP, or the on-disk check refused the pipe).
+    Tcp,
+    /// Not rendered yet: TCP with no network namespace and no pod IP.
+    Waiting,
+}
+
+/// The xDS input and, per pod, what it was rendered as.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rendered {
+    /// What the xDS layer serves.
+    pub snapshot: Snapshot,
+    /// Per pod, the effective delivery.
+    pub effective: HashMap<PodKey, Effective>,
+}
+
+fn tcp_endpoint(pod: &PodRecord, port: u16, netns: Option<&str>) -> Option<Endpoint> {
+    match netns {
+        Some(ns) => Some(Endpoint::Tcp { address: IpAddr::V4(Ipv4Addr::LOCALHOST), port, netns: Some(ns.to_owned()) }),
+        None => pod.pod_ips.first().map(|ip| Endpoint::Tcp { address: *ip, port, netns: None }),
+    }
+}
+
+/// Renders `map` into clusters. `netns(uid)` gives a pod's network-namespace path from the CNI
+/// records (or `None`); `refused` holds the pods whose pipe the on-disk check refused.
+pub fn render(map: &DeliveryMap, netns: &dyn Fn(&str) -> Option<String>, refused: &HashMap<PodKey, Refusal>) -> Rendered {
+    let mut out = Rendered::default();
+    for (key, entry) in map.iter() {
+        let pod = &entry.pod;
+        let pipe = entry.delivery.path.as_ref().filter(|_| !refused.contains_key(key)).map(|p| p.as_str().to_owned());
+        let ns = netns(&pod.uid);
+        let endpoint_for = |port: u16| match &pipe {
+            Some(path) => Some(Endpoint::Pipe { path: path.clone() }),
+            None => tcp_endpoint(pod, port, ns.as_deref()),
+        };
+        let primary = pod.primary_port();
+        let Some(health_endpoint) = endpoint_for(primary.port) else {
+            out.effective.insert(key.clone(), Effective::Waiting);
+            continue;
+        };
+        for p in &pod.ports {
+            let Some(endpoint) = endpoint_for(p.port) else { continue };
+            out.snapshot.clusters.push(ClusterSpec {
+                name: names::app_cluster(&pod.namespace, &pod.name, p.port),
+                endpoint,
+                health: None,
+                http2: p.protocol == AppProtocol::H2,
+            });
+        }
+        let h2 = primary.protocol == AppProtocol::H2;
+        let health = match &pod.health {
+            HealthCheck::Http { path } => xds::HealthCheck::Http { path: path.clone(), h2 },
+            HealthCheck::Connect => xds::HealthCheck::Connect,
+        };
+        let health_name = names::health_cluster(&pod.namespace, &pod.name);
+        out.snapshot.health_clusters.push(health_name.clone());
+        out.snapshot.clusters.push(ClusterSpec { name: health_name, endpoint: health_endpoint, health: Some(health), http2: h2 });
+        out.effective.insert(key.clone(), pipe.map_or(Effective::Tcp, Effective::Pipe));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::fold::Settings;
+    use crate::index::Index;
+    use crate::record::PortSpec;
+
+    const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+
+    fn pod(socket: Option<&str>, ips: &[&str]) -> PodRecord {
+        PodRecord {
+            uid: UID.into(),
+            namespace: "shop".into(),
+            name: "cart-1".into(),
+            service_account: "cart".into(),
+            ports: vec![
+                PortSpec { port: 8080, protocol: AppProtocol::Http1 },
+                PortSpec { port: 9090, protocol: AppProtocol::H2 },
+            ],
+            health: HealthCheck::Http { path: "/ready".into() },
+            uds_socket: socket.map(str::to_owned),
+            pod_ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
+            empty_dirs: BTreeSet::from(["s".to_owned()]),
+            static_pod: None,
+            defects: vec![],
+        }
+    }
+
+    fn map_of(p: PodRecord) -> DeliveryMap {
+        let mut index = Index::new(Settings::new("/var/lib/kubelet/pods", true));
+        index.apply_pod(p);
+        (*index.snapshot()).clone()
+    }
+
+    fn no_netns(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn a_pipe_pod_gets_one_app_cluster_per_port_and_a_health_cluster_all_on_the_socket() {
+        let r = render(&map_of(pod(Some("s/app.sock"), &[])), &no_netns, &HashMap::new());
+        let names: Vec<&str> = r.snapshot.clusters.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["app_shop_cart-1_8080", "app_shop_cart-1_9090", "health_shop_cart-1"]);
+        let path = format!("/var/lib/kubelet/pods/{UID}/volumes/kubernetes.io~empty-dir/s/app.sock");
+        assert!(r.snapshot.clusters.iter().all(|c| c.endpoint == Endpoint::Pipe { path: path.clone() }));
+        assert!(r.snapshot.clusters[1].http2, "the h2 port uses the HTTP/2 codec");
+        assert_eq!(r.snapshot.clusters[2].health, Some(xds::HealthCheck::Http { path: "/ready".into(), h2: false }));
+        assert_eq!(r.snapshot.health_clusters, ["health_shop_cart-1"]);
+    }
+
+    #[test]
+    fn a_refused_pipe_falls_back_to_tcp_in_the_pods_netns() {
+        let map = map_of(pod(Some("s/app.sock"), &["10.1.2.3"]));
+        let key = map.iter().next().unwrap().0.clone();
+        let refused = HashMap::from([(key.clone(), Refusal::Symlink { path: "/x".into() })]);
+        let netns = |_: &str| Some("/var/run/netns/cni-1".to_owned());
+        let r = render(&map, &netns, &refused);
+        assert_eq!(
+            r.snapshot.clusters[0].endpoint,
+            Endpoint::Tcp { address: "127.0.0.1".parse().unwrap(), port: 8080, netns: Some("/var/run/netns/cni-1".into()) }
+        );
+        assert_eq!(r.effective[&key], Effective::Tcp);
+    }
+
+    #[test]
+    fn a_tcp_pod_without_netns_uses_its_ip_and_waits_without_one() {
+        let r = render(&map_of(pod(None, &["10.1.2.3"])), &no_netns, &HashMap::new());
+        assert_eq!(r.snapshot.clusters[0].endpoint, Endpoint::Tcp { address: "10.1.2.3".parse().unwrap(), port: 8080, netns: None });
+        let r = render(&map_of(pod(None, &[])), &no_netns, &HashMap::new());
+        assert!(r.snapshot.clusters.is_empty());
+        assert_eq!(r.effective.values().next(), Some(&Effective::Waiting));
+    }
+}

@@ -1,0 +1,867 @@
+//! The pure input model of the xDS layer and its rendering to Envoy protos.
+//!
+//! Nothing here knows Kubernetes: the fold turns pods into [`ClusterSpec`]s, this module turns
+//! those into Envoy `Cluster`s (CDS) and the health-gateway `Listener` (LDS), packed into
+//! envoy-types' `Any`, each set with a content-hash version.
+//!
+//! Validation happens *before* rendering ([`ClusterSpec::validate`]): a spec Envoy would refuse
+//! (a pipe path over 107 bytes, an empty name, ...) is returned as a [`Rejected`] and left out,
+//! so the node's update is never NACKed because of one pod.
+//!
+//! Determinism: prost encodes `map` fields in `HashMap` iteration order, which differs between
+//! two maps with the same content. Every map this module fills holds at most one entry, so the
+//! encoding, and therefore the version, depends on the content only.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::cluster::v3::{
+    Cluster,
+    cluster::{ClusterDiscoveryType, CommonLbConfig, DiscoveryType},
+};
+use envoy_types::pb::envoy::config::core::v3::{
+    Address, BindConfig, DataSource, HealthCheck as PbHealthCheck, Http2ProtocolOptions, Pipe, SocketAddress, address,
+    data_source,
+    health_check::{HealthChecker, HttpHealthCheck, TcpHealthCheck},
+    socket_address::PortSpecifier,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
+};
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::config::route::v3::{
+    DirectResponseAction, HeaderMatcher, Route, RouteConfiguration, RouteMatch, VirtualHost,
+    header_matcher::HeaderMatchSpecifier, route, route_match::PathSpecifier,
+};
+use envoy_types::pb::envoy::extensions::filters::http::health_check::v3::HealthCheck as HealthCheckFilter;
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter,
+    http_connection_manager::{CodecType, RouteSpecifier},
+    http_filter,
+};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+    HttpProtocolOptions,
+    http_protocol_options::{ExplicitHttpConfig, UpstreamProtocolOptions, explicit_http_config::ProtocolConfig},
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
+use envoy_types::pb::envoy::r#type::v3::{CodecClientType, Percent};
+use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration as PbDuration, UInt32Value};
+use envoy_types::util::pack_any;
+use prost::Name;
+use sha2::{Digest, Sha256};
+
+/// Type URL of an Envoy v3 `Cluster` (CDS).
+pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+/// Type URL of an Envoy v3 `Listener` (LDS).
+pub const LISTENER_TYPE_URL: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+/// The longest Unix socket path Envoy (and Linux) accepts, in bytes: `sun_path` is 108 bytes
+/// including the terminating NUL.
+pub const MAX_PIPE_PATH_BYTES: usize = 107;
+/// Name of the health-gateway listener served over LDS.
+pub const HEALTH_LISTENER_NAME: &str = "aether_health";
+/// Path prefix the health gateway answers: `GET /healthz/<health cluster name>`.
+pub const HEALTHZ_PREFIX: &str = "/healthz/";
+/// Host header of every active HTTP health check.
+pub const HEALTH_CHECK_HOST: &str = "localhost";
+
+/// One delivery or health cluster: what Envoy connects to for one pod port (or one pod's
+/// health check). Plain data; [`ClusterSpec::validate`] says whether Envoy would accept it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClusterSpec {
+    /// Envoy cluster name, unique on the node (e.g. `app_<ns>_<pod>_<port>`,
+    /// `health_<ns>_<pod>`). 1+ of `[A-Za-z0-9._-]`.
+    pub name: String,
+    /// Where the single host of the cluster is.
+    pub endpoint: Endpoint,
+    /// Active health check of that host; `None` = no health checking (the host is always
+    /// considered healthy).
+    pub health: Option<HealthCheck>,
+    /// The upstream speaks HTTP/2 only (h2c with prior knowledge, e.g. a gRPC server): routed
+    /// HTTP traffic uses the HTTP/2 codec. `false` = Envoy's default, HTTP/1.1.
+    pub http2: bool,
+}
+
+/// Address of a cluster's single host.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    /// A Unix domain socket (Envoy `pipe`); no `upstream_bind_config`. `path` is absolute and at
+    /// most [`MAX_PIPE_PATH_BYTES`] bytes.
+    Pipe {
+        /// Absolute socket path, as the proxy sees it.
+        path: String,
+    },
+    /// A TCP host. With `netns` set, Envoy creates the upstream socket inside that network
+    /// namespace (`upstream_bind_config.source_address.network_namespace_filepath`), so the
+    /// caller passes `127.0.0.1` as `address` to reach a port bound on the pod's loopback;
+    /// without it, the pod IP.
+    Tcp {
+        /// Host IP (v4 or v6).
+        address: IpAddr,
+        /// TCP port, 1..=65535.
+        port: u16,
+        /// Absolute path of the pod's network namespace file (e.g. `/var/run/netns/cni-...`).
+        netns: Option<String>,
+    },
+}
+
+/// Active health check of a cluster's host.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HealthCheck {
+    /// `GET <path>` with `Host: localhost`; healthy on 200. `h2` selects the HTTP/2 codec
+    /// (for upstreams that speak only h2, such as gRPC servers on sockets).
+    Http {
+        /// Request path, starting with `/`, printable ASCII without spaces.
+        path: String,
+        /// Use the HTTP/2 codec instead of HTTP/1.1.
+        h2: bool,
+    },
+    /// TCP (or socket) connect only: healthy when `connect(2)` succeeds.
+    Connect,
+}
+
+/// Why a [`ClusterSpec`] (or the health gateway) was not rendered. Each variant names the
+/// offending value; [`RenderError::label`] gives a stable metric label.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// The cluster name is empty.
+    #[error("cluster name is empty")]
+    EmptyName,
+    /// The cluster name has a character outside `[A-Za-z0-9._-]`.
+    #[error("cluster name {name:?} has a character outside [A-Za-z0-9._-]")]
+    InvalidName {
+        /// The offending name.
+        name: String,
+    },
+    /// A second cluster with a name already used in the same snapshot (only the first is kept).
+    #[error("duplicate cluster name {name:?}")]
+    DuplicateName {
+        /// The duplicated name.
+        name: String,
+    },
+    /// A Unix socket path longer than [`MAX_PIPE_PATH_BYTES`] bytes.
+    #[error(
+        "socket path {path:?} is {len} bytes, over the {max}-byte Unix socket limit",
+        max = MAX_PIPE_PATH_BYTES
+    )]
+    PipePathTooLong {
+        /// The offending path.
+        path: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A socket or netns path that is not absolute or contains a NUL byte.
+    #[error("path {path:?} must be absolute and free of NUL bytes")]
+    InvalidPath {
+        /// The offending path.
+        path: String,
+    },
+    /// TCP port 0.
+    #[error("TCP port 0 is not a valid upstream port")]
+    ZeroPort,
+    /// A health-check path that does not start with `/` or has a space or control character.
+    #[error("health-check path {path:?} must start with '/' and be printable ASCII without spaces")]
+    InvalidHealthPath {
+        /// The offending path.
+        path: String,
+    },
+}
+
+impl RenderError {
+    /// A short, stable label for metrics (`reason="pipe_path_too_long"` and so on).
+    pub fn label(&self) -> &'static str {
+        match self {
+            RenderError::EmptyName => "empty_name",
+            RenderError::InvalidName { .. } => "invalid_name",
+            RenderError::DuplicateName { .. } => "duplicate_name",
+            RenderError::PipePathTooLong { .. } => "pipe_path_too_long",
+            RenderError::InvalidPath { .. } => "invalid_path",
+            RenderError::ZeroPort => "zero_port",
+            RenderError::InvalidHealthPath { .. } => "invalid_health_path",
+        }
+    }
+}
+
+/// Checks a Unix socket path the way Envoy will: absolute, no NUL, at most
+/// [`MAX_PIPE_PATH_BYTES`] bytes (bytes, not characters).
+///
+/// # Errors
+/// [`RenderError::InvalidPath`] or [`RenderError::PipePathTooLong`].
+pub fn validate_pipe_path(path: &str) -> Result<(), RenderError> {
+    validate_abs_path(path)?;
+    if path.len() > MAX_PIPE_PATH_BYTES {
+        return Err(RenderError::PipePathTooLong { path: path.to_owned(), len: path.len() });
+    }
+    Ok(())
+}
+
+fn validate_abs_path(path: &str) -> Result<(), RenderError> {
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(RenderError::InvalidPath { path: path.to_owned() });
+    }
+    Ok(())
+}
+
+fn validate_name(name: &str) -> Result<(), RenderError> {
+    if name.is_empty() {
+        return Err(RenderError::EmptyName);
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
+        return Err(RenderError::InvalidName { name: name.to_owned() });
+    }
+    Ok(())
+}
+
+impl ClusterSpec {
+    /// Checks everything Envoy would refuse in this cluster, before anything is rendered, so the
+    /// caller can degrade that one pod instead of having the node's update NACKed.
+    ///
+    /// # Errors
+    /// The first problem found, as a [`RenderError`] (never `DuplicateName`: that needs the whole
+    /// snapshot).
+    pub fn validate(&self) -> Result<(), RenderError> {
+        validate_name(&self.name)?;
+        match &self.endpoint {
+            Endpoint::Pipe { path } => validate_pipe_path(path)?,
+            Endpoint::Tcp { port, netns, .. } => {
+                if *port == 0 {
+                    return Err(RenderError::ZeroPort);
+                }
+                if let Some(netns) = netns {
+                    validate_abs_path(netns)?;
+                }
+            }
+        }
+        if let Some(HealthCheck::Http { path, .. }) = &self.health
+            && (!path.starts_with('/') || !path.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(RenderError::InvalidHealthPath { path: path.clone() });
+        }
+        Ok(())
+    }
+}
+
+/// Timing of active health checks (Envoy `HealthCheck` fields of the same names).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthTiming {
+    /// Time between two checks; also used as `no_traffic_interval` (whose Envoy default of 60 s
+    /// would apply to health clusters, which never carry traffic).
+    pub interval: Duration,
+    /// Time to wait for a check's answer.
+    pub timeout: Duration,
+    /// Consecutive failures before a host is marked unhealthy.
+    pub unhealthy_threshold: u32,
+    /// Consecutive successes before an unhealthy host is marked healthy again.
+    pub healthy_threshold: u32,
+}
+
+impl Default for HealthTiming {
+    /// 2 s interval, 1 s timeout, unhealthy after 2 failures, healthy after 1 success.
+    fn default() -> Self {
+        HealthTiming {
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            unhealthy_threshold: 2,
+            healthy_threshold: 1,
+        }
+    }
+}
+
+/// Node-wide rendering settings (agent flags, not per-snapshot data).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// `connect_timeout` of every cluster.
+    pub connect_timeout: Duration,
+    /// Active health-check timing.
+    pub health: HealthTiming,
+    /// `--health-socket`: path of the health-gateway pipe listener; `None` = no listener (LDS
+    /// then serves an empty set).
+    pub health_socket: Option<String>,
+    /// File mode of the health-gateway socket (e.g. `0o666`).
+    pub health_socket_mode: u32,
+}
+
+impl Default for RenderOptions {
+    /// 1 s connect timeout, default health timing, health socket `/run/aether/health.sock`
+    /// with mode `0o666`.
+    fn default() -> Self {
+        RenderOptions {
+            connect_timeout: Duration::from_secs(1),
+            health: HealthTiming::default(),
+            health_socket: Some("/run/aether/health.sock".to_owned()),
+            health_socket_mode: 0o666,
+        }
+    }
+}
+
+/// Everything the node's Envoy should have from us, before rendering.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Delivery and health clusters, in any order; names must be unique.
+    pub clusters: Vec<ClusterSpec>,
+    /// Names of the clusters the health gateway answers for at `/healthz/<name>`: 200 when all
+    /// of that cluster's hosts pass their active health check, 503 otherwise, including when the
+    /// cluster is missing (rejected or not yet known to Envoy).
+    pub health_clusters: Vec<String>,
+}
+
+/// One rendered resource: its name and the packed proto.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamedResource {
+    /// Resource name (cluster or listener name).
+    pub name: String,
+    /// The packed Envoy proto.
+    pub resource: Any,
+}
+
+/// All resources of one type URL, sorted by name, with their content-hash version.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TypedResources {
+    /// Type URL of every resource ([`CLUSTER_TYPE_URL`] or [`LISTENER_TYPE_URL`]).
+    pub type_url: String,
+    /// Hex SHA-256 (first 16 bytes, 32 hex characters) over the names and encoded bytes: same
+    /// content, same version.
+    pub version: String,
+    /// The resources, sorted by name.
+    pub resources: Vec<NamedResource>,
+}
+
+impl TypedResources {
+    /// Builds the set from packed resources (any order), sorting them by name and computing
+    /// the version. Duplicate names are kept as given (a way to hand Envoy something it NACKs).
+    pub fn new(type_url: impl Into<String>, mut resources: Vec<NamedResource>) -> Self {
+        let type_url = type_url.into();
+        resources.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut h = Sha256::new();
+        h.update((type_url.len() as u64).to_be_bytes());
+        h.update(type_url.as_bytes());
+        for r in &resources {
+            for part in [r.name.as_bytes(), r.resource.type_url.as_bytes(), &r.resource.value] {
+                h.update((part.len() as u64).to_be_bytes());
+                h.update(part);
+            }
+        }
+        let digest = h.finalize();
+        let version = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        TypedResources { type_url, version, resources }
+    }
+
+    /// Names of the resources, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        self.resources.iter().map(|r| r.name.as_str()).collect()
+    }
+}
+
+/// A cluster or the gateway left out of the rendered resources, with the reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejected {
+    /// Cluster name (or [`HEALTH_LISTENER_NAME`] for the gateway).
+    pub name: String,
+    /// Why.
+    pub error: RenderError,
+}
+
+/// The rendered snapshot the ADS server serves: CDS and LDS sets plus what was left out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resources {
+    /// `Cluster`s ([`CLUSTER_TYPE_URL`]).
+    pub clusters: TypedResources,
+    /// `Listener`s ([`LISTENER_TYPE_URL`]): the health gateway, if configured.
+    pub listeners: TypedResources,
+    /// Specs that failed validation and are not in `clusters`/`listeners`.
+    pub rejected: Vec<Rejected>,
+}
+
+impl Default for Resources {
+    /// No clusters, no listeners.
+    fn default() -> Self {
+        Resources::from_protos(Vec::new(), Vec::new())
+    }
+}
+
+impl Resources {
+    /// Packs already-built protos without any validation (tests, or a caller with its own
+    /// rendering). Duplicate names are kept.
+    pub fn from_protos(clusters: Vec<Cluster>, listeners: Vec<Listener>) -> Self {
+        let clusters =
+            clusters.into_iter().map(|c| NamedResource { name: c.name.clone(), resource: pack_any(c) }).collect();
+        let listeners =
+            listeners.into_iter().map(|l| NamedResource { name: l.name.clone(), resource: pack_any(l) }).collect();
+        Resources {
+            clusters: TypedResources::new(Cluster::type_url(), clusters),
+            listeners: TypedResources::new(Listener::type_url(), listeners),
+            rejected: Vec::new(),
+        }
+    }
+
+    /// The set for `type_url`, if we serve that type (CDS and LDS only).
+    pub fn get(&self, type_url: &str) -> Option<&TypedResources> {
+        if type_url == self.clusters.type_url {
+            Some(&self.clusters)
+        } else if type_url == self.listeners.type_url {
+            Some(&self.listeners)
+        } else {
+            None
+        }
+    }
+
+    /// The served type URLs, in push order (clusters before the listeners that may name them).
+    pub fn type_urls(&self) -> [&str; 2] {
+        [&self.clusters.type_url, &self.listeners.type_url]
+    }
+
+    /// True when both versions equal `other`'s (nothing to push).
+    pub fn same_versions(&self, other: &Resources) -> bool {
+        self.clusters.version == other.clusters.version && self.listeners.version == other.listeners.version
+    }
+}
+
+fn pb_duration(d: Duration) -> PbDuration {
+    PbDuration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn pipe_address(path: &str, mode: u32) -> Address {
+    Address { address: Some(address::Address::Pipe(Pipe { path: path.to_owned(), mode })) }
+}
+
+fn socket_address(ip: IpAddr, port: u16, netns: Option<&str>) -> SocketAddress {
+    SocketAddress {
+        address: ip.to_string(),
+        port_specifier: Some(PortSpecifier::PortValue(u32::from(port))),
+        network_namespace_filepath: netns.unwrap_or_default().to_owned(),
+        ..Default::default()
+    }
+}
+
+/// Renders one validated spec to an Envoy `Cluster`: type STATIC with one host in
+/// `load_assignment`, explicit `connect_timeout`, `healthy_panic_threshold` 0 (an unhealthy
+/// host gets no traffic instead of panic-mode traffic), the active health check if any.
+///
+/// # Errors
+/// What [`ClusterSpec::validate`] returns; nothing is rendered then.
+pub fn render_cluster(spec: &ClusterSpec, opts: &RenderOptions) -> Result<Cluster, RenderError> {
+    spec.validate()?;
+    let (address, upstream_bind_config) = match &spec.endpoint {
+        Endpoint::Pipe { path } => (pipe_address(path, 0), None),
+        Endpoint::Tcp { address, port, netns } => {
+            let host =
+                Address { address: Some(address::Address::SocketAddress(socket_address(*address, *port, None))) };
+            // The source address only carries the namespace: port 0 and the unspecified address
+            // of the host's family, so the kernel picks both inside that namespace.
+            let bind = netns.as_deref().map(|ns| {
+                let any: IpAddr = match address {
+                    IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                    IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                };
+                BindConfig { source_address: Some(socket_address(any, 0, Some(ns))), ..Default::default() }
+            });
+            (host, bind)
+        }
+    };
+    let health_checks = spec.health.as_ref().map(|h| health_check(h, &opts.health)).into_iter().collect();
+    let mut typed_extension_protocol_options = HashMap::new();
+    if spec.http2 {
+        let options = HttpProtocolOptions {
+            upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(Http2ProtocolOptions::default())),
+            })),
+            ..Default::default()
+        };
+        // One entry only: see the module doc on map determinism.
+        typed_extension_protocol_options
+            .insert("envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_owned(), pack_any(options));
+    }
+    Ok(Cluster {
+        name: spec.name.clone(),
+        connect_timeout: Some(pb_duration(opts.connect_timeout)),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: spec.name.clone(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![LbEndpoint {
+                    host_identifier: Some(HostIdentifier::Endpoint(PbEndpoint {
+                        address: Some(address),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        upstream_bind_config,
+        health_checks,
+        common_lb_config: Some(CommonLbConfig {
+            healthy_panic_threshold: Some(Percent { value: 0.0 }),
+            ..Default::default()
+        }),
+        typed_extension_protocol_options,
+        ..Default::default()
+    })
+}
+
+fn health_check(h: &HealthCheck, t: &HealthTiming) -> PbHealthCheck {
+    let checker = match h {
+        HealthCheck::Http { path, h2 } => HealthChecker::HttpHealthCheck(HttpHealthCheck {
+            host: HEALTH_CHECK_HOST.to_owned(),
+            path: path.clone(),
+            codec_client_type: if *h2 { CodecClientType::Http2 as i32 } else { CodecClientType::Http1 as i32 },
+            ..Default::default()
+        }),
+        HealthCheck::Connect => HealthChecker::TcpHealthCheck(TcpHealthCheck::default()),
+    };
+    PbHealthCheck {
+        timeout: Some(pb_duration(t.timeout)),
+        interval: Some(pb_duration(t.interval)),
+        no_traffic_interval: Some(pb_duration(t.interval)),
+        unhealthy_threshold: Some(UInt32Value { value: t.unhealthy_threshold }),
+        healthy_threshold: Some(UInt32Value { value: t.healthy_threshold }),
+        health_checker: Some(checker),
+        ..Default::default()
+    }
+}
+
+/// Renders the health gateway: a `pipe` listener on `socket` (file mode `mode`) whose HTTP
+/// connection manager answers `GET /healthz/<name>` for each name in `health_clusters` with
+/// Envoy's `envoy.filters.http.health_check` filter (`pass_through_mode: false`, 100 % of that
+/// cluster's hosts healthy → 200, else 503), and 404 for every other request.
+///
+/// # Errors
+/// [`RenderError::InvalidPath`] or [`RenderError::PipePathTooLong`] for `socket`.
+pub fn render_health_listener(socket: &str, mode: u32, health_clusters: &[String]) -> Result<Listener, RenderError> {
+    validate_pipe_path(socket)?;
+    let mut names: Vec<&String> = health_clusters.iter().collect();
+    names.sort();
+    names.dedup();
+    let mut http_filters: Vec<HttpFilter> = names
+        .into_iter()
+        .map(|name| {
+            let mut min_healthy = HashMap::new();
+            // One entry per filter: see the module doc on map determinism.
+            min_healthy.insert(name.clone(), Percent { value: 100.0 });
+            let config = HealthCheckFilter {
+                pass_through_mode: Some(BoolValue { value: false }),
+                cluster_min_healthy_percentages: min_healthy,
+                headers: vec![HeaderMatcher {
+                    name: ":path".to_owned(),
+                    header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+                        match_pattern: Some(MatchPattern::Exact(format!("{HEALTHZ_PREFIX}{name}"))),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            HttpFilter {
+                name: "envoy.filters.http.health_check".to_owned(),
+                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(config))),
+                ..Default::default()
+            }
+        })
+        .collect();
+    http_filters.push(HttpFilter {
+        name: "envoy.filters.http.router".to_owned(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(Router::default()))),
+        ..Default::default()
+    });
+    let not_found = Route {
+        r#match: Some(RouteMatch { path_specifier: Some(PathSpecifier::Prefix("/".to_owned())), ..Default::default() }),
+        action: Some(route::Action::DirectResponse(DirectResponseAction {
+            status: 404,
+            body: Some(DataSource {
+                specifier: Some(data_source::Specifier::InlineString("no such health cluster\n".to_owned())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let hcm = HttpConnectionManager {
+        codec_type: CodecType::Auto as i32,
+        stat_prefix: HEALTH_LISTENER_NAME.to_owned(),
+        http_filters,
+        route_specifier: Some(RouteSpecifier::RouteConfig(RouteConfiguration {
+            name: HEALTH_LISTENER_NAME.to_owned(),
+            virtual_hosts: vec![VirtualHost {
+                name: HEALTH_LISTENER_NAME.to_owned(),
+                domains: vec!["*".to_owned()],
+                routes: vec![not_found],
+                ..Default::default()
+            }],
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    Ok(Listener {
+        name: HEALTH_LISTENER_NAME.to_owned(),
+        address: Some(pipe_address(socket, mode)),
+        filter_chains: vec![FilterChain {
+            filters: vec![Filter {
+                name: "envoy.filters.network.http_connection_manager".to_owned(),
+                config_type: Some(filter::ConfigType::TypedConfig(pack_any(hcm))),
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    })
+}
+
+/// Renders snapshots, re-rendering only the clusters whose spec changed since the last call
+/// (a 10,000-pod node re-encodes one cluster when one pod changes).
+#[derive(Debug, Default)]
+pub struct Renderer {
+    opts: RenderOptions,
+    cache: HashMap<String, (ClusterSpec, Any)>,
+}
+
+impl Renderer {
+    /// A renderer with these node-wide options and an empty cache.
+    pub fn new(opts: RenderOptions) -> Self {
+        Renderer { opts, cache: HashMap::new() }
+    }
+
+    /// The options this renderer uses.
+    pub fn options(&self) -> &RenderOptions {
+        &self.opts
+    }
+
+    /// Renders `snapshot`: every valid cluster (first of each name wins), the health gateway
+    /// if `health_socket` is set, and the list of what was left out. Never fails as a whole.
+    pub fn render(&mut self, snapshot: &Snapshot) -> Resources {
+        let mut rejected = Vec::new();
+        let mut seen = HashSet::new();
+        let mut clusters = Vec::with_capacity(snapshot.clusters.len());
+        let mut cache = HashMap::with_capacity(snapshot.clusters.len());
+        for spec in &snapshot.clusters {
+            if !seen.insert(spec.name.as_str()) {
+                rejected.push(Rejected {
+                    name: spec.name.clone(),
+                    error: RenderError::DuplicateName { name: spec.name.clone() },
+                });
+                continue;
+            }
+            let any = match self.cache.remove(&spec.name) {
+                Some((old, any)) if old == *spec => any,
+                _ => match render_cluster(spec, &self.opts) {
+                    Ok(cluster) => pack_any(cluster),
+                    Err(error) => {
+                        rejected.push(Rejected { name: spec.name.clone(), error });
+                        continue;
+                    }
+                },
+            };
+            clusters.push(NamedResource { name: spec.name.clone(), resource: any.clone() });
+            cache.insert(spec.name.clone(), (spec.clone(), any));
+        }
+        self.cache = cache;
+
+        let mut listeners = Vec::new();
+        if let Some(socket) = &self.opts.health_socket {
+            match render_health_listener(socket, self.opts.health_socket_mode, &snapshot.health_clusters) {
+                Ok(l) => listeners.push(NamedResource { name: l.name.clone(), resource: pack_any(l) }),
+                Err(error) => rejected.push(Rejected { name: HEALTH_LISTENER_NAME.to_owned(), error }),
+            }
+        }
+        Resources {
+            clusters: TypedResources::new(CLUSTER_TYPE_URL, clusters),
+            listeners: TypedResources::new(LISTENER_TYPE_URL, listeners),
+            rejected,
+        }
+    }
+}
+
+/// Renders `snapshot` with a fresh [`Renderer`] (no cache); see [`Renderer::render`].
+pub fn render(snapshot: &Snapshot, opts: &RenderOptions) -> Resources {
+    Renderer::new(opts.clone()).render(snapshot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    fn pipe(name: &str, path: &str) -> ClusterSpec {
+        ClusterSpec {
+            name: name.to_owned(),
+            endpoint: Endpoint::Pipe { path: path.to_owned() },
+            health: Some(HealthCheck::Http { path: "/".to_owned(), h2: false }),
+            http2: false,
+        }
+    }
+
+    fn h2_with_netns(name: &str) -> ClusterSpec {
+        ClusterSpec {
+            name: name.to_owned(),
+            endpoint: Endpoint::Tcp {
+                address: "127.0.0.1".parse().unwrap(),
+                port: 9090,
+                netns: Some("/var/run/netns/cni-1".to_owned()),
+            },
+            health: Some(HealthCheck::Http { path: "/healthz".to_owned(), h2: true }),
+            http2: true,
+        }
+    }
+
+    #[test]
+    fn type_urls_match_the_protos() {
+        assert_eq!(CLUSTER_TYPE_URL, Cluster::type_url());
+        assert_eq!(LISTENER_TYPE_URL, Listener::type_url());
+    }
+
+    #[test]
+    fn a_107_byte_pipe_path_renders_and_108_is_rejected_before_rendering() {
+        let ok = format!("/{}", "a".repeat(106));
+        assert_eq!(ok.len(), 107);
+        assert!(render_cluster(&pipe("app_a", &ok), &RenderOptions::default()).is_ok());
+        let long = format!("/{}", "a".repeat(107));
+        assert_eq!(pipe("app_a", &long).validate(), Err(RenderError::PipePathTooLong { path: long.clone(), len: 108 }));
+    }
+
+    #[test]
+    fn pipe_length_counts_bytes_not_characters() {
+        // 53 two-byte characters = 106 bytes + '/' = 107: fine; one more byte is not.
+        let ok = format!("/{}", "é".repeat(53));
+        assert_eq!(ok.len(), 107);
+        assert!(validate_pipe_path(&ok).is_ok());
+        assert!(validate_pipe_path(&format!("{ok}x")).is_err());
+    }
+
+    #[test]
+    fn relative_or_nul_paths_and_bad_names_are_rejected() {
+        assert!(validate_pipe_path("rel/sock").is_err());
+        assert!(validate_pipe_path("/a\0b").is_err());
+        assert!(validate_pipe_path("@abstract").is_err());
+        assert_eq!(pipe("", "/s").validate(), Err(RenderError::EmptyName));
+        assert!(matches!(pipe("a b", "/s").validate(), Err(RenderError::InvalidName { .. })));
+        let mut bad_health = pipe("h", "/s");
+        bad_health.health = Some(HealthCheck::Http { path: "no-slash".to_owned(), h2: false });
+        assert_eq!(bad_health.validate().unwrap_err().label(), "invalid_health_path");
+    }
+
+    #[test]
+    fn pipe_cluster_is_static_with_no_bind_config_and_zero_panic_threshold() {
+        let c = render_cluster(&pipe("app_ns_p_8080", "/s.sock"), &RenderOptions::default()).unwrap();
+        assert_eq!(c.cluster_discovery_type, Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)));
+        assert!(c.upstream_bind_config.is_none());
+        assert_eq!(c.connect_timeout, Some(PbDuration { seconds: 1, nanos: 0 }));
+        let threshold = c.common_lb_config.unwrap().healthy_panic_threshold.unwrap();
+        assert_eq!(threshold.value, 0.0);
+        let hc = &c.health_checks[0];
+        let Some(HealthChecker::HttpHealthCheck(http)) = &hc.health_checker else {
+            panic!("expected an HTTP health check");
+        };
+        assert_eq!(http.host, "localhost");
+        assert_eq!(http.codec_client_type, CodecClientType::Http1 as i32);
+        assert_eq!(hc.no_traffic_interval, hc.interval);
+    }
+
+    #[test]
+    fn netns_goes_to_the_source_address_and_h2_to_both_codecs() {
+        let c = render_cluster(&h2_with_netns("app_ns_p_9090"), &RenderOptions::default()).unwrap();
+        let src = c.upstream_bind_config.unwrap().source_address.unwrap();
+        assert_eq!(src.network_namespace_filepath, "/var/run/netns/cni-1");
+        assert_eq!(src.address, "0.0.0.0");
+        assert_eq!(src.port_specifier, Some(PortSpecifier::PortValue(0)));
+        let Some(HealthChecker::HttpHealthCheck(http)) = &c.health_checks[0].health_checker else {
+            panic!("expected an HTTP health check");
+        };
+        assert_eq!(http.codec_client_type, CodecClientType::Http2 as i32);
+        assert_eq!(c.typed_extension_protocol_options.len(), 1);
+    }
+
+    #[test]
+    fn connect_health_is_a_tcp_check_without_payload() {
+        let mut spec = pipe("health_ns_p", "/s");
+        spec.health = Some(HealthCheck::Connect);
+        let c = render_cluster(&spec, &RenderOptions::default()).unwrap();
+        assert_eq!(c.health_checks[0].health_checker, Some(HealthChecker::TcpHealthCheck(TcpHealthCheck::default())));
+    }
+
+    #[test]
+    fn same_content_gives_the_same_version_and_a_change_a_new_one() {
+        let opts = RenderOptions::default();
+        let snap = Snapshot {
+            clusters: vec![pipe("b", "/b"), pipe("a", "/a"), h2_with_netns("c"), h2_with_netns("d")],
+            health_clusters: vec!["b".to_owned(), "a".to_owned(), "zz".to_owned()],
+        };
+        let one = render(&snap, &opts);
+        // Order of input does not matter; fresh HashMaps each time must not either.
+        let mut reversed = snap.clone();
+        reversed.clusters.reverse();
+        reversed.health_clusters.reverse();
+        for _ in 0..20 {
+            let two = render(&reversed, &opts);
+            assert!(one.same_versions(&two));
+            assert_eq!(one, two);
+        }
+        let mut changed = snap.clone();
+        changed.clusters[0] = pipe("b", "/b2");
+        let three = render(&changed, &opts);
+        assert_ne!(one.clusters.version, three.clusters.version);
+        assert_eq!(one.listeners.version, three.listeners.version);
+        assert_eq!(one.clusters.names(), vec!["a", "b", "c", "d"]);
+    }
+
+    #[test]
+    fn the_cache_reuses_unchanged_clusters_and_drops_removed_ones() {
+        let mut r = Renderer::new(RenderOptions::default());
+        let snap = Snapshot { clusters: vec![pipe("a", "/a"), pipe("b", "/b")], health_clusters: vec![] };
+        let first = r.render(&snap);
+        let fresh = render(&snap, r.options());
+        assert_eq!(first, fresh);
+        let smaller = Snapshot { clusters: vec![pipe("b", "/b")], health_clusters: vec![] };
+        assert_eq!(r.render(&smaller).clusters.names(), vec!["b"]);
+        assert_eq!(r.cache.len(), 1);
+    }
+
+    #[test]
+    fn one_bad_cluster_is_left_out_and_reported_the_rest_render() {
+        let long = format!("/{}", "x".repeat(200));
+        let snap = Snapshot {
+            clusters: vec![pipe("good", "/g"), pipe("bad", &long), pipe("good", "/dup")],
+            health_clusters: vec!["good".to_owned()],
+        };
+        let r = render(&snap, &RenderOptions::default());
+        assert_eq!(r.clusters.names(), vec!["good"]);
+        let labels: Vec<_> = r.rejected.iter().map(|x| (x.name.as_str(), x.error.label())).collect();
+        assert_eq!(labels, vec![("bad", "pipe_path_too_long"), ("good", "duplicate_name")]);
+        // The kept duplicate is the first one.
+        let c = Cluster::decode(r.clusters.resources[0].resource.value.as_slice()).unwrap();
+        let ep = c.load_assignment.unwrap().endpoints[0].lb_endpoints[0].clone();
+        let Some(HostIdentifier::Endpoint(e)) = ep.host_identifier else { panic!() };
+        assert_eq!(e.address.unwrap().address, Some(address::Address::Pipe(Pipe { path: "/g".to_owned(), mode: 0 })));
+    }
+
+    #[test]
+    fn the_health_gateway_has_one_filter_per_cluster_then_the_router() {
+        let l =
+            render_health_listener("/run/h.sock", 0o666, &["b".to_owned(), "a".to_owned(), "a".to_owned()]).unwrap();
+        let Some(filter::ConfigType::TypedConfig(any)) = &l.filter_chains[0].filters[0].config_type else { panic!() };
+        let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+        let names: Vec<_> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec!["envoy.filters.http.health_check", "envoy.filters.http.health_check", "envoy.filters.http.router"]
+        );
+        let Some(http_filter::ConfigType::TypedConfig(first)) = &hcm.http_filters[0].config_type else { panic!() };
+        let hc = HealthCheckFilter::decode(first.value.as_slice()).unwrap();
+        assert_eq!(hc.pass_through_mode, Some(BoolValue { value: false }));
+        assert_eq!(hc.cluster_min_healthy_percentages["a"].value, 100.0);
+        assert_eq!(l.address, Some(pipe_address("/run/h.sock", 0o666)), "pipe listener with the configured mode");
+        let too_long = format!("/{}", "h".repeat(107));
+        assert!(render_health_listener(&too_long, 0o666, &[]).is_err());
+    }
+
+    #[test]
+    fn no_health_socket_means_no_listener() {
+        let opts = RenderOptions { health_socket: None, ..RenderOptions::default() };
+        let r = render(&Snapshot::default(), &opts);
+        assert!(r.listeners.resources.is_empty());
+        assert_eq!(r.get(LISTENER_TYPE_URL).unwrap().type_url, LISTENER_TYPE_URL);
+        assert!(r.get("type.googleapis.com/other").is_none());
+    }
+}

