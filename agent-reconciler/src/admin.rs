@@ -49,9 +49,21 @@ impl AdminState {
         let pods = Family::<DeliveryLabel, Gauge>::default();
         let crd = Gauge::default();
         let conflicts = Gauge::default();
-        registry.register("aether_agent_pods", "Managed pods on this node by effective delivery (pipe, tcp, waiting)", pods.clone());
-        registry.register("aether_agent_policy_crd_installed", "1 when the EndpointPolicy CRD is served, 0 when not, -1 before the API server answered", crd.clone());
-        registry.register("aether_agent_policy_conflicts", "Services targeted by more than one valid EndpointPolicy", conflicts.clone());
+        registry.register(
+            "aether_agent_pods",
+            "Managed pods on this node by effective delivery (pipe, tcp, waiting)",
+            pods.clone(),
+        );
+        registry.register(
+            "aether_agent_policy_crd_installed",
+            "1 when the EndpointPolicy CRD is served, 0 when not, -1 before the API server answered",
+            crd.clone(),
+        );
+        registry.register(
+            "aether_agent_policy_conflicts",
+            "Services targeted by more than one valid EndpointPolicy",
+            conflicts.clone(),
+        );
         AdminState { xds_bound, status, metrics: Arc::new(Metrics { registry, pods, crd, conflicts }) }
     }
 }
@@ -85,7 +97,10 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     let st = s.status.borrow().clone();
     for k in ["pipe", "tcp", "waiting"] {
-        s.metrics.pods.get_or_create(&DeliveryLabel { delivery: k.to_owned() }).set(*st.pods.get(k).unwrap_or(&0) as i64);
+        s.metrics
+            .pods
+            .get_or_create(&DeliveryLabel { delivery: k.to_owned() })
+            .set(*st.pods.get(k).unwrap_or(&0) as i64);
     }
     s.metrics.crd.set(match st.crd_installed {
         Some(true) => 1,

@@ -16,9 +16,9 @@ use crate::driver::{Driver, Event, Status};
 use crate::fold::Settings;
 use crate::index::Index;
 use crate::store::StateStore;
+use crate::watch as watchers;
 use crate::xds::resources::{RenderOptions, Renderer, Snapshot};
 use crate::xds::server::{self as xds, XdsAddr, XdsListener, XdsServer};
-use crate::watch as watchers;
 
 /// Runs the agent until SIGTERM/SIGINT.
 ///
@@ -27,10 +27,18 @@ use crate::watch as watchers;
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let settings = Settings::new(&args.delivery.kubelet_pods_dir, args.delivery.uds_workloads);
     match settings.budget() {
-        Ok(b) => tracing::info!(pods_dir = b.pods_dir(), budget_bytes = b.bytes(), uds_workloads = settings.uds_workloads(), "socket value budget"),
-        Err(e) => tracing::error!(error = %e, "--kubelet-pods-dir gives no usable budget: EVERY POD IS DELIVERED OVER TCP"),
+        Ok(b) => tracing::info!(
+            pods_dir = b.pods_dir(),
+            budget_bytes = b.bytes(),
+            uds_workloads = settings.uds_workloads(),
+            "socket value budget"
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "--kubelet-pods-dir gives no usable budget: EVERY POD IS DELIVERED OVER TCP")
+        }
     }
-    let store = StateStore::open(&args.state_dir).with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
+    let store =
+        StateStore::open(&args.state_dir).with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
     let (snap_tx, snap_rx) = watch::channel(Arc::new(Snapshot::default()));
     let (status_tx, status_rx) = watch::channel(Status::default());
     let mut driver = Driver::new(

@@ -217,7 +217,8 @@ impl Driver {
         let pods_dir = self.index.settings().budget().map(|b| b.pods_dir().to_owned()).unwrap_or_default();
         let mut changed = false;
         for key in keys {
-            let verdict = map.get(key).and_then(|e| e.delivery.path.as_ref()).and_then(|p| fscheck::check(&pods_dir, p).err());
+            let verdict =
+                map.get(key).and_then(|e| e.delivery.path.as_ref()).and_then(|p| fscheck::check(&pods_dir, p).err());
             let before = self.refused.get(key);
             if before != verdict.as_ref() {
                 changed = true;
@@ -271,8 +272,12 @@ impl Driver {
                 continue;
             }
             match (d.is_pipe(), &d.socket) {
-                (true, _) => tracing::info!(pod = %key, source = d.source.as_str(), path = %d.path.as_ref().map(|p| p.as_str()).unwrap_or(""), "delivering over the pod's Unix socket"),
-                (false, Some(socket)) => tracing::warn!(pod = %key, socket = %socket, reason = d.source.as_str(), detail = %d.reason, "pod declared a socket but is delivered over TCP"),
+                (true, _) => {
+                    tracing::info!(pod = %key, source = d.source.as_str(), path = %d.path.as_ref().map(|p| p.as_str()).unwrap_or(""), "delivering over the pod's Unix socket")
+                }
+                (false, Some(socket)) => {
+                    tracing::warn!(pod = %key, socket = %socket, reason = d.source.as_str(), detail = %d.reason, "pod declared a socket but is delivered over TCP")
+                }
                 (false, None) => tracing::debug!(pod = %key, "delivering over TCP"),
             }
             self.logged.insert(key.clone(), line);

@@ -207,7 +207,10 @@ mod tests {
         let p = pods.path(UID_A, "s/app.sock");
         pods.mkvol(&p);
         fs::write(p.as_str(), b"not a socket").unwrap();
-        assert_eq!(check(&pods.root, &p), Err(Refusal::NotSocket { path: p.as_str().to_owned(), found: "regular file" }));
+        assert_eq!(
+            check(&pods.root, &p),
+            Err(Refusal::NotSocket { path: p.as_str().to_owned(), found: "regular file" })
+        );
     }
 
     #[test]

@@ -87,8 +87,10 @@ pub fn plan(pods: &[Value], policies: &[Value], settings: &Settings) -> Result<V
         if doc.pointer("/metadata/namespace").is_none() {
             doc["metadata"]["namespace"] = Value::from("default");
         }
-        let p: aether_crds::EndpointPolicy = serde_json::from_value(doc.clone())
-            .map_err(|e| InputError { path: "policies".into(), reason: format!("EndpointPolicy {}: {e}", doc["metadata"]["name"]) })?;
+        let p: aether_crds::EndpointPolicy = serde_json::from_value(doc.clone()).map_err(|e| InputError {
+            path: "policies".into(),
+            reason: format!("EndpointPolicy {}: {e}", doc["metadata"]["name"]),
+        })?;
         let rec = PolicyRecord::from_policy(&p, settings)
             .map_err(|e| InputError { path: "policies".into(), reason: e.to_string() })?;
         index.apply_policy(rec);
@@ -159,6 +161,10 @@ pub fn render_text(plans: &[PodPlan]) -> String {
             p.clusters.join(", ")
         ));
     }
-    s.push_str(&format!("{} managed pods, {} over a Unix socket\n", plans.len(), plans.iter().filter(|p| p.path.is_some()).count()));
+    s.push_str(&format!(
+        "{} managed pods, {} over a Unix socket\n",
+        plans.len(),
+        plans.iter().filter(|p| p.path.is_some()).count()
+    ));
     s
 }

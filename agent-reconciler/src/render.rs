@@ -7,8 +7,9 @@
 //!
 //! The endpoint is the pipe for a pod delivered over its socket, unless the on-disk check refused
 //! it (then TCP, with the refusal as the reason). TCP is `127.0.0.1:<port>` inside the pod's network
-//! namespace when the CNI record gives one, else `<pod IP>:<port>`. A TCP pod with neither yet is
-//! left out until it has one ("rendered once they have what their delivery needs").
+//! namespace when the CNI record gives one, else `<pod IP>:<port>`. A TCP pod with neither yet gets
+//! no cluster until it has one ("rendered once they have what their delivery needs"), but its
+//! health cluster name is listed, so the health gateway reports it unhealthy (503), not unknown.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -48,7 +49,11 @@ fn tcp_endpoint(pod: &PodRecord, port: u16, netns: Option<&str>) -> Option<Endpo
 
 /// Renders `map` into clusters. `netns(uid)` gives a pod's network-namespace path from the CNI
 /// records (or `None`); `refused` holds the pods whose pipe the on-disk check refused.
-pub fn render(map: &DeliveryMap, netns: &dyn Fn(&str) -> Option<String>, refused: &HashMap<PodKey, Refusal>) -> Rendered {
+pub fn render(
+    map: &DeliveryMap,
+    netns: &dyn Fn(&str) -> Option<String>,
+    refused: &HashMap<PodKey, Refusal>,
+) -> Rendered {
     let mut out = Rendered::default();
     for (key, entry) in map.iter() {
         let pod = &entry.pod;
@@ -59,6 +64,9 @@ pub fn render(map: &DeliveryMap, netns: &dyn Fn(&str) -> Option<String>, refused
             None => tcp_endpoint(pod, port, ns.as_deref()),
         };
         let primary = pod.primary_port();
+        let health_name = names::health_cluster(&pod.namespace, &pod.name);
+        // Listed even while waiting: the gateway then answers 503 (known, not healthy), not 404.
+        out.snapshot.health_clusters.push(health_name.clone());
         let Some(health_endpoint) = endpoint_for(primary.port) else {
             out.effective.insert(key.clone(), Effective::Waiting);
             continue;
@@ -77,9 +85,12 @@ pub fn render(map: &DeliveryMap, netns: &dyn Fn(&str) -> Option<String>, refused
             HealthCheck::Http { path } => xds::HealthCheck::Http { path: path.clone(), h2 },
             HealthCheck::Connect => xds::HealthCheck::Connect,
         };
-        let health_name = names::health_cluster(&pod.namespace, &pod.name);
-        out.snapshot.health_clusters.push(health_name.clone());
-        out.snapshot.clusters.push(ClusterSpec { name: health_name, endpoint: health_endpoint, health: Some(health), http2: h2 });
+        out.snapshot.clusters.push(ClusterSpec {
+            name: health_name,
+            endpoint: health_endpoint,
+            health: Some(health),
+            http2: h2,
+        });
         out.effective.insert(key.clone(), pipe.map_or(Effective::Tcp, Effective::Pipe));
     }
     out
@@ -146,7 +157,11 @@ mod tests {
         let r = render(&map, &netns, &refused);
         assert_eq!(
             r.snapshot.clusters[0].endpoint,
-            Endpoint::Tcp { address: "127.0.0.1".parse().unwrap(), port: 8080, netns: Some("/var/run/netns/cni-1".into()) }
+            Endpoint::Tcp {
+                address: "127.0.0.1".parse().unwrap(),
+                port: 8080,
+                netns: Some("/var/run/netns/cni-1".into())
+            }
         );
         assert_eq!(r.effective[&key], Effective::Tcp);
     }
@@ -154,9 +169,13 @@ mod tests {
     #[test]
     fn a_tcp_pod_without_netns_uses_its_ip_and_waits_without_one() {
         let r = render(&map_of(pod(None, &["10.1.2.3"])), &no_netns, &HashMap::new());
-        assert_eq!(r.snapshot.clusters[0].endpoint, Endpoint::Tcp { address: "10.1.2.3".parse().unwrap(), port: 8080, netns: None });
+        assert_eq!(
+            r.snapshot.clusters[0].endpoint,
+            Endpoint::Tcp { address: "10.1.2.3".parse().unwrap(), port: 8080, netns: None }
+        );
         let r = render(&map_of(pod(None, &[])), &no_netns, &HashMap::new());
         assert!(r.snapshot.clusters.is_empty());
+        assert_eq!(r.snapshot.health_clusters, ["health_shop_cart-1"], "the gateway answers 503 for a waiting pod");
         assert_eq!(r.effective.values().next(), Some(&Effective::Waiting));
     }
 }

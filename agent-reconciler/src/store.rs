@@ -108,7 +108,8 @@ impl StateStore {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io_err(path)(e)),
         };
-        let corrupt = |e: serde_json::Error| StoreError::Corrupt { path: path.display().to_string(), reason: e.to_string() };
+        let corrupt =
+            |e: serde_json::Error| StoreError::Corrupt { path: path.display().to_string(), reason: e.to_string() };
         let head: Envelope<serde::de::IgnoredAny> = serde_json::from_slice(&bytes).map_err(corrupt)?;
         if head.version != FORMAT_VERSION {
             return Err(StoreError::Version { path: path.display().to_string(), found: head.version });

@@ -20,8 +20,8 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject};
 use kube::core::ApiResource;
-use kube::runtime::watcher::{self, Event as WEvent};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event as WEvent};
 use kube::{Client, Resource};
 use tokio::sync::mpsc;
 
@@ -105,7 +105,10 @@ pub async fn policies(client: Client, tx: mpsc::Sender<Event>) {
             }
             Ok(false) => {
                 if reported != Some(false) {
-                    tracing::warn!("EndpointPolicy CRD not installed: only pod annotations apply; checking again with backoff up to {}s", MAX.as_secs());
+                    tracing::warn!(
+                        "EndpointPolicy CRD not installed: only pod annotations apply; checking again with backoff up to {}s",
+                        MAX.as_secs()
+                    );
                     reported = Some(false);
                     if tx.send(Event::CrdAbsent).await.is_err() {
                         return;

@@ -7,6 +7,8 @@
 #   controlplane.sh start DIR          start etcd + kube-apiserver, state and logs in DIR;
 #                                      writes DIR/kubeconfig and DIR/env (KUBECONFIG=..., ports)
 #   controlplane.sh stop DIR           stop both (TERM, then KILL after 10 s)
+#   controlplane.sh stop-apiserver DIR / start-apiserver DIR
+#                                      stop or restart only kube-apiserver (etcd keeps the state)
 #   controlplane.sh register-webhook DIR URL CA_FILE
 #                                      create/replace the ValidatingWebhookConfiguration
 #                                      "aether-endpointpolicy" pointing at URL
@@ -39,6 +41,22 @@ mint_pki() {
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 }
 
+# start_apiserver DIR: (re)start kube-apiserver with the arguments saved by `start`.
+start_apiserver() {
+  local dir=$1
+  eval "\"$tools/kube-apiserver\" $(cat "$dir/apiserver.args")" >>"$dir/apiserver.log" 2>&1 &
+  echo $! >"$dir/apiserver.pid"
+}
+
+wait_ready() {
+  local dir=$1 deadline=$((SECONDS + 120))
+  until "$tools/kubectl" --kubeconfig "$dir/kubeconfig" get --raw /readyz >/dev/null 2>&1; do
+    kill -0 "$(cat "$dir/apiserver.pid")" 2>/dev/null || { tail -n 30 "$dir/apiserver.log" >&2; die "kube-apiserver exited"; }
+    [ $SECONDS -lt $deadline ] || { tail -n 30 "$dir/apiserver.log" >&2; die "kube-apiserver not ready after 120 s"; }
+    sleep 0.5
+  done
+}
+
 start() {
   local dir=$1
   for b in etcd kube-apiserver kubectl; do
@@ -60,20 +78,22 @@ start() {
   echo $! >"$dir/etcd.pid"
 
   log "starting kube-apiserver on https://127.0.0.1:$api_port (log: $dir/apiserver.log)"
-  "$tools/kube-apiserver" \
-    --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
-    --tls-cert-file "$dir/pki/apiserver.crt" --tls-private-key-file "$dir/pki/apiserver.key" \
-    --client-ca-file "$dir/pki/ca.crt" \
-    --service-account-issuer https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key" \
-    --service-cluster-ip-range 10.96.0.0/16 \
-    --authorization-mode RBAC \
-    --endpoint-reconciler-type none \
-    --enable-admission-plugins ValidatingAdmissionWebhook \
-    --cert-dir "$dir/pki" \
-    --v 1 >"$dir/apiserver.log" 2>&1 &
-  echo $! >"$dir/apiserver.pid"
+  local args=(
+    --etcd-servers "http://127.0.0.1:$etcd_port"
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port"
+    --tls-cert-file "$dir/pki/apiserver.crt" --tls-private-key-file "$dir/pki/apiserver.key"
+    --client-ca-file "$dir/pki/ca.crt"
+    --service-account-issuer https://kubernetes.default.svc.cluster.local
+    --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key"
+    --service-cluster-ip-range 10.96.0.0/16
+    --authorization-mode RBAC
+    --endpoint-reconciler-type none
+    --enable-admission-plugins ValidatingAdmissionWebhook
+    --cert-dir "$dir/pki"
+    --v 1
+  )
+  printf '%q ' "${args[@]}" >"$dir/apiserver.args"
+  start_apiserver "$dir"
 
   cat >"$dir/kubeconfig" <<KC
 apiVersion: v1
@@ -164,6 +184,8 @@ cmd=${1:-}; shift || true
 case $cmd in
   start) [ $# -eq 1 ] || die "usage: $0 start DIR"; start "$1" ;;
   stop) [ $# -eq 1 ] || die "usage: $0 stop DIR"; stop "$1" ;;
+  stop-apiserver) [ $# -eq 1 ] || die "usage: $0 stop-apiserver DIR"; stop_pid "$1/apiserver.pid"; log "stopped kube-apiserver" ;;
+  start-apiserver) [ $# -eq 1 ] || die "usage: $0 start-apiserver DIR"; start_apiserver "$1"; wait_ready "$1"; log "kube-apiserver ready" ;;
   register-webhook) [ $# -eq 3 ] || die "usage: $0 register-webhook DIR URL CA_FILE"; register_webhook "$@" ;;
   delete-webhook) [ $# -eq 1 ] || die "usage: $0 delete-webhook DIR"
     "$tools/kubectl" --kubeconfig "$1/kubeconfig" delete validatingwebhookconfiguration aether-endpointpolicy --ignore-not-found >/dev/null ;;

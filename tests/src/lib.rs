@@ -215,3 +215,311 @@ pub fn http_get_status(port: u16, path: &str) -> Option<u16> {
     s.read_to_string(&mut buf).ok()?;
     buf.split_whitespace().nth(1)?.parse().ok()
 }
+
+impl ControlPlane {
+    /// Stops only kube-apiserver (etcd keeps the state).
+    ///
+    /// # Errors
+    /// When the script fails.
+    pub fn stop_apiserver(&self) -> anyhow::Result<()> {
+        self.script(&["stop-apiserver".as_ref(), self.dir().as_os_str()])
+    }
+
+    /// Starts kube-apiserver again with its original flags and waits until it is ready.
+    ///
+    /// # Errors
+    /// When it does not become ready.
+    pub fn start_apiserver(&self) -> anyhow::Result<()> {
+        self.script(&["start-apiserver".as_ref(), self.dir().as_os_str()])
+    }
+
+    /// `kubectl apply -f -` of `yaml`.
+    ///
+    /// # Errors
+    /// When kubectl fails, with its stderr.
+    pub fn apply(&self, yaml: &str) -> anyhow::Result<()> {
+        use std::io::Write;
+        let mut child = Command::new(tools_bin().join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        child.stdin.take().context("kubectl stdin")?.write_all(yaml.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!("kubectl apply failed: {}\n{yaml}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+}
+
+/// Where `tests/harness/install-envoy.sh` installed Envoy (or `$AETHER_ENVOY`).
+///
+/// # Errors
+/// When it is not installed, naming the script that installs it.
+pub fn envoy_bin() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("AETHER_ENVOY") {
+        return Ok(PathBuf::from(p));
+    }
+    let out = Command::new(repo_root().join("tests/harness/install-envoy.sh")).output()?;
+    if !out.status.success() {
+        bail!(
+            "Envoy is not installed and tests/harness/install-envoy.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// A real Envoy bootstrapped to an ADS server on a Unix socket, with a static `inbound` listener
+/// on loopback that routes by the `x-aether-cluster` header (the stand-in for the mesh's inbound
+/// listener) and its admin on loopback. Killed on drop.
+pub struct Envoy {
+    child: Child,
+    /// Port of the static inbound listener.
+    pub inbound: u16,
+    /// Port of the admin interface.
+    pub admin: u16,
+    log: PathBuf,
+}
+
+impl Envoy {
+    /// Starts Envoy with node id `node`, dialing ADS at `xds_socket`; files go in `dir`.
+    ///
+    /// # Errors
+    /// When Envoy is missing or exits at start.
+    pub fn start(dir: &Path, node: &str, xds_socket: &Path) -> anyhow::Result<Self> {
+        let (inbound, admin) = (free_port(), free_port());
+        let bootstrap = serde_json::json!({
+            "node": { "id": node, "cluster": "aether" },
+            "admin": { "address": { "socket_address": { "address": "127.0.0.1", "port_value": admin } } },
+            "dynamic_resources": {
+                "ads_config": { "api_type": "GRPC", "transport_api_version": "V3",
+                    "grpc_services": [{ "envoy_grpc": { "cluster_name": "aether_xds" } }] },
+                "cds_config": { "ads": {}, "resource_api_version": "V3" },
+                "lds_config": { "ads": {}, "resource_api_version": "V3" }
+            },
+            "static_resources": {
+                "clusters": [{
+                    "name": "aether_xds", "type": "STATIC", "connect_timeout": "1s",
+                    "typed_extension_protocol_options": { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                        "explicit_http_config": { "http2_protocol_options": {} } } },
+                    "load_assignment": { "cluster_name": "aether_xds", "endpoints": [{ "lb_endpoints": [{ "endpoint": {
+                        "address": { "pipe": { "path": xds_socket } } } }] }] }
+                }],
+                "listeners": [{
+                    "name": "inbound",
+                    "address": { "socket_address": { "address": "127.0.0.1", "port_value": inbound } },
+                    "filter_chains": [{ "filters": [{
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                            "stat_prefix": "inbound",
+                            "route_config": { "virtual_hosts": [{ "name": "all", "domains": ["*"], "routes": [{
+                                "match": { "prefix": "/" },
+                                "route": { "cluster_header": "x-aether-cluster", "timeout": "5s" } }] }] },
+                            "http_filters": [{ "name": "envoy.filters.http.router",
+                                "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" } }]
+                        }
+                    }] }]
+                }]
+            }
+        });
+        let config = dir.join("envoy.json");
+        std::fs::write(&config, serde_json::to_vec_pretty(&bootstrap)?)?;
+        let log = dir.join("envoy.log");
+        let child = Command::new(envoy_bin()?)
+            .arg("-c")
+            .arg(&config)
+            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info", "--base-id-path"])
+            .arg(dir.join("base-id"))
+            .arg("--log-path")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting envoy")?;
+        let mut e = Envoy { child, inbound, admin, log };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http_get_status(e.admin, "/server_info").is_none() {
+            if let Some(status) = e.child.try_wait()? {
+                bail!("envoy exited ({status}): {}", e.log_tail());
+            }
+            if Instant::now() > deadline {
+                bail!("envoy admin not up after 30 s: {}", e.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(e)
+    }
+
+    /// The last 40 lines of Envoy's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// GET on the admin interface: (status, body).
+    ///
+    /// # Errors
+    /// When Envoy does not answer.
+    pub fn admin_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        http_get(self.admin, path, &[])
+    }
+
+    /// A request through the inbound listener routed to `cluster`: (status, body).
+    ///
+    /// # Errors
+    /// When Envoy does not answer.
+    pub fn via(&self, cluster: &str, path: &str) -> anyhow::Result<(u16, String)> {
+        http_get(self.inbound, path, &[("x-aether-cluster", cluster)])
+    }
+
+    /// The dynamic clusters Envoy holds: name → endpoint address as JSON text (`pipe` or
+    /// `socket_address`).
+    ///
+    /// # Errors
+    /// When the config dump cannot be read.
+    pub fn clusters(&self) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+        let (_, body) = self.admin_get("/config_dump?resource=dynamic_active_clusters")?;
+        let v: serde_json::Value = serde_json::from_str(&body).context("config_dump is JSON")?;
+        let mut out = std::collections::BTreeMap::new();
+        for c in v["configs"].as_array().into_iter().flatten() {
+            let cluster = &c["cluster"];
+            let name = cluster["name"].as_str().unwrap_or_default().to_owned();
+            let addr = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"];
+            out.insert(name, addr.to_string());
+        }
+        Ok(out)
+    }
+
+    /// Envoy's counter `name` from `/stats`, 0 when absent.
+    ///
+    /// # Errors
+    /// When the stats cannot be read.
+    pub fn stat(&self, name: &str) -> anyhow::Result<u64> {
+        let (_, body) = self.admin_get(&format!("/stats?filter=^{name}$"))?;
+        Ok(body
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0))
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A blocking HTTP/1.1 GET to 127.0.0.1:`port` (reqwest): (status, body).
+///
+/// # Errors
+/// When nothing answers.
+pub fn http_get(port: u16, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<(u16, String)> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    let mut req = client.get(format!("http://127.0.0.1:{port}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send()?;
+    let status = resp.status().as_u16();
+    Ok((status, resp.text()?))
+}
+
+/// Status code of `GET path` sent over the Unix socket `socket` (the health gateway).
+///
+/// # Errors
+/// When the socket does not answer.
+pub fn unix_get_status(socket: &Path, path: &str) -> anyhow::Result<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no HTTP status line")
+}
+
+/// A running `aether-agent run`; killed on drop.
+pub struct Agent {
+    child: Child,
+    /// The admin port.
+    pub admin: u16,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
+impl Agent {
+    /// Starts `aether-agent run` with `args` (plus `--admin-addr` on a free port), logging to
+    /// `log`, and waits for `/readyz`.
+    ///
+    /// # Errors
+    /// When it exits or is not ready within 30 s (its log is included).
+    pub fn start(kubeconfig: &Path, args: &[&str], log: &Path) -> anyhow::Result<Self> {
+        let admin = free_port();
+        let child = Command::new(workspace_bin("aether-agent")?)
+            .arg("run")
+            .args(args)
+            .arg("--admin-addr")
+            .arg(format!("127.0.0.1:{admin}"))
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,aether_agent_reconciler=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log)?)
+            .spawn()?;
+        let mut a = Agent { child, admin, log: log.to_owned() };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http_get_status(admin, "/readyz") != Some(200) {
+            if let Some(status) = a.child.try_wait()? {
+                bail!("aether-agent exited ({status}): {}", std::fs::read_to_string(log).unwrap_or_default());
+            }
+            if Instant::now() > deadline {
+                bail!("aether-agent not ready after 30 s: {}", std::fs::read_to_string(log).unwrap_or_default());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(a)
+    }
+
+    /// The body of `/readyz`.
+    pub fn readyz(&self) -> String {
+        http_get(self.admin, "/readyz", &[]).map(|(_, b)| b).unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `f` every 200 ms until it returns `Ok(true)` or `timeout` passes.
+///
+/// # Errors
+/// On time-out, with `what` and the last error or value.
+pub fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> anyhow::Result<bool>) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = match f() {
+            Ok(true) => return Ok(()),
+            Ok(false) => "condition false".to_owned(),
+            Err(e) => format!("{e:#}"),
+        };
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}: {last}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

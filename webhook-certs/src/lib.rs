@@ -93,7 +93,13 @@ pub fn write_dir(bundle: &Bundle, dir: &Path) -> Result<(), CertError> {
         [(CA_FILE, &bundle.ca_pem, 0o644), (CERT_FILE, &bundle.cert_pem, 0o644), (KEY_FILE, &bundle.key_pem, 0o600)]
     {
         let path = dir.join(name);
-        let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&path).map_err(err(&path))?;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&path)
+            .map_err(err(&path))?;
         f.write_all(body.as_bytes()).map_err(err(&path))?;
     }
     Ok(())

@@ -51,8 +51,8 @@ pub struct Nack {
 pub struct TypeState {
     /// Version of the last response sent.
     pub sent_version: Option<String>,
-    /// Number of responses sent (a re-push of an unchanged version never happens, so this
-    /// counts versions sent per stream, plus one per (re)subscription).
+    /// Number of responses sent: one per (re)subscription plus one per version change; an
+    /// unchanged version is never re-sent on a stream.
     pub sends: u64,
     /// Version Envoy last acknowledged (applied).
     pub acked_version: Option<String>,

@@ -1,0 +1,401 @@
+//! Delivery end to end: a real kube-apiserver, the real `aether-agent`, a real Envoy pulling our
+//! xDS, and UDS echo workloads listening on kubelet-style paths of Pods created in the API server
+//! (no kubelet runs: the test plays its part by creating the emptyDir directories).
+//!
+//! Trials run one at a time in the order listed: the first installs the CRD after the agent
+//! started, the last restarts the agent and Envoy with the API server stopped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aether_tests::{Agent, ControlPlane, Envoy, eventually, repo_root, unix_get_status, workspace_bin};
+use anyhow::{Context, ensure};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+const NS: &str = "e2e";
+const NS_B: &str = "e2e-b";
+const NODE: &str = "node-a";
+const WAIT: Duration = Duration::from_secs(20);
+
+struct Env {
+    cp: ControlPlane,
+    work: tempfile::TempDir,
+    agent: Mutex<Option<Agent>>,
+    envoy: Mutex<Option<Envoy>>,
+    echos: Mutex<Vec<Child>>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for c in self.echos.lock().unwrap().iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Env {
+    fn path(&self, p: &str) -> PathBuf {
+        self.work.path().join(p)
+    }
+    fn pods_dir(&self) -> PathBuf {
+        self.path("pods")
+    }
+    fn volume_dir(&self, uid: &str, volume: &str) -> PathBuf {
+        self.pods_dir().join(uid).join("volumes/kubernetes.io~empty-dir").join(volume)
+    }
+
+    fn start_agent(&self) -> anyhow::Result<()> {
+        let xds = format!("unix://{}", self.path("run/xds.sock").display());
+        let (pods, state, health) = (self.pods_dir(), self.path("state"), self.path("run/health.sock"));
+        let args = [
+            "--node-name",
+            NODE,
+            "--kubelet-pods-dir",
+            pods.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--xds-address",
+            &xds,
+            "--health-socket",
+            health.to_str().unwrap(),
+            "--recheck-seconds",
+            "1",
+        ];
+        let agent = Agent::start(&self.cp.kubeconfig(), &args, &self.path("agent.log"))?;
+        *self.agent.lock().unwrap() = Some(agent);
+        Ok(())
+    }
+
+    fn start_envoy(&self) -> anyhow::Result<()> {
+        let dir = self.path("envoy");
+        std::fs::create_dir_all(&dir)?;
+        *self.envoy.lock().unwrap() = Some(Envoy::start(&dir, NODE, &self.path("run/xds.sock"))?);
+        Ok(())
+    }
+
+    fn envoy<T>(&self, f: impl FnOnce(&Envoy) -> anyhow::Result<T>) -> anyhow::Result<T> {
+        f(self.envoy.lock().unwrap().as_ref().context("envoy not running")?)
+    }
+
+    fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.path("agent.log")).unwrap_or_default()
+    }
+
+    /// Creates a managed Pod on this node and returns its UID.
+    fn pod(&self, ns: &str, name: &str, sa: &str, socket: Option<&str>) -> anyhow::Result<String> {
+        let ann =
+            socket.map(|s| format!("\n  annotations:\n    endpoint.aether.io/uds-socket: {s:?}")).unwrap_or_default();
+        self.cp.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    aether.io/managed: \"true\"{ann}\nspec:\n  nodeName: {NODE}\n  serviceAccountName: {sa}\n  containers:\n  - name: app\n    image: registry.example/uds-echo:test\n  volumes:\n  - name: s\n    emptyDir: {{}}\n"
+        ))?;
+        let uid = self.cp.kubectl_ok(&["get", "pod", "-n", ns, name, "-o", "jsonpath={.metadata.uid}"])?;
+        ensure!(uid.len() == 36, "pod uid {uid:?}");
+        Ok(uid)
+    }
+
+    /// Plays kubelet and the app: the emptyDir dir and a UDS echo server in it.
+    fn serve(&self, uid: &str, volume: &str, file: &str, name: &str) -> anyhow::Result<PathBuf> {
+        let dir = self.volume_dir(uid, volume);
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join(file);
+        let child = Command::new(workspace_bin("uds-echo")?)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--name")
+            .arg(name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.echos.lock().unwrap().push(child);
+        eventually("the echo socket", WAIT, || Ok(socket.exists()))?;
+        Ok(socket)
+    }
+
+    fn policy(&self, name: &str, target: &str, socket: &str) -> anyhow::Result<()> {
+        self.cp.apply(&format!(
+            "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  targetRef: {{kind: Service, name: {target}}}\n  udsSocket: {socket}\n"
+        ))
+    }
+
+    fn delete_policy(&self, name: &str) -> anyhow::Result<()> {
+        self.cp.kubectl_ok(&["delete", "epol", "-n", NS, name, "--wait=true"]).map(|_| ())
+    }
+
+    /// Waits until Envoy's cluster `name` dials the pipe `path`.
+    fn wait_pipe(&self, cluster: &str, path: &Path) -> anyhow::Result<()> {
+        let want = path.to_str().unwrap().to_owned();
+        eventually(&format!("{cluster} dialing pipe {want}"), WAIT, || {
+            self.envoy(|e| Ok(e.clusters()?.get(cluster).is_some_and(|a| a.contains("\"pipe\"") && a.contains(&want))))
+        })
+    }
+
+    /// Waits until Envoy's cluster `name` no longer dials a pipe (TCP, or not rendered).
+    fn wait_not_pipe(&self, cluster: &str) -> anyhow::Result<()> {
+        eventually(&format!("{cluster} not dialing a pipe"), WAIT, || {
+            self.envoy(|e| Ok(!e.clusters()?.get(cluster).is_some_and(|a| a.contains("\"pipe\""))))
+        })
+    }
+
+    fn wait_served(&self, cluster: &str, by: &str) -> anyhow::Result<()> {
+        eventually(&format!("200 from {by} through {cluster}"), WAIT, || {
+            self.envoy(|e| {
+                let (status, body) = e.via(cluster, "/hello")?;
+                Ok(status == 200 && body.contains(&format!("{by} over unix:")) && body.contains("GET /hello"))
+            })
+        })
+    }
+
+    fn health(&self, cluster: &str) -> anyhow::Result<u16> {
+        unix_get_status(&self.path("run/health.sock"), &format!("/healthz/{cluster}"))
+    }
+}
+
+fn crd_file() -> PathBuf {
+    repo_root().join("charts/aether-crds/templates/endpointpolicy-crd.yaml")
+}
+
+fn install_crd(cp: &ControlPlane) -> anyhow::Result<()> {
+    let f = crd_file();
+    cp.kubectl_ok(&["apply".as_ref(), "--server-side".as_ref(), "-f".as_ref(), f.as_os_str()])?;
+    cp.kubectl_ok(&[
+        "wait",
+        "--for",
+        "condition=Established",
+        "--timeout",
+        "60s",
+        "crd/endpointpolicies.config.aether.io",
+    ])?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------ trials
+
+fn e_crd_installed_after_the_agent_started_takes_effect_without_a_restart(env: &Env) -> anyhow::Result<()> {
+    let readyz = env.agent.lock().unwrap().as_ref().map(Agent::readyz).unwrap_or_default();
+    ensure!(readyz.contains("EndpointPolicy CRD not installed"), "readyz: {readyz}");
+    let uid = env.pod(NS, "late-1", "late", None)?;
+    let socket = env.serve(&uid, "s", "app.sock", "late-1")?;
+    install_crd(&env.cp)?;
+    eventually("the policy to be admitted once the CRD is served", WAIT, || {
+        Ok(env.policy("late-uds", "late", "s/app.sock").is_ok())
+    })?;
+    env.wait_pipe("app_e2e_late-1_8080", &socket)?;
+    env.wait_served("app_e2e_late-1_8080", "late-1")?;
+    // Uninstalling the CRD reverts those pods to TCP (F07), and installing it again works.
+    env.cp.kubectl_ok(&["delete", "crd", "endpointpolicies.config.aether.io", "--wait=true"])?;
+    env.wait_not_pipe("app_e2e_late-1_8080")?;
+    install_crd(&env.cp)?;
+    let readyz = env.agent.lock().unwrap().as_ref().map(Agent::readyz).unwrap_or_default();
+    eventually("readyz to say the CRD is installed", WAIT, || {
+        Ok(env
+            .agent
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(Agent::readyz)
+            .unwrap_or_default()
+            .contains("EndpointPolicy CRD installed"))
+    })
+    .with_context(|| readyz)?;
+    Ok(())
+}
+
+fn a_annotated_pod_is_served_over_its_socket_through_envoy(env: &Env) -> anyhow::Result<()> {
+    let uid = env.pod(NS, "ann-1", "ann", Some("s/app.sock"))?;
+    let socket = env.serve(&uid, "s", "app.sock", "ann-1")?;
+    env.wait_pipe("app_e2e_ann-1_8080", &socket)?;
+    env.wait_served("app_e2e_ann-1_8080", "ann-1")?;
+    eventually("health gateway 200 for health_e2e_ann-1", WAIT, || Ok(env.health("health_e2e_ann-1")? == 200))?;
+    ensure!(env.health("health_e2e_nosuch")? != 200, "unknown health cluster answered 200");
+    ensure!(unix_get_status(&env.path("run/health.sock"), "/other")? == 404, "non-healthz path is not 404");
+    Ok(())
+}
+
+fn b_policy_on_the_pods_service_key_serves_over_the_socket(env: &Env) -> anyhow::Result<()> {
+    let uid = env.pod(NS, "pol-1", "pol", None)?;
+    let socket = env.serve(&uid, "s", "app.sock", "pol-1")?;
+    env.wait_not_pipe("app_e2e_pol-1_8080")?;
+    env.policy("pol-uds", "pol", "s/app.sock")?;
+    env.wait_pipe("app_e2e_pol-1_8080", &socket)?;
+    env.wait_served("app_e2e_pol-1_8080", "pol-1")
+}
+
+fn c_annotation_precedence_over_policy(env: &Env) -> anyhow::Result<()> {
+    env.policy("prec-pol", "prec", "x/bogus.sock")?;
+    let uid1 = env.pod(NS, "prec-1", "prec", Some("s/app.sock"))?;
+    let sock1 = env.serve(&uid1, "s", "app.sock", "prec-1")?;
+    env.wait_pipe("app_e2e_prec-1_8080", &sock1)?;
+    env.wait_served("app_e2e_prec-1_8080", "prec-1")?;
+    let uid2 = env.pod(NS, "prec-2", "prec", Some("../x.sock"))?;
+    let sock2 = env.serve(&uid2, "s", "app.sock", "prec-2")?;
+    env.policy("prec-pol", "prec", "s/app.sock")?;
+    std::thread::sleep(Duration::from_secs(2));
+    env.wait_not_pipe("app_e2e_prec-2_8080").context("an invalid annotation must never fall back to the policy")?;
+    env.cp.kubectl_ok(&["annotate", "pod", "-n", NS, "prec-2", "endpoint.aether.io/uds-socket-"])?;
+    env.wait_pipe("app_e2e_prec-2_8080", &sock2).context("removing the annotation falls back to the policy")?;
+    env.wait_served("app_e2e_prec-2_8080", "prec-2")?;
+    env.delete_policy("prec-pol")?;
+    env.wait_not_pipe("app_e2e_prec-2_8080").context("removing the policy returns to TCP")?;
+    env.wait_pipe("app_e2e_prec-1_8080", &sock1).context("the annotated pod keeps its socket")?;
+    Ok(())
+}
+
+fn d_drifted_policy_unpromotes_only_its_service_and_envoy_never_nacks(env: &Env) -> anyhow::Result<()> {
+    let rejected_before = env.envoy(|e| e.stat("cluster_manager.cds.update_rejected"))?;
+    let uid = env.pod(NS, "drift-1", "drift", None)?;
+    let socket = env.serve(&uid, "s", "app.sock", "drift-1")?;
+    env.policy("drift-pol", "drift", "nosuch/app.sock")?;
+    eventually("agent names the drift", WAIT, || Ok(env.agent_log().contains("volume-not-emptydir")))?;
+    eventually("health_e2e_drift-1 unpromoted", WAIT, || Ok(env.health("health_e2e_drift-1")? == 503))?;
+    ensure!(env.health("health_e2e_ann-1")? == 200, "another service's health changed");
+    env.wait_served("app_e2e_ann-1_8080", "ann-1")?;
+    let rejected = env.envoy(|e| e.stat("cluster_manager.cds.update_rejected"))?;
+    ensure!(rejected == rejected_before, "Envoy rejected a CDS update ({rejected_before} -> {rejected})");
+    env.delete_policy("drift-pol")?;
+    env.policy("drift-pol", "drift", "s/app.sock")?;
+    env.wait_pipe("app_e2e_drift-1_8080", &socket)?;
+    eventually("health_e2e_drift-1 promoted after the fix", WAIT, || Ok(env.health("health_e2e_drift-1")? == 200))?;
+    Ok(())
+}
+
+fn g_symlinked_socket_or_volume_dir_is_refused(env: &Env) -> anyhow::Result<()> {
+    let victim =
+        env.volume_dir(&env.cp.kubectl_ok(&["get", "pod", "-n", NS, "ann-1", "-o", "jsonpath={.metadata.uid}"])?, "s");
+    // The socket file is a symlink to another pod's socket.
+    let uid = env.pod(NS, "sym-1", "sym", Some("s/app.sock"))?;
+    let dir = env.volume_dir(&uid, "s");
+    std::fs::create_dir_all(&dir)?;
+    std::os::unix::fs::symlink(victim.join("app.sock"), dir.join("app.sock"))?;
+    // The volume dir itself is a symlink to another pod's volume.
+    let uid2 = env.pod(NS, "sym-2", "sym", Some("s/app.sock"))?;
+    let dir2 = env.volume_dir(&uid2, "s");
+    std::fs::create_dir_all(dir2.parent().unwrap())?;
+    std::os::unix::fs::symlink(&victim, &dir2)?;
+    eventually("both refusals logged", WAIT, || {
+        let log = env.agent_log();
+        Ok(log.contains(&format!("{}", dir.join("app.sock").display()))
+            && log.contains(&format!("{} is a symlink", dir2.display())))
+    })?;
+    for c in ["app_e2e_sym-1_8080", "app_e2e_sym-2_8080"] {
+        env.wait_not_pipe(c)?;
+        let (status, body) = env.envoy(|e| e.via(c, "/steal"))?;
+        ensure!(!body.contains("ann-1"), "{c} reached another pod's socket: {status} {body}");
+    }
+    // A real socket replaces the link: the periodic re-check pipes it.
+    std::fs::remove_file(dir.join("app.sock"))?;
+    let socket = env.serve(&uid, "s", "app.sock", "sym-1")?;
+    env.wait_pipe("app_e2e_sym-1_8080", &socket)?;
+    env.wait_served("app_e2e_sym-1_8080", "sym-1")
+}
+
+fn h_cluster_names_are_unique_across_namespaces(env: &Env) -> anyhow::Result<()> {
+    let a = env.pod(NS, "twin", "twin", Some("s/app.sock"))?;
+    let b = env.pod(NS_B, "twin", "twin", Some("s/app.sock"))?;
+    let sa = env.serve(&a, "s", "app.sock", "twin-in-e2e")?;
+    let sb = env.serve(&b, "s", "app.sock", "twin-in-e2e-b")?;
+    env.wait_pipe("app_e2e_twin_8080", &sa)?;
+    env.wait_pipe("app_e2e-b_twin_8080", &sb)?;
+    env.wait_served("app_e2e_twin_8080", "twin-in-e2e")?;
+    env.wait_served("app_e2e-b_twin_8080", "twin-in-e2e-b")
+}
+
+/// Runs last: agent and Envoy restart while the API server is down.
+fn f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server(
+    env: &Env,
+) -> anyhow::Result<()> {
+    let before = env.envoy(|e| e.clusters())?;
+    ensure!(before.contains_key("app_e2e_ann-1_8080"), "{before:?}");
+    *env.agent.lock().unwrap() = None;
+    *env.envoy.lock().unwrap() = None;
+    env.cp.stop_apiserver()?;
+    env.start_agent()?;
+    env.start_envoy()?;
+    eventually("a fresh Envoy to get the same clusters from the restarted agent", WAIT, || {
+        Ok(env.envoy(|e| e.clusters())? == before)
+    })?;
+    env.wait_served("app_e2e_ann-1_8080", "ann-1")?;
+    env.cp.start_apiserver()
+}
+
+fn trial(name: &str, env: &Arc<Env>, f: fn(&Env) -> anyhow::Result<()>) -> Trial {
+    let env = env.clone();
+    Trial::test(name, move || {
+        f(&env).map_err(|e| {
+            let log = env.agent_log();
+            let tail: Vec<&str> = log.lines().rev().take(25).collect();
+            let envoy = env.envoy.lock().unwrap().as_ref().map(Envoy::log_tail).unwrap_or_default();
+            Failed::from(format!(
+                "{e:#}\n--- agent log (last lines, newest first):\n{}\n--- envoy log:\n{envoy}",
+                tail.join("\n")
+            ))
+        })
+    })
+}
+
+fn setup() -> anyhow::Result<Env> {
+    let cp = ControlPlane::start()?;
+    // A short root keeps the socket paths inside sun_path.
+    let work = tempfile::Builder::new().prefix("ae").tempdir_in("/tmp")?;
+    std::fs::create_dir_all(work.path().join("run"))?;
+    std::fs::create_dir_all(work.path().join("pods"))?;
+    for ns in [NS, NS_B] {
+        cp.kubectl_ok(&["create", "namespace", ns])?;
+    }
+    for sa in ["late", "ann", "pol", "prec", "drift", "sym", "twin"] {
+        cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, sa])?;
+    }
+    cp.kubectl_ok(&["create", "serviceaccount", "-n", NS_B, "twin"])?;
+    let env = Env { cp, work, agent: Mutex::new(None), envoy: Mutex::new(None), echos: Mutex::new(Vec::new()) };
+    env.start_agent()?;
+    env.start_envoy()?;
+    Ok(env)
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    type Case = (&'static str, fn(&Env) -> anyhow::Result<()>);
+    let cases: [Case; 8] = [
+        (
+            "e_crd_installed_after_the_agent_started_takes_effect_without_a_restart",
+            e_crd_installed_after_the_agent_started_takes_effect_without_a_restart,
+        ),
+        (
+            "a_annotated_pod_is_served_over_its_socket_through_envoy",
+            a_annotated_pod_is_served_over_its_socket_through_envoy,
+        ),
+        (
+            "b_policy_on_the_pods_service_key_serves_over_the_socket",
+            b_policy_on_the_pods_service_key_serves_over_the_socket,
+        ),
+        ("c_annotation_precedence_over_policy", c_annotation_precedence_over_policy),
+        (
+            "d_drifted_policy_unpromotes_only_its_service_and_envoy_never_nacks",
+            d_drifted_policy_unpromotes_only_its_service_and_envoy_never_nacks,
+        ),
+        ("g_symlinked_socket_or_volume_dir_is_refused", g_symlinked_socket_or_volume_dir_is_refused),
+        ("h_cluster_names_are_unique_across_namespaces", h_cluster_names_are_unique_across_namespaces),
+        (
+            "f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server",
+            f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server,
+        ),
+    ];
+    if args.list {
+        libtest_mimic::run(&args, cases.iter().map(|(n, _)| Trial::test(*n, || Ok(()))).collect()).exit();
+    }
+    let env = match setup() {
+        Ok(e) => Arc::new(e),
+        Err(e) => {
+            eprintln!("e2e setup failed: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    let trials = cases.iter().map(|(n, f)| trial(n, &env, *f)).collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(env);
+    conclusion.exit();
+}

@@ -1,0 +1,46 @@
+//! `uds-echo --socket PATH --name NAME`: the test and demo workload. An HTTP/1.1 echo server that
+//! listens only on a Unix socket (no TCP port), as a UDS-serving app in an emptyDir would: it
+//! unlinks a stale socket file before binding and makes the socket 0660 (docs: workload
+//! requirements). Every request gets `200 <name> over unix:<path>: <METHOD> <path>`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+
+use axum::Router;
+use axum::extract::{Request, State};
+
+#[derive(Clone)]
+struct Who(String);
+
+async fn echo(State(who): State<Who>, req: Request) -> String {
+    format!("{} {} {}\n", who.0, req.method(), req.uri())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::io::Result<()> {
+    let mut socket: Option<PathBuf> = None;
+    let mut name = String::from("uds-echo");
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--socket" => socket = args.next().map(PathBuf::from),
+            "--name" => name = args.next().unwrap_or(name),
+            _ => {
+                eprintln!("usage: uds-echo --socket PATH [--name NAME]");
+                std::process::exit(2);
+            }
+        }
+    }
+    let Some(socket) = socket else {
+        eprintln!("usage: uds-echo --socket PATH [--name NAME]");
+        std::process::exit(2);
+    };
+    if std::fs::symlink_metadata(&socket).is_ok() {
+        std::fs::remove_file(&socket)?;
+    }
+    let listener = tokio::net::UnixListener::bind(&socket)?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o660))?;
+    let who = Who(format!("{name} over unix:{}:", socket.display()));
+    eprintln!("uds-echo {name} listening on {}", socket.display());
+    axum::serve(listener, Router::new().fallback(echo).with_state(who)).await
+}
