@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # The demo: a real kube-apiserver + etcd on loopback, the EndpointPolicy CRD, aether-controller's
 # TLS admission webhook registered by URL, then `kubectl apply` of every example policy in
-# crds/examples/ and what kubectl printed, then `kubectl get epol`. Cleans up on exit.
+# crds/examples/ and what kubectl printed, then `kubectl get epol`. Then the node side: aether-agent
+# and a real Envoy bootstrapped to its ADS, a Pod whose app listens only on a Unix socket in its
+# emptyDir (the script plays kubelet), and curl through Envoy while a policy and an annotation
+# switch delivery live. Cleans up on exit.
 # Run it with `make demo` (which builds what it needs first).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
-work=$(mktemp -d /tmp/aether-demo.XXXXXX)
+work=$(mktemp -d /tmp/adXXXX)   # short: socket paths under it must fit in sun_path
 controller_pid=
+agent_pid=
+envoy_pid=
+echo_pid=
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 cleanup() {
   step "cleaning up"
-  [ -n "$controller_pid" ] && kill "$controller_pid" 2>/dev/null && wait "$controller_pid" 2>/dev/null || true
+  for pid in "$echo_pid" "$envoy_pid" "$agent_pid" "$controller_pid"; do
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  done
   "$repo/tests/harness/controlplane.sh" stop "$work/cp" || true
   rm -rf "$work"
 }
@@ -60,3 +68,126 @@ step "the same decisions offline: aether-controller validate -f crds/examples/*.
 
 step "what the webhook logged"
 sed 's/^/    /' "$work/controller.log" | grep -E "decided|listening" | tail -n 12
+
+# ------------------------------------------------------------------------------ the node side
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pods_dir=$work/pods
+mkdir -p "$pods_dir" "$work/run" "$work/state"
+step "starting aether-agent (node demo-node, pods dir $pods_dir) and a real Envoy bootstrapped to its ADS"
+agent_admin=$(free_port)
+"$repo/target/debug/aether-agent" run --node-name demo-node --kubelet-pods-dir "$pods_dir" \
+  --state-dir "$work/state" --xds-address "unix://$work/run/xds.sock" --health-socket "$work/run/health.sock" \
+  --admin-addr "127.0.0.1:$agent_admin" --recheck-seconds 2 >"$work/agent.log" 2>&1 &
+agent_pid=$!
+for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$agent_admin/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+curl -fsS "http://127.0.0.1:$agent_admin/readyz" | sed 's/^/    /'
+envoy=$("$repo/tests/harness/install-envoy.sh")
+inbound=$(free_port); envoy_admin=$(free_port)
+cat >"$work/envoy.json" <<JSON
+{
+  "node": {"id": "demo-node", "cluster": "aether"},
+  "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": $envoy_admin}}},
+  "dynamic_resources": {
+    "ads_config": {"api_type": "GRPC", "transport_api_version": "V3",
+                   "grpc_services": [{"envoy_grpc": {"cluster_name": "aether_xds"}}]},
+    "cds_config": {"ads": {}, "resource_api_version": "V3"},
+    "lds_config": {"ads": {}, "resource_api_version": "V3"}
+  },
+  "static_resources": {
+    "clusters": [{"name": "aether_xds", "type": "STATIC", "connect_timeout": "1s",
+      "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}}}},
+      "load_assignment": {"cluster_name": "aether_xds", "endpoints": [{"lb_endpoints": [{"endpoint":
+        {"address": {"pipe": {"path": "$work/run/xds.sock"}}}}]}]}}],
+    "listeners": [{"name": "inbound", "address": {"socket_address": {"address": "127.0.0.1", "port_value": $inbound}},
+      "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+          "stat_prefix": "inbound",
+          "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
+            {"match": {"prefix": "/"}, "route": {"cluster_header": "x-aether-cluster", "timeout": "5s"}}]}]},
+          "http_filters": [{"name": "envoy.filters.http.router",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}]
+  }
+}
+JSON
+"$envoy" -c "$work/envoy.json" --disable-hot-restart --concurrency 1 --base-id-path "$work/envoy.base-id" \
+  --log-path "$work/envoy.log" >/dev/null 2>&1 &
+envoy_pid=$!
+for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$envoy_admin/ready" >/dev/null 2>&1 && break; sleep 0.1; done
+echo "    envoy $("$envoy" --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*' | head -n1): inbound 127.0.0.1:$inbound (routes by header x-aether-cluster), admin :$envoy_admin"
+
+step "creating Pod shop/echo-1 on demo-node (managed, emptyDir volume \"s\"); playing kubelet: its app listens on the socket only"
+kubectl create namespace shop >/dev/null
+kubectl create serviceaccount -n shop echo >/dev/null
+kubectl apply -f - <<POD
+apiVersion: v1
+kind: Pod
+metadata:
+  name: echo-1
+  namespace: shop
+  labels: {aether.io/managed: "true"}
+spec:
+  nodeName: demo-node
+  serviceAccountName: echo
+  containers: [{name: app, image: registry.example/uds-echo:demo}]
+  volumes: [{name: s, emptyDir: {}}]
+POD
+uid=$(kubectl get pod -n shop echo-1 -o jsonpath='{.metadata.uid}')
+vol=$pods_dir/$uid/volumes/kubernetes.io~empty-dir/s
+mkdir -p "$vol"
+"$repo/target/debug/uds-echo" --socket "$vol/app.sock" --name echo-1 2>/dev/null &
+echo_pid=$!
+echo "    app socket: $vol/app.sock"
+
+through_envoy() {
+  local code
+  code=$(curl -s -o "$work/body" -w '%{http_code}' -H "x-aether-cluster: app_shop_echo-1_8080" "http://127.0.0.1:$inbound/hello")
+  echo "    curl -H 'x-aether-cluster: app_shop_echo-1_8080' http://127.0.0.1:$inbound/hello -> $code $(head -c 160 "$work/body")"
+}
+endpoint() {
+  curl -s "http://127.0.0.1:$envoy_admin/config_dump?resource=dynamic_active_clusters" | python3 -c '
+import json, sys
+for c in json.load(sys.stdin).get("configs", []):
+    c = c["cluster"]
+    if c["name"] == "app_shop_echo-1_8080":
+        print("    Envoy cluster app_shop_echo-1_8080 dials", json.dumps(c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]))
+        break
+else:
+    print("    Envoy has no cluster app_shop_echo-1_8080 (TCP delivery, and the pod has no IP here)")'
+}
+wait_for() { for _ in $(seq 1 50); do eval "$1" && return 0; sleep 0.2; done; return 1; }
+pipe_up() { curl -s -H "x-aether-cluster: app_shop_echo-1_8080" "http://127.0.0.1:$inbound/hello" | grep -q "over unix"; }
+
+step "no annotation, no policy: TCP"
+sleep 1; endpoint; through_envoy
+
+step "kubectl apply an EndpointPolicy for Service shop/echo: socket s/app.sock"
+kubectl apply -f - <<EPOL
+apiVersion: config.aether.io/v1
+kind: EndpointPolicy
+metadata: {name: echo-uds, namespace: shop}
+spec:
+  targetRef: {kind: Service, name: echo}
+  udsSocket: s/app.sock
+EPOL
+wait_for pipe_up || true
+endpoint; through_envoy
+echo "    health gateway: curl --unix-socket $work/run/health.sock http://localhost/healthz/health_shop_echo-1 -> $(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$work/run/health.sock" http://localhost/healthz/health_shop_echo-1)"
+
+step "kubectl delete the policy: back to TCP"
+kubectl delete epol -n shop echo-uds
+wait_for '! pipe_up' || true
+endpoint; through_envoy
+
+step "kubectl annotate the pod endpoint.aether.io/uds-socket=s/app.sock: the annotation path"
+kubectl annotate pod -n shop echo-1 endpoint.aether.io/uds-socket=s/app.sock
+wait_for pipe_up || true
+endpoint; through_envoy
+
+step "what the agent logged"
+grep -E "delivering|declared|CRD|budget" "$work/agent.log" | sed 's/^/    /' | tail -n 8
+
+step "offline: aether-agent plan of the same pod manifest"
+kubectl get pod -n shop echo-1 -o yaml >"$work/pod.yaml"
+"$repo/target/debug/aether-agent" plan --pods "$work/pod.yaml" --kubelet-pods-dir "$pods_dir" | sed 's/^/    /'
