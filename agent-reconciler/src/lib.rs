@@ -1,23 +1,24 @@
 //! aether's node reconciler, embedded in `aether-agent` (proposal 034 Phases 1 and 1b, agent
 //! side; DESIGN.md "What runs where").
 //!
-//! Its pure core is the four modules below: data types and functions only, with no I/O, no
-//! async and no Kubernetes client. The watch drivers turn API objects into records and feed the
-//! [`index::Index`]; the xDS layer renders the [`index::DeliveryMap`] snapshots it hands out.
-//!
 //! ```text
-//! Pod ──PodRecord::from_pod──┐                         ┌─► Change (re-rendered pods, conflicts)
-//!                            ├─► Index ─► fold::deliver ┤
-//! EndpointPolicy ─PolicyRecord::from_policy─┘           └─► Arc<DeliveryMap> ─► xDS (names::*)
+//! watch (Pods on this node, CRD-gated EndpointPolicies)
+//!   └─► driver: Event ─► Index (record ─► fold) ─► fscheck (lstat) ─► render ─► Snapshot
+//!                          │ store (--state-dir)                                  │
+//!                          ▼                                                      ▼
+//!                  replay at boot                          xds: Renderer ─► ADS server ─► Envoy
 //! ```
 //!
-//! - [`record`]: [`record::PodRecord`] and [`record::PolicyRecord`], the only fields the fold
-//!   needs, extracted by pure functions; serde-serializable for the state dir.
-//! - [`fold`]: the per-pod precedence fold (annotation, even invalid, over policy over TCP), the
-//!   policy tie-break, and [`fold::TcpReason`] tokens for every degradation.
-//! - [`index`]: the incremental index; a pod event re-renders one pod, a policy event only the
-//!   pods of its service, a resync nothing, and a relist equals a fresh build.
-//! - [`names`]: namespace-qualified Envoy cluster names, unique and stable.
+//! Pure (no I/O, no async): [`record`] (the only fields the fold needs, extracted from API
+//! objects), [`fold`] (per-pod precedence: annotation, even invalid, over policy over TCP; the
+//! tie-break), [`index`] (incremental: a pod event re-renders one pod, a policy event only its
+//! service's pods, a resync nothing, a relist equals a fresh build), [`names`] (namespace-qualified
+//! Envoy names), [`render`] (delivery map to xDS input), [`plan`] (offline `aether-agent plan`),
+//! [`xds::resources`] (Envoy protos, content-hash versions).
+//!
+//! I/O: [`fscheck`] (symlink refusal), [`store`] (state dir), [`cni`] (netns records),
+//! [`watch`] (kube-runtime watchers), [`driver`] (the reconcile loop), [`xds::server`] (ADS,
+//! ACK/NACK tracking), [`admin`] (`/healthz`, `/readyz`, `/metrics`), [`agent`] (`run`), [`cli`].
 
 #![forbid(unsafe_code)]
 
