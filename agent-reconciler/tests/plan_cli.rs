@@ -10,7 +10,15 @@ fn fixture(name: &str) -> String {
 fn plan_json(extra: &[&str]) -> Vec<Value> {
     let out = Command::cargo_bin("aether-agent")
         .unwrap()
-        .args(["plan", "--pods", &fixture("plan-pods.yaml"), "--policies", &fixture("plan-policies.yaml"), "-o", "json"])
+        .args([
+            "plan",
+            "--pods",
+            &fixture("plan-pods.yaml"),
+            "--policies",
+            &fixture("plan-policies.yaml"),
+            "-o",
+            "json",
+        ])
         .args(extra)
         .output()
         .unwrap();
@@ -49,7 +57,10 @@ fn plan_reports_every_managed_pod_with_source_path_reason_and_clusters() {
 #[test]
 fn plan_with_uds_workloads_false_is_all_tcp() {
     let plans = plan_json(&["--uds-workloads=false"]);
-    assert!(plans.iter().all(|p| p["source"] == "tcp" && p["reason"].as_str().unwrap().starts_with("uds-disabled")), "{plans:?}");
+    assert!(
+        plans.iter().all(|p| p["source"] == "tcp" && p["reason"].as_str().unwrap().starts_with("uds-disabled")),
+        "{plans:?}"
+    );
 }
 
 #[test]
@@ -60,7 +71,11 @@ fn plan_with_a_pods_dir_that_leaves_no_budget_is_all_tcp() {
 
 #[test]
 fn plan_of_a_missing_file_exits_2_naming_it() {
-    let out = Command::cargo_bin("aether-agent").unwrap().args(["plan", "--pods", "/nonexistent/pods.yaml"]).output().unwrap();
+    let out = Command::cargo_bin("aether-agent")
+        .unwrap()
+        .args(["plan", "--pods", "/nonexistent/pods.yaml"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/pods.yaml"));
 }
