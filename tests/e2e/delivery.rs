@@ -318,7 +318,27 @@ fn f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_ap
         Ok(env.envoy(|e| e.clusters())? == before)
     })?;
     env.wait_served("app_e2e_ann-1_8080", "ann-1")?;
-    env.cp.start_apiserver()
+    // The watches survived the outage: once the API server is back, a new pod takes effect.
+    env.cp.start_apiserver()?;
+    let uid = eventually_uid(env)?;
+    let socket = env.serve(&uid, "s", "app.sock", "after-1")?;
+    env.wait_pipe("app_e2e_after-1_8080", &socket)?;
+    env.wait_served("app_e2e_after-1_8080", "after-1")
+}
+
+fn eventually_uid(env: &Env) -> anyhow::Result<String> {
+    let mut uid = String::new();
+    eventually("creating a pod after the API server restart", WAIT, || {
+        env.cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, "after"]).ok();
+        match env.pod(NS, "after-1", "after", Some("s/app.sock")) {
+            Ok(u) => {
+                uid = u;
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        }
+    })?;
+    Ok(uid)
 }
 
 fn trial(name: &str, env: &Arc<Env>, f: fn(&Env) -> anyhow::Result<()>) -> Trial {
