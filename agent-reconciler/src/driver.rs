@@ -137,18 +137,22 @@ impl Driver {
                         }
                     })
                     .collect();
+                let keep: HashSet<String> = records.iter().map(|r| r.uid.clone()).collect();
+                let by_uid: HashMap<String, PodRecord> = records.iter().map(|r| (r.uid.clone(), r.clone())).collect();
+                let change = self.index.reset_pods(records);
                 if let Some(store) = &self.store {
-                    for r in &records {
-                        self.save_pod(&r.uid, r);
+                    // Only what the relist changed is written; a relist of the same state writes nothing.
+                    for key in &change.rerendered {
+                        if let Some(r) = by_uid.get(&key.uid) {
+                            self.save_pod(&r.uid, r);
+                        }
                     }
-                    let keep: HashSet<String> = records.iter().map(|r| r.uid.clone()).collect();
                     match store.retain_pods(&keep) {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(removed = n, "removed stale pod records from the state dir"),
                         Err(e) => tracing::warn!(error = %e, "cannot prune the state dir"),
                     }
                 }
-                let change = self.index.reset_pods(records);
                 self.status.send_modify(|s| s.pods_synced = true);
                 self.after(change, false);
             }
@@ -325,4 +329,90 @@ fn merge(into: &mut Change, other: Change) {
 
 fn pod_name(pod: &Pod) -> String {
     format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fold::Settings;
+
+    const UID_A: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+    const UID_B: &str = "11111111-2222-4333-8444-555555555555";
+
+    fn pod(name: &str, uid: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "shop", "uid": uid,
+                "labels": {"aether.io/managed": "true"},
+                "annotations": {"endpoint.aether.io/uds-socket": "s/app.sock"}},
+            "spec": {"serviceAccountName": "cart", "containers": [{"name": "app"}],
+                "volumes": [{"name": "s", "emptyDir": {}}]}
+        }))
+        .unwrap()
+    }
+
+    fn driver(state: &std::path::Path) -> (Driver, watch::Receiver<Arc<Snapshot>>) {
+        let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (status, _) = watch::channel(Status::default());
+        let store = StateStore::open(state).unwrap();
+        let d = Driver::new(
+            Index::new(Settings::new("/var/lib/kubelet/pods", true)),
+            Some(store),
+            CniRecords::default(),
+            tx,
+            status,
+        );
+        (d, rx)
+    }
+
+    fn records(state: &std::path::Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(state.join("pods"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_restarted_driver_serves_the_same_snapshot_from_the_state_dir_before_any_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut d, rx) = driver(dir.path());
+        d.handle(Event::PodsListed(vec![pod("a", UID_A), pod("b", UID_B)]));
+        let served = rx.borrow().clone();
+        assert_eq!(served.clusters.len(), 4, "{served:?}");
+        drop(d);
+        let (mut again, rx2) = driver(dir.path());
+        again.boot();
+        assert_eq!(*rx2.borrow().clone(), *served);
+    }
+
+    #[test]
+    fn deleted_pods_lose_their_record_and_a_relist_prunes_stale_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut d, _rx) = driver(dir.path());
+        d.handle(Event::PodsListed(vec![pod("a", UID_A), pod("b", UID_B)]));
+        assert_eq!(records(dir.path()), [format!("{UID_A}.json"), format!("{UID_B}.json")]);
+        d.handle(Event::PodDeleted(Box::new(pod("a", UID_A))));
+        assert_eq!(records(dir.path()), [format!("{UID_B}.json")]);
+        // A pod deleted while the agent was down: the next complete list removes its record.
+        let (mut fresh, _rx) = driver(dir.path());
+        fresh.boot();
+        fresh.handle(Event::PodsListed(vec![pod("a", UID_A)]));
+        assert_eq!(records(dir.path()), [format!("{UID_A}.json")]);
+    }
+
+    #[test]
+    fn a_relist_of_the_same_state_writes_nothing_and_publishes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut d, mut rx) = driver(dir.path());
+        d.handle(Event::PodsListed(vec![pod("a", UID_A)]));
+        rx.mark_unchanged();
+        let file = dir.path().join(format!("pods/{UID_A}.json"));
+        let before = std::fs::metadata(&file).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        d.handle(Event::PodsListed(vec![pod("a", UID_A)]));
+        assert_eq!(std::fs::metadata(&file).unwrap().modified().unwrap(), before, "record rewritten");
+        assert!(!rx.has_changed().unwrap(), "a snapshot was published for a no-op relist");
+    }
 }
