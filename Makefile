@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CRD_CHART_COPY := charts/aether-crds/templates/endpointpolicy-crd.yaml
 
-.PHONY: all build tools crds test test-unit test-e2e lint demo clean help
+.PHONY: all build tools crds rbac-report test test-unit test-e2e lint demo clean help
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -19,6 +19,9 @@ tools: ## Build kube-apiserver, etcd, kubectl, helm (Go modules) and install Env
 
 crds: ## Regenerate the chart's copy of the CRD from crds/src/policy.rs
 	$(CARGO) run -q -p aether-crds --bin crdgen -- --chart > $(CRD_CHART_COPY)
+
+rbac-report: ## Print every verb/resource each ServiceAccount of charts/aether gets (docs/rbac.md is its output)
+	@python3 tests/harness/rbac-report.py
 
 test-unit: ## Fast loop: unit, property, router, TLS and xDS-with-Envoy tests (no control plane)
 	tests/harness/install-envoy.sh >/dev/null

@@ -66,6 +66,11 @@ pub struct RunArgs {
     /// PEM private key of --tls-cert.
     #[arg(long, env = "AETHER_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// With --tls-dir: seconds between checks of tls.crt/tls.key for a rotated certificate. A
+    /// new good pair is served from the next handshake on; a bad one is logged and the last good
+    /// one kept. (--tls-cert/--tls-key are loaded once.)
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..), env = "AETHER_TLS_RELOAD_SECONDS")]
+    pub tls_reload_seconds: u64,
     /// The kubelet pods dir (see --kubelet-pods-dir).
     #[command(flatten)]
     pub pods_dir: PodsDirArg,

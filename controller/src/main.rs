@@ -1,6 +1,7 @@
 //! aether-controller entry point: parse flags, set up logging, run the subcommand.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use aether_controller::cli::{Cli, Command, LogFormat, Output};
 use aether_controller::server::{RunConfig, TlsFiles};
@@ -51,8 +52,12 @@ fn main() -> ExitCode {
             if rustls::crypto::ring::default_provider().install_default().is_err() {
                 tracing::debug!("a rustls crypto provider was already installed");
             }
+            let reload = args.tls_dir.is_some().then(|| Duration::from_secs(args.tls_reload_seconds));
             let tls = match (args.tls_dir, args.tls_cert, args.tls_key) {
-                (Some(dir), _, _) => TlsFiles { cert: dir.join("tls.crt"), key: dir.join("tls.key") },
+                (Some(dir), _, _) => TlsFiles {
+                    cert: dir.join(aether_webhook_certs::CERT_FILE),
+                    key: dir.join(aether_webhook_certs::KEY_FILE),
+                },
                 (None, Some(cert), Some(key)) => TlsFiles { cert, key },
                 _ => unreachable!("clap requires --tls-dir or --tls-cert with --tls-key"),
             };
@@ -64,7 +69,11 @@ fn main() -> ExitCode {
                 max_body_bytes: args.max_body_bytes,
             };
             let rt = tokio::runtime::Runtime::new().expect("starting the tokio runtime");
-            match rt.block_on(server::run(cfg)) {
+            let served = match reload {
+                Some(poll) => rt.block_on(server::run_reloading(cfg, poll)),
+                None => rt.block_on(server::run(cfg)),
+            };
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e:#}");

@@ -1,4 +1,5 @@
 //! `aether-controller run`: the webhook over rustls and the admin port, until SIGTERM/SIGINT.
+//! With `--tls-dir` the certificate is reloaded when the mounted Secret changes.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -7,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aether_crds::udspath::Budget;
+use aether_webhook_certs::ReloadingCertResolver;
 use anyhow::Context;
 use axum_server::tls_rustls::RustlsConfig;
 
@@ -38,12 +40,39 @@ pub struct RunConfig {
     pub max_body_bytes: usize,
 }
 
-/// Binds both listeners and serves until a shutdown signal.
+/// Binds both listeners and serves until a shutdown signal, with the certificate loaded once.
 ///
 /// # Errors
 /// When a listener cannot be bound or the certificate cannot be loaded; the error names the
 /// address or file.
 pub async fn run(cfg: RunConfig) -> anyhow::Result<()> {
+    serve(cfg, None).await
+}
+
+/// Like [`run`], but the certificate and key files are re-read every `poll` and a new good pair
+/// is served from the next handshake on, without a restart (a mounted Secret rotated by the
+/// kubelet's `..data` swap). A bad or half-written pair is logged and the last good one kept.
+///
+/// # Errors
+/// As [`run`]; the first load must succeed.
+pub async fn run_reloading(cfg: RunConfig, poll: Duration) -> anyhow::Result<()> {
+    serve(cfg, Some(poll)).await
+}
+
+async fn load_tls(files: &TlsFiles, reload: Option<Duration>) -> anyhow::Result<RustlsConfig> {
+    let what = || format!("cannot load TLS certificate {} / key {}", files.cert.display(), files.key.display());
+    match reload {
+        None => RustlsConfig::from_pem_file(&files.cert, &files.key).await.with_context(what),
+        Some(poll) => {
+            let resolver = Arc::new(ReloadingCertResolver::from_files(&files.cert, &files.key).with_context(what)?);
+            resolver.watch(poll).context("cannot start the certificate reload thread")?;
+            tracing::info!(poll_seconds = poll.as_secs_f64(), "watching the certificate files for rotation");
+            Ok(RustlsConfig::from_config(Arc::new(resolver.server_config().context("building the TLS configuration")?)))
+        }
+    }
+}
+
+async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     let budget = Budget::new(&cfg.kubelet_pods_dir);
     match &budget {
         Ok(b) => tracing::info!(pods_dir = b.pods_dir(), budget_bytes = b.bytes(), "socket value budget"),
@@ -64,9 +93,7 @@ pub async fn run(cfg: RunConfig) -> anyhow::Result<()> {
             async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(shutdown_signal()).await },
         );
 
-    let tls = RustlsConfig::from_pem_file(&cfg.tls.cert, &cfg.tls.key).await.with_context(|| {
-        format!("cannot load TLS certificate {} / key {}", cfg.tls.cert.display(), cfg.tls.key.display())
-    })?;
+    let tls = load_tls(&cfg.tls, reload).await?;
     let listener = TcpListener::bind(cfg.webhook_addr)
         .with_context(|| format!("cannot bind --webhook-addr {}", cfg.webhook_addr))?;
     listener.set_nonblocking(true)?;

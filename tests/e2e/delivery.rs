@@ -320,10 +320,14 @@ fn f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_ap
     env.wait_served("app_e2e_ann-1_8080", "ann-1")?;
     // The watches survived the outage: once the API server is back, a new pod takes effect.
     env.cp.start_apiserver()?;
+    // kube-runtime's watch backoff grows to 30 s while the API server is down, so allow longer.
     let uid = eventually_uid(env)?;
     let socket = env.serve(&uid, "s", "app.sock", "after-1")?;
-    env.wait_pipe("app_e2e_after-1_8080", &socket)?;
-    env.wait_served("app_e2e_after-1_8080", "after-1")
+    let cluster = "app_e2e_after-1_8080";
+    eventually("the restarted watch to deliver the new pod", Duration::from_secs(90), || {
+        env.envoy(|e| Ok(e.clusters()?.get(cluster).is_some_and(|a| a.contains(socket.to_str().unwrap()))))
+    })?;
+    env.wait_served(cluster, "after-1")
 }
 
 fn eventually_uid(env: &Env) -> anyhow::Result<String> {

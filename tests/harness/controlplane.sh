@@ -87,6 +87,7 @@ start() {
     --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key"
     --service-cluster-ip-range 10.96.0.0/16
     --authorization-mode RBAC
+    --allow-privileged=true
     --endpoint-reconciler-type none
     --enable-admission-plugins ValidatingAdmissionWebhook
     --cert-dir "$dir/pki"

@@ -4,13 +4,15 @@
 //! names and IP addresses (rcgen; ECDSA P-256). The API server trusts the CA through the
 //! ValidatingWebhookConfiguration's `caBundle`; aether-controller serves the leaf.
 //!
-//! Still to come (issue "Install story"): the reloading rustls certificate resolver and the
-//! bootstrap that writes the Secret and patches `caBundle`.
+//! [`reload::ReloadingCertResolver`] serves the pair from a mounted Secret folder and follows
+//! its updates; [`bootstrap`] creates the Secret and sets the webhook configuration's `caBundle`
+//! (the chart's hook Job).
 
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
@@ -22,6 +24,14 @@ pub const CA_FILE: &str = "ca.crt";
 pub const CERT_FILE: &str = "tls.crt";
 /// The serving private key (PEM, PKCS#8).
 pub const KEY_FILE: &str = "tls.key";
+
+pub mod bootstrap;
+pub mod reload;
+
+pub use reload::{CheckOutcome, LoadError, ReloadingCertResolver};
+
+/// Validity of certificates minted by [`mint`]: 10 years.
+pub const DEFAULT_VALIDITY_DAYS: u32 = 3650;
 
 /// Errors of minting or writing certificates.
 #[derive(Debug, thiserror::Error)]
@@ -53,12 +63,21 @@ pub struct Bundle {
     pub key_pem: String,
 }
 
-/// Mints a fresh CA and a serving certificate for `names`; each name that parses as an IP address
-/// becomes an IP SAN, any other a DNS SAN.
+/// Mints a fresh CA and a serving certificate for `names`, valid for
+/// [`DEFAULT_VALIDITY_DAYS`]; each name that parses as an IP address becomes an IP SAN, any other
+/// a DNS SAN.
 ///
 /// # Errors
 /// [`CertError::NoNames`] for an empty list; [`CertError::Mint`] when rcgen rejects a name.
 pub fn mint(names: &[String]) -> Result<Bundle, CertError> {
+    mint_with_validity(names, DEFAULT_VALIDITY_DAYS)
+}
+
+/// Like [`mint`], with both certificates valid from an hour ago (clock skew) for `days` days.
+///
+/// # Errors
+/// As [`mint`].
+pub fn mint_with_validity(names: &[String], days: u32) -> Result<Bundle, CertError> {
     if names.is_empty() {
         return Err(CertError::NoNames);
     }
@@ -67,6 +86,10 @@ pub fn mint(names: &[String]) -> Result<Bundle, CertError> {
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca_params.distinguished_name.push(DnType::CommonName, "aether-webhook-ca");
     ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let not_before = time::OffsetDateTime::now_utc() - Duration::from_secs(3600);
+    let not_after = time::OffsetDateTime::now_utc() + Duration::from_secs(u64::from(days) * 86_400);
+    ca_params.not_before = not_before;
+    ca_params.not_after = not_after;
     let ca_cert = ca_params.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca_params, ca_key);
 
@@ -75,6 +98,8 @@ pub fn mint(names: &[String]) -> Result<Bundle, CertError> {
     params.distinguished_name.push(DnType::CommonName, names[0].clone());
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.not_before = not_before;
+    params.not_after = not_after;
     let cert = params.signed_by(&key, &issuer)?;
     Ok(Bundle { ca_pem: ca_cert.pem(), cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }

@@ -1,7 +1,10 @@
-//! `aether-webhook-certs`: mints the webhook's CA and serving certificate.
+//! `aether-webhook-certs`: mints the webhook's CA and serving certificate; `bootstrap` is the
+//! chart's hook Job (Secret + caBundle).
 
 use std::path::PathBuf;
 
+use aether_webhook_certs::bootstrap::{self, CaBundleOutcome, Options, SecretOutcome};
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 /// Certificates for aether-controller's admission webhook.
@@ -26,14 +29,68 @@ enum Command {
         #[arg(long = "name", env = "AETHER_CERTS_NAMES", value_delimiter = ',', required = true)]
         names: Vec<String>,
     },
+    /// Create or reuse the kubernetes.io/tls Secret (tls.crt, tls.key, ca.crt) for the webhook
+    /// Service's DNS names, then set caBundle of every webhook of --webhook-config-name to the
+    /// Secret's ca.crt if that configuration exists (a pre-install run finds none and succeeds).
+    /// Idempotent: a usable Secret is reused; it is re-minted only when a file is missing or
+    /// unparsable, the key does not match, a DNS name is missing, or it expires within 30 days.
+    /// Uses the in-cluster ServiceAccount, or $KUBECONFIG.
+    Bootstrap {
+        /// Namespace of the Secret and the webhook Service.
+        #[arg(long, env = "AETHER_CERTS_NAMESPACE")]
+        namespace: String,
+        /// Name of the kubernetes.io/tls Secret to create or reuse.
+        #[arg(long, env = "AETHER_CERTS_SECRET_NAME")]
+        secret_name: String,
+        /// Name of the webhook Service; the certificate names <svc>.<ns>.svc and
+        /// <svc>.<ns>.svc.cluster.local.
+        #[arg(long, env = "AETHER_CERTS_SERVICE_NAME")]
+        service_name: String,
+        /// ValidatingWebhookConfiguration whose caBundle is set (omit to skip that step).
+        #[arg(long, env = "AETHER_CERTS_WEBHOOK_CONFIG_NAME")]
+        webhook_config_name: Option<String>,
+        /// Validity of a newly minted CA and certificate, in days (more than the 30-day renewal
+        /// window).
+        #[arg(long, default_value_t = aether_webhook_certs::DEFAULT_VALIDITY_DAYS, value_parser = clap::value_parser!(u32).range(31..=36500), env = "AETHER_CERTS_VALIDITY_DAYS")]
+        validity_days: u32,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     match Cli::parse().command {
         Command::Mint { out_dir, names } => {
             let bundle = aether_webhook_certs::mint(&names)?;
             aether_webhook_certs::write_dir(&bundle, &out_dir)?;
             println!("wrote {}/{{ca.crt,tls.crt,tls.key}} for {}", out_dir.display(), names.join(", "));
+        }
+        Command::Bootstrap { namespace, secret_name, service_name, webhook_config_name, validity_days } => {
+            let opts = Options { namespace, secret_name, service_name, webhook_config_name, validity_days };
+            let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+            let report = rt.block_on(async {
+                let client = kube::Client::try_default().await.context("cannot build a Kubernetes client")?;
+                anyhow::Ok(bootstrap::run(client, &opts).await?)
+            })?;
+            let secret = format!("Secret {}/{}", opts.namespace, opts.secret_name);
+            match &report.secret {
+                SecretOutcome::Created => println!("{secret}: created with a new CA and serving certificate"),
+                SecretOutcome::Reused => println!("{secret}: reused (certificate valid for the Service names)"),
+                SecretOutcome::Renewed(why) => println!("{secret}: re-minted ({why})"),
+            }
+            let config = opts.webhook_config_name.as_deref().unwrap_or_default();
+            match report.ca_bundle {
+                CaBundleOutcome::NotRequested => println!("caBundle: not requested (no --webhook-config-name)"),
+                CaBundleOutcome::ConfigMissing => println!(
+                    "ValidatingWebhookConfiguration {config} does not exist yet; caBundle not set (run again after install)"
+                ),
+                CaBundleOutcome::AlreadyCurrent => {
+                    println!("ValidatingWebhookConfiguration {config}: caBundle already equals the Secret's ca.crt")
+                }
+                CaBundleOutcome::Patched(n) => {
+                    println!("ValidatingWebhookConfiguration {config}: caBundle set on {n} webhook(s)")
+                }
+            }
         }
     }
     Ok(())

@@ -1,0 +1,66 @@
+{{/* Chart name. */}}
+{{- define "aether.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Resource name prefix. */}}
+{{- define "aether.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "aether.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "aether.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: aether
+{{- end -}}
+
+{{- define "aether.controller.selector" -}}
+app.kubernetes.io/name: {{ include "aether.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end -}}
+
+{{- define "aether.node.selector" -}}
+app.kubernetes.io/name: {{ include "aether.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: node
+{{- end -}}
+
+{{- define "aether.controller.fullname" -}}{{ include "aether.fullname" . }}-controller{{- end -}}
+{{- define "aether.node.fullname" -}}{{ include "aether.fullname" . }}-node{{- end -}}
+{{- define "aether.certs.fullname" -}}{{ include "aether.fullname" . }}-webhook-certs{{- end -}}
+{{- define "aether.webhook.configName" -}}{{ include "aether.fullname" . }}-endpointpolicy{{- end -}}
+
+{{/* Secret holding the webhook's tls.crt / tls.key. */}}
+{{- define "aether.webhook.secretName" -}}
+{{- if eq .Values.webhook.certs.mode "provided" -}}
+{{- required "webhook.certs.provided.secretName is required when webhook.certs.mode=provided" .Values.webhook.certs.provided.secretName -}}
+{{- else -}}
+{{- default (printf "%s-webhook-tls" (include "aether.fullname" .)) .Values.webhook.certs.secretName -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "aether.image" -}}
+{{- $img := index . 0 -}}{{- $root := index . 1 -}}
+{{- printf "%s:%s" $img.repository (default $root.Chart.AppVersion $img.tag) -}}
+{{- end -}}
+
+{{/*
+The kubelet pods dir as the proxy and the agent see it: the one value both binaries'
+--kubelet-pods-dir take, so webhook and agent compute one socket budget.
+*/}}
+{{- define "aether.podsDir" -}}
+{{- .Values.proxy.udsWorkloads.mountPath | default .Values.proxy.udsWorkloads.hostPodsDir | trimSuffix "/" | default "/" -}}
+{{- end -}}

@@ -1,0 +1,161 @@
+//! `aether-webhook-certs bootstrap` (the chart's cert hook Job) against a real kube-apiserver:
+//! it creates the Secret once, reuses it on the next run (an upgrade), keeps `caBundle` equal
+//! to the Secret's `ca.crt` after every run (also after a re-render blanked it), and succeeds
+//! with a message when the webhook configuration does not exist yet (pre-install).
+
+use std::process::Command;
+
+use aether_tests::{ControlPlane, workspace_bin};
+use anyhow::{Context, ensure};
+
+const NS: &str = "aether-system";
+const SECRET: &str = "aether-webhook-tls";
+const VWC: &str = "aether-certs-e2e";
+
+fn bootstrap(cp: &ControlPlane) -> anyhow::Result<String> {
+    let out = Command::new(workspace_bin("aether-webhook-certs")?)
+        .args(["bootstrap", "--namespace", NS, "--secret-name", SECRET, "--service-name", "aether-webhook"])
+        .args(["--webhook-config-name", VWC, "--validity-days", "365"])
+        .env("KUBECONFIG", cp.kubeconfig())
+        .output()
+        .context("running aether-webhook-certs")?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(out.status.success(), "bootstrap failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    Ok(stdout)
+}
+
+/// (resourceVersion, tls.crt, ca.crt) of the Secret, base64 as stored.
+fn secret(cp: &ControlPlane) -> anyhow::Result<(String, String, String)> {
+    let get = |path: &str| cp.kubectl_ok(&["get", "secret", "-n", NS, SECRET, "-o", &format!("jsonpath={{{path}}}")]);
+    Ok((get(".metadata.resourceVersion")?, get(".data.tls\\.crt")?, get(".data.ca\\.crt")?))
+}
+
+/// `caBundle` of each webhook of the configuration (base64).
+fn ca_bundles(cp: &ControlPlane) -> anyhow::Result<Vec<String>> {
+    let out = cp.kubectl_ok(&[
+        "get",
+        "validatingwebhookconfiguration",
+        VWC,
+        "-o",
+        "jsonpath={range .webhooks[*]}{.clientConfig.caBundle}{\"\\n\"}{end}",
+    ])?;
+    Ok(out.lines().map(str::to_owned).collect())
+}
+
+/// `kubectl replace` (a full re-render, as an upgrade writes the object from its template).
+fn replace(cp: &ControlPlane, yaml: &str) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let f = dir.path().join("vwc.yaml");
+    std::fs::write(&f, yaml)?;
+    cp.kubectl_ok(&["replace".as_ref(), "-f".as_ref(), f.as_os_str()])?;
+    Ok(())
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn webhook_config(ca_bundle: &str) -> String {
+    // Two webhooks on a group nothing uses, so the configuration never sits in anyone's way.
+    let hook = |name: &str| {
+        format!(
+            "- name: {name}\n  admissionReviewVersions: [v1]\n  sideEffects: None\n  failurePolicy: Ignore\n  clientConfig:\n    url: https://127.0.0.1:1/validate\n    caBundle: \"{ca_bundle}\"\n  rules:\n  - apiGroups: [example.invalid]\n    apiVersions: [v1]\n    operations: [CREATE]\n    resources: [widgets]\n"
+        )
+    };
+    format!(
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata:\n  name: {VWC}\nwebhooks:\n{}{}",
+        hook("one.certs.aether.io"),
+        hook("two.certs.aether.io")
+    )
+}
+
+fn assert_bundles_match(cp: &ControlPlane, ca: &str) -> anyhow::Result<()> {
+    let bundles = ca_bundles(cp)?;
+    ensure!(bundles.len() == 2, "expected two webhooks, got {bundles:?}");
+    ensure!(bundles.iter().all(|b| b == ca), "caBundle {bundles:?} != the Secret's ca.crt {ca}");
+    Ok(())
+}
+
+#[test]
+fn bootstrap_twice_creates_the_secret_once_and_keeps_ca_bundle_matching() -> anyhow::Result<()> {
+    let cp = ControlPlane::start()?;
+    cp.kubectl_ok(&["create", "namespace", NS])?;
+    cp.apply(&webhook_config(""))?;
+    ensure!(ca_bundles(&cp)?.iter().all(String::is_empty), "starts with an empty caBundle");
+
+    let first = bootstrap(&cp)?;
+    ensure!(first.contains("created"), "first run: {first}");
+    ensure!(first.contains("caBundle set on 2 webhook(s)"), "first run: {first}");
+    let (rv1, crt1, ca1) = secret(&cp)?;
+    ensure!(!ca1.is_empty() && !crt1.is_empty());
+    assert_bundles_match(&cp, &ca1)?;
+    let ty = cp.kubectl_ok(&["get", "secret", "-n", NS, SECRET, "-o", "jsonpath={.type}"])?;
+    ensure!(ty == "kubernetes.io/tls", "Secret type {ty}");
+
+    // The upgrade: the Job runs again and finds everything in place.
+    let second = bootstrap(&cp)?;
+    ensure!(second.contains("reused"), "second run: {second}");
+    ensure!(second.contains("already equals"), "second run: {second}");
+    let (rv2, crt2, ca2) = secret(&cp)?;
+    ensure!(rv1 == rv2 && crt1 == crt2 && ca1 == ca2, "the second run must not rewrite the Secret");
+    assert_bundles_match(&cp, &ca2)?;
+
+    // An upgrade re-renders the configuration from its template (here: a stale CA); the
+    // post-upgrade run puts the Secret's CA back without touching the Secret.
+    let stale = aether_webhook_certs::mint(&["stale.example".to_owned()])?;
+    replace(&cp, &webhook_config(&base64(stale.ca_pem.as_bytes())))?;
+    ensure!(ca_bundles(&cp)?.iter().all(|b| *b != ca1), "the re-render replaced caBundle");
+    let third = bootstrap(&cp)?;
+    ensure!(third.contains("reused") && third.contains("caBundle set on 2"), "third run: {third}");
+    ensure!(secret(&cp)?.0 == rv1, "the Secret is still the first one");
+    assert_bundles_match(&cp, &ca1)?;
+
+    // A pre-install run: no configuration yet. It succeeds and says so.
+    cp.kubectl_ok(&["delete", "validatingwebhookconfiguration", VWC])?;
+    let pre = bootstrap(&cp)?;
+    ensure!(pre.contains("does not exist yet"), "pre-install run: {pre}");
+    ensure!(secret(&cp)?.0 == rv1);
+    Ok(())
+}
+
+#[test]
+fn bootstrap_re_mints_a_secret_that_lacks_a_service_name() -> anyhow::Result<()> {
+    let cp = ControlPlane::start()?;
+    cp.kubectl_ok(&["create", "namespace", NS])?;
+    let dir = tempfile::tempdir()?;
+    // A certificate for another Service's names only.
+    let stale = aether_webhook_certs::mint(&["other.aether-system.svc".to_owned()])?;
+    aether_webhook_certs::write_dir(&stale, dir.path())?;
+    let p = |f: &str| dir.path().join(f).display().to_string();
+    cp.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        SECRET,
+        "-n",
+        NS,
+        "--type=kubernetes.io/tls",
+        &format!("--from-file=tls.crt={}", p("tls.crt")),
+        &format!("--from-file=tls.key={}", p("tls.key")),
+        &format!("--from-file=ca.crt={}", p("ca.crt")),
+    ])?;
+    cp.apply(&webhook_config(""))?;
+    let out = bootstrap(&cp)?;
+    ensure!(out.contains("re-minted") && out.contains("aether-webhook.aether-system.svc"), "run: {out}");
+    let (_, _, ca) = secret(&cp)?;
+    assert_bundles_match(&cp, &ca)?;
+    ensure!(bootstrap(&cp)?.contains("reused"));
+    Ok(())
+}

@@ -1,0 +1,597 @@
+//! The Helm charts: `helm lint`, `helm template` over a matrix of values with assertions on the
+//! rendered objects, the schema refusing bad values, the RBAC report against `docs/rbac.md`, the
+//! per-version content digests, and the rendered chart applied to a real kube-apiserver with
+//! `kubectl auth can-i` checks per ServiceAccount.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use aether_tests::{ControlPlane, repo_root, tools_bin};
+use serde::Deserialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+const RELEASE: &str = "aether";
+const NS: &str = "aether-system";
+
+fn helm() -> PathBuf {
+    tools_bin().join("helm")
+}
+
+fn chart(name: &str) -> PathBuf {
+    repo_root().join("charts").join(name)
+}
+
+/// `helm template` of the main chart with `--set` values; Err carries helm's stderr.
+fn try_render(sets: &[&str]) -> Result<Vec<Value>, String> {
+    let text = try_render_text("aether", sets)?;
+    let mut docs = Vec::new();
+    for de in yaml_serde::Deserializer::from_str(&text) {
+        let v = Value::deserialize(de).map_err(|e| format!("rendered YAML does not parse: {e}"))?;
+        if !v.is_null() {
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+fn try_render_text(chart_name: &str, sets: &[&str]) -> Result<String, String> {
+    let mut cmd = Command::new(helm());
+    cmd.args(["template", RELEASE]).arg(chart(chart_name)).args(["--namespace", NS]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.stdin(Stdio::null()).output().map_err(|e| format!("running {}: {e}", helm().display()))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn render(sets: &[&str]) -> Vec<Value> {
+    try_render(sets).unwrap_or_else(|e| panic!("helm template {sets:?} failed: {e}"))
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+fn has(docs: &[Value], kind: &str) -> bool {
+    docs.iter().any(|d| d["kind"] == kind)
+}
+
+fn container<'a>(pod_spec: &'a Value, name: &str) -> &'a Value {
+    pod_spec["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn args(c: &Value) -> Vec<String> {
+    c["args"].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default()
+}
+
+fn flag(c: &Value, name: &str) -> Option<String> {
+    let prefix = format!("{name}=");
+    args(c).iter().find_map(|a| a.strip_prefix(&prefix).map(str::to_owned))
+}
+
+/// One row of the values matrix.
+struct Case {
+    name: &'static str,
+    sets: &'static [&'static str],
+    uds: bool,
+    host_dir: &'static str,
+    mount: &'static str,
+    mode: &'static str,
+}
+
+const PROVIDED_CA: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==";
+
+const MATRIX: &[Case] = &[
+    Case {
+        name: "defaults",
+        sets: &[],
+        uds: true,
+        host_dir: "/var/lib/kubelet/pods",
+        mount: "/var/lib/kubelet/pods",
+        mode: "selfSigned",
+    },
+    Case {
+        name: "uds disabled",
+        sets: &["proxy.udsWorkloads.enabled=false"],
+        uds: false,
+        host_dir: "/var/lib/kubelet/pods",
+        mount: "/var/lib/kubelet/pods",
+        mode: "selfSigned",
+    },
+    Case {
+        name: "k0s pods dir",
+        sets: &[
+            "proxy.udsWorkloads.hostPodsDir=/var/lib/k0s/kubelet/pods",
+            "proxy.udsWorkloads.mountPath=/var/lib/k0s/kubelet/pods",
+        ],
+        uds: true,
+        host_dir: "/var/lib/k0s/kubelet/pods",
+        mount: "/var/lib/k0s/kubelet/pods",
+        mode: "selfSigned",
+    },
+    Case {
+        name: "short mount path",
+        sets: &["proxy.udsWorkloads.mountPath=/k"],
+        uds: true,
+        host_dir: "/var/lib/kubelet/pods",
+        mount: "/k",
+        mode: "selfSigned",
+    },
+    Case {
+        name: "microk8s at a short mount path",
+        sets: &[
+            "proxy.udsWorkloads.hostPodsDir=/var/snap/microk8s/common/var/lib/kubelet/pods",
+            "proxy.udsWorkloads.mountPath=/k",
+        ],
+        uds: true,
+        host_dir: "/var/snap/microk8s/common/var/lib/kubelet/pods",
+        mount: "/k",
+        mode: "selfSigned",
+    },
+    Case {
+        name: "certManager",
+        sets: &["webhook.certs.mode=certManager"],
+        uds: true,
+        host_dir: "/var/lib/kubelet/pods",
+        mount: "/var/lib/kubelet/pods",
+        mode: "certManager",
+    },
+    Case {
+        name: "provided",
+        sets: &[
+            "webhook.certs.mode=provided",
+            "webhook.certs.provided.secretName=my-webhook-tls",
+            "webhook.certs.provided.caBundle=LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==",
+        ],
+        uds: true,
+        host_dir: "/var/lib/kubelet/pods",
+        mount: "/var/lib/kubelet/pods",
+        mode: "provided",
+    },
+];
+
+#[test]
+fn helm_lint_passes_for_both_charts() {
+    for name in ["aether", "aether-crds"] {
+        let out = Command::new(helm()).args(["lint", "--strict"]).arg(chart(name)).output().expect("running helm");
+        assert!(
+            out.status.success(),
+            "helm lint {name}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn check_controller(case: &Case, docs: &[Value]) {
+    let dep = find(docs, "Deployment", "aether-controller");
+    assert_eq!(dep["spec"]["replicas"], 2, "{}", case.name);
+    let pod = &dep["spec"]["template"]["spec"];
+    let c = container(pod, "aether-controller");
+    assert_eq!(flag(c, "--kubelet-pods-dir").as_deref(), Some(case.mount), "{}: controller budget flag", case.name);
+    assert_eq!(flag(c, "--tls-dir").as_deref(), Some("/etc/aether/webhook-tls"));
+    assert_eq!(c["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(c[probe]["httpGet"]["path"], path);
+        assert_eq!(c[probe]["httpGet"]["port"], "admin");
+    }
+    let ports = c["ports"].as_array().expect("ports");
+    let port_of = |n: &str| ports.iter().find(|p| p["name"] == n).map(|p| p["containerPort"].clone());
+    assert_eq!(port_of("admin"), Some(Value::from(9090)));
+    assert_eq!(port_of("webhook"), Some(Value::from(9443)));
+    assert_eq!(flag(c, "--admin-addr").as_deref(), Some("0.0.0.0:9090"));
+    assert_eq!(flag(c, "--webhook-addr").as_deref(), Some("0.0.0.0:9443"));
+
+    let pdb = find(docs, "PodDisruptionBudget", "aether-controller");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(pdb["spec"]["selector"]["matchLabels"], dep["spec"]["selector"]["matchLabels"]);
+
+    let svc = find(docs, "Service", "aether-controller");
+    let https = &svc["spec"]["ports"][0];
+    assert_eq!((https["port"].clone(), https["targetPort"].clone()), (Value::from(443), Value::from("webhook")));
+    assert_eq!(svc["spec"]["selector"], dep["spec"]["selector"]["matchLabels"]);
+}
+
+fn check_webhook(case: &Case, docs: &[Value]) {
+    let cfg = find(docs, "ValidatingWebhookConfiguration", "aether-endpointpolicy");
+    let hooks = cfg["webhooks"].as_array().expect("webhooks");
+    assert_eq!(hooks.len(), 1);
+    let w = &hooks[0];
+    assert_eq!(w["sideEffects"], "None");
+    assert_eq!(w["admissionReviewVersions"], serde_json::json!(["v1"]));
+    assert_eq!(w["failurePolicy"], "Fail");
+    assert!(w["timeoutSeconds"].as_u64().is_some_and(|t| (1..=10).contains(&t)));
+    assert_eq!(
+        w["rules"],
+        serde_json::json!([{ "apiGroups": ["config.aether.io"], "apiVersions": ["v1"], "resources": ["endpointpolicies"],
+            "operations": ["CREATE", "UPDATE"], "scope": "Namespaced" }]),
+        "only EndpointPolicy CREATE/UPDATE"
+    );
+    let svc = &w["clientConfig"]["service"];
+    assert_eq!((svc["name"].as_str(), svc["namespace"].as_str()), (Some("aether-controller"), Some(NS)));
+    assert_eq!((svc["path"].as_str(), svc["port"].as_u64()), (Some("/validate"), Some(443)));
+
+    let dep = find(docs, "Deployment", "aether-controller");
+    let secret = dep["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"].as_str().expect("secret volume");
+    let job = docs.iter().find(|d| d["kind"] == "Job");
+    let inject = cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].as_str();
+    match case.mode {
+        "selfSigned" => {
+            let job = job.expect("selfSigned renders the cert Job");
+            let hooks = job["metadata"]["annotations"]["helm.sh/hook"].as_str().expect("a hook");
+            for h in ["pre-install", "post-install", "post-upgrade"] {
+                assert!(hooks.split(',').any(|x| x == h), "cert Job lacks hook {h}");
+            }
+            let c = container(&job["spec"]["template"]["spec"], "aether-webhook-certs");
+            assert_eq!(args(c).first().map(String::as_str), Some("bootstrap"));
+            assert_eq!(flag(c, "--namespace").as_deref(), Some(NS));
+            assert_eq!(flag(c, "--secret-name").as_deref(), Some(secret));
+            assert_eq!(flag(c, "--service-name").as_deref(), Some("aether-controller"));
+            assert_eq!(flag(c, "--webhook-config-name").as_deref(), Some("aether-endpointpolicy"));
+            assert!(inject.is_none() && !has(docs, "Certificate"));
+        }
+        "certManager" => {
+            assert!(job.is_none(), "no cert Job with cert-manager");
+            let cert = find(docs, "Certificate", "aether-webhook");
+            assert_eq!(cert["spec"]["secretName"].as_str(), Some(secret));
+            assert_eq!(inject, Some(format!("{NS}/aether-webhook").as_str()));
+            let dns: Vec<_> = cert["spec"]["dnsNames"].as_array().expect("dnsNames").iter().collect();
+            assert!(dns.contains(&&Value::from(format!("aether-controller.{NS}.svc"))));
+            assert!(w["clientConfig"].get("caBundle").is_none(), "cert-manager injects the caBundle");
+        }
+        "provided" => {
+            assert!(job.is_none() && inject.is_none() && !has(docs, "Certificate"));
+            assert_eq!(secret, "my-webhook-tls");
+            assert_eq!(w["clientConfig"]["caBundle"], PROVIDED_CA);
+        }
+        other => panic!("unknown mode {other}"),
+    }
+}
+
+fn check_node(case: &Case, docs: &[Value]) {
+    let ds = find(docs, "DaemonSet", "aether-node");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    let agent = container(pod, "aether-agent");
+    let envoy = container(pod, "envoy");
+    assert_eq!(envoy["securityContext"]["privileged"], true, "the proxy is privileged");
+    assert_eq!(envoy["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(agent["securityContext"]["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert_eq!(agent["securityContext"]["allowPrivilegeEscalation"], false);
+
+    // xDS and health sockets in the shared /run/aether, and Envoy's ADS pointing at the agent.
+    assert_eq!(flag(agent, "--xds-address").as_deref(), Some("unix:///run/aether/xds.sock"));
+    assert_eq!(flag(agent, "--health-socket").as_deref(), Some("/run/aether/health.sock"));
+    let mounts = |c: &Value| c["volumeMounts"].as_array().cloned().unwrap_or_default();
+    for c in [agent, envoy] {
+        assert!(mounts(c).iter().any(|m| m["name"] == "run" && m["mountPath"] == "/run/aether"));
+    }
+    let bootstrap =
+        find(docs, "ConfigMap", "aether-node-envoy-bootstrap")["data"]["envoy.yaml"].as_str().expect("envoy.yaml");
+    let boot: Value = yaml_serde::from_str(bootstrap).expect("the bootstrap is YAML");
+    assert_eq!(boot["dynamic_resources"]["ads_config"]["grpc_services"][0]["envoy_grpc"]["cluster_name"], "aether_xds");
+    assert_eq!(
+        boot["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["pipe"]["path"],
+        "/run/aether/xds.sock"
+    );
+    assert!(mounts(agent).iter().any(|m| m["name"] == "state" && m["mountPath"] == "/var/lib/aether/agent"));
+
+    let volumes = pod["volumes"].as_array().expect("volumes");
+    let pods_volume = volumes.iter().find(|v| v["name"] == "kubelet-pods");
+    let role = find(docs, "ClusterRole", "aether-node");
+    let policy_rule = role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .any(|r| r["resources"].as_array().is_some_and(|rs| rs.iter().any(|x| x == "endpointpolicies")));
+    let pods_rule = role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|r| r["resources"] == serde_json::json!(["pods"]))
+        .expect("pods rule");
+    assert_eq!(pods_rule["verbs"], serde_json::json!(["get", "list", "watch"]));
+
+    if case.uds {
+        assert_eq!(flag(agent, "--uds-workloads").as_deref(), Some("true"), "{}", case.name);
+        assert_eq!(
+            flag(agent, "--kubelet-pods-dir").as_deref(),
+            Some(case.mount),
+            "{}: agent flag = mount path",
+            case.name
+        );
+        let v = pods_volume.unwrap_or_else(|| panic!("{}: no kubelet-pods volume", case.name));
+        assert_eq!(v["hostPath"]["path"], case.host_dir, "{}", case.name);
+        for c in [agent, envoy] {
+            let m = mounts(c)
+                .into_iter()
+                .find(|m| m["name"] == "kubelet-pods")
+                .unwrap_or_else(|| panic!("{}: {} lacks the pods dir mount", case.name, c["name"]));
+            assert_eq!(m["mountPath"], case.mount, "{}", case.name);
+            assert_eq!(m["mountPropagation"], "HostToContainer", "{}", case.name);
+            assert_eq!(m["readOnly"], true, "{}", case.name);
+        }
+        assert!(policy_rule, "{}: the agent needs EndpointPolicy read access", case.name);
+        let budget = 107 - case.mount.len() as i64 - 70;
+        assert!(budget >= 3, "{}: budget {budget}", case.name);
+    } else {
+        assert_eq!(flag(agent, "--uds-workloads").as_deref(), Some("false"));
+        assert!(pods_volume.is_none(), "disabled: no pods dir volume");
+        assert!(volumes.iter().all(|v| v["hostPath"]["path"] != case.host_dir));
+        for c in [agent, envoy] {
+            assert!(mounts(c).iter().all(|m| m["name"] != "kubelet-pods"));
+        }
+        assert!(!policy_rule, "disabled: no EndpointPolicy RBAC for the agent");
+    }
+}
+
+#[test]
+fn rendered_objects_follow_the_values_matrix() {
+    for case in MATRIX {
+        let docs = render(case.sets);
+        check_controller(case, &docs);
+        check_webhook(case, &docs);
+        check_node(case, &docs);
+        for d in &docs {
+            let ns = d["metadata"]["namespace"].as_str();
+            assert!(
+                ns.is_none() || ns == Some(NS),
+                "{}: {} outside the release namespace",
+                case.name,
+                d["metadata"]["name"]
+            );
+        }
+    }
+}
+
+#[test]
+fn aggregation_labels_follow_the_value() {
+    let label = |docs: &[Value], name: &str, key: &str| {
+        find(docs, "ClusterRole", name)["metadata"]["labels"]
+            .get(format!("rbac.authorization.k8s.io/aggregate-to-{key}"))
+            .cloned()
+    };
+    let on = render(&[]);
+    assert_eq!(label(&on, "aether-endpointpolicies-edit", "edit"), Some(Value::from("true")));
+    assert_eq!(label(&on, "aether-endpointpolicies-edit", "admin"), Some(Value::from("true")));
+    assert_eq!(label(&on, "aether-endpointpolicies-view", "view"), Some(Value::from("true")));
+    let off = render(&["rbac.aggregateToDefaultRoles=false"]);
+    for (name, key) in [
+        ("aether-endpointpolicies-edit", "edit"),
+        ("aether-endpointpolicies-edit", "admin"),
+        ("aether-endpointpolicies-view", "view"),
+    ] {
+        assert_eq!(label(&off, name, key), None, "{name} still aggregates to {key}");
+    }
+}
+
+#[test]
+fn schema_refuses_bad_values() {
+    for (sets, needle) in [
+        (&["webhook.timeoutSeconds=11"][..], "timeoutSeconds"),
+        (&["webhook.failurePolicy=Maybe"][..], "failurePolicy"),
+        (&["webhook.certs.mode=acme"][..], "mode"),
+        (&["webhook.certs.mode=provided"][..], "caBundle"),
+        (&["proxy.udsWorkloads.mountPath=/var/snap/microk8s/common/var/lib/kubelet/pods"][..], "mountPath"),
+        (&["proxy.udsWorkloads.mountPath=relative/pods"][..], "mountPath"),
+        (&["proxy.udsWorkloads.mountPath=/k/"][..], "mountPath"),
+        (&["proxy.udsWorkloads.hostPodsDir="][..], "hostPodsDir"),
+        (&["proxy.udsWorkloads.enabeld=true"][..], "enabeld"),
+    ] {
+        match try_render(sets) {
+            Ok(_) => panic!("{sets:?} rendered; the schema should refuse it"),
+            Err(e) => assert!(e.contains(needle), "{sets:?}: error lacks {needle:?}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn rbac_doc_equals_the_report() {
+    let out = Command::new("python3")
+        .arg(repo_root().join("tests/harness/rbac-report.py"))
+        .arg(helm())
+        .output()
+        .expect("running python3");
+    assert!(out.status.success(), "rbac-report failed: {}", String::from_utf8_lossy(&out.stderr));
+    let committed = std::fs::read_to_string(repo_root().join("docs/rbac.md")).expect("docs/rbac.md");
+    assert_eq!(
+        committed,
+        String::from_utf8_lossy(&out.stdout),
+        "docs/rbac.md drifted from the chart: run `make rbac-report > docs/rbac.md`"
+    );
+}
+
+/// sha256 over every file of the chart except Chart.yaml and the digest file, as
+/// `<relative path>\0<bytes>\0` in path order.
+fn chart_digest(dir: &Path) -> String {
+    fn walk(dir: &Path, base: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
+        for e in std::fs::read_dir(dir).expect("readable chart dir") {
+            let p = e.expect("dir entry").path();
+            if p.is_dir() {
+                walk(&p, base, out);
+            } else {
+                let rel = p.strip_prefix(base).expect("under base").to_string_lossy().replace('\\', "/");
+                if rel != "Chart.yaml" && rel != ".chart-digests" {
+                    out.insert(rel, std::fs::read(&p).expect("readable file"));
+                }
+            }
+        }
+    }
+    let mut files = BTreeMap::new();
+    walk(dir, dir, &mut files);
+    let mut h = Sha256::new();
+    for (rel, bytes) in &files {
+        h.update(rel.as_bytes());
+        h.update([0]);
+        h.update(bytes);
+        h.update([0]);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn chart_version(dir: &Path) -> String {
+    let y: Value =
+        yaml_serde::from_str(&std::fs::read_to_string(dir.join("Chart.yaml")).expect("Chart.yaml")).expect("YAML");
+    y["version"].as_str().expect("a version").to_owned()
+}
+
+#[test]
+fn chart_content_changes_bump_the_version() {
+    for name in ["aether", "aether-crds"] {
+        let dir = chart(name);
+        let (version, digest) = (chart_version(&dir), chart_digest(&dir));
+        let file = dir.join(".chart-digests");
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let mut recorded = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
+            let (v, d) = line.split_once(' ').unwrap_or_else(|| panic!("{}: bad line {line:?}", file.display()));
+            assert!(
+                recorded.insert(v.to_owned(), d.trim().to_owned()).is_none(),
+                "{}: version {v} listed twice",
+                file.display()
+            );
+        }
+        let line = format!("{version} sha256:{digest}");
+        match recorded.get(&version) {
+            Some(d) if *d == format!("sha256:{digest}") => {}
+            Some(d) => panic!(
+                "charts/{name}: templates or values changed but Chart.yaml still says version {version} (recorded {d}, now \
+                 sha256:{digest}). Bump `version` in charts/{name}/Chart.yaml and append `<new version> sha256:<digest>` to \
+                 charts/{name}/.chart-digests (this test prints the digest for the new version)."
+            ),
+            None => panic!("charts/{name}/.chart-digests has no line for version {version}: append `{line}`"),
+        }
+    }
+}
+
+// --- against a real kube-apiserver ---------------------------------------------------------
+
+fn can_i(cp: &ControlPlane, sa: &str, args: &[&str]) -> bool {
+    let who = format!("--as=system:serviceaccount:{NS}:{sa}");
+    let mut all = vec!["auth", "can-i", who.as_str()];
+    all.extend_from_slice(args);
+    let out = cp.kubectl(&all).expect("kubectl runs");
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    match said.as_str() {
+        "yes" => true,
+        "no" => false,
+        _ => panic!("kubectl auth can-i {args:?}: {said} {}", String::from_utf8_lossy(&out.stderr)),
+    }
+}
+
+fn apply_rendered(cp: &ControlPlane, dir: &Path, file: &str, text: &str, dry_run: bool) {
+    let path = dir.join(file);
+    std::fs::write(&path, text).expect("writing rendered chart");
+    let p = path.to_string_lossy().into_owned();
+    let mut a = vec!["apply", "--server-side", "--field-manager=helm-test", "-f", p.as_str()];
+    if dry_run {
+        a.push("--dry-run=server");
+    }
+    cp.kubectl_ok(&a).unwrap_or_else(|e| panic!("server-side apply of {file} (dry run {dry_run}): {e:#}"));
+}
+
+#[test]
+fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege() {
+    let cp = ControlPlane::start().expect("control plane");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let crds = try_render_text("aether-crds", &[]).expect("render aether-crds");
+    apply_rendered(&cp, tmp.path(), "crds.yaml", &crds, false);
+    cp.kubectl_ok(&["create", "namespace", NS]).expect("namespace");
+    cp.kubectl_ok(&["wait", "--for=condition=Established", "crd/endpointpolicies.config.aether.io", "--timeout=60s"])
+        .expect("CRD established");
+
+    for (file, sets) in [
+        ("uds-off.yaml", &["proxy.udsWorkloads.enabled=false"][..]),
+        ("short.yaml", &["proxy.udsWorkloads.mountPath=/k", "rbac.aggregateToDefaultRoles=false"][..]),
+        (
+            "provided.yaml",
+            &[
+                "webhook.certs.mode=provided",
+                "webhook.certs.provided.secretName=t",
+                "webhook.certs.provided.caBundle=Y2E=",
+            ][..],
+        ),
+    ] {
+        let text = try_render_text("aether", sets).expect("render");
+        apply_rendered(&cp, tmp.path(), file, &text, true);
+    }
+    let defaults = try_render_text("aether", &[]).expect("render");
+    apply_rendered(&cp, tmp.path(), "defaults.yaml", &defaults, true);
+    apply_rendered(&cp, tmp.path(), "defaults.yaml", &defaults, false);
+
+    let controller = "aether-controller";
+    let yes: &[(&str, &[&str])] = &[
+        (controller, &["list", "endpointpolicies.config.aether.io", "--all-namespaces"]),
+        (controller, &["watch", "endpointpolicies.config.aether.io", "-n", "shop"]),
+        (controller, &["patch", "endpointpolicies.config.aether.io", "--subresource=status", "-n", "shop"]),
+        (controller, &["list", "services", "--all-namespaces"]),
+        (controller, &["create", "events", "-n", "shop"]),
+        (controller, &["create", "leases.coordination.k8s.io", "-n", NS]),
+        (controller, &["update", "leases.coordination.k8s.io/aether-controller-status-writer", "-n", NS]),
+        ("aether-node", &["list", "pods", "--all-namespaces"]),
+        ("aether-node", &["watch", "pods", "--all-namespaces"]),
+        ("aether-node", &["watch", "endpointpolicies.config.aether.io", "--all-namespaces"]),
+        ("aether-webhook-certs", &["create", "secrets", "-n", NS]),
+        ("aether-webhook-certs", &["get", "secrets/aether-webhook-tls", "-n", NS]),
+        ("aether-webhook-certs", &["update", "secrets/aether-webhook-tls", "-n", NS]),
+        ("aether-webhook-certs", &["get", "validatingwebhookconfigurations/aether-endpointpolicy"]),
+        ("aether-webhook-certs", &["patch", "validatingwebhookconfigurations/aether-endpointpolicy"]),
+        ("aether-webhook-certs", &["update", "validatingwebhookconfigurations/aether-endpointpolicy"]),
+    ];
+    let no: &[(&str, &[&str])] = &[
+        (controller, &["update", "endpointpolicies.config.aether.io", "-n", "shop"]),
+        (controller, &["delete", "endpointpolicies.config.aether.io", "-n", "shop"]),
+        (controller, &["get", "secrets", "-n", NS]),
+        (controller, &["list", "pods", "--all-namespaces"]),
+        (controller, &["create", "leases.coordination.k8s.io", "-n", "default"]),
+        (controller, &["update", "leases.coordination.k8s.io/kube-scheduler", "-n", NS]),
+        (controller, &["patch", "validatingwebhookconfigurations/aether-endpointpolicy"]),
+        ("aether-node", &["create", "pods", "-n", "shop"]),
+        ("aether-node", &["update", "pods", "-n", "shop"]),
+        ("aether-node", &["delete", "pods", "-n", "shop"]),
+        ("aether-node", &["create", "pods/exec", "-n", "shop"]),
+        ("aether-node", &["get", "secrets", "--all-namespaces"]),
+        ("aether-node", &["get", "secrets", "-n", NS]),
+        ("aether-node", &["patch", "endpointpolicies.config.aether.io", "-n", "shop"]),
+        ("aether-node", &["list", "services", "--all-namespaces"]),
+        ("aether-webhook-certs", &["get", "secrets", "-n", "default"]),
+        ("aether-webhook-certs", &["list", "secrets", "-n", NS]),
+        ("aether-webhook-certs", &["get", "secrets/other", "-n", NS]),
+        ("aether-webhook-certs", &["delete", "secrets/aether-webhook-tls", "-n", NS]),
+        ("aether-webhook-certs", &["patch", "validatingwebhookconfigurations/someone-elses"]),
+        ("aether-webhook-certs", &["update", "validatingwebhookconfigurations/someone-elses"]),
+        ("aether-webhook-certs", &["create", "validatingwebhookconfigurations"]),
+        ("aether-webhook-certs", &["list", "pods", "-n", NS]),
+    ];
+    let mut wrong = Vec::new();
+    for (sa, a) in yes {
+        if !can_i(&cp, sa, a) {
+            wrong.push(format!("{sa} cannot {a:?}"));
+        }
+    }
+    for (sa, a) in no {
+        if can_i(&cp, sa, a) {
+            wrong.push(format!("{sa} can {a:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "RBAC differs from what the chart promises:\n{}", wrong.join("\n"));
+
+    // Turning UDS workloads off takes the agent's policy access away on upgrade.
+    let off = try_render_text("aether", &["proxy.udsWorkloads.enabled=false"]).expect("render");
+    apply_rendered(&cp, tmp.path(), "uds-off.yaml", &off, false);
+    assert!(!can_i(&cp, "aether-node", &["list", "endpointpolicies.config.aether.io", "--all-namespaces"]));
+    assert!(can_i(&cp, "aether-node", &["list", "pods", "--all-namespaces"]));
+}
