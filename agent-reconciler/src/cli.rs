@@ -59,8 +59,9 @@ pub struct DeliveryArgs {
 /// Flags of `run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// This node's name: only pods with spec.nodeName equal to it are watched.
-    #[arg(long, env = "NODE_NAME")]
+    /// This node's name: only pods with spec.nodeName equal to it are watched. Must be a
+    /// non-empty DNS-1123 subdomain (an empty one would match unscheduled pods).
+    #[arg(long, env = "NODE_NAME", value_parser = parse_node_name)]
     pub node_name: String,
     /// Delivery settings.
     #[command(flatten)]
@@ -111,4 +112,12 @@ pub enum Output {
     Text,
     /// A JSON array.
     Json,
+}
+
+fn parse_node_name(s: &str) -> Result<String, String> {
+    if crate::record::is_dns1123_subdomain(s) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!("{s:?} is not a node name (a non-empty DNS-1123 subdomain, as spec.nodeName is)"))
+    }
 }

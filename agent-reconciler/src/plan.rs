@@ -162,7 +162,7 @@ pub fn render_text(plans: &[PodPlan]) -> String {
         ));
     }
     s.push_str(&format!(
-        "{} managed pods, {} over a Unix socket\n",
+        "managed pods: {}, over a Unix socket: {}\n",
         plans.len(),
         plans.iter().filter(|p| p.path.is_some()).count()
     ));

@@ -33,7 +33,7 @@ pub async fn pods(client: Client, node: String, tx: mpsc::Sender<Event>) {
     let cfg = watcher::Config::default()
         .fields(&format!("spec.nodeName={node}"))
         .labels(&format!("{MANAGED_LABEL}={MANAGED_VALUE}"));
-    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    let mut stream = without_init(watcher::watcher(api, cfg)).default_backoff().boxed();
     let mut buffer: Vec<Pod> = Vec::new();
     let mut last_error: Option<String> = None;
     loop {
@@ -41,6 +41,7 @@ pub async fn pods(client: Client, node: String, tx: mpsc::Sender<Event>) {
         let event = match next {
             None => return,
             Some(Err(e)) => {
+                buffer.clear();
                 let text = e.to_string();
                 if last_error.as_ref() != Some(&text) {
                     tracing::warn!(error = %text, "pod watch failed; retrying with backoff");
@@ -50,14 +51,11 @@ pub async fn pods(client: Client, node: String, tx: mpsc::Sender<Event>) {
             }
             Some(Ok(ev)) => ev,
         };
-        if last_error.take().is_some() {
+        if matches!(event, WEvent::InitDone | WEvent::Apply(_) | WEvent::Delete(_)) && last_error.take().is_some() {
             tracing::info!("pod watch recovered");
         }
         let sent = match event {
-            WEvent::Init => {
-                buffer.clear();
-                Ok(())
-            }
+            WEvent::Init => Ok(()),
             WEvent::InitApply(p) => {
                 buffer.push(p);
                 Ok(())
@@ -126,7 +124,7 @@ pub async fn policies(client: Client, tx: mpsc::Sender<Event>) {
 async fn watch_policies(client: &Client, tx: &mpsc::Sender<Event>) -> Result<(), ()> {
     let ar = ApiResource::erase::<EndpointPolicy>(&());
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-    let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut stream = without_init(watcher::watcher(api, watcher::Config::default())).default_backoff().boxed();
     let mut buffer: Vec<EndpointPolicy> = Vec::new();
     let mut last_error: Option<String> = None;
     loop {
@@ -134,6 +132,7 @@ async fn watch_policies(client: &Client, tx: &mpsc::Sender<Event>) -> Result<(),
             Ok(Some(ev)) => ev,
             Ok(None) => return Ok(()),
             Err(e) => {
+                buffer.clear();
                 if let Ok(false) = crd_served(client).await {
                     tracing::warn!("EndpointPolicy CRD was removed: policies no longer apply");
                     tx.send(Event::CrdAbsent).await.map_err(|_| ())?;
@@ -149,10 +148,7 @@ async fn watch_policies(client: &Client, tx: &mpsc::Sender<Event>) -> Result<(),
         };
         last_error = None;
         let sent = match event {
-            WEvent::Init => {
-                buffer.clear();
-                Ok(())
-            }
+            WEvent::Init => Ok(()),
             WEvent::InitApply(obj) => {
                 buffer.extend(parse(obj));
                 Ok(())
@@ -190,4 +186,14 @@ fn parse(obj: DynamicObject) -> Option<EndpointPolicy> {
             None
         }
     }
+}
+
+/// Drops `Init` (the start of a relist) before the backoff: kube-runtime's backoff resets on every
+/// successful item, and `Init` comes before the list call, so while the API server is down it
+/// would reset the backoff on every attempt and retry every second forever. A relist's partial
+/// items are discarded on the error that ends it, so nothing is lost.
+fn without_init<K: Send + 'static>(
+    stream: impl futures::Stream<Item = watcher::Result<WEvent<K>>> + Send + 'static,
+) -> impl futures::Stream<Item = watcher::Result<WEvent<K>>> + Send {
+    stream.filter(|e| futures::future::ready(!matches!(e, Ok(WEvent::Init))))
 }

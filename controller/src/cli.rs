@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::webhook::DEFAULT_MAX_BODY_BYTES;
@@ -76,7 +77,7 @@ pub struct RunArgs {
     pub pods_dir: PodsDirArg,
     /// Largest AdmissionReview body decided, in bytes; larger ones get 413. The default (7 MiB)
     /// holds an UPDATE of a ~3 MiB object (the API server's request limit) and its old object.
-    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, env = "AETHER_MAX_BODY_BYTES")]
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, env = "AETHER_MAX_BODY_BYTES", value_parser = clap::value_parser!(u64).range(65536..).map(|v| v as usize))]
     pub max_body_bytes: usize,
 }
 

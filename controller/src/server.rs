@@ -16,6 +16,9 @@ use crate::admin::{self, AdminState};
 use crate::metrics::Metrics;
 use crate::webhook::{self, WebhookState};
 
+/// How long a client may take to send a request's headers (HTTP/1.1).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where the serving certificate and key come from.
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
@@ -99,7 +102,18 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     listener.set_nonblocking(true)?;
     let app = webhook::router(WebhookState { budget: Arc::new(budget), metrics }, cfg.max_body_bytes);
     let handle = axum_server::Handle::new();
-    let server = axum_server::from_tcp_rustls(listener, tls)?.handle(handle.clone()).serve(app.into_make_service());
+    let mut server = axum_server::from_tcp_rustls(listener, tls)?.handle(handle.clone());
+    // Slow clients must not hold connections (and file descriptors) open: request headers must
+    // arrive within HEADER_READ_TIMEOUT, and the whole request is answered (408) within
+    // webhook::REQUEST_TIMEOUT.
+    server.http_builder().http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    server
+        .http_builder()
+        .http2()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    let server = server.serve(app.into_make_service());
     ready.store(true, Ordering::Release);
     tracing::info!(addr = %cfg.webhook_addr, "admission webhook (POST /validate) listening over TLS");
     tokio::spawn(async move {

@@ -23,6 +23,10 @@ use tower_http::limit::RequestBodyLimitLayer;
 use crate::admission;
 use crate::metrics::Metrics;
 
+/// How long one request may take, body included, before it is answered 408: the API server's
+/// webhook timeout is at most 30 s and the chart sets at most 10 s, so nothing useful is lost.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Default cap on a review body: 7 MiB, room for two ~3 MiB objects (UPDATE) plus the envelope.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 
@@ -41,6 +45,7 @@ pub fn router(state: WebhookState, max_body_bytes: usize) -> Router {
         .route("/validate", post(validate))
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(max_body_bytes))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT))
         // Outside the limit layer, so that a 413 it answers from Content-Length alone (the usual
         // case: the API server always sends one) is counted too, not only one found while reading.
         .layer(axum::middleware::map_response_with_state(state.clone(), count_too_large))

@@ -47,7 +47,32 @@ impl Verdict {
     }
 }
 
+/// Longest value quoted in full in a message; longer ones are cut (a denial or log line must not
+/// echo megabytes back).
+const SHOWN_BYTES: usize = 64;
+
+/// `value` quoted for a message, cut at [`SHOWN_BYTES`] with its full length stated.
+fn shown(value: &str) -> String {
+    if value.len() <= SHOWN_BYTES {
+        return format!("{value:?}");
+    }
+    let mut end = SHOWN_BYTES;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}... ({} bytes)", &value[..end], value.len())
+}
+
 pub(crate) fn socket_rule(value: &str, budget: &Budget) -> garde::Result {
+    if value.len() > SHOWN_BYTES {
+        return Err(garde::Error::new(format!(
+            "{} is too long: no socket value can exceed {} bytes (the budget here is {} bytes with pods dir {})",
+            shown(value),
+            udspath::WIDEST_BUDGET,
+            budget.bytes(),
+            budget.pods_dir()
+        )));
+    }
     budget.check(value).map(|_| ()).map_err(|e| garde::Error::new(format!("{value:?} {e}")))
 }
 
@@ -55,7 +80,8 @@ pub(crate) fn group_rule(value: &str, _: &Budget) -> garde::Result {
     match value {
         "" | "core" => Ok(()),
         _ => Err(garde::Error::new(format!(
-            "{value:?} is not allowed: the target must be in the core group, written \"\" or \"core\""
+            "{} is not allowed: the target must be in the core group, written \"\" or \"core\"",
+            shown(value)
         ))),
     }
 }
@@ -65,7 +91,8 @@ pub(crate) fn kind_rule(value: &str, _: &Budget) -> garde::Result {
         Ok(())
     } else {
         Err(garde::Error::new(format!(
-            "{value:?} is not allowed: an EndpointPolicy attaches to kind \"Service\" only (case-sensitive)"
+            "{} is not allowed: an EndpointPolicy attaches to kind \"Service\" only (case-sensitive)",
+            shown(value)
         )))
     }
 }
@@ -81,7 +108,8 @@ pub(crate) fn service_name_rule(value: &str, _: &Budget) -> garde::Result {
         Ok(())
     } else {
         Err(garde::Error::new(format!(
-            "{value:?} is not a valid Service name: a DNS-1035 label is 1-63 of lowercase a-z, 0-9 and '-', starting with a letter and ending with a letter or digit"
+            "{} is not a valid Service name: a DNS-1035 label is 1-63 of lowercase a-z, 0-9 and '-', starting with a letter and ending with a letter or digit",
+            shown(value)
         )))
     }
 }
@@ -169,4 +197,20 @@ pub fn review(object: &Value, budget: &Budget) -> Verdict {
         }
     }
     Verdict { violations }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_value_is_cut_in_the_message_with_its_length() {
+        let budget = Budget::new(udspath::DEFAULT_PODS_DIR).unwrap();
+        let huge = "a".repeat(2_500_000);
+        let msg = socket_rule(&huge, &budget).unwrap_err().to_string();
+        assert!(msg.len() < 300, "{} bytes", msg.len());
+        assert!(msg.contains("(2500000 bytes)") && msg.contains("36 bytes"), "{msg}");
+        let msg = kind_rule(&"é".repeat(100), &budget).unwrap_err().to_string();
+        assert!(msg.contains("(200 bytes)"), "{msg}");
+    }
 }

@@ -44,7 +44,10 @@ mint_pki() {
 # start_apiserver DIR: (re)start kube-apiserver with the arguments saved by `start`.
 start_apiserver() {
   local dir=$1
-  eval "\"$tools/kube-apiserver\" $(cat "$dir/apiserver.args")" >>"$dir/apiserver.log" 2>&1 &
+  local args
+  eval "args=($(cat "$dir/apiserver.args"))"
+  # Started directly (not through eval or a subshell) so that $! is kube-apiserver itself.
+  "$tools/kube-apiserver" "${args[@]}" >>"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"
 }
 

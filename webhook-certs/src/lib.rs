@@ -39,6 +39,9 @@ pub enum CertError {
     /// No subject alternative name was given.
     #[error("at least one DNS name or IP address is needed for the serving certificate")]
     NoNames,
+    /// A name is neither an IP address nor a DNS name.
+    #[error("{0:?} is neither an IP address nor a DNS name (letters, digits, '-', '.', a leading '*.')")]
+    BadName(String),
     /// rcgen refused the parameters.
     #[error("cannot mint certificate: {0}")]
     Mint(#[from] rcgen::Error),
@@ -80,6 +83,14 @@ pub fn mint(names: &[String]) -> Result<Bundle, CertError> {
 pub fn mint_with_validity(names: &[String], days: u32) -> Result<Bundle, CertError> {
     if names.is_empty() {
         return Err(CertError::NoNames);
+    }
+    if let Some(bad) = names.iter().find(|n| {
+        n.parse::<std::net::IpAddr>().is_err()
+            && (n.is_empty()
+                || n.len() > 253
+                || !n.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'*')))
+    }) {
+        return Err(CertError::BadName(bad.clone()));
     }
     let ca_key = KeyPair::generate()?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
@@ -137,6 +148,8 @@ mod tests {
     #[test]
     fn mint_refuses_an_empty_name_list() {
         assert!(matches!(mint(&[]), Err(CertError::NoNames)));
+        assert!(matches!(mint(&["".into()]), Err(CertError::BadName(_))));
+        assert!(matches!(mint(&["bad name!".into()]), Err(CertError::BadName(_))));
     }
 
     #[test]

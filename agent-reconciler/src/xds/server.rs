@@ -471,8 +471,8 @@ pub enum XdsListener {
 }
 
 impl XdsListener {
-    /// Binds `addr`. A Unix path that holds a socket (left by a previous run) is removed
-    /// first; any other file there is an error.
+    /// Binds `addr`. A Unix path that holds a stale socket (left by a previous run: nothing
+    /// accepts on it) is removed first; a live socket or any other file there is an error.
     ///
     /// # Errors
     /// [`ServeError::Bind`].
@@ -485,6 +485,14 @@ impl XdsListener {
                 if let Ok(meta) = std::fs::symlink_metadata(path)
                     && meta.file_type().is_socket()
                 {
+                    // A socket someone still accepts on belongs to a live process (another agent):
+                    // never take it over. Only a stale one (connection refused) is replaced.
+                    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                        return Err(bind_err(std::io::Error::new(
+                            std::io::ErrorKind::AddrInUse,
+                            "another process is serving on this socket (is a second agent running?)",
+                        )));
+                    }
                     std::fs::remove_file(path).map_err(bind_err)?;
                 }
                 let l = tokio::net::UnixListener::bind(path).map_err(bind_err)?;
