@@ -56,7 +56,7 @@ step "registering the ValidatingWebhookConfiguration (endpointpolicies CREATE/UP
 
 for f in "$repo"/crds/examples/*.yaml; do
   step "kubectl apply -f crds/examples/$(basename "$f")    ($(head -n1 "$f" | sed 's/^# //'))"
-  sed -n '2,3p' "$f" | sed 's/^/    /'
+  sed -n '2,$p' "$f" | sed -n '/^#/p' | sed 's/^/    /'
   kubectl apply -f "$f" 2>&1 | sed 's/^/    /' || true
 done
 
