@@ -247,6 +247,12 @@ async fn body_of_8_mib_is_413_over_http2() {
 /// Speaks HTTP/1.1 over TLS by hand (rustls, trusting only `ca_pem`): sends `head` and `body`
 /// as they are, then reads the answer until the end of its headers or EOF.
 fn raw_http1(addr: SocketAddr, ca_pem: &str, head: &str, body: &[u8]) -> String {
+    raw_http1_waiting(addr, ca_pem, head, body, Duration::from_secs(10))
+}
+
+/// Like [`raw_http1`], waiting up to `wait` for the answer; an empty string means the server
+/// closed the connection without answering.
+fn raw_http1_waiting(addr: SocketAddr, ca_pem: &str, head: &str, body: &[u8], wait: Duration) -> String {
     use std::io::{Read, Write};
 
     use rustls::pki_types::pem::PemObject;
@@ -260,7 +266,7 @@ fn raw_http1(addr: SocketAddr, ca_pem: &str, head: &str, body: &[u8]) -> String 
     let name = ServerName::try_from("127.0.0.1").expect("IP server name");
     let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).expect("TLS client");
     let sock = std::net::TcpStream::connect(addr).expect("connect");
-    sock.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    sock.set_read_timeout(Some(wait)).expect("timeout");
     let mut tls = rustls::StreamOwned::new(conn, sock);
     tls.write_all(head.as_bytes()).expect("sending the head");
     tls.write_all(body).expect("sending the body prefix");
@@ -271,6 +277,8 @@ fn raw_http1(addr: SocketAddr, ca_pem: &str, head: &str, body: &[u8]) -> String 
         match tls.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => answer.extend_from_slice(&buf[..n]),
+            // The server hung up without a TLS close_notify: no answer (the caller checks).
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
             Err(e) => panic!("reading the answer: {e} (so far: {})", String::from_utf8_lossy(&answer)),
         }
     }
@@ -484,4 +492,36 @@ async fn run_fails_naming_the_webhook_address_in_use() {
         .expect_err("the port is taken");
     let text = format!("{err:#}");
     assert!(text.contains("--webhook-addr") && text.contains(&addr.to_string()), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_that_stall_mid_request_are_cut_off_and_others_are_served_meanwhile() {
+    // Slow clients must not hold connections (file descriptors) open: a body that stops coming is
+    // answered 408 after REQUEST_TIMEOUT, and headers that stop coming close the connection
+    // after HEADER_READ_TIMEOUT.
+    let server = Server::start().await;
+    let port = server.webhook.port();
+    let (addr, ca) = (server.webhook, server.ca_pem.clone());
+    let stalled_body = tokio::task::spawn_blocking(move || {
+        let head = format!(
+            "POST /validate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        );
+        let start = std::time::Instant::now();
+        (raw_http1_waiting(addr, &ca, &head, b"{", Duration::from_secs(40)), start.elapsed())
+    });
+    let ca = server.ca_pem.clone();
+    let stalled_head = tokio::task::spawn_blocking(move || {
+        let start = std::time::Instant::now();
+        let head = format!("POST /validate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n");
+        (raw_http1_waiting(addr, &ca, &head, b"", Duration::from_secs(40)), start.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answer = server.decide(&server.client(), &common::review("create-valid.json")).await;
+    common::assert_allowed(&answer);
+    let (body_answer, body_after) = stalled_body.await.expect("stalled body client");
+    assert!(body_answer.starts_with("HTTP/1.1 408"), "{body_answer}");
+    assert!(body_after < Duration::from_secs(25), "answered after {body_after:?}");
+    let (head_answer, head_after) = stalled_head.await.expect("stalled head client");
+    assert!(!head_answer.starts_with("HTTP/1.1 2"), "{head_answer}");
+    assert!(head_after < Duration::from_secs(25), "connection held for {head_after:?}");
 }
