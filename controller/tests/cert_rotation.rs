@@ -93,6 +93,26 @@ async fn post(client: &reqwest::Client, url: &str, body: &[u8], uid: &str) -> Re
     Ok(peer)
 }
 
+/// Starts `server::run_reloading` on the cert files in `dir` (polling every 50 ms) and waits
+/// until `/readyz` answers 200; returns the server task and the webhook address.
+async fn start_reloading(dir: &std::path::Path) -> (tokio::task::JoinHandle<anyhow::Result<()>>, SocketAddr) {
+    let cfg = RunConfig {
+        webhook_addr: free_addr(),
+        admin_addr: free_addr(),
+        tls: TlsFiles { cert: dir.join(CERT_FILE), key: dir.join(KEY_FILE) },
+        kubelet_pods_dir: DEFAULT_PODS_DIR.to_owned(),
+        max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+    };
+    let (webhook, admin) = (cfg.webhook_addr, cfg.admin_addr);
+    let task = tokio::spawn(server::run_reloading(cfg, Duration::from_millis(50)));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !matches!(reqwest::get(format!("http://{admin}/readyz")).await, Ok(r) if r.status() == StatusCode::OK) {
+        assert!(!task.is_finished() && Instant::now() < deadline, "the server did not become ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (task, webhook)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn served_certificate_rotates_under_load_without_a_failed_request() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -100,26 +120,7 @@ async fn served_certificate_rotates_under_load_without_a_failed_request() {
     let (old, new) = (aether_webhook_certs::mint(&names()).unwrap(), aether_webhook_certs::mint(&names()).unwrap());
     kubelet_write(dir.path(), &old, 1);
 
-    let cfg = RunConfig {
-        webhook_addr: free_addr(),
-        admin_addr: free_addr(),
-        tls: TlsFiles { cert: dir.path().join(CERT_FILE), key: dir.path().join(KEY_FILE) },
-        kubelet_pods_dir: DEFAULT_PODS_DIR.to_owned(),
-        max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-    };
-    let (webhook, admin) = (cfg.webhook_addr, cfg.admin_addr);
-    let task = tokio::spawn(server::run_reloading(cfg, Duration::from_millis(50)));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        assert!(!task.is_finished(), "the server stopped: {:?}", task.await);
-        if let Ok(r) = reqwest::get(format!("http://{admin}/readyz")).await
-            && r.status() == StatusCode::OK
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the server did not become ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (task, webhook) = start_reloading(dir.path()).await;
 
     let url = format!("https://127.0.0.1:{}/validate", webhook.port());
     let body = Arc::new(review_bytes("create-valid.json"));
@@ -195,20 +196,7 @@ async fn a_broken_rotation_keeps_serving_the_previous_certificate() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (old, new) = (aether_webhook_certs::mint(&names()).unwrap(), aether_webhook_certs::mint(&names()).unwrap());
     kubelet_write(dir.path(), &old, 1);
-    let cfg = RunConfig {
-        webhook_addr: free_addr(),
-        admin_addr: free_addr(),
-        tls: TlsFiles { cert: dir.path().join(CERT_FILE), key: dir.path().join(KEY_FILE) },
-        kubelet_pods_dir: DEFAULT_PODS_DIR.to_owned(),
-        max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-    };
-    let (webhook, admin) = (cfg.webhook_addr, cfg.admin_addr);
-    let task = tokio::spawn(server::run_reloading(cfg, Duration::from_millis(50)));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !matches!(reqwest::get(format!("http://{admin}/readyz")).await, Ok(r) if r.status() == StatusCode::OK) {
-        assert!(!task.is_finished() && Instant::now() < deadline, "the server did not become ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (task, webhook) = start_reloading(dir.path()).await;
     // A half-done update: the new certificate with the old key.
     let broken = Bundle { key_pem: old.key_pem.clone(), ..new.clone() };
     kubelet_write(dir.path(), &broken, 2);
