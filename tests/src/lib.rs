@@ -523,3 +523,53 @@ pub fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> anyhow::
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// One Prometheus text scrape, parsed by `prometheus-parse` (so a malformed exposition fails the
+/// test that scrapes it).
+pub struct Scrape {
+    samples: Vec<prometheus_parse::Sample>,
+}
+
+impl Scrape {
+    /// GETs `http://127.0.0.1:<port>/metrics` and parses it as Prometheus text.
+    ///
+    /// # Errors
+    /// When nothing answers, the status is not 200, or the body does not parse.
+    pub fn get(port: u16) -> anyhow::Result<Self> {
+        let (status, body) = http_get(port, "/metrics", &[])?;
+        anyhow::ensure!(status == 200, "GET /metrics on port {port}: status {status}");
+        Self::parse(&body)
+    }
+
+    /// Parses an exposition text.
+    ///
+    /// # Errors
+    /// When a line is not valid Prometheus text format.
+    pub fn parse(body: &str) -> anyhow::Result<Self> {
+        let lines = body.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines)
+            .map_err(|e| anyhow::anyhow!("metrics do not parse as Prometheus text: {e}\n{body}"))?;
+        Ok(Scrape { samples: scrape.samples })
+    }
+
+    /// The sum of every sample named `name` (for a histogram: `<name>_count`, `<name>_sum`, or
+    /// `<name>` for the buckets) whose labels include all of `labels`; 0.0 when none match.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.samples
+            .iter()
+            .filter(|s| s.metric == name)
+            .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| match &s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => *v,
+                prometheus_parse::Value::Histogram(_) | prometheus_parse::Value::Summary(_) => 0.0,
+            })
+            .sum()
+    }
+
+    /// Whether any sample is named `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.samples.iter().any(|s| s.metric == name)
+    }
+}
