@@ -12,18 +12,10 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use crate::driver::Status;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DeliveryLabel {
-    delivery: String,
-}
+use crate::metrics::Metrics;
 
 /// What the admin endpoints read.
 #[derive(Clone)]
@@ -35,36 +27,16 @@ pub struct AdminState {
     metrics: Arc<Metrics>,
 }
 
-struct Metrics {
-    registry: Registry,
-    pods: Family<DeliveryLabel, Gauge>,
-    crd: Gauge,
-    conflicts: Gauge,
-}
-
 impl AdminState {
-    /// Admin state over the loop's `status`.
+    /// Admin state over the loop's `status`, with a fresh [`Metrics`] registry.
     pub fn new(xds_bound: Arc<AtomicBool>, status: watch::Receiver<Status>) -> Self {
-        let mut registry = Registry::default();
-        let pods = Family::<DeliveryLabel, Gauge>::default();
-        let crd = Gauge::default();
-        let conflicts = Gauge::default();
-        registry.register(
-            "aether_agent_pods",
-            "Managed pods on this node by effective delivery (pipe, tcp, waiting)",
-            pods.clone(),
-        );
-        registry.register(
-            "aether_agent_policy_crd_installed",
-            "1 when the EndpointPolicy CRD is served, 0 when not, -1 before the API server answered",
-            crd.clone(),
-        );
-        registry.register(
-            "aether_agent_policy_conflicts",
-            "Services targeted by more than one valid EndpointPolicy",
-            conflicts.clone(),
-        );
-        AdminState { xds_bound, status, metrics: Arc::new(Metrics { registry, pods, crd, conflicts }) }
+        AdminState { xds_bound, status, metrics: Arc::new(Metrics::new()) }
+    }
+
+    /// Same state, serving `metrics` (shared with the event task and the xDS server).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -96,19 +68,6 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     let st = s.status.borrow().clone();
-    for k in ["pipe", "tcp", "waiting"] {
-        s.metrics
-            .pods
-            .get_or_create(&DeliveryLabel { delivery: k.to_owned() })
-            .set(*st.pods.get(k).unwrap_or(&0) as i64);
-    }
-    s.metrics.crd.set(match st.crd_installed {
-        Some(true) => 1,
-        Some(false) => 0,
-        None => -1,
-    });
-    s.metrics.conflicts.set(st.conflicts as i64);
-    let mut out = String::new();
-    let _ = prometheus_client::encoding::text::encode(&mut out, &s.metrics.registry);
+    let out = s.metrics.encode(&st);
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out)
 }

@@ -2,21 +2,34 @@
 //! after each it checks the re-rendered pipes on disk ([`crate::fscheck`]), persists what changed
 //! ([`StateStore`]), renders ([`crate::render`]) and publishes a new xDS [`Snapshot`] only when
 //! it differs. Fallbacks and conflicts are logged once per change, never per resync.
+//!
+//! Pod Events: every re-rendered pod (and every pod whose on-disk check changed) is observed by
+//! the [`Ledger`] of [`crate::pod_events`]; what it decides is queued to the event task without
+//! waiting ([`NoticeSender`]). The ledger and the "stranded" service keys (policies known when
+//! the CRD went away) are kept in the state dir, so a restarted agent does not repeat an Event.
+//! A change that alters the published snapshot is stamped on the xDS [`ChangeClock`] with the
+//! arrival time of the event that caused it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use aether_crds::EndpointPolicy;
+use aether_crds::tiebreak::ServiceKey;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{mpsc, watch};
 
 use crate::cni::CniRecords;
+use crate::fold;
 use crate::fscheck::{self, Refusal};
 use crate::index::{Change, Index};
+use crate::pod_events::{self, Ledger};
 use crate::record::{PodKey, PodRecord, PolicyRecord};
+use crate::recorder::NoticeSender;
 use crate::render::{self, Effective};
 use crate::store::StateStore;
 use crate::xds::resources::Snapshot;
+use crate::xds::server::ChangeClock;
 
 /// What the watch drivers tell the loop.
 #[derive(Debug)]
@@ -56,6 +69,22 @@ pub struct Status {
     pub pods_synced: bool,
     /// Open policy conflicts.
     pub conflicts: usize,
+    /// Managed pods by `(delivery, source)`: delivery `pipe`/`tcp`/`waiting`, source
+    /// `annotation`/`policy`/`none` (where the socket request came from).
+    pub by_source: BTreeMap<(&'static str, &'static str), usize>,
+    /// Pods that asked for a socket and are delivered over TCP, by cause token
+    /// ([`crate::pod_events::Cause::token`]); every cause listed.
+    pub fallbacks: BTreeMap<&'static str, usize>,
+}
+
+/// What the state dir keeps for pod Events (`pod-events.json`).
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct EventState {
+    /// Pods already reported, with their cause.
+    ledger: Ledger,
+    /// `(namespace, service, policy)`: service keys whose winning policy was known when the CRD
+    /// was reported absent, while it still is.
+    stranded: Vec<(String, String, String)>,
 }
 
 /// The loop's state.
@@ -67,6 +96,12 @@ pub struct Driver {
     logged: HashMap<PodKey, String>,
     snapshot: watch::Sender<Arc<Snapshot>>,
     status: watch::Sender<Status>,
+    ledger: Ledger,
+    stranded: BTreeMap<ServiceKey, String>,
+    notices: Option<NoticeSender>,
+    clock: Option<ChangeClock>,
+    event_at: Option<Instant>,
+    booting: bool,
 }
 
 impl Driver {
@@ -78,7 +113,38 @@ impl Driver {
         snapshot: watch::Sender<Arc<Snapshot>>,
         status: watch::Sender<Status>,
     ) -> Self {
-        Driver { index, store, cni, refused: HashMap::new(), logged: HashMap::new(), snapshot, status }
+        Driver {
+            index,
+            store,
+            cni,
+            refused: HashMap::new(),
+            logged: HashMap::new(),
+            snapshot,
+            status,
+            ledger: Ledger::new(),
+            stranded: BTreeMap::new(),
+            notices: None,
+            clock: None,
+            event_at: None,
+            booting: false,
+        }
+    }
+
+    /// Same loop, queueing pod Events to `notices` (without it, decisions are only logged).
+    pub fn with_notices(mut self, notices: NoticeSender) -> Self {
+        self.notices = Some(notices);
+        self
+    }
+
+    /// Same loop, stamping every published change on `clock` (for the change-to-ACK histogram).
+    pub fn with_change_clock(mut self, clock: ChangeClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The pods already reported with a fallback Event, and their cause.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
     }
 
     /// Loads the state dir (pods and the last policy map) so the node serves the same clusters
@@ -96,10 +162,31 @@ impl Driver {
                 vec![]
             }
         };
-        tracing::info!(pods = pods.len(), policies = policies.len(), "loaded the state dir");
+        match store.load_pod_events::<EventState>() {
+            Ok(Some(state)) => {
+                self.ledger = state.ledger;
+                self.stranded =
+                    state.stranded.into_iter().map(|(ns, name, policy)| (ServiceKey::new(ns, name), policy)).collect();
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "skipping the pod Event records in the state dir"),
+        }
+        tracing::info!(
+            pods = pods.len(),
+            policies = policies.len(),
+            reported = self.ledger.len(),
+            "loaded the state dir"
+        );
+        let uids: HashSet<String> = pods.iter().map(|p| p.uid.clone()).collect();
+        self.event_at = Some(Instant::now());
+        self.booting = true;
         let mut change = self.index.reset_pods(pods);
         merge(&mut change, self.index.reset_policies(policies));
         self.after(change, false);
+        self.booting = false;
+        if self.ledger.retain(|uid| uids.contains(uid)) {
+            self.save_events();
+        }
     }
 
     /// Runs until `events` closes.
@@ -112,6 +199,7 @@ impl Driver {
 
     /// Applies one event.
     pub fn handle(&mut self, event: Event) {
+        self.event_at = Some(Instant::now());
         match event {
             Event::PodApplied(pod) => match PodRecord::from_pod(&pod) {
                 Ok(Some(rec)) => {
@@ -176,16 +264,39 @@ impl Driver {
                     list.iter().filter_map(|p| PolicyRecord::from_policy(p, &settings).ok()).collect();
                 let change = self.index.reset_policies(records);
                 self.status.send_modify(|s| s.crd_installed = Some(true));
+                // The CRD is served: no key is stranded any more; re-observe the pods that were.
+                let was = std::mem::take(&mut self.stranded);
                 self.after(change, true);
+                if !was.is_empty() {
+                    self.save_events();
+                    let keys = self.pods_of(|k| was.contains_key(k));
+                    self.observe(&keys);
+                }
             }
             Event::CrdAbsent => {
+                // Keys whose winning policy the agent knew: their pods asked for a socket.
+                let mut by_key: BTreeMap<ServiceKey, Vec<&PolicyRecord>> = BTreeMap::new();
+                for p in self.index.policies() {
+                    by_key.entry(p.target.clone()).or_default().push(p);
+                }
+                let known: Vec<(ServiceKey, String)> = by_key
+                    .into_iter()
+                    .filter_map(|(k, ps)| fold::select_policy(ps).map(|w| (k, w.name.clone())))
+                    .collect();
+                let grew = known.iter().any(|(k, _)| !self.stranded.contains_key(k));
+                self.stranded.extend(known);
+                if grew {
+                    self.save_events();
+                }
                 let change = self.index.reset_policies(Vec::new());
                 self.status.send_modify(|s| s.crd_installed = Some(false));
                 self.after(change, true);
             }
             Event::Recheck => {
                 let all: Vec<PodKey> = self.index.snapshot().iter().map(|(k, _)| k.clone()).collect();
-                if self.check_pipes(&all) {
+                let changed = self.check_pipes(&all);
+                if !changed.is_empty() {
+                    self.observe(&changed);
                     self.publish();
                 }
             }
@@ -200,10 +311,6 @@ impl Driver {
             tracing::warn!(pod = %pod_name(pod), error = %e, "cannot remove the pod record");
         }
         let change = self.index.delete_pod(uid);
-        for key in &change.removed {
-            self.refused.remove(key);
-            self.logged.remove(key);
-        }
         self.after(change, false);
     }
 
@@ -215,17 +322,18 @@ impl Driver {
         }
     }
 
-    /// Re-checks the listed pods' pipes on disk; true when a refusal appeared or cleared.
-    fn check_pipes(&mut self, keys: &[PodKey]) -> bool {
+    /// Re-checks the listed pods' pipes on disk; returns the pods whose refusal appeared,
+    /// altered or cleared.
+    fn check_pipes(&mut self, keys: &[PodKey]) -> Vec<PodKey> {
         let map = self.index.snapshot();
         let pods_dir = self.index.settings().budget().map(|b| b.pods_dir().to_owned()).unwrap_or_default();
-        let mut changed = false;
+        let mut changed = Vec::new();
         for key in keys {
             let verdict =
                 map.get(key).and_then(|e| e.delivery.path.as_ref()).and_then(|p| fscheck::check(&pods_dir, p).err());
             let before = self.refused.get(key);
             if before != verdict.as_ref() {
-                changed = true;
+                changed.push(key.clone());
                 match verdict {
                     Some(r) => {
                         tracing::warn!(pod = %key, reason = r.reason(), detail = %r, "refusing the pod's socket path; delivering over TCP");
@@ -247,7 +355,16 @@ impl Driver {
         for key in &change.resolved {
             tracing::info!(service = %key, "EndpointPolicy conflict resolved");
         }
-        let fs_changed = self.check_pipes(&change.rerendered);
+        for key in &change.removed {
+            self.refused.remove(key);
+            self.logged.remove(key);
+            if self.ledger.forget(&key.uid) {
+                self.save_events();
+                self.publish_status();
+            }
+        }
+        let fs_changed = !self.check_pipes(&change.rerendered).is_empty();
+        self.observe(&change.rerendered);
         if change.map_changed || fs_changed {
             self.log_deliveries(&change.rerendered);
             self.publish();
@@ -255,6 +372,56 @@ impl Driver {
         if policy_event || !change.conflicts.is_empty() || !change.resolved.is_empty() {
             self.save_policies();
         }
+    }
+
+    /// The keys of the pods whose service key `pred` accepts.
+    fn pods_of(&self, pred: impl Fn(&ServiceKey) -> bool) -> Vec<PodKey> {
+        self.index.snapshot().iter().filter(|(_, e)| pred(&e.pod.service_key())).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// Runs the pod-event ledger over `keys` and queues what it decides. While booting from the
+    /// state dir, a cleared fallback is recorded silently: the API server has not confirmed it.
+    fn observe(&mut self, keys: &[PodKey]) {
+        let map = self.index.snapshot();
+        let budget = self.index.settings().budget().ok();
+        let before = self.ledger.clone();
+        let observed = keys.iter().filter_map(|k| {
+            let entry = map.get(k)?;
+            let stranded = self.stranded.get(&entry.pod.service_key()).map(String::as_str);
+            Some((k, entry, self.refused.get(k), stranded))
+        });
+        let notices = pod_events::decide(&mut self.ledger, budget, observed);
+        for n in notices {
+            if self.booting && n.severity == pod_events::Severity::Normal {
+                continue;
+            }
+            tracing::info!(pod = %n.pod, reason = n.reason, note = %n.note, "pod Event");
+            if let Some(tx) = &self.notices {
+                tx.send(n);
+            }
+        }
+        if self.ledger != before {
+            self.save_events();
+            self.publish_status();
+        }
+    }
+
+    fn save_events(&self) {
+        if let Some(store) = &self.store {
+            let state = EventState {
+                ledger: self.ledger.clone(),
+                stranded: self.stranded.iter().map(|(k, p)| (k.namespace.clone(), k.name.clone(), p.clone())).collect(),
+            };
+            if let Err(e) = store.save_pod_events(&state) {
+                tracing::warn!(error = %e, "cannot persist the pod Event records");
+            }
+        }
+    }
+
+    /// Updates the status's counts without publishing a snapshot.
+    fn publish_status(&mut self) {
+        let fallbacks = pod_events::tokens(&self.ledger.counts());
+        self.status.send_modify(|s| s.fallbacks = fallbacks);
     }
 
     fn save_policies(&self) {
@@ -293,23 +460,38 @@ impl Driver {
         let cni = &self.cni;
         let rendered = render::render(&map, &|uid| cni.netns(uid), &self.refused);
         let mut pods: HashMap<&'static str, usize> = HashMap::new();
-        for e in rendered.effective.values() {
+        let mut by_source: BTreeMap<(&'static str, &'static str), usize> = BTreeMap::new();
+        for (key, e) in &rendered.effective {
             let k = match e {
                 Effective::Pipe(_) => "pipe",
                 Effective::Tcp => "tcp",
                 Effective::Waiting => "waiting",
             };
             *pods.entry(k).or_default() += 1;
+            let source = match map.get(key) {
+                Some(entry) if entry.pod.uds_socket.is_some() => "annotation",
+                Some(entry) if entry.delivery.policy.is_some() => "policy",
+                _ => "none",
+            };
+            *by_source.entry((k, source)).or_default() += 1;
         }
         let conflicts = self.index.conflicts().count();
+        let fallbacks = pod_events::tokens(&self.ledger.counts());
         self.status.send_modify(|s| {
             s.pods = pods;
+            s.by_source = by_source;
+            s.fallbacks = fallbacks;
             s.conflicts = conflicts;
         });
+        let (clock, at) = (&self.clock, self.event_at.unwrap_or_else(Instant::now));
         self.snapshot.send_if_modified(|current| {
             if **current == rendered.snapshot {
                 false
             } else {
+                // Stamped before receivers are woken, so the renderer always finds it.
+                if let Some(clock) = clock {
+                    clock.changed(at);
+                }
                 *current = Arc::new(rendered.snapshot);
                 true
             }
@@ -414,5 +596,91 @@ mod tests {
         d.handle(Event::PodsListed(vec![pod("a", UID_A)]));
         assert_eq!(std::fs::metadata(&file).unwrap().modified().unwrap(), before, "record rewritten");
         assert!(!rx.has_changed().unwrap(), "a snapshot was published for a no-op relist");
+    }
+
+    fn with_socket(mut p: Pod, socket: Option<&str>) -> Pod {
+        let ann = p.metadata.annotations.get_or_insert_default();
+        match socket {
+            Some(s) => ann.insert("endpoint.aether.io/uds-socket".into(), s.into()),
+            None => ann.remove("endpoint.aether.io/uds-socket"),
+        };
+        p
+    }
+
+    fn with_notices(d: Driver) -> (Driver, tokio::sync::mpsc::Receiver<pod_events::Notice>) {
+        let (tx, rx) = NoticeSender::channel(Arc::new(crate::metrics::Metrics::new()));
+        (d.with_notices(tx), rx)
+    }
+
+    fn drain(rx: &mut tokio::sync::mpsc::Receiver<pod_events::Notice>) -> Vec<&'static str> {
+        std::iter::from_fn(|| rx.try_recv().ok()).map(|n| n.reason).collect()
+    }
+
+    const LONG: &str = "sockets/app1234567890.sock";
+
+    #[test]
+    fn a_fallback_event_is_queued_once_across_resyncs_and_an_agent_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, _rx) = driver(dir.path());
+        let (mut d, mut events) = with_notices(d);
+        let long = with_socket(pod("a", UID_A), Some(LONG));
+        d.handle(Event::PodsListed(vec![long.clone(), pod("b", UID_B)]));
+        assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
+        d.handle(Event::PodApplied(Box::new(long.clone())));
+        d.handle(Event::PodsListed(vec![long.clone(), pod("b", UID_B)]));
+        d.handle(Event::Recheck);
+        assert_eq!(drain(&mut events), Vec::<&str>::new());
+        drop(d);
+        // A restart boots from the state dir and relists: nothing is told twice.
+        let (again, _rx) = driver(dir.path());
+        let (mut again, mut events) = with_notices(again);
+        again.boot();
+        again.handle(Event::PodsListed(vec![long.clone(), pod("b", UID_B)]));
+        assert_eq!(drain(&mut events), Vec::<&str>::new());
+        assert_eq!(again.ledger().get(UID_A), Some(pod_events::Cause::PathTooLong));
+        // Fixed: one Normal event; deleted while away: forgotten by the relist.
+        again.handle(Event::PodApplied(Box::new(with_socket(pod("a", UID_A), Some("s/app.sock")))));
+        assert_eq!(drain(&mut events), [pod_events::DELIVERED_REASON]);
+        again.handle(Event::PodApplied(Box::new(long.clone())));
+        again.handle(Event::PodsListed(vec![pod("b", UID_B)]));
+        assert!(again.ledger().is_empty());
+        assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
+    }
+
+    #[test]
+    fn pods_of_a_policy_whose_crd_went_away_get_one_crd_missing_event_and_the_gauge_follows() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, _rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (status_tx, status) = watch::channel(Status::default());
+        let d = Driver::new(
+            Index::new(Settings::new("/var/lib/kubelet/pods", true)),
+            Some(StateStore::open(dir.path()).unwrap()),
+            CniRecords::default(),
+            tx,
+            status_tx,
+        );
+        let (mut d, mut events) = with_notices(d);
+        let policy: EndpointPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "config.aether.io/v1", "kind": "EndpointPolicy",
+            "metadata": {"name": "cart-uds", "namespace": "shop"},
+            "spec": {"targetRef": {"kind": "Service", "name": "cart"}, "udsSocket": "s/app.sock"}
+        }))
+        .unwrap();
+        d.handle(Event::PoliciesListed(vec![policy]));
+        d.handle(Event::PodsListed(vec![with_socket(pod("a", UID_A), None)]));
+        assert_eq!(drain(&mut events), Vec::<&str>::new());
+        assert_eq!(status.borrow().by_source.get(&("pipe", "policy")), Some(&1));
+        d.handle(Event::CrdAbsent);
+        assert_eq!(drain(&mut events), ["UdsPolicyCrdMissing"]);
+        assert_eq!(status.borrow().fallbacks.get("policy-crd-missing"), Some(&1));
+        d.handle(Event::CrdAbsent);
+        d.handle(Event::PodsListed(vec![with_socket(pod("a", UID_A), None)]));
+        assert_eq!(drain(&mut events), Vec::<&str>::new());
+        // Served again (CRD re-installed, its objects gone): the cause ends without an event.
+        d.handle(Event::PoliciesListed(vec![]));
+        assert_eq!(drain(&mut events), Vec::<&str>::new());
+        assert_eq!(status.borrow().fallbacks.get("policy-crd-missing"), Some(&0));
+        // No pod IP in the fixture: TCP without an address is "waiting".
+        assert_eq!(status.borrow().by_source.get(&("waiting", "none")), Some(&1));
     }
 }

@@ -14,11 +14,13 @@
 //! tie-break), [`index`] (incremental: a pod event re-renders one pod, a policy event only its
 //! service's pods, a resync nothing, a relist equals a fresh build), [`names`] (namespace-qualified
 //! Envoy names), [`render`] (delivery map to xDS input), [`plan`] (offline `aether-agent plan`),
-//! [`xds::resources`] (Envoy protos, content-hash versions).
+//! [`xds::resources`] (Envoy protos, content-hash versions), [`pod_events`] (which pod gets a
+//! fallback Event, once per cause).
 //!
 //! I/O: [`fscheck`] (symlink refusal), [`store`] (state dir), [`cni`] (netns records),
 //! [`watch`] (kube-runtime watchers), [`driver`] (the reconcile loop), [`xds::server`] (ADS,
-//! ACK/NACK tracking), [`admin`] (`/healthz`, `/readyz`, `/metrics`), [`agent`] (`run`), [`cli`].
+//! ACK/NACK tracking), [`recorder`] (the pod Event task), [`metrics`] and [`admin`] (`/healthz`,
+//! `/readyz`, `/metrics`), [`agent`] (`run`), [`cli`].
 
 #![forbid(unsafe_code)]
 
@@ -30,9 +32,12 @@ pub mod driver;
 pub mod fold;
 pub mod fscheck;
 pub mod index;
+pub mod metrics;
 pub mod names;
 pub mod plan;
+pub mod pod_events;
 pub mod record;
+pub mod recorder;
 pub mod render;
 pub mod store;
 pub mod watch;

@@ -8,7 +8,11 @@
 //! ```text
 //! <state-dir>/pods/<pod uid>.json   {"version": 1, "record": <pod record>}
 //! <state-dir>/policies.json         {"version": 1, "record": [<policy record>, ...]}
+//! <state-dir>/pod-events.json       {"version": 1, "record": {"ledger": ..., "stranded": [...]}}
 //! ```
+//!
+//! `pod-events.json` holds which pods were already told about a TCP fallback (with a Kubernetes
+//! Event) and why, so a restarted agent does not tell them again.
 //!
 //! One file per pod keeps a pod change to one small write. A file that cannot be read, parsed, or
 //! has another format version is reported and skipped, never fatal: the agent then serves less
@@ -190,6 +194,22 @@ impl StateStore {
     /// [`StoreError::Io`].
     pub fn save_policies<T: Serialize>(&self, records: &[T]) -> Result<(), StoreError> {
         self.write_atomic(&self.dir.join("policies.json"), &records)
+    }
+
+    /// Writes the pod-Event records atomically (see [`crate::pod_events::Ledger`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    pub fn save_pod_events<T: Serialize>(&self, record: &T) -> Result<(), StoreError> {
+        self.write_atomic(&self.dir.join("pod-events.json"), record)
+    }
+
+    /// Loads the pod-Event records, `None` when never saved.
+    ///
+    /// # Errors
+    /// [`StoreError`] naming the file when it cannot be used.
+    pub fn load_pod_events<T: DeserializeOwned>(&self) -> Result<Option<T>, StoreError> {
+        Self::read(&self.dir.join("pod-events.json"))
     }
 
     /// Loads the policy records, `None` when never saved.

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use aether_agent_reconciler::xds::{
     AckTracker, CLUSTER_TYPE_URL, ClusterSpec, Endpoint, HealthCheck, HealthTiming, LISTENER_TYPE_URL, RenderError,
-    RenderOptions, Renderer, Resources, ServeError, Snapshot, XdsAddr, XdsListener, XdsServer, render, render_cluster,
-    serve_listener, spawn_renderer,
+    RenderOptions, Renderer, Resources, ServeError, Snapshot, XdsAddr, XdsListener, XdsMetrics, XdsServer, render,
+    render_cluster, serve_listener, spawn_renderer_with_clock,
 };
 use envoy_types::pb::envoy::config::core::v3::{Pipe, address};
 use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
@@ -301,6 +301,8 @@ struct Fixture {
     inbound: u16,
     http: reqwest::Client,
     server: Option<RunningServer>,
+    /// The server's metrics; its clock is the renderer's.
+    metrics: XdsMetrics,
 }
 
 /// Our ADS server task and the switch that stops it (dropping the switch stops it too).
@@ -311,8 +313,12 @@ struct RunningServer {
 
 impl RunningServer {
     /// Binds `<dir>/xds.sock` and serves `resources`; returns the server and its tracker.
-    async fn start(dir: &Path, resources: watch::Receiver<Arc<Resources>>) -> (RunningServer, AckTracker) {
-        let server = XdsServer::new(resources);
+    async fn start(
+        dir: &Path,
+        resources: watch::Receiver<Arc<Resources>>,
+        metrics: &XdsMetrics,
+    ) -> (RunningServer, AckTracker) {
+        let server = XdsServer::new(resources).with_metrics(metrics.clone());
         let tracker = server.tracker();
         let addr: XdsAddr = format!("unix://{}", dir.join("xds.sock").display()).parse().unwrap();
         let listener = XdsListener::bind(&addr).await.unwrap();
@@ -349,14 +355,15 @@ impl Fixture {
         let dir = tempfile::Builder::new().prefix("axds").tempdir().unwrap();
         let (tx, rx) = watch::channel(Arc::new(snapshot));
         let renderer = Renderer::new(test_options(dir.path()));
-        let (resources, _task) = spawn_renderer(rx, renderer, debounce);
-        Self::start(dir, node, Feed::Snapshots(tx), resources).await
+        let metrics = XdsMetrics::new();
+        let (resources, _task) = spawn_renderer_with_clock(rx, renderer, debounce, metrics.clock.clone());
+        Self::start(dir, node, Feed::Snapshots(tx), resources, metrics).await
     }
 
     async fn with_resources(node: &str, initial: Resources) -> Fixture {
         let dir = tempfile::Builder::new().prefix("axds").tempdir().unwrap();
         let (tx, rx) = watch::channel(Arc::new(initial));
-        Self::start(dir, node, Feed::Raw(tx), rx).await
+        Self::start(dir, node, Feed::Raw(tx), rx, XdsMetrics::new()).await
     }
 
     async fn start(
@@ -364,8 +371,9 @@ impl Fixture {
         node: &str,
         feed: Feed,
         resources: watch::Receiver<Arc<Resources>>,
+        metrics: XdsMetrics,
     ) -> Fixture {
-        let (server, tracker) = RunningServer::start(dir.path(), resources.clone()).await;
+        let (server, tracker) = RunningServer::start(dir.path(), resources.clone(), &metrics).await;
         let mut envoy = Envoy::start(dir.path(), node);
         envoy.wait_ready().await;
         let inbound = envoy.inbound_port().await;
@@ -379,6 +387,7 @@ impl Fixture {
             inbound,
             http: http_client(),
             server: Some(server),
+            metrics,
         };
         fixture.wait_acked().await;
         fixture
@@ -400,7 +409,7 @@ impl Fixture {
 
     /// Starts a new ADS server (fresh tracker) on the same socket, as an agent restart does.
     async fn restart_server(&mut self) {
-        let (server, tracker) = RunningServer::start(self.dir.path(), self.resources.clone()).await;
+        let (server, tracker) = RunningServer::start(self.dir.path(), self.resources.clone(), &self.metrics).await;
         self.server = Some(server);
         self.tracker = tracker;
     }
@@ -727,6 +736,60 @@ async fn an_invalid_resource_is_nacked_with_envoys_reason_and_the_last_good_keep
     f.push_raw(Resources::from_protos(vec![good], vec![]));
     f.wait_acked().await;
     assert_eq!(f.tracker.nack_count("node-e", CLUSTER_TYPE_URL), 2);
+}
+
+/// The metrics as Prometheus text.
+fn exposition(m: &XdsMetrics) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    m.register(&mut registry);
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+    out
+}
+
+/// The value of the sample `name{labels}` (labels as written, e.g. `{type="cluster"}`).
+fn sample(m: &XdsMetrics, series: &str) -> f64 {
+    let text = exposition(m);
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no sample {series} in\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_pushes_acks_and_nacks_and_time_each_change_to_its_ack() {
+    let f = Fixture::with_snapshot("node-m", Snapshot::default()).await;
+    let m = f.metrics.clone();
+    let (pushes, acks) = (
+        sample(&m, "aether_xds_pushes_total{type=\"cluster\"}"),
+        sample(&m, "aether_xds_acks_total{type=\"cluster\"}"),
+    );
+    assert!(pushes >= 1.0 && acks >= 1.0, "the subscription was pushed and ACKed: {pushes} {acks}");
+    assert_eq!(sample(&m, "aether_xds_change_to_ack_seconds_count"), 0.0, "the initial render is not a change");
+
+    // A change stamped as the reconcile loop stamps it, then published.
+    let socket = pod_socket(&f, "uid-m", "app.sock");
+    let _echo = start_echo(&socket, "echo-m");
+    let changed_at = Instant::now();
+    m.clock.changed(changed_at);
+    f.push(Snapshot { clusters: vec![pipe_cluster("app_ns_m_8080", &socket, None)], health_clusters: vec![] });
+    f.wait_acked().await;
+    let bound = changed_at.elapsed().as_secs_f64();
+    assert_eq!(sample(&m, "aether_xds_pushes_total{type=\"cluster\"}"), pushes + 1.0);
+    assert_eq!(sample(&m, "aether_xds_acks_total{type=\"cluster\"}"), acks + 1.0);
+    assert_eq!(sample(&m, "aether_xds_pushes_total{type=\"listener\"}"), 1.0, "LDS did not change");
+    assert_eq!(sample(&m, "aether_xds_change_to_ack_seconds_count"), 1.0, "one observation per ACKed version");
+    let took = sample(&m, "aether_xds_change_to_ack_seconds_sum");
+    assert!(took > 0.0 && took <= bound, "0 < {took} <= {bound}");
+    assert_eq!(sample(&m, "aether_xds_nacks_total{type=\"cluster\"}"), 0.0);
+    assert_eq!(m.clock.pending(), 0);
+
+    // NACKs: a server fed a duplicate cluster name.
+    let r = Fixture::with_resources("node-mn", Resources::default()).await;
+    let dup = render_cluster(&pipe_cluster("app_ns_dup_8080", &socket, None), &test_options(r.dir.path())).unwrap();
+    r.push_raw(Resources::from_protos(vec![dup.clone(), dup], vec![]));
+    assert!(r.tracker.wait_for(WAIT, |t| t.nack_count("node-mn", CLUSTER_TYPE_URL) == 1).await);
+    assert_eq!(sample(&r.metrics, "aether_xds_nacks_total{type=\"cluster\"}"), 1.0);
+    assert_eq!(sample(&r.metrics, "aether_xds_change_to_ack_seconds_count"), 0.0, "nothing stamped, nothing observed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

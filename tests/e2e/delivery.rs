@@ -4,13 +4,17 @@
 //!
 //! Trials run one at a time in the order listed: the first installs the CRD after the agent
 //! started, the last restarts the agent and Envoy with the API server stopped.
+//!
+//! Pod Events and metrics: an over-budget annotation gets exactly one Warning Event however often
+//! the pod is resynced (label patches, a policy change, an agent restart, an API-server outage),
+//! and the agent's `/metrics` parses as Prometheus text with its counters moving.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aether_tests::{Agent, ControlPlane, Envoy, eventually, repo_root, unix_get_status, workspace_bin};
+use aether_tests::{Agent, ControlPlane, Envoy, Scrape, eventually, repo_root, unix_get_status, workspace_bin};
 use anyhow::{Context, ensure};
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -147,6 +151,38 @@ impl Env {
                 Ok(status == 200 && body.contains(&format!("{by} over unix:")) && body.contains("GET /hello"))
             })
         })
+    }
+
+    fn agent_admin(&self) -> anyhow::Result<u16> {
+        self.agent.lock().unwrap().as_ref().map(|a| a.admin).context("agent not running")
+    }
+
+    /// The events.k8s.io Events the agent published about pod `ns/name`.
+    fn agent_events(&self, ns: &str, name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+        let out = self.cp.kubectl_ok(&["get", "events.events.k8s.io", "-n", ns, "-o", "json"])?;
+        let list: serde_json::Value = serde_json::from_str(&out).context("events list is JSON")?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["regarding"]["name"] == name && e["reportingController"] == "aether-agent")
+            .cloned()
+            .collect())
+    }
+
+    /// Exactly one Event about `ns/name` with `reason`, never repeated as a series; returns it.
+    fn one_event(&self, ns: &str, name: &str, reason: &str) -> anyhow::Result<serde_json::Value> {
+        let events = self.agent_events(ns, name)?;
+        ensure!(events.len() == 1, "want exactly one Event on {ns}/{name}, got {}: {events:#?}", events.len());
+        let e = events.into_iter().next().unwrap_or_default();
+        ensure!(e["reason"] == reason && e["type"] == "Warning", "{e:#}");
+        let count = e["series"]["count"].as_u64().or(e["deprecatedCount"].as_u64()).unwrap_or(1);
+        ensure!(count <= 1, "the Event was repeated (count {count}): {e:#}");
+        Ok(e)
+    }
+
+    fn log_has(&self, what: &str) -> anyhow::Result<()> {
+        eventually(&format!("the agent log to mention {what:?}"), WAIT, || Ok(self.agent_log().contains(what)))
     }
 
     fn health(&self, cluster: &str) -> anyhow::Result<u16> {
@@ -303,6 +339,97 @@ fn h_cluster_names_are_unique_across_namespaces(env: &Env) -> anyhow::Result<()>
     env.wait_served("app_e2e-b_twin_8080", "twin-in-e2e-b")
 }
 
+/// An over-budget annotation: one Warning Event with the reason, never one per resync; the
+/// metrics parse and move.
+fn i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move(env: &Env) -> anyhow::Result<()> {
+    install_crd(&env.cp)?; // already there after trial e; this trial also runs alone
+    let admin = env.agent_admin()?;
+    let before = Scrape::get(admin)?;
+    let total = |s: &Scrape, name: &str| s.value(name, &[]);
+    let (pushes0, acks0, timed0) = (
+        total(&before, "aether_xds_pushes_total"),
+        total(&before, "aether_xds_acks_total"),
+        total(&before, "aether_xds_change_to_ack_seconds_count"),
+    );
+    // 26 bytes; the budget with this pods dir (/tmp/aeXXXXXX/pods, 18 bytes) is 107 - 18 - 70 = 19.
+    let value = "sockets/app1234567890.sock";
+    env.pod(NS, "over-1", "over", Some(value))?;
+    eventually("a pod Event on e2e/over-1", WAIT, || Ok(!env.agent_events(NS, "over-1")?.is_empty()))?;
+    let e = env.one_event(NS, "over-1", "UdsPathTooLong")?;
+    let note = e["note"].as_str().unwrap_or_default();
+    let budget = 107 - env.pods_dir().to_str().unwrap().len() - 70;
+    ensure!(
+        note.contains("pod e2e/over-1")
+            && note.contains(value)
+            && note.contains("is 26 bytes")
+            && note.contains(&format!("- 70 = {budget} bytes"))
+            && note.ends_with("delivering over TCP"),
+        "note: {note}"
+    );
+    ensure!(e["reportingInstance"] == NODE && e["action"] == "DeliverOverTcp", "{e:#}");
+    ensure!(e["regarding"]["kind"] == "Pod" && e["regarding"]["uid"].as_str().is_some_and(|u| u.len() == 36), "{e:#}");
+
+    // The metrics parse (Scrape fails otherwise) and move.
+    eventually("the metrics to show the fallback, the Event and the push it caused", WAIT, || {
+        let s = Scrape::get(admin)?;
+        Ok(s.value("aether_agent_tcp_fallbacks", &[("reason", "path-too-long")]) == 1.0
+            && s.value("aether_agent_pods", &[("source", "annotation"), ("delivery", "waiting")]) >= 1.0
+            && s.value("aether_agent_pod_events_total", &[("reason", "UdsPathTooLong"), ("result", "created")]) == 1.0
+            && total(&s, "aether_xds_pushes_total") > pushes0
+            && total(&s, "aether_xds_acks_total") > acks0
+            && total(&s, "aether_xds_change_to_ack_seconds_count") > timed0)
+    })?;
+    let s = Scrape::get(admin)?;
+    ensure!(s.value("aether_xds_nacks_total", &[]) == 0.0, "Envoy NACKed something");
+    ensure!(s.has("aether_agent_policy_conflicts") && s.has("aether_agent_policy_crd_installed"));
+
+    // Resync triggers: unrelated label patches, then a new over-budget value (same cause) as a
+    // sentinel that the pod watch delivered everything before it, then a policy on its service.
+    for round in 0..3 {
+        env.cp.kubectl_ok(&["label", "pod", "-n", NS, "over-1", &format!("round={round}"), "--overwrite"])?;
+    }
+    let value2 = "sockets/app1234567890.soc2";
+    env.cp.kubectl_ok(&[
+        "annotate",
+        "pod",
+        "-n",
+        NS,
+        "over-1",
+        &format!("endpoint.aether.io/uds-socket={value2}"),
+        "--overwrite",
+    ])?;
+    env.log_has(value2)?;
+    env.policy("over-pol", "over", "s/app.sock")?;
+    env.log_has("EndpointPolicy e2e/over-pol is not used")?;
+    env.one_event(NS, "over-1", "UdsPathTooLong").context("after label patches, a new value and a policy")?;
+
+    // An agent restart (the API server stays up): it boots from the state dir and relists.
+    *env.agent.lock().unwrap() = None;
+    env.start_agent()?;
+    eventually("the restarted agent to have listed the pods", WAIT, || {
+        Ok(!env.agent.lock().unwrap().as_ref().map(Agent::readyz).unwrap_or_default().contains("no complete pod list"))
+    })?;
+    let value3 = "sockets/app1234567890.soc3";
+    env.cp.kubectl_ok(&[
+        "annotate",
+        "pod",
+        "-n",
+        NS,
+        "over-1",
+        &format!("endpoint.aether.io/uds-socket={value3}"),
+        "--overwrite",
+    ])?;
+    env.log_has(value3)?;
+    env.one_event(NS, "over-1", "UdsPathTooLong").context("after an agent restart")?;
+    let s = Scrape::get(env.agent_admin()?)?;
+    ensure!(
+        s.value("aether_agent_tcp_fallbacks", &[("reason", "path-too-long")]) == 1.0,
+        "fallback gauge after restart"
+    );
+    ensure!(s.value("aether_agent_pod_events_total", &[]) == 0.0, "the restarted agent published an Event");
+    Ok(())
+}
+
 /// Runs last: agent and Envoy restart while the API server is down.
 fn f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server(
     env: &Env,
@@ -327,7 +454,10 @@ fn f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_ap
     eventually("the restarted watch to deliver the new pod", Duration::from_secs(90), || {
         env.envoy(|e| Ok(e.clusters()?.get(cluster).is_some_and(|a| a.contains(socket.to_str().unwrap()))))
     })?;
-    env.wait_served(cluster, "after-1")
+    env.wait_served(cluster, "after-1")?;
+    // The outage and the fresh list after it did not repeat the over-budget pod's Event.
+    env.one_event(NS, "over-1", "UdsPathTooLong").context("after the API-server outage")?;
+    Ok(())
 }
 
 fn eventually_uid(env: &Env) -> anyhow::Result<String> {
@@ -369,7 +499,7 @@ fn setup() -> anyhow::Result<Env> {
     for ns in [NS, NS_B] {
         cp.kubectl_ok(&["create", "namespace", ns])?;
     }
-    for sa in ["late", "ann", "pol", "prec", "drift", "sym", "twin"] {
+    for sa in ["late", "ann", "pol", "prec", "drift", "sym", "twin", "over"] {
         cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, sa])?;
     }
     cp.kubectl_ok(&["create", "serviceaccount", "-n", NS_B, "twin"])?;
@@ -383,7 +513,7 @@ fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
     type Case = (&'static str, fn(&Env) -> anyhow::Result<()>);
-    let cases: [Case; 8] = [
+    let cases: [Case; 9] = [
         (
             "e_crd_installed_after_the_agent_started_takes_effect_without_a_restart",
             e_crd_installed_after_the_agent_started_takes_effect_without_a_restart,
@@ -403,6 +533,10 @@ fn main() {
         ),
         ("g_symlinked_socket_or_volume_dir_is_refused", g_symlinked_socket_or_volume_dir_is_refused),
         ("h_cluster_names_are_unique_across_namespaces", h_cluster_names_are_unique_across_namespaces),
+        (
+            "i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move",
+            i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move,
+        ),
         (
             "f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server",
             f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server,

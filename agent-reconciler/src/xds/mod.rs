@@ -24,5 +24,6 @@ pub use resources::{
     render_health_listener,
 };
 pub use server::{
-    AckTracker, Nack, ServeError, TypeState, XdsAddr, XdsListener, XdsServer, serve, serve_listener, spawn_renderer,
+    AckTracker, ChangeClock, Nack, ServeError, TypeState, XdsAddr, XdsListener, XdsMetrics, XdsServer, serve,
+    serve_listener, spawn_renderer, spawn_renderer_with_clock,
 };

@@ -1,0 +1,174 @@
+//! The agent's Prometheus metrics, served on `/metrics` of the admin port ([`crate::admin`]).
+//!
+//! Every label has a bounded set of values (no pod or policy names):
+//!
+//! | metric | type | labels | meaning |
+//! |---|---|---|---|
+//! | `aether_agent_pods` | gauge | `delivery` = `pipe`/`tcp`/`waiting`, `source` = `annotation`/`policy`/`none` | managed pods on this node by effective delivery and by where their socket request came from |
+//! | `aether_agent_tcp_fallbacks` | gauge | `reason` = a [`Cause`] token | pods that asked for a socket and are delivered over TCP, by cause |
+//! | `aether_agent_pod_events_total` | counter | `reason` = Event reason, `result` = `created`/`failed`/`dropped` | pod Events the agent tried to publish |
+//! | `aether_agent_policy_crd_installed` | gauge | | 1 served, 0 not, -1 not known yet |
+//! | `aether_agent_policy_conflicts` | gauge | | services targeted by more than one valid EndpointPolicy |
+//! | `aether_xds_pushes_total`, `aether_xds_acks_total`, `aether_xds_nacks_total` | counter | `type` = `cluster`/`listener` | see [`XdsMetrics`] |
+//! | `aether_xds_change_to_ack_seconds` | histogram (seconds) | | from a watch event to Envoy's ACK of the version it produced |
+//!
+//! Gauges are set from the reconcile loop's [`Status`] at scrape time; counters and the
+//! histogram move as things happen.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::driver::Status;
+use crate::pod_events::Cause;
+use crate::xds::server::XdsMetrics;
+
+/// The `delivery` label values of `aether_agent_pods`.
+pub const DELIVERIES: [&str; 3] = ["pipe", "tcp", "waiting"];
+/// The `source` label values of `aether_agent_pods`.
+pub const SOURCES: [&str; 3] = ["annotation", "policy", "none"];
+
+/// Labels of `aether_agent_pods`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodLabels {
+    /// `pipe`, `tcp` or `waiting` (TCP without an address yet).
+    pub delivery: &'static str,
+    /// Where the pod's socket request came from: `annotation`, `policy`, or `none`.
+    pub source: &'static str,
+}
+
+/// Labels of `aether_agent_tcp_fallbacks`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// A [`Cause::token`], e.g. `path-too-long`.
+    pub reason: &'static str,
+}
+
+/// Labels of `aether_agent_pod_events_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// The Event reason, e.g. `UdsPathTooLong`.
+    pub reason: &'static str,
+    /// `created` (the API server accepted it), `failed` (it did not, after retries), `dropped`
+    /// (the event queue was full).
+    pub result: &'static str,
+}
+
+/// The registry and every metric; share it in an `Arc`.
+pub struct Metrics {
+    registry: Registry,
+    pods: Family<PodLabels, Gauge>,
+    fallbacks: Family<ReasonLabel, Gauge>,
+    crd: Gauge,
+    conflicts: Gauge,
+    /// `aether_agent_pod_events_total{reason,result}`.
+    pub pod_events: Family<EventLabels, Counter>,
+    /// The xDS server's metrics (give them to `XdsServer::with_metrics`, their clock to the
+    /// driver and the renderer).
+    pub xds: XdsMetrics,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Every metric registered, at zero.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let pods = Family::<PodLabels, Gauge>::default();
+        let fallbacks = Family::<ReasonLabel, Gauge>::default();
+        let crd = Gauge::default();
+        let conflicts = Gauge::default();
+        let pod_events = Family::<EventLabels, Counter>::default();
+        let xds = XdsMetrics::new();
+        registry.register(
+            "aether_agent_pods",
+            "Managed pods on this node by effective delivery (pipe, tcp, waiting) and socket source (annotation, policy, none)",
+            pods.clone(),
+        );
+        registry.register(
+            "aether_agent_tcp_fallbacks",
+            "Pods that asked for a Unix socket and are delivered over TCP, by cause",
+            fallbacks.clone(),
+        );
+        registry.register(
+            "aether_agent_pod_events",
+            "Pod Events the agent published (created), could not publish (failed) or dropped on a full queue",
+            pod_events.clone(),
+        );
+        registry.register(
+            "aether_agent_policy_crd_installed",
+            "1 when the EndpointPolicy CRD is served, 0 when not, -1 before the API server answered",
+            crd.clone(),
+        );
+        registry.register(
+            "aether_agent_policy_conflicts",
+            "Services targeted by more than one valid EndpointPolicy",
+            conflicts.clone(),
+        );
+        xds.register(&mut registry);
+        Metrics { registry, pods, fallbacks, crd, conflicts, pod_events, xds }
+    }
+
+    /// Counts one pod Event outcome.
+    pub fn pod_event(&self, reason: &'static str, result: &'static str) {
+        self.pod_events.get_or_create(&EventLabels { reason, result }).inc();
+    }
+
+    /// Sets the gauges from `status` and encodes everything as OpenMetrics text.
+    pub fn encode(&self, status: &Status) -> String {
+        for delivery in DELIVERIES {
+            for source in SOURCES {
+                let n = status.by_source.get(&(delivery, source)).copied().unwrap_or(0);
+                self.pods.get_or_create(&PodLabels { delivery, source }).set(n as i64);
+            }
+        }
+        for cause in Cause::ALL {
+            let n = status.fallbacks.get(cause.token()).copied().unwrap_or(0);
+            self.fallbacks.get_or_create(&ReasonLabel { reason: cause.token() }).set(n as i64);
+        }
+        self.crd.set(match status.crd_installed {
+            Some(true) => 1,
+            Some(false) => 0,
+            None => -1,
+        });
+        self.conflicts.set(status.conflicts as i64);
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_names_every_metric_with_bounded_labels() {
+        let m = Metrics::new();
+        let mut status = Status::default();
+        status.by_source.insert(("tcp", "annotation"), 2);
+        status.fallbacks.insert("path-too-long", 2);
+        m.pod_event("UdsPathTooLong", "created");
+        let text = m.encode(&status);
+        for want in [
+            "aether_agent_pods{delivery=\"tcp\",source=\"annotation\"} 2",
+            "aether_agent_pods{delivery=\"pipe\",source=\"policy\"} 0",
+            "aether_agent_tcp_fallbacks{reason=\"path-too-long\"} 2",
+            "aether_agent_tcp_fallbacks{reason=\"symlink\"} 0",
+            "aether_agent_pod_events_total{reason=\"UdsPathTooLong\",result=\"created\"} 1",
+            "aether_agent_policy_crd_installed -1",
+            "# TYPE aether_xds_pushes counter",
+            "aether_xds_nacks_total{type=\"cluster\"} 0",
+            "# TYPE aether_xds_change_to_ack_seconds histogram",
+            "aether_xds_change_to_ack_seconds_count 0",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+    }
+}

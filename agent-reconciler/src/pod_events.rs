@@ -1,0 +1,641 @@
+//! Pod events: which pods are told, with a Kubernetes Event, that they asked for a Unix socket
+//! but are delivered over TCP, and when. Pure: no I/O, no clock; the driver feeds it and the
+//! event task ([`crate::recorder`]) publishes what it decides.
+//!
+//! **Asked for a socket** means: a non-empty `endpoint.aether.io/uds-socket` annotation, or a
+//! winning valid EndpointPolicy on the pod's service key (the fold's [`Delivery::socket`]). A pod
+//! that asked and is delivered over TCP has one [`Cause`] ([`classify`]):
+//!
+//! | cause | event reason | when |
+//! |---|---|---|
+//! | fold [`TcpReason::UdsDisabled`] | `UdsDisabled` | `--uds-workloads=false` and the pod has the annotation (policies are not watched then) |
+//! | [`TcpReason::BudgetConfig`] | `UdsNoSocketBudget` | the node's pods dir leaves no socket budget |
+//! | [`TcpReason::InvalidEndpointAnnotation`] | `UdsInvalidEndpointAnnotation` | a port/ports/protocol/health-path annotation is unusable |
+//! | [`TcpReason::InvalidAnnotation`] | `UdsInvalidSocket` | the annotation breaks the socket grammar |
+//! | [`TcpReason::InvalidPolicy`] | `UdsInvalidPolicySocket` | the winning policy's socket fails the agent's re-check |
+//! | [`TcpReason::PathTooLong`] | `UdsPathTooLong` | the value is over the byte budget (the note shows the arithmetic) |
+//! | [`TcpReason::VolumeNotEmptyDir`] | `UdsVolumeNotEmptyDir` | the named volume is not an emptyDir volume of the pod |
+//! | [`TcpReason::StaticPod`] | `UdsStaticPod` | a static (mirror) pod |
+//! | [`TcpReason::BadPodUid`] | `UdsBadPodUid` | the UID cannot name a directory |
+//! | fscheck [`Refusal::Symlink`] | `UdsSymlinkRefused` | a component of the socket path is a symlink |
+//! | [`Refusal::NotDirectory`] | `UdsNotADirectory` | a component that must be a directory is not |
+//! | [`Refusal::NotSocket`] | `UdsNotASocket` | the socket path holds something else |
+//! | [`Refusal::Unreadable`] | `UdsPathUnreadable` | `lstat` failed |
+//! | stranded policy | `UdsPolicyCrdMissing` | see below |
+//!
+//! **CRD missing**: while the EndpointPolicy CRD is not served, no policy can exist, so "a policy
+//! targets the pod" can only come from what the agent last knew. A pod without the annotation
+//! gets `UdsPolicyCrdMissing` when its service key had a winning valid policy in the agent's
+//! policy map at the moment the CRD was reported absent (the state dir's map at boot, or the live
+//! one when the CRD disappears) and the CRD is still not served. Policies deleted before the CRD
+//! went away (`kubectl delete crd` deletes its objects first and the watch reports each deletion)
+//! are gone, not missing: their pods get no event. Once the CRD is served again the cause ends.
+//!
+//! **De-duplication** ([`Ledger`]): an event is decided only when a pod's `(uid, cause)` changes,
+//! so resyncs, relists, watch restarts and unrelated pod updates never repeat one. The pod is
+//! forgotten when it is deleted, when it no longer asked for a socket, and when it is delivered
+//! over its socket again; in that last case one `Normal` event `UdsSocketDelivered` says the
+//! fallback is over (a pod that was never reported gets no Normal event). The ledger is small and
+//! serializable: the driver keeps it in the state dir so an agent restart does not re-emit.
+
+use std::collections::BTreeMap;
+
+use aether_crds::Budget;
+use aether_crds::udspath::{FIXED_BYTES, SUN_PATH_MAX};
+use serde::{Deserialize, Serialize};
+
+use crate::fold::{Delivery, TcpReason};
+use crate::fscheck::Refusal;
+use crate::index::PodDelivery;
+use crate::record::PodKey;
+
+/// Why a pod that asked for a Unix socket is delivered over TCP. [`Cause::token`] is the metric
+/// label and the state-dir spelling; [`Cause::reason`] the Event reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Cause {
+    /// `--uds-workloads=false` and the pod carries the annotation.
+    UdsDisabled,
+    /// The pods dir leaves no socket budget.
+    BudgetConfig,
+    /// An endpoint annotation other than the socket is unusable.
+    InvalidEndpointAnnotation,
+    /// The annotation breaks the socket grammar.
+    InvalidAnnotation,
+    /// The winning policy's socket fails the agent's re-check.
+    InvalidPolicy,
+    /// The value is longer than the budget.
+    PathTooLong,
+    /// The volume is not an emptyDir volume of the pod.
+    #[serde(rename = "volume-not-emptydir")]
+    VolumeNotEmptyDir,
+    /// A static (mirror) pod.
+    StaticPod,
+    /// A UID that cannot name a directory.
+    BadPodUid,
+    /// The on-disk check found a symlink.
+    Symlink,
+    /// The on-disk check found a non-directory where a directory must be.
+    NotADirectory,
+    /// The on-disk check found a non-socket at the socket path.
+    NotASocket,
+    /// The on-disk check could not `lstat` a component.
+    Unreadable,
+    /// The pod's service key had a policy, and the EndpointPolicy CRD is not served.
+    PolicyCrdMissing,
+}
+
+impl Cause {
+    /// Every cause, for metrics that list each label value (also at zero).
+    pub const ALL: [Cause; 14] = [
+        Cause::UdsDisabled,
+        Cause::BudgetConfig,
+        Cause::InvalidEndpointAnnotation,
+        Cause::InvalidAnnotation,
+        Cause::InvalidPolicy,
+        Cause::PathTooLong,
+        Cause::VolumeNotEmptyDir,
+        Cause::StaticPod,
+        Cause::BadPodUid,
+        Cause::Symlink,
+        Cause::NotADirectory,
+        Cause::NotASocket,
+        Cause::Unreadable,
+        Cause::PolicyCrdMissing,
+    ];
+
+    /// The stable lowercase token (metric label `reason`), e.g. `path-too-long`; equal to the
+    /// fold's [`TcpReason::as_str`] where the cause comes from the fold.
+    pub fn token(self) -> &'static str {
+        match self {
+            Cause::UdsDisabled => TcpReason::UdsDisabled.as_str(),
+            Cause::BudgetConfig => TcpReason::BudgetConfig.as_str(),
+            Cause::InvalidEndpointAnnotation => TcpReason::InvalidEndpointAnnotation.as_str(),
+            Cause::InvalidAnnotation => TcpReason::InvalidAnnotation.as_str(),
+            Cause::InvalidPolicy => TcpReason::InvalidPolicy.as_str(),
+            Cause::PathTooLong => TcpReason::PathTooLong.as_str(),
+            Cause::VolumeNotEmptyDir => TcpReason::VolumeNotEmptyDir.as_str(),
+            Cause::StaticPod => TcpReason::StaticPod.as_str(),
+            Cause::BadPodUid => TcpReason::BadPodUid.as_str(),
+            Cause::Symlink => "symlink",
+            Cause::NotADirectory => "not-a-directory",
+            Cause::NotASocket => "not-a-socket",
+            Cause::Unreadable => "unreadable",
+            Cause::PolicyCrdMissing => "policy-crd-missing",
+        }
+    }
+
+    /// The Event `reason`: a CamelCase token (Kubernetes API conventions).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Cause::UdsDisabled => "UdsDisabled",
+            Cause::BudgetConfig => "UdsNoSocketBudget",
+            Cause::InvalidEndpointAnnotation => "UdsInvalidEndpointAnnotation",
+            Cause::InvalidAnnotation => "UdsInvalidSocket",
+            Cause::InvalidPolicy => "UdsInvalidPolicySocket",
+            Cause::PathTooLong => "UdsPathTooLong",
+            Cause::VolumeNotEmptyDir => "UdsVolumeNotEmptyDir",
+            Cause::StaticPod => "UdsStaticPod",
+            Cause::BadPodUid => "UdsBadPodUid",
+            Cause::Symlink => "UdsSymlinkRefused",
+            Cause::NotADirectory => "UdsNotADirectory",
+            Cause::NotASocket => "UdsNotASocket",
+            Cause::Unreadable => "UdsPathUnreadable",
+            Cause::PolicyCrdMissing => "UdsPolicyCrdMissing",
+        }
+    }
+
+    fn of_fold(reason: TcpReason) -> Option<Cause> {
+        Some(match reason {
+            TcpReason::NoSocketDeclared => return None,
+            TcpReason::UdsDisabled => Cause::UdsDisabled,
+            TcpReason::BudgetConfig => Cause::BudgetConfig,
+            TcpReason::InvalidEndpointAnnotation => Cause::InvalidEndpointAnnotation,
+            TcpReason::InvalidAnnotation => Cause::InvalidAnnotation,
+            TcpReason::InvalidPolicy => Cause::InvalidPolicy,
+            TcpReason::PathTooLong => Cause::PathTooLong,
+            TcpReason::VolumeNotEmptyDir => Cause::VolumeNotEmptyDir,
+            TcpReason::StaticPod => Cause::StaticPod,
+            TcpReason::BadPodUid => Cause::BadPodUid,
+        })
+    }
+
+    fn of_refusal(refusal: &Refusal) -> Cause {
+        match refusal {
+            Refusal::Symlink { .. } => Cause::Symlink,
+            Refusal::NotDirectory { .. } => Cause::NotADirectory,
+            Refusal::NotSocket { .. } => Cause::NotASocket,
+            Refusal::Unreadable { .. } => Cause::Unreadable,
+        }
+    }
+}
+
+/// The Event reason of the one `Normal` event: a reported pod is delivered over its socket again.
+pub const DELIVERED_REASON: &str = "UdsSocketDelivered";
+/// The Event `action` of a warning: what the agent did.
+pub const FALLBACK_ACTION: &str = "DeliverOverTcp";
+/// The Event `action` of the `Normal` event.
+pub const DELIVERED_ACTION: &str = "DeliverOverSocket";
+/// Longest Event note the API server accepts (`note` is at most 1 kB).
+pub const NOTE_MAX_BYTES: usize = 1024;
+
+/// The cause of one pod's TCP delivery, if it asked for a socket (see the module docs).
+///
+/// `refusal` is the on-disk check's verdict for a pod the fold pipes; `stranded` is the name of
+/// the policy that governed the pod's service key when the CRD was reported absent, while it
+/// still is.
+pub fn classify(entry: &PodDelivery, refusal: Option<&Refusal>, stranded: Option<&str>) -> Option<Cause> {
+    let d = &entry.delivery;
+    match d.tcp_reason() {
+        None => refusal.map(Cause::of_refusal),
+        Some(TcpReason::NoSocketDeclared) => {
+            stranded.filter(|_| entry.pod.uds_socket.is_none()).map(|_| Cause::PolicyCrdMissing)
+        }
+        // With UDS workloads off no policy is watched: only the annotation is a request.
+        Some(TcpReason::UdsDisabled) => entry.pod.uds_socket.as_ref().map(|_| Cause::UdsDisabled),
+        Some(reason) => d.socket.as_ref().and(Cause::of_fold(reason)),
+    }
+}
+
+/// Whether the pod is a Warning, a Normal, or no event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// The pod falls back to TCP for a cause not reported yet for this UID.
+    Warn(Cause),
+    /// A reported pod is delivered over its socket again (it had `was`).
+    Delivered {
+        /// The cause that was reported.
+        was: Cause,
+    },
+}
+
+/// The pods already reported, by UID, with the cause reported. Equal to "the pods currently
+/// falling back, by cause" as long as every re-rendered pod is observed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ledger {
+    reported: BTreeMap<String, Cause>,
+}
+
+impl Ledger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records the pod `uid`'s current cause (`None`: it did not ask, or it is served over its
+    /// socket, which `piped` says) and decides what to publish: an event only when the cause
+    /// changed since the last observation.
+    pub fn observe(&mut self, uid: &str, now: Option<Cause>, piped: bool) -> Option<Decision> {
+        match now {
+            Some(cause) => {
+                let before = self.reported.insert(uid.to_owned(), cause);
+                (before != Some(cause)).then_some(Decision::Warn(cause))
+            }
+            None => {
+                let was = self.reported.remove(uid)?;
+                piped.then_some(Decision::Delivered { was })
+            }
+        }
+    }
+
+    /// Forgets a deleted pod; true when it was reported.
+    pub fn forget(&mut self, uid: &str) -> bool {
+        self.reported.remove(uid).is_some()
+    }
+
+    /// Keeps only the pods `keep` accepts (a relist prunes pods deleted while the agent was
+    /// away); true when something was dropped.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) -> bool {
+        let before = self.reported.len();
+        self.reported.retain(|uid, _| keep(uid));
+        self.reported.len() != before
+    }
+
+    /// The cause reported for `uid`.
+    pub fn get(&self, uid: &str) -> Option<Cause> {
+        self.reported.get(uid).copied()
+    }
+
+    /// Pods per cause, every cause listed (zero included).
+    pub fn counts(&self) -> BTreeMap<Cause, usize> {
+        let mut out: BTreeMap<Cause, usize> = Cause::ALL.iter().map(|c| (*c, 0)).collect();
+        for cause in self.reported.values() {
+            *out.entry(*cause).or_default() += 1;
+        }
+        out
+    }
+
+    /// The number of reported pods.
+    pub fn len(&self) -> usize {
+        self.reported.len()
+    }
+
+    /// True when no pod is reported.
+    pub fn is_empty(&self) -> bool {
+        self.reported.is_empty()
+    }
+}
+
+/// Event severity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Severity {
+    /// `Normal`.
+    Normal,
+    /// `Warning`.
+    Warning,
+}
+
+/// One Event to publish on a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// The pod (the Event's `regarding`).
+    pub pod: PodKey,
+    /// `Warning` for a fallback, `Normal` when it ended.
+    pub severity: Severity,
+    /// The CamelCase reason.
+    pub reason: &'static str,
+    /// The CamelCase action.
+    pub action: &'static str,
+    /// The human message (at most [`NOTE_MAX_BYTES`]): pod, value, rule, arithmetic.
+    pub note: String,
+}
+
+/// The Event for a [`Decision`] about `key`. `budget` (the node's socket budget, when it has
+/// one) adds the arithmetic to a path-too-long note.
+pub fn notice(
+    key: &PodKey,
+    entry: &PodDelivery,
+    refusal: Option<&Refusal>,
+    stranded: Option<&str>,
+    budget: Option<&Budget>,
+    decision: Decision,
+) -> Notice {
+    let d: &Delivery = &entry.delivery;
+    let pod = format!("pod {}/{}", key.namespace, key.name);
+    let (severity, reason, action, note) = match decision {
+        Decision::Warn(cause) => {
+            let detail = match (cause, refusal, stranded) {
+                (Cause::PolicyCrdMissing, _, Some(policy)) => format!(
+                    "EndpointPolicy {}/{policy} governed service {}, but the EndpointPolicy CRD \
+                     (endpointpolicies.config.aether.io) is not served by the API server, so no policy applies",
+                    key.namespace,
+                    entry.pod.service_key()
+                ),
+                (_, Some(r), _) if d.is_pipe() => format!("{}: refused: {r}", d.reason),
+                (Cause::PathTooLong, _, _) => match budget {
+                    Some(b) => format!(
+                        "{}; budget = {SUN_PATH_MAX} - {} bytes of pods dir {} - {FIXED_BYTES} = {} bytes",
+                        d.reason,
+                        b.pods_dir().len(),
+                        b.pods_dir(),
+                        b.bytes()
+                    ),
+                    None => d.reason.clone(),
+                },
+                _ => d.reason.clone(),
+            };
+            // Name the value when the fold's sentence does not (UDS disabled, static pod, ...).
+            let detail = match &d.socket {
+                Some(value) if !detail.contains(value.as_str()) => format!("socket {value:?}: {detail}"),
+                _ => detail,
+            };
+            (Severity::Warning, cause.reason(), FALLBACK_ACTION, format!("{pod}: {detail}; delivering over TCP"))
+        }
+        Decision::Delivered { was } => {
+            let path = d.path.as_ref().map(|p| p.as_str()).unwrap_or_default();
+            (
+                Severity::Normal,
+                DELIVERED_REASON,
+                DELIVERED_ACTION,
+                format!(
+                    "{pod}: delivering over its Unix socket {path} ({}); the earlier {} fallback is over",
+                    d.reason,
+                    was.reason()
+                ),
+            )
+        }
+    };
+    Notice { pod: key.clone(), severity, reason, action, note: truncate(note, NOTE_MAX_BYTES) }
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary, marking the cut with `…`.
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max - '…'.len_utf8();
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push('…');
+    s
+}
+
+/// Decides and builds the notices for a batch of observations; a helper so the driver and the
+/// tests run the same code. `observed` yields, per pod, its key, entry, refusal and stranded
+/// policy; `piped` is true when the pod's effective delivery is its socket.
+pub fn decide<'a>(
+    ledger: &mut Ledger,
+    budget: Option<&Budget>,
+    observed: impl IntoIterator<Item = (&'a PodKey, &'a PodDelivery, Option<&'a Refusal>, Option<&'a str>)>,
+) -> Vec<Notice> {
+    let mut out = Vec::new();
+    for (key, entry, refusal, stranded) in observed {
+        let cause = classify(entry, refusal, stranded);
+        let piped = entry.delivery.is_pipe() && refusal.is_none();
+        if let Some(decision) = ledger.observe(&key.uid, cause, piped) {
+            out.push(notice(key, entry, refusal, stranded, budget, decision));
+        }
+    }
+    out
+}
+
+/// [`Ledger::counts`] keyed by [`Cause::token`] (the metric label).
+pub fn tokens(counts: &BTreeMap<Cause, usize>) -> BTreeMap<&'static str, usize> {
+    counts.iter().map(|(c, n)| (c.token(), *n)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::fold::Settings;
+    use crate::index::Index;
+    use crate::record::{PodRecord, PolicyRecord};
+
+    const UID_A: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+    const UID_B: &str = "11111111-2222-4333-8444-555555555555";
+    const PODS: &str = "/var/lib/kubelet/pods";
+
+    fn record(name: &str, uid: &str, socket: Option<&str>, labels: &[(&str, &str)]) -> PodRecord {
+        let mut annotations = serde_json::Map::new();
+        if let Some(s) = socket {
+            annotations.insert("endpoint.aether.io/uds-socket".into(), s.into());
+        }
+        let mut l = serde_json::Map::new();
+        l.insert("aether.io/managed".into(), "true".into());
+        for (k, v) in labels {
+            l.insert((*k).into(), (*v).into());
+        }
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "shop", "uid": uid, "labels": l, "annotations": annotations},
+            "spec": {"nodeName": "n", "serviceAccountName": "cart", "containers": [{"name": "c"}],
+                     "volumes": [{"name": "s", "emptyDir": {}}]},
+            "status": {"podIP": "10.0.0.7"}
+        }))
+        .unwrap();
+        PodRecord::from_pod(&pod).unwrap().unwrap()
+    }
+
+    fn policy(name: &str, socket: &str) -> PolicyRecord {
+        let p: aether_crds::EndpointPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "config.aether.io/v1", "kind": "EndpointPolicy",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"targetRef": {"kind": "Service", "name": "cart"}, "udsSocket": socket}
+        }))
+        .unwrap();
+        PolicyRecord::from_policy(&p, &Settings::new(PODS, true)).unwrap()
+    }
+
+    /// Runs the index like the driver does and observes the re-rendered pods.
+    struct Node {
+        index: Index,
+        ledger: Ledger,
+        refused: HashMap<PodKey, Refusal>,
+        stranded: Option<String>,
+    }
+
+    impl Node {
+        fn new(uds: bool) -> Self {
+            Node {
+                index: Index::new(Settings::new(PODS, uds)),
+                ledger: Ledger::new(),
+                refused: HashMap::new(),
+                stranded: None,
+            }
+        }
+        fn observe(&mut self, keys: &[PodKey]) -> Vec<Notice> {
+            let map = self.index.snapshot();
+            let budget = self.index.settings().budget().ok().cloned();
+            let stranded = self.stranded.clone();
+            let observed: Vec<_> = keys
+                .iter()
+                .filter_map(|k| map.get(k).map(|e| (k, e, self.refused.get(k), stranded.as_deref())))
+                .collect();
+            decide(&mut self.ledger, budget.as_ref(), observed)
+        }
+        fn apply(&mut self, rec: PodRecord) -> Vec<Notice> {
+            let change = self.index.apply_pod(rec);
+            self.observe(&change.rerendered)
+        }
+        fn relist(&mut self, recs: Vec<PodRecord>) -> Vec<Notice> {
+            let change = self.index.reset_pods(recs);
+            for k in &change.removed {
+                self.ledger.forget(&k.uid);
+            }
+            self.observe(&change.rerendered)
+        }
+        fn policies(&mut self, recs: Vec<PolicyRecord>) -> Vec<Notice> {
+            let change = self.index.reset_policies(recs);
+            self.observe(&change.rerendered)
+        }
+        fn all(&self) -> Vec<PodKey> {
+            self.index.snapshot().iter().map(|(k, _)| k.clone()).collect()
+        }
+    }
+
+    fn reasons(n: &[Notice]) -> Vec<&'static str> {
+        n.iter().map(|n| n.reason).collect()
+    }
+
+    const LONG: &str = "sockets/app1234567890.sock";
+
+    #[test]
+    fn an_over_budget_annotation_is_reported_once_with_the_arithmetic() {
+        let mut node = Node::new(true);
+        let first = node.apply(record("a", UID_A, Some(LONG), &[]));
+        assert_eq!(reasons(&first), ["UdsPathTooLong"]);
+        let note = &first[0].note;
+        assert_eq!(first[0].severity, Severity::Warning);
+        assert!(
+            note.starts_with(
+                "pod shop/a: annotation endpoint.aether.io/uds-socket: \"sockets/app1234567890.sock\" is 26 bytes"
+            ),
+            "{note}"
+        );
+        assert!(note.contains("budget = 107 - 21 bytes of pods dir /var/lib/kubelet/pods - 70 = 16 bytes"), "{note}");
+        assert!(note.ends_with("delivering over TCP"), "{note}");
+    }
+
+    #[test]
+    fn resyncs_relists_and_unrelated_updates_never_repeat_an_event() {
+        let mut node = Node::new(true);
+        assert_eq!(node.apply(record("a", UID_A, Some(LONG), &[])).len(), 1);
+        // The same object again (a resync), a relist of the same state, an unrelated label.
+        assert!(node.apply(record("a", UID_A, Some(LONG), &[])).is_empty());
+        assert!(node.relist(vec![record("a", UID_A, Some(LONG), &[])]).is_empty());
+        assert!(node.apply(record("a", UID_A, Some(LONG), &[("team", "x")])).is_empty());
+        // A policy on its service re-renders it (the note would change), but the cause does not.
+        assert!(node.policies(vec![policy("p", "s/app.sock")]).is_empty());
+        // Even re-observing every pod decides nothing.
+        let all = node.all();
+        assert!(node.observe(&all).is_empty());
+    }
+
+    #[test]
+    fn a_different_cause_for_the_same_pod_is_a_new_event() {
+        let mut node = Node::new(true);
+        assert_eq!(reasons(&node.apply(record("a", UID_A, Some(LONG), &[]))), ["UdsPathTooLong"]);
+        assert_eq!(reasons(&node.apply(record("a", UID_A, Some("../x"), &[]))), ["UdsInvalidSocket"]);
+        assert_eq!(reasons(&node.apply(record("a", UID_A, Some("other/app.sock"), &[]))), ["UdsVolumeNotEmptyDir"]);
+    }
+
+    #[test]
+    fn a_pod_delivered_over_its_socket_again_gets_one_normal_event_and_is_forgotten() {
+        let mut node = Node::new(true);
+        node.apply(record("a", UID_A, Some(LONG), &[]));
+        let fixed = node.apply(record("a", UID_A, Some("s/app.sock"), &[]));
+        assert_eq!(reasons(&fixed), [DELIVERED_REASON]);
+        assert_eq!(fixed[0].severity, Severity::Normal);
+        assert!(fixed[0].note.contains("UdsPathTooLong"), "{}", fixed[0].note);
+        assert!(node.ledger.is_empty());
+        // Breaking it again is reported again.
+        assert_eq!(reasons(&node.apply(record("a", UID_A, Some(LONG), &[]))), ["UdsPathTooLong"]);
+    }
+
+    #[test]
+    fn pods_never_reported_get_no_normal_event_and_plain_tcp_pods_get_nothing() {
+        let mut node = Node::new(true);
+        assert!(node.apply(record("a", UID_A, Some("s/app.sock"), &[])).is_empty());
+        assert!(node.apply(record("b", UID_B, None, &[])).is_empty());
+        // Removing the annotation of a reported pod forgets it silently (it no longer asks).
+        node.apply(record("a", UID_A, Some(LONG), &[]));
+        assert!(node.apply(record("a", UID_A, None, &[])).is_empty());
+        assert!(node.ledger.is_empty());
+    }
+
+    #[test]
+    fn a_deleted_pod_is_forgotten_and_a_recreated_one_with_a_new_uid_is_reported_again() {
+        let mut node = Node::new(true);
+        node.apply(record("a", UID_A, Some(LONG), &[]));
+        assert!(node.relist(vec![]).is_empty());
+        assert!(node.ledger.is_empty());
+        assert_eq!(reasons(&node.apply(record("a", UID_B, Some(LONG), &[]))), ["UdsPathTooLong"]);
+    }
+
+    #[test]
+    fn uds_disabled_reports_only_annotated_pods() {
+        let mut node = Node::new(false);
+        let n = node.apply(record("a", UID_A, Some("s/app.sock"), &[]));
+        assert_eq!(reasons(&n), ["UdsDisabled"]);
+        assert!(
+            n[0].note.starts_with("pod shop/a: socket \"s/app.sock\": Unix socket delivery is disabled"),
+            "{}",
+            n[0].note
+        );
+        assert!(node.apply(record("b", UID_B, None, &[])).is_empty());
+        // A policy from the state dir does not count as a request while policies are off.
+        assert!(node.policies(vec![policy("p", "s/app.sock")]).is_empty());
+    }
+
+    #[test]
+    fn an_on_disk_refusal_is_reported_and_clears_with_a_normal_event() {
+        let mut node = Node::new(true);
+        let rec = record("a", UID_A, Some("s/app.sock"), &[]);
+        let key = rec.key();
+        assert!(node.apply(rec).is_empty());
+        node.refused.insert(key.clone(), Refusal::Symlink { path: "/x/app.sock".into() });
+        let n = node.observe(std::slice::from_ref(&key));
+        assert_eq!(reasons(&n), ["UdsSymlinkRefused"]);
+        assert!(n[0].note.contains("/x/app.sock is a symlink"), "{}", n[0].note);
+        assert!(node.observe(std::slice::from_ref(&key)).is_empty(), "a re-check finding the same is silent");
+        node.refused.insert(key.clone(), Refusal::NotSocket { path: "/x/app.sock".into(), found: "regular file" });
+        assert_eq!(reasons(&node.observe(std::slice::from_ref(&key))), ["UdsNotASocket"]);
+        node.refused.clear();
+        assert_eq!(reasons(&node.observe(std::slice::from_ref(&key))), [DELIVERED_REASON]);
+    }
+
+    #[test]
+    fn a_policy_pod_whose_crd_went_away_is_reported_as_crd_missing_only_while_stranded() {
+        let mut node = Node::new(true);
+        node.policies(vec![policy("p", "s/app.sock")]);
+        assert!(node.apply(record("a", UID_A, None, &[])).is_empty(), "piped by the policy");
+        // The CRD is reported absent: the driver strands the key, then empties the policies.
+        node.stranded = Some("p".into());
+        let n = node.policies(vec![]);
+        assert_eq!(reasons(&n), ["UdsPolicyCrdMissing"]);
+        assert!(n[0].note.contains("EndpointPolicy shop/p governed service shop/cart"), "{}", n[0].note);
+        // An annotated pod on the same key is not governed by the policy: no such event.
+        assert!(node.apply(record("b", UID_B, Some("s/app.sock"), &[])).is_empty());
+        // The CRD is back without the policy: the cause ends silently (plain TCP, not piped).
+        node.stranded = None;
+        let all = node.all();
+        assert!(node.observe(&all).is_empty());
+        assert!(node.ledger.is_empty());
+    }
+
+    #[test]
+    fn the_ledger_round_trips_through_json_with_the_metric_tokens() {
+        let mut l = Ledger::new();
+        l.observe(UID_A, Some(Cause::PathTooLong), false);
+        l.observe(UID_B, Some(Cause::PolicyCrdMissing), false);
+        let text = serde_json::to_string(&l).unwrap();
+        assert!(text.contains("\"path-too-long\"") && text.contains("\"policy-crd-missing\""), "{text}");
+        assert_eq!(serde_json::from_str::<Ledger>(&text).unwrap(), l);
+        for c in Cause::ALL {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.token(), "serde spelling of {c:?}");
+            assert!(c.reason().starts_with("Uds") && !c.reason().contains('-'), "{}", c.reason());
+        }
+        let counts = tokens(&l.counts());
+        assert_eq!((counts["path-too-long"], counts["symlink"]), (1, 0));
+    }
+
+    #[test]
+    fn a_long_note_is_cut_to_the_api_limit_on_a_character_boundary() {
+        let s = truncate("é".repeat(1000), NOTE_MAX_BYTES);
+        assert!(s.len() <= NOTE_MAX_BYTES && s.ends_with('…'));
+    }
+}

@@ -1,0 +1,116 @@
+//! The event task: publishes the [`Notice`]s the reconcile loop decided ([`crate::pod_events`])
+//! as `events.k8s.io/v1` Events on the pods, through kube-runtime's [`Recorder`] (reporting
+//! controller `aether-agent`, reporting instance = the node name).
+//!
+//! The loop hands notices over a bounded channel with `try_send` ([`NoticeSender`]), so it never
+//! waits for the API server: a full queue drops the notice (logged with the pod, counted as
+//! `result="dropped"`). A publish that fails is retried a few times with backoff (not for a 4xx
+//! answer other than 429, which will not change), then logged with the pod and counted as
+//! `result="failed"`; nothing crashes. RBAC: `events.k8s.io` `events` `create` and `patch`
+//! (`patch` is used by kube-runtime when the same Event recurs within minutes, as a series).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::metrics::Metrics;
+use crate::pod_events::{Notice, Severity};
+
+/// The Event's `reportingController`.
+pub const REPORTING_CONTROLLER: &str = "aether-agent";
+/// Capacity of the notice queue.
+pub const QUEUE: usize = 1024;
+/// Attempts per notice before it is counted as failed.
+const ATTEMPTS: u32 = 4;
+
+/// The loop's end of the queue: never blocks.
+#[derive(Clone)]
+pub struct NoticeSender {
+    tx: mpsc::Sender<Notice>,
+    metrics: Arc<Metrics>,
+}
+
+impl NoticeSender {
+    /// A queue of [`QUEUE`] notices; the receiver goes to [`spawn`] (or a test).
+    pub fn channel(metrics: Arc<Metrics>) -> (NoticeSender, mpsc::Receiver<Notice>) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        (NoticeSender { tx, metrics }, rx)
+    }
+
+    /// Queues `notice`; a full or closed queue drops it (logged and counted).
+    pub fn send(&self, notice: Notice) {
+        if let Err(e) = self.tx.try_send(notice) {
+            let n = match e {
+                mpsc::error::TrySendError::Full(n) | mpsc::error::TrySendError::Closed(n) => n,
+            };
+            tracing::warn!(pod = %format!("{}/{}", n.pod.namespace, n.pod.name), reason = n.reason,
+                "the pod Event queue is full (or its task ended); dropping the Event");
+            self.metrics.pod_event(n.reason, "dropped");
+        }
+    }
+}
+
+/// The Event's `regarding`: the pod, by API version, kind, namespace, name and UID.
+pub fn pod_reference(n: &Notice) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(n.pod.namespace.clone()),
+        name: Some(n.pod.name.clone()),
+        uid: Some(n.pod.uid.clone()),
+        ..ObjectReference::default()
+    }
+}
+
+/// Publishes every notice `rx` receives until it closes.
+pub fn spawn(client: Client, node: &str, mut rx: mpsc::Receiver<Notice>, metrics: Arc<Metrics>) -> JoinHandle<()> {
+    let recorder =
+        Recorder::new(client, Reporter { controller: REPORTING_CONTROLLER.into(), instance: Some(node.to_owned()) });
+    tokio::spawn(async move {
+        while let Some(n) = rx.recv().await {
+            let result = publish(&recorder, &n).await;
+            metrics.pod_event(n.reason, if result { "created" } else { "failed" });
+        }
+    })
+}
+
+async fn publish(recorder: &Recorder, n: &Notice) -> bool {
+    let event = Event {
+        type_: match n.severity {
+            Severity::Normal => EventType::Normal,
+            Severity::Warning => EventType::Warning,
+        },
+        reason: n.reason.to_owned(),
+        note: Some(n.note.clone()),
+        action: n.action.to_owned(),
+        secondary: None,
+    };
+    let reference = pod_reference(n);
+    let pod = format!("{}/{}", n.pod.namespace, n.pod.name);
+    let mut delay = Duration::from_millis(500);
+    for attempt in 1..=ATTEMPTS {
+        match recorder.publish(&event, &reference).await {
+            Ok(()) => {
+                tracing::debug!(pod = %pod, reason = n.reason, "published a pod Event");
+                return true;
+            }
+            Err(e) => {
+                let permanent = matches!(&e, kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 429);
+                if permanent || attempt == ATTEMPTS {
+                    tracing::warn!(pod = %pod, reason = n.reason, error = %e, attempts = attempt,
+                        "cannot publish a pod Event");
+                    return false;
+                }
+                tracing::debug!(pod = %pod, reason = n.reason, error = %e, "publishing a pod Event failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+        }
+    }
+    false
+}
