@@ -1,5 +1,12 @@
 //! The plain-HTTP admin port: `/healthz` (the process is serving), `/readyz` (200 only once the
 //! webhook's TLS listener is bound) and `/metrics` (Prometheus text).
+//!
+//! Readiness deliberately does not wait for the status writer's caches or for the API server:
+//! the API server calls this webhook (with `failurePolicy: Fail`), so a webhook that waited for
+//! the API server could deadlock a cluster whose API server is itself waiting on admission, and a
+//! slow cache sync would take the webhook out of its Service for nothing. Decisions never need
+//! the caches; only the warnings do, and they are simply left out until the caches have synced.
+//! The `/readyz` body reports the cache state and leadership for humans.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +17,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
+use crate::cluster::ClusterView;
 use crate::metrics::Metrics;
 
 /// State of the admin endpoints.
@@ -19,6 +27,8 @@ pub struct AdminState {
     pub ready: Arc<AtomicBool>,
     /// Metrics to expose.
     pub metrics: Metrics,
+    /// The status writer's caches, described in the `/readyz` body; `None` when it is off.
+    pub cluster: Option<ClusterView>,
 }
 
 /// The admin router.
@@ -31,10 +41,17 @@ pub fn router(state: AdminState) -> Router {
 }
 
 async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
+    let writer = match &s.cluster {
+        None => "status writer: off (--status-writer=false)\n".to_owned(),
+        Some(c) => {
+            let leading = if s.metrics.leader.get() == 1 { "leading" } else { "following" };
+            format!("status writer: {leading}; {}\n", c.describe())
+        }
+    };
     if s.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, format!("ready\n{writer}"))
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "webhook TLS listener not bound yet\n")
+        (StatusCode::SERVICE_UNAVAILABLE, format!("webhook TLS listener not bound yet\n{writer}"))
     }
 }
 

@@ -1,9 +1,11 @@
 //! AdmissionReview v1 in, AdmissionReview v1 out: the decision, dispatched by kind. Pure: no I/O.
 
-use aether_crds::policy;
+use aether_crds::policy::{self, EndpointPolicy};
 use aether_crds::udspath::{Budget, PodsDirError};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+
+use crate::warnings::{self, Rival, WarningKind};
 
 /// What the webhook decided, with the facts its log line and metrics need.
 #[derive(Debug)]
@@ -16,6 +18,9 @@ pub struct Decision {
     pub object: String,
     /// The kind reviewed.
     pub kind: String,
+    /// What each warning in the response is about (the `warning` label of the metric), in the
+    /// order of `response.warnings`.
+    pub warned: Vec<WarningKind>,
 }
 
 /// Why a request body is not an AdmissionReview we can answer (HTTP 400).
@@ -56,18 +61,18 @@ pub fn decide(req: &AdmissionRequest<DynamicObject>, budget: &Result<Budget, Pod
     let kind = if is_policy { policy::KIND } else { "other" }.to_owned();
     let base = AdmissionResponse::from(req);
     let Some(obj) = req.object.as_ref().filter(|_| is_policy && req.operation != Operation::Delete) else {
-        return Decision { response: base, result: "allowed", object, kind };
+        return Decision { response: base, result: "allowed", object, kind, warned: vec![] };
     };
     let budget = match budget {
         Ok(b) => b,
         Err(e) => {
             let message = format!("aether-controller is misconfigured, no policy can be admitted: {e}");
-            return Decision { response: base.deny(message), result: "denied", object, kind };
+            return Decision { response: base.deny(message), result: "denied", object, kind, warned: vec![] };
         }
     };
     let verdict = aether_crds::review(&serde_json::to_value(obj).unwrap_or_default(), budget);
     let Some(message) = verdict.message() else {
-        return Decision { response: base, result: "allowed", object, kind };
+        return Decision { response: base, result: "allowed", object, kind, warned: vec![] };
     };
     let unchanged_spec = req.operation == Operation::Update
         && req.old_object.as_ref().is_some_and(|old| old.data.get("spec") == obj.data.get("spec"));
@@ -75,7 +80,53 @@ pub fn decide(req: &AdmissionRequest<DynamicObject>, budget: &Result<Budget, Pod
         let mut response = base;
         response.warnings =
             Some(vec![format!("spec is unchanged and allowed to stay, but it no longer passes: {message}")]);
-        return Decision { response, result: "allowed", object, kind };
+        return Decision { response, result: "allowed", object, kind, warned: vec![WarningKind::NoLongerValid] };
     }
-    Decision { response: base.deny(message), result: "denied", object, kind }
+    Decision { response: base.deny(message), result: "denied", object, kind, warned: vec![] }
+}
+
+/// What the webhook knows about the cluster from its caches, for warnings. Implemented by
+/// [`crate::cluster::ClusterView`]; tests use plain data.
+pub trait ClusterFacts {
+    /// The other policies of `namespace` targeting Service `target` (excluding `name`), each
+    /// with its name and whether it passes validation; `None` while the cache is not synced.
+    fn rivals(&self, namespace: &str, target: &str, name: &str) -> Option<Vec<(String, bool)>>;
+    /// Whether Service `name` exists in `namespace`; `None` while the cache is not synced.
+    fn service_exists(&self, namespace: &str, name: &str) -> Option<bool>;
+}
+
+/// [`decide`], plus the warnings of [`warnings::for_allowed_policy`] for an allowed, valid
+/// EndpointPolicy CREATE or UPDATE. Without `cluster` (status writer off) only the warnings that
+/// need no cluster state are given (the socket value near the budget).
+pub fn decide_with_warnings(
+    req: &AdmissionRequest<DynamicObject>,
+    budget: &Result<Budget, PodsDirError>,
+    cluster: Option<&dyn ClusterFacts>,
+) -> Decision {
+    let mut decision = decide(req, budget);
+    let (Ok(budget), Some(obj)) = (budget, req.object.as_ref()) else { return decision };
+    let creates_or_updates = matches!(req.operation, Operation::Create | Operation::Update);
+    if decision.result != "allowed"
+        || !decision.warned.is_empty()
+        || !creates_or_updates
+        || decision.kind != policy::KIND
+    {
+        return decision;
+    }
+    let Ok(typed) = serde_json::to_value(obj).and_then(serde_json::from_value::<EndpointPolicy>) else {
+        return decision;
+    };
+    let namespace = req.namespace.as_deref().unwrap_or_default();
+    let name = if req.name.is_empty() { typed.metadata.name.as_deref().unwrap_or_default() } else { &req.name };
+    let target = &typed.spec.target_ref.name;
+    let rivals = cluster.and_then(|c| c.rivals(namespace, target, name));
+    let rivals: Option<Vec<Rival<'_>>> =
+        rivals.as_ref().map(|r| r.iter().map(|(n, valid)| Rival { name: n, valid: *valid }).collect());
+    let exists = cluster.and_then(|c| c.service_exists(namespace, target));
+    let found = warnings::for_allowed_policy(name, namespace, &typed.spec, rivals.as_deref(), exists, budget);
+    if !found.is_empty() {
+        decision.warned = found.iter().map(|w| w.kind).collect();
+        decision.response.warnings = Some(found.into_iter().map(|w| w.text).collect());
+    }
+    decision
 }

@@ -14,7 +14,16 @@ use crate::webhook::DEFAULT_MAX_BODY_BYTES;
 /// An EndpointPolicy tells the node proxy to deliver a Service's inbound traffic to its pods over a
 /// Unix domain socket in an emptyDir volume. The webhook denies policies whose target or socket
 /// value is invalid, or whose socket path would not fit in sun_path (107 bytes) with the
-/// configured kubelet pods dir, and says which field broke which rule.
+/// configured kubelet pods dir, and says which field broke which rule. Allowed policies get
+/// warnings (printed by kubectl as "Warning: ...") when another policy already targets the same
+/// Service (and which one wins: the smallest name), when the Service does not exist yet, or when
+/// the socket value is within 2 bytes of the budget.
+///
+/// The status writer reports on every policy in status.conditions (type Accepted, Gateway API
+/// GEP-713 reasons): True/Accepted when in effect, else False with Invalid (fails the webhook's
+/// rules, e.g. admitted while the webhook was down), TargetNotFound (no Service of that name in
+/// the namespace) or Conflicted (another valid policy for the Service has a smaller name; the
+/// message names it). One replica writes, elected through a Lease.
 #[derive(Parser, Debug)]
 #[command(name = "aether-controller", version, about, long_about)]
 pub struct Cli {
@@ -39,8 +48,10 @@ pub enum LogFormat {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve the admission webhook (POST /validate, AdmissionReview v1) over TLS, and /healthz,
-    /// /readyz, /metrics on the plain admin port. Runs until SIGTERM or SIGINT.
-    Run(RunArgs),
+    /// /readyz, /metrics on the plain admin port; unless --status-writer=false, also watch
+    /// EndpointPolicies and Services and write each policy's Accepted condition (one writer among
+    /// the replicas, elected through a Lease). Runs until SIGTERM or SIGINT.
+    Run(Box<RunArgs>),
     /// Decide EndpointPolicies in YAML files offline, exactly as the webhook would (for GitOps
     /// CI). Exit 0: all allowed; 1: any denied; 2: input unreadable or unparsable.
     Validate(ValidateArgs),
@@ -79,6 +90,29 @@ pub struct RunArgs {
     /// holds an UPDATE of a ~3 MiB object (the API server's request limit) and its old object.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, env = "AETHER_MAX_BODY_BYTES", value_parser = clap::value_parser!(u64).range(65536..).map(|v| v as usize))]
     pub max_body_bytes: usize,
+    /// Write EndpointPolicy status (condition Accepted: Accepted, Invalid, TargetNotFound or
+    /// Conflicted) and watch policies and Services for the webhook's warnings about other
+    /// policies and missing Services. Needs the Kubernetes API (in-cluster service account,
+    /// KUBECONFIG or --kubeconfig); start-up fails without one. false: serve the webhook only,
+    /// with no Kubernetes client (only the socket-budget warning is given).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", env = "AETHER_STATUS_WRITER")]
+    pub status_writer: bool,
+    /// Kubeconfig file(s) for the status writer (a ':'-separated list is merged, as kubectl
+    /// does). Unset: ~/.kube/config, else the in-cluster service account.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The Lease that elects the one status writer among the replicas (coordination.k8s.io/v1).
+    /// The chart's Role grants access to exactly this name.
+    #[arg(long, default_value = "aether-controller-status-writer", env = "AETHER_LEASE_NAME")]
+    pub lease_name: String,
+    /// Namespace of the Lease. Default: the namespace of the kube configuration (in a pod, its
+    /// own namespace).
+    #[arg(long, env = "AETHER_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// This replica's identity in the Lease; must differ between replicas. Default: $POD_NAME,
+    /// else $HOSTNAME, else "aether-controller-" and the process id.
+    #[arg(long, env = "AETHER_LEASE_HOLDER")]
+    pub lease_holder: Option<String>,
 }
 
 /// The kubelet pods dir, shared by `run` and `validate`.

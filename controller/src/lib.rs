@@ -1,6 +1,10 @@
 //! aether-controller: the cluster-scoped half of aether's UDS delivery (proposal 034 Phase 1b).
 //!
-//! - [`admission`]: AdmissionReview v1 parsing and the decision, dispatched by kind.
+//! - [`admission`]: AdmissionReview v1 parsing and the decision, dispatched by kind, with warnings.
+//! - [`warnings`]: the admission warnings (other policy on the Service, missing Service, budget).
+//! - [`status`]: the `Accepted` condition a policy should carry (GEP-713 reasons). Pure.
+//! - [`cluster`]: the status writer: reflectors shared with the webhook, the Controller, writes.
+//! - [`lease`]: leader election on a Lease, so one replica writes status.
 //! - [`webhook`]: `POST /validate` over axum (body cap, 400/413 answers).
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics` on a plain port.
 //! - [`server`]: `run`, binding both listeners (TLS via rustls with the ring provider).
@@ -10,7 +14,11 @@
 pub mod admin;
 pub mod admission;
 pub mod cli;
+pub mod cluster;
+pub mod lease;
 pub mod metrics;
 pub mod offline;
 pub mod server;
+pub mod status;
+pub mod warnings;
 pub mod webhook;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -18,6 +19,24 @@ pub struct AdmissionLabels {
     pub result: String,
 }
 
+/// Labels of a status patch.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PatchLabels {
+    /// `applied` or `failed`.
+    pub result: String,
+    /// The `Accepted` condition's reason written: `Accepted`, `Invalid`, `TargetNotFound` or
+    /// `Conflicted`.
+    pub reason: String,
+}
+
+/// Labels of an admission warning.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WarningLabels {
+    /// `conflict`, `target_not_found`, `near_budget` or `no_longer_valid`
+    /// ([`crate::warnings::WarningKind::label`]).
+    pub warning: String,
+}
+
 /// The controller's metrics.
 #[derive(Clone)]
 pub struct Metrics {
@@ -26,6 +45,12 @@ pub struct Metrics {
     pub requests: Family<AdmissionLabels, Counter>,
     /// `aether_admission_duration_seconds`: time to decide one review, in seconds.
     pub duration: Histogram,
+    /// `aether_admission_warnings_total{warning}`: warnings sent with allowed reviews.
+    pub warnings: Family<WarningLabels, Counter>,
+    /// `aether_status_patches_total{result,reason}`: status writes of the status writer.
+    pub status_patches: Family<PatchLabels, Counter>,
+    /// `aether_status_leader`: 1 while this replica holds the status-writer Lease, else 0.
+    pub leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -43,7 +68,25 @@ impl Default for Metrics {
             "Time to decide one admission review, in seconds",
             duration.clone(),
         );
-        Metrics { registry: Arc::new(registry), requests, duration }
+        let warnings = Family::<WarningLabels, Counter>::default();
+        registry.register(
+            "aether_admission_warnings",
+            "Warnings sent with allowed admission reviews, by warning",
+            warnings.clone(),
+        );
+        let status_patches = Family::<PatchLabels, Counter>::default();
+        registry.register(
+            "aether_status_patches",
+            "EndpointPolicy status writes (server-side apply of the Accepted condition), by result and reason",
+            status_patches.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "aether_status_leader",
+            "1 while this replica holds the status-writer Lease and writes EndpointPolicy status, else 0",
+            leader.clone(),
+        );
+        Metrics { registry: Arc::new(registry), requests, duration, warnings, status_patches, leader }
     }
 }
 
@@ -51,6 +94,16 @@ impl Metrics {
     /// Counts one answered request.
     pub fn count(&self, kind: &str, result: &str) {
         self.requests.get_or_create(&AdmissionLabels { kind: kind.to_owned(), result: result.to_owned() }).inc();
+    }
+
+    /// Counts one warning sent.
+    pub fn count_warning(&self, warning: &str) {
+        self.warnings.get_or_create(&WarningLabels { warning: warning.to_owned() }).inc();
+    }
+
+    /// Counts one status write.
+    pub fn count_patch(&self, result: &str, reason: &str) {
+        self.status_patches.get_or_create(&PatchLabels { result: result.to_owned(), reason: reason.to_owned() }).inc();
     }
 
     /// The OpenMetrics text exposition.

@@ -1,5 +1,7 @@
 //! `aether-controller run`: the webhook over rustls and the admin port, until SIGTERM/SIGINT.
-//! With `--tls-dir` the certificate is reloaded when the mounted Secret changes.
+//! With `--tls-dir` the certificate is reloaded when the mounted Secret changes. With a status
+//! writer configured, the caches, the election and the status writer run alongside
+//! ([`crate::cluster`]); the webhook never waits for them.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -13,6 +15,7 @@ use anyhow::Context;
 use axum_server::tls_rustls::RustlsConfig;
 
 use crate::admin::{self, AdminState};
+use crate::cluster::{self, StatusWriterConfig};
 use crate::metrics::Metrics;
 use crate::webhook::{self, WebhookState};
 
@@ -41,6 +44,9 @@ pub struct RunConfig {
     pub kubelet_pods_dir: String,
     /// Cap on review bodies, in bytes.
     pub max_body_bytes: usize,
+    /// The status writer (and the caches behind the webhook's warnings); `None` serves the
+    /// webhook alone, with no Kubernetes client.
+    pub status_writer: Option<StatusWriterConfig>,
 }
 
 /// Binds both listeners and serves until a shutdown signal, with the certificate loaded once.
@@ -85,11 +91,24 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     }
     let metrics = Metrics::default();
     let ready = Arc::new(AtomicBool::new(false));
+    let budget = Arc::new(budget);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (cluster, writer_task) = match cfg.status_writer.clone() {
+        None => {
+            tracing::info!("status writer off (--status-writer=false): serving the webhook only");
+            (None, None)
+        }
+        Some(writer) => {
+            let (view, task) = cluster::start(writer, budget.clone(), metrics.clone(), stop_rx)?;
+            (Some(view), Some(task))
+        }
+    };
 
     let admin_listener = tokio::net::TcpListener::bind(cfg.admin_addr)
         .await
         .with_context(|| format!("cannot bind --admin-addr {}", cfg.admin_addr))?;
-    let admin_app = admin::router(AdminState { ready: ready.clone(), metrics: metrics.clone() });
+    let admin_app =
+        admin::router(AdminState { ready: ready.clone(), metrics: metrics.clone(), cluster: cluster.clone() });
     tracing::info!(addr = %cfg.admin_addr, "admin endpoints (/healthz, /readyz, /metrics) listening");
     let admin_task =
         tokio::spawn(
@@ -100,7 +119,7 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     let listener = TcpListener::bind(cfg.webhook_addr)
         .with_context(|| format!("cannot bind --webhook-addr {}", cfg.webhook_addr))?;
     listener.set_nonblocking(true)?;
-    let app = webhook::router(WebhookState { budget: Arc::new(budget), metrics }, cfg.max_body_bytes);
+    let app = webhook::router(WebhookState { budget, metrics, cluster }, cfg.max_body_bytes);
     let handle = axum_server::Handle::new();
     let mut server = axum_server::from_tcp_rustls(listener, tls)?.handle(handle.clone());
     // Slow clients must not hold connections (and file descriptors) open: request headers must
@@ -120,9 +139,14 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
         shutdown_signal().await;
         tracing::info!("shutting down: draining in-flight reviews");
         handle.graceful_shutdown(Some(Duration::from_secs(10)));
+        let _ = stop_tx.send(true);
     });
     server.await.context("webhook server failed")?;
     ready.store(false, Ordering::Release);
+    if let Some(task) = writer_task {
+        // Releases the Lease if held; bounded, so an unreachable API server cannot hold up exit.
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
     admin_task.await??;
     Ok(())
 }

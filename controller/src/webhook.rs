@@ -20,7 +20,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use tower_http::limit::RequestBodyLimitLayer;
 
-use crate::admission;
+use crate::admission::{self, ClusterFacts};
+use crate::cluster::ClusterView;
 use crate::metrics::Metrics;
 
 /// How long one request may take, body included, before it is answered 408: the API server's
@@ -37,6 +38,9 @@ pub struct WebhookState {
     pub budget: Arc<Result<Budget, PodsDirError>>,
     /// Metrics to count into.
     pub metrics: Metrics,
+    /// The status writer's caches, for the warnings about other policies and missing Services;
+    /// `None` with `--status-writer=false` (only the budget warning is given then).
+    pub cluster: Option<ClusterView>,
 }
 
 /// The webhook router: `POST /validate`, with the body cap applied.
@@ -85,9 +89,13 @@ async fn validate(
         Ok(r) => r,
         Err(e) => return bad_request(&state, e.to_string()),
     };
-    let decision = admission::decide(&request, &state.budget);
+    let facts = state.cluster.as_ref().map(|c| c as &dyn ClusterFacts);
+    let decision = admission::decide_with_warnings(&request, &state.budget, facts);
     state.metrics.duration.observe(start.elapsed().as_secs_f64());
     state.metrics.count(&decision.kind, decision.result);
+    for w in &decision.warned {
+        state.metrics.count_warning(w.label());
+    }
     let message = decision.response.result.message.clone();
     tracing::info!(
         kind = %decision.kind,
@@ -96,6 +104,7 @@ async fn validate(
         operation = ?request.operation,
         result = decision.result,
         message = %message,
+        warnings = ?decision.response.warnings.as_deref().unwrap_or_default(),
         "admission review decided"
     );
     axum::Json(decision.response.into_review()).into_response()

@@ -102,6 +102,7 @@ async fn start_reloading(dir: &std::path::Path) -> (tokio::task::JoinHandle<anyh
         tls: TlsFiles { cert: dir.join(CERT_FILE), key: dir.join(KEY_FILE) },
         kubelet_pods_dir: DEFAULT_PODS_DIR.to_owned(),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        status_writer: None,
     };
     let (webhook, admin) = (cfg.webhook_addr, cfg.admin_addr);
     let task = tokio::spawn(server::run_reloading(cfg, Duration::from_millis(50)));

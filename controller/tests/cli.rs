@@ -300,3 +300,53 @@ fn run_without_a_certificate_is_a_usage_error() {
     assert_eq!(code(&out), 2, "clap's usage error");
     assert!(stderr(&out).contains("--tls-dir"), "{}", stderr(&out));
 }
+
+#[test]
+fn run_with_the_status_writer_and_no_kube_config_fails_saying_how_to_fix_it() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mut cmd = assert_cmd::cargo::cargo_bin_cmd!("aether-controller");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("AETHER_") || k.starts_with("KUBERNETES_") || k == "KUBECONFIG" {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .env("HOME", home.path())
+        .args(["run", "--tls-dir", "/nonexistent", "--admin-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0"])
+        .output()
+        .expect("runs");
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    for want in ["KUBECONFIG", "--status-writer=false", "service account"] {
+        assert!(stderr(&out).contains(want), "lacks {want}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn run_with_a_missing_kubeconfig_names_the_file() {
+    let out = run(&["run", "--tls-dir", "/nonexistent", "--kubeconfig", "/nonexistent/kubeconfig"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/kubeconfig") && stderr(&out).contains("--status-writer=false"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn run_help_describes_status_and_warnings() {
+    let out = run(&["run", "--help"]);
+    let text = stdout(&out);
+    for want in [
+        "--status-writer",
+        "AETHER_STATUS_WRITER",
+        "--lease-name",
+        "--lease-namespace",
+        "--lease-holder",
+        "Conflicted",
+        "TargetNotFound",
+    ] {
+        assert!(text.contains(want), "lacks {want}: {text}");
+    }
+    let top = stdout(&run(&["--help"]));
+    assert!(top.contains("Warning:") && top.contains("GEP-713"), "{top}");
+}

@@ -25,7 +25,7 @@ use tower::ServiceExt;
 const MIB: usize = 1024 * 1024;
 
 fn state(budget: Result<Budget, PodsDirError>) -> WebhookState {
-    WebhookState { budget: Arc::new(budget), metrics: Metrics::default() }
+    WebhookState { budget: Arc::new(budget), metrics: Metrics::default(), cluster: None }
 }
 
 fn default_state() -> WebhookState {
@@ -552,7 +552,7 @@ async fn decisions_are_counted_by_kind_and_result() {
 #[tokio::test]
 async fn readyz_is_503_until_the_tls_listener_is_bound() {
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let admin = admin::router(AdminState { ready: ready.clone(), metrics: Metrics::default() });
+    let admin = admin::router(AdminState { ready: ready.clone(), metrics: Metrics::default(), cluster: None });
     let get = |path: &str| Request::builder().uri(path).body(Body::empty()).expect("builds");
     let before = send(admin.clone(), get("/readyz")).await;
     assert_eq!(before.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -560,4 +560,85 @@ async fn readyz_is_503_until_the_tls_listener_is_bound() {
     assert_eq!(send(admin.clone(), get("/healthz")).await.status, StatusCode::OK, "healthz does not wait for TLS");
     ready.store(true, Ordering::Release);
     assert_eq!(send(admin.clone(), get("/readyz")).await.status, StatusCode::OK);
+}
+
+// Warnings
+
+struct Facts {
+    rivals: Option<Vec<(String, bool)>>,
+    service: Option<bool>,
+}
+
+impl aether_controller::admission::ClusterFacts for Facts {
+    fn rivals(&self, namespace: &str, target: &str, name: &str) -> Option<Vec<(String, bool)>> {
+        assert_eq!((namespace, target, name), ("shop", "echo", "echo-uds"), "asked about the reviewed policy");
+        self.rivals.clone()
+    }
+    fn service_exists(&self, namespace: &str, name: &str) -> Option<bool> {
+        assert_eq!((namespace, name), ("shop", "echo"));
+        self.service
+    }
+}
+
+/// `create-valid.json` with a socket value well inside the budget (its `sockets/app.sock` is
+/// exactly 16 bytes, which the near-budget warning reports).
+fn short_create() -> Value {
+    let mut r = review("create-valid.json");
+    r["request"]["object"]["spec"]["udsSocket"] = json!("s/app.sock");
+    r
+}
+
+fn warnings_for(review_json: &Value, facts: Option<&Facts>) -> (bool, Vec<String>) {
+    let req = aether_controller::admission::parse(&serde_json::to_vec(review_json).unwrap()).unwrap();
+    let facts = facts.map(|f| f as &dyn aether_controller::admission::ClusterFacts);
+    let d = aether_controller::admission::decide_with_warnings(&req, &Budget::new(DEFAULT_PODS_DIR), facts);
+    assert_eq!(d.warned.len(), d.response.warnings.as_ref().map_or(0, Vec::len), "one label per warning");
+    (d.response.allowed, d.response.warnings.unwrap_or_default())
+}
+
+#[test]
+fn an_allowed_duplicate_is_warned_naming_the_winner() {
+    let facts = Facts { rivals: Some(vec![("a-pol".into(), true)]), service: Some(true) };
+    let (allowed, w) = warnings_for(&short_create(), Some(&facts));
+    assert!(allowed);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("EndpointPolicy \"a-pol\"") && w[0].contains("\"a-pol\" wins"), "{w:?}");
+}
+
+#[test]
+fn a_missing_service_is_warned_but_not_while_the_cache_is_unsynced() {
+    let missing = Facts { rivals: Some(vec![]), service: Some(false) };
+    let (_, w) = warnings_for(&short_create(), Some(&missing));
+    assert!(w.len() == 1 && w[0].contains("Service \"echo\" does not exist in namespace \"shop\""), "{w:?}");
+    let unsynced = Facts { rivals: None, service: None };
+    assert!(warnings_for(&short_create(), Some(&unsynced)).1.is_empty());
+    assert!(warnings_for(&short_create(), None).1.is_empty(), "no cluster: no cluster warnings");
+}
+
+#[test]
+fn a_denied_policy_gets_no_warnings_about_other_policies() {
+    let facts = Facts { rivals: Some(vec![("a-pol".into(), true)]), service: Some(false) };
+    let (allowed, w) = warnings_for(&review("create-over-budget.json"), Some(&facts));
+    assert!(!allowed);
+    assert!(w.is_empty(), "{w:?}");
+}
+
+#[tokio::test]
+async fn a_value_near_the_budget_is_warned_even_without_a_cluster_and_counted() {
+    let state = default_state();
+    let metrics = state.metrics.clone();
+    let mut r = review("create-valid.json");
+    r["request"]["object"]["spec"]["udsSocket"] = json!("sockets/app1.so"); // 15 of 16 bytes
+    let answer = decide(state, &r).await;
+    assert_allowed(&answer);
+    let warnings = answer["warnings"].as_array().expect("a near-budget warning");
+    assert!(
+        warnings[0].as_str().unwrap().starts_with("spec.udsSocket: \"sockets/app1.so\" is 15 bytes"),
+        "{warnings:?}"
+    );
+    assert!(
+        metrics.encode().contains("aether_admission_warnings_total{warning=\"near_budget\"} 1"),
+        "{}",
+        metrics.encode()
+    );
 }

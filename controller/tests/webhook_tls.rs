@@ -58,6 +58,7 @@ impl Server {
                 tls: TlsFiles { cert: dir.path().join(CERT_FILE), key: dir.path().join(KEY_FILE) },
                 kubelet_pods_dir: pods_dir.to_owned(),
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                status_writer: None,
             };
             let (webhook, admin) = (cfg.webhook_addr, cfg.admin_addr);
             let task = tokio::spawn(server::run(cfg));
@@ -462,6 +463,7 @@ async fn run_fails_naming_the_missing_certificate_file() {
         tls: TlsFiles { cert: cert.clone(), key: dir.path().join("absent.key") },
         kubelet_pods_dir: DEFAULT_PODS_DIR.to_owned(),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        status_writer: None,
     };
     let err = tokio::time::timeout(Duration::from_secs(10), server::run(cfg))
         .await
@@ -485,6 +487,7 @@ async fn run_fails_naming_the_webhook_address_in_use() {
         tls: TlsFiles { cert: dir.path().join(CERT_FILE), key: dir.path().join(KEY_FILE) },
         kubelet_pods_dir: DEFAULT_PODS_DIR.to_owned(),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        status_writer: None,
     };
     let err = tokio::time::timeout(Duration::from_secs(10), server::run(cfg))
         .await

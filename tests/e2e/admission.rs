@@ -231,7 +231,14 @@ fn setup() -> anyhow::Result<Env> {
         "60s",
         "crd/endpointpolicies.config.aether.io",
     ])?;
-    let controller = Controller::start(&[])?;
+    // The status writer runs too (it reads this control plane through --kubeconfig).
+    let kubeconfig = cp.kubeconfig();
+    let controller = Controller::start(&[
+        "--kubeconfig",
+        kubeconfig.to_str().context("kubeconfig path is UTF-8")?,
+        "--lease-namespace",
+        "default",
+    ])?;
     cp.register_webhook(&controller.url, &controller.ca_file)?;
     Ok(Env { cp, controller })
 }

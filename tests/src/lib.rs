@@ -573,3 +573,33 @@ impl Scrape {
         self.samples.iter().any(|s| s.metric == name)
     }
 }
+
+impl Controller {
+    /// The process id of the running controller (e.g. to send it SIGTERM and watch a graceful
+    /// shutdown).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The controller's log so far (stderr), for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._certs.path().join("controller.log")).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits (at most `timeout`) for the process to exit; returns whether it
+    /// exited in time.
+    ///
+    /// # Errors
+    /// When `kill` cannot be run.
+    pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<bool> {
+        Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().context("running kill")?;
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(true);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(false)
+    }
+}

@@ -1,0 +1,384 @@
+//! The status writer and the caches it shares with the webhook (the I/O around [`crate::status`]).
+//!
+//! - Two reflectors, all namespaces: EndpointPolicies (full objects) and Services (metadata only:
+//!   only their existence matters). Every replica runs them; the webhook reads them for its
+//!   warnings through [`ClusterView`] and never waits for them or for the API server.
+//! - A `kube::runtime::Controller` for EndpointPolicy. A policy is reconciled when it changes, when
+//!   a *sibling* (same namespace and `spec.targetRef.name`, before or after the change) changes or
+//!   is deleted, so deleting the winner promotes the next one, and when a Service of its target
+//!   name appears or disappears. The triggers are derived from the reflector's own event stream,
+//!   after the store has applied the event, so a reconcile always sees at least that event.
+//!   After every (re)list all policies are reconciled, which also covers deletions missed while
+//!   the watch was down; a 5-minute resync catches a Service deleted during a watch outage.
+//! - Only the replica holding the Lease ([`crate::lease`]) writes. A reconcile computes the
+//!   desired `Accepted` condition and writes only when it differs from the stored one (ignoring
+//!   `lastTransitionTime`), by server-side apply of the status subresource with field manager
+//!   [`FIELD_MANAGER`] (forced: the condition is ours). Nothing is written before both caches
+//!   have synced (a half-filled Service cache would report TargetNotFound for everything).
+//! - A change of reason is also recorded as an Event on the policy (Normal for Accepted, Warning
+//!   otherwise), once per change.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aether_crds::EndpointPolicy;
+use aether_crds::policy;
+use aether_crds::udspath::{Budget, PodsDirError};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{PartialObjectMeta, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store, store};
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::runtime::{WatchStreamExt, reflector};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::watch;
+
+use crate::admission::ClusterFacts;
+use crate::lease::{Elector, LeaseConfig};
+use crate::metrics::Metrics;
+use crate::status::{self, Desired};
+
+/// The field manager of status writes.
+pub const FIELD_MANAGER: &str = "aether-controller";
+
+/// Reconcile every policy this often even without a change (a safety net for missed events).
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// Retry delay after a failed status write.
+pub const RETRY: Duration = Duration::from_secs(5);
+
+type ServiceMeta = PartialObjectMeta<Service>;
+
+/// Read access to the caches, shared by the status writer and the webhook (cheap to clone).
+#[derive(Clone)]
+pub struct ClusterView {
+    policies: Store<EndpointPolicy>,
+    services: Store<ServiceMeta>,
+    policies_synced: Arc<AtomicBool>,
+    services_synced: Arc<AtomicBool>,
+    budget: Arc<Result<Budget, PodsDirError>>,
+}
+
+impl ClusterView {
+    /// Whether the policy and the Service caches have completed their first list.
+    pub fn synced(&self) -> (bool, bool) {
+        (self.policies_synced.load(Ordering::Acquire), self.services_synced.load(Ordering::Acquire))
+    }
+
+    /// A one-line description of the caches for `/readyz`.
+    pub fn describe(&self) -> String {
+        let word = |b| if b { "synced" } else { "syncing" };
+        let (p, s) = self.synced();
+        format!(
+            "caches: endpointpolicies {} ({}), services {} ({})",
+            word(p),
+            self.policies.len(),
+            word(s),
+            self.services.len()
+        )
+    }
+}
+
+impl ClusterFacts for ClusterView {
+    fn rivals(&self, namespace: &str, target: &str, name: &str) -> Option<Vec<(String, bool)>> {
+        if !self.policies_synced.load(Ordering::Acquire) {
+            return None;
+        }
+        let found = self.policies.state_filter(|p| {
+            p.metadata.namespace.as_deref() == Some(namespace)
+                && p.spec.target_ref.name == target
+                && p.metadata.name.as_deref() != Some(name)
+        });
+        Some(found.iter().map(|p| (p.name_any(), status::invalid_because(p, &self.budget).is_none())).collect())
+    }
+
+    fn service_exists(&self, namespace: &str, name: &str) -> Option<bool> {
+        if !self.services_synced.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(self.services.get(&ObjectRef::new(name).within(namespace)).is_some())
+    }
+}
+
+/// Why a status write failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The API server refused or could not be reached.
+    #[error("cannot write the status of EndpointPolicy {object}: {source}")]
+    Patch {
+        /// `namespace/name`.
+        object: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl StatusError {
+    /// A bounded label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            StatusError::Patch { .. } => "patch",
+        }
+    }
+}
+
+/// Per policy: the resourceVersion before our last write, and what we wrote.
+type Written = HashMap<ObjectRef<EndpointPolicy>, (Option<String>, Desired)>;
+
+struct Ctx {
+    client: Client,
+    view: ClusterView,
+    metrics: Metrics,
+    leader: watch::Receiver<bool>,
+    recorder: Recorder,
+    /// What we last wrote per policy, with the resourceVersion the policy had *before* the write:
+    /// while the cache still holds that version, the write is in flight back to us, not undone.
+    written: Mutex<Written>,
+}
+
+fn object_id(p: &EndpointPolicy) -> String {
+    format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
+}
+
+async fn reconcile(p: Arc<EndpointPolicy>, ctx: Arc<Ctx>) -> Result<Action, StatusError> {
+    if !*ctx.leader.borrow() {
+        return Ok(Action::await_change());
+    }
+    if ctx.view.synced() != (true, true) {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
+    let namespace = p.namespace().unwrap_or_default();
+    let name = p.name_any();
+    let target = p.spec.target_ref.name.clone();
+    let all = ctx.view.policies.state();
+    let others: Vec<&EndpointPolicy> = all.iter().map(AsRef::as_ref).collect();
+    let exists = ctx.view.service_exists(&namespace, &target) == Some(true);
+    let desired = status::desired(&p, &others, exists, &ctx.view.budget);
+    if status::is_current(p.status.as_ref(), &desired) {
+        return Ok(Action::requeue(RESYNC));
+    }
+    let key = ObjectRef::from_obj(p.as_ref());
+    let in_flight = (p.resource_version(), desired.clone());
+    if ctx.written.lock().expect("lock").get(&key) == Some(&in_flight) {
+        return Ok(Action::requeue(RESYNC));
+    }
+    let new_status = status::status_for(p.status.as_ref(), &desired, Time(Timestamp::now()));
+    let body = serde_json::json!({
+        "apiVersion": format!("{}/{}", policy::GROUP, policy::VERSION),
+        "kind": policy::KIND,
+        "status": new_status,
+    });
+    let api: Api<EndpointPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
+    let object = object_id(&p);
+    match api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await {
+        Ok(_) => {}
+        // Deleted meanwhile: nothing to report on.
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
+        Err(source) => {
+            ctx.metrics.count_patch("failed", desired.reason.as_str());
+            return Err(StatusError::Patch { object, source });
+        }
+    }
+    ctx.metrics.count_patch("applied", desired.reason.as_str());
+    ctx.written.lock().expect("lock").insert(key, in_flight);
+    tracing::info!(
+        %object,
+        accepted = desired.status(),
+        reason = desired.reason.as_str(),
+        message = %desired.message,
+        generation = desired.observed_generation.unwrap_or_default(),
+        "EndpointPolicy status written"
+    );
+    let reason_changed = status::current(p.status.as_ref()).is_none_or(|c| c.reason != desired.reason.as_str());
+    if reason_changed {
+        let event = KubeEvent {
+            type_: if desired.accepted { EventType::Normal } else { EventType::Warning },
+            reason: desired.reason.as_str().to_owned(),
+            note: Some(desired.message.clone()),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &p.object_ref(&())).await {
+            tracing::warn!(%object, error = %e, "cannot record an Event for the status change");
+        }
+    }
+    Ok(Action::requeue(RESYNC))
+}
+
+fn error_policy(p: Arc<EndpointPolicy>, err: &StatusError, _ctx: Arc<Ctx>) -> Action {
+    tracing::warn!(object = %object_id(&p), error = %err, kind = err.label(), "status write failed; retrying in 5 s");
+    Action::requeue(RETRY)
+}
+
+type Key = ObjectRef<EndpointPolicy>;
+
+/// Turns policy watch events (after the store applied them) into the policies to reconcile: the
+/// policy itself and every policy sharing its target before or after the change.
+struct Triggers {
+    store: Store<EndpointPolicy>,
+    /// Last known (namespace, target) per policy, to find the siblings a retarget leaves behind.
+    targets: HashMap<Key, (String, String)>,
+    synced: Arc<AtomicBool>,
+}
+
+impl Triggers {
+    fn siblings(&self, ns: &str, target: &str) -> Vec<EndpointPolicy> {
+        self.store
+            .state_filter(|p| p.metadata.namespace.as_deref() == Some(ns) && p.spec.target_ref.name == target)
+            .iter()
+            .map(|p| p.as_ref().clone())
+            .collect()
+    }
+
+    fn place(p: &EndpointPolicy) -> (String, String) {
+        (p.namespace().unwrap_or_default(), p.spec.target_ref.name.clone())
+    }
+
+    fn on(&mut self, ev: Result<Event<EndpointPolicy>, watcher::Error>) -> Vec<Result<EndpointPolicy, watcher::Error>> {
+        match ev {
+            Err(e) => vec![Err(e)],
+            Ok(Event::Apply(p)) => {
+                let place = Self::place(&p);
+                let before = self.targets.insert(ObjectRef::from_obj(&p), place.clone());
+                let mut out = self.siblings(&place.0, &place.1);
+                if let Some(old) = before.filter(|old| *old != place) {
+                    out.extend(self.siblings(&old.0, &old.1));
+                }
+                out.retain(|s| s.name_any() != p.name_any() || s.namespace() != p.namespace());
+                out.push(p);
+                out.into_iter().map(Ok).collect()
+            }
+            Ok(Event::Delete(p)) => {
+                self.targets.remove(&ObjectRef::from_obj(&p));
+                let (ns, target) = Self::place(&p);
+                self.siblings(&ns, &target).into_iter().map(Ok).collect()
+            }
+            Ok(Event::Init | Event::InitApply(_)) => vec![],
+            Ok(Event::InitDone) => {
+                self.synced.store(true, Ordering::Release);
+                let all = self.store.state();
+                self.targets = all.iter().map(|p| (ObjectRef::from_obj(p.as_ref()), Self::place(p))).collect();
+                all.iter().map(|p| Ok(p.as_ref().clone())).collect()
+            }
+        }
+    }
+}
+
+/// One item each time this replica becomes the leader (to reconcile everything then).
+fn leadership_gained(rx: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send {
+    futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
+}
+
+/// Everything the status writer needs.
+#[derive(Debug, Clone)]
+pub struct StatusWriterConfig {
+    /// The client configuration (from `kube::Config::infer()` or `--kubeconfig`).
+    pub kube: kube::Config,
+    /// The Lease that elects the one writer.
+    pub lease: LeaseConfig,
+}
+
+/// Starts the caches, the election and the status writer; returns the view for the webhook and
+/// the task, which ends after `stop` turns true (releasing the Lease if held).
+///
+/// # Errors
+/// When no client can be built from the configuration.
+pub fn start(
+    cfg: StatusWriterConfig,
+    budget: Arc<Result<Budget, PodsDirError>>,
+    metrics: Metrics,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<(ClusterView, tokio::task::JoinHandle<()>)> {
+    let client = Client::try_from(cfg.kube).map_err(|e| anyhow::anyhow!("cannot build a Kubernetes client: {e}"))?;
+    let (policies, policy_writer) = store::<EndpointPolicy>();
+    let (services, service_writer) = store::<ServiceMeta>();
+    let view = ClusterView {
+        policies: policies.clone(),
+        services: services.clone(),
+        policies_synced: Arc::new(AtomicBool::new(false)),
+        services_synced: Arc::new(AtomicBool::new(false)),
+        budget,
+    };
+
+    let mut triggers =
+        Triggers { store: policies.clone(), targets: HashMap::new(), synced: view.policies_synced.clone() };
+    let policy_events =
+        reflector(policy_writer, watcher(Api::<EndpointPolicy>::all(client.clone()), watcher::Config::default()))
+            .default_backoff()
+            .flat_map(move |ev| futures::stream::iter(triggers.on(ev)));
+
+    let services_synced = view.services_synced.clone();
+    let service_events =
+        reflector(service_writer, watcher(Api::<ServiceMeta>::all(client.clone()), watcher::Config::default()))
+            .default_backoff()
+            .inspect(move |ev| {
+                if matches!(ev, Ok(Event::InitDone)) {
+                    services_synced.store(true, Ordering::Release);
+                }
+            })
+            .touched_objects();
+    let by_target = policies.clone();
+    let policies_of_service = move |svc: ServiceMeta| {
+        let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+        by_target
+            .state_filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()) && p.spec.target_ref.name == name)
+            .iter()
+            .map(|p| ObjectRef::from_obj(p.as_ref()))
+            .collect::<Vec<_>>()
+    };
+
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let reporter = Reporter { controller: FIELD_MANAGER.to_owned(), instance: Some(cfg.lease.holder.clone()) };
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        view: view.clone(),
+        metrics: metrics.clone(),
+        leader: leader_rx.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+        written: Mutex::new(HashMap::new()),
+    });
+    let controller = Controller::for_stream(policy_events, policies)
+        .watches_stream(service_events, policies_of_service)
+        .reconcile_all_on(leadership_gained(leader_rx))
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok(_) => {}
+                Err(kube::runtime::controller::Error::ObjectNotFound(r)) => {
+                    tracing::debug!(object = %r, "reconcile of a deleted policy skipped")
+                }
+                Err(e) => tracing::debug!(error = %e, "controller"),
+            }
+        });
+
+    tracing::info!(
+        lease = %format!("{}/{}", cfg.lease.namespace, cfg.lease.name),
+        holder = %cfg.lease.holder,
+        "status writer starting: watching EndpointPolicies and Services, electing one writer"
+    );
+    let elector = Elector::new(client, cfg.lease);
+    let task = tokio::spawn(async move {
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        tokio::select! {
+            () = controller => tracing::warn!("the status writer's controller stopped"),
+            () = elector.run(leader_tx, metrics, stopped) => {},
+        }
+    });
+    Ok((view, task))
+}

@@ -1,0 +1,318 @@
+//! The status of an EndpointPolicy: what its `Accepted` condition should say. Pure: no I/O.
+//!
+//! Follows the Gateway API policy status conventions (GEP-713): one condition of type `Accepted`,
+//! `True` with reason `Accepted` when the policy is in effect, else `False` with reason
+//! `Invalid`, `TargetNotFound` or `Conflicted`. The one deliberate difference from GEP-713 is the
+//! tie-break between policies targeting one Service: the lexicographically smallest name wins
+//! ([`aether_crds::tiebreak`]), not the oldest.
+//!
+//! Precedence, first match wins:
+//! 1. `Invalid`: the spec fails the webhook's own decision ([`aether_crds::review`] with the
+//!    configured budget), e.g. admitted while the webhook was down or before the pods dir changed.
+//!    Invalid policies never win a tie-break.
+//! 2. `TargetNotFound`: no Service named `spec.targetRef.name` exists in the policy's namespace.
+//! 3. `Conflicted`: another *valid* policy of the namespace targets the same Service and has a
+//!    smaller name; the message names it.
+//! 4. `Accepted`.
+
+use aether_crds::policy::EndpointPolicy;
+use aether_crds::tiebreak;
+use aether_crds::udspath::{Budget, PodsDirError};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use aether_crds::EndpointPolicyStatus;
+
+/// The condition type written by the status writer.
+pub const ACCEPTED: &str = "Accepted";
+
+/// Why a policy is or is not in effect: the `reason` of the `Accepted` condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// In effect (`status: "True"`).
+    Accepted,
+    /// The spec does not pass the webhook's validation.
+    Invalid,
+    /// No Service of that name in the namespace.
+    TargetNotFound,
+    /// Another valid policy targeting the same Service wins.
+    Conflicted,
+}
+
+impl Reason {
+    /// The reason as written in the condition (PascalCase).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Accepted => "Accepted",
+            Reason::Invalid => "Invalid",
+            Reason::TargetNotFound => "TargetNotFound",
+            Reason::Conflicted => "Conflicted",
+        }
+    }
+}
+
+/// What the `Accepted` condition of one policy should say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// `True` only for [`Reason::Accepted`].
+    pub accepted: bool,
+    /// The reason.
+    pub reason: Reason,
+    /// A sentence naming the Service, the winning policy or the broken rule.
+    pub message: String,
+    /// The `metadata.generation` the condition was computed from.
+    pub observed_generation: Option<i64>,
+}
+
+impl Desired {
+    /// The condition's `status` field: `"True"` or `"False"`.
+    pub fn status(&self) -> &'static str {
+        if self.accepted { "True" } else { "False" }
+    }
+}
+
+fn name_of(p: &EndpointPolicy) -> &str {
+    p.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn namespace_of(p: &EndpointPolicy) -> &str {
+    p.metadata.namespace.as_deref().unwrap_or_default()
+}
+
+/// The webhook's decision for a stored policy: `None` when valid, else the denial message.
+pub fn invalid_because(policy: &EndpointPolicy, budget: &Result<Budget, PodsDirError>) -> Option<String> {
+    match budget {
+        Err(e) => Some(format!("aether-controller is misconfigured, no policy can be accepted: {e}")),
+        Ok(b) => aether_crds::review(&serde_json::to_value(policy).unwrap_or_default(), b).message(),
+    }
+}
+
+/// The `Accepted` condition `policy` should carry.
+///
+/// `others` are the other policies of the cluster (any namespace, any target; `policy` itself is
+/// skipped by name and namespace if present); `service_exists` says whether a Service named
+/// `spec.targetRef.name` exists in the policy's namespace.
+pub fn desired(
+    policy: &EndpointPolicy,
+    others: &[&EndpointPolicy],
+    service_exists: bool,
+    budget: &Result<Budget, PodsDirError>,
+) -> Desired {
+    let (name, namespace) = (name_of(policy), namespace_of(policy));
+    let target = policy.spec.target_ref.name.as_str();
+    let observed_generation = policy.metadata.generation;
+    let make = |reason, message| Desired { accepted: reason == Reason::Accepted, reason, message, observed_generation };
+    if let Some(why) = invalid_because(policy, budget) {
+        return make(Reason::Invalid, format!("the spec does not pass validation, so it is not applied: {why}"));
+    }
+    if !service_exists {
+        return make(
+            Reason::TargetNotFound,
+            format!(
+                "Service {target:?} does not exist in namespace {namespace:?}; the policy applies once it is created"
+            ),
+        );
+    }
+    let rivals = others.iter().copied().filter(|o| {
+        namespace_of(o) == namespace
+            && name_of(o) != name
+            && o.spec.target_ref.name == target
+            && invalid_because(o, budget).is_none()
+    });
+    if let Some(winner) = tiebreak::winner(rivals, |o| name_of(o)).filter(|w| name_of(w) < name) {
+        return make(
+            Reason::Conflicted,
+            format!(
+                "EndpointPolicy {:?} is in effect for Service {target:?} (the smallest name wins); this policy is not applied",
+                name_of(winner)
+            ),
+        );
+    }
+    make(Reason::Accepted, format!("the policy is in effect for Service {target:?}"))
+}
+
+/// The current `Accepted` condition of a status, if any.
+pub fn current(status: Option<&EndpointPolicyStatus>) -> Option<&Condition> {
+    status?.conditions.iter().find(|c| c.type_ == ACCEPTED)
+}
+
+/// True when `status` already says exactly `desired` (status, reason, message, both observed
+/// generations), ignoring `lastTransitionTime`: then nothing is written.
+pub fn is_current(status: Option<&EndpointPolicyStatus>, desired: &Desired) -> bool {
+    let Some(c) = current(status) else { return false };
+    c.status == desired.status()
+        && c.reason == desired.reason.as_str()
+        && c.message == desired.message
+        && c.observed_generation == desired.observed_generation
+        && status.and_then(|s| s.observed_generation) == desired.observed_generation
+}
+
+/// The status to write for `desired`: `lastTransitionTime` is kept from the current condition
+/// when its `status` value does not change, else it is `now`.
+pub fn status_for(current_status: Option<&EndpointPolicyStatus>, desired: &Desired, now: Time) -> EndpointPolicyStatus {
+    let last_transition_time = match current(current_status) {
+        Some(c) if c.status == desired.status() => c.last_transition_time.clone(),
+        _ => now,
+    };
+    EndpointPolicyStatus {
+        conditions: vec![Condition {
+            type_: ACCEPTED.to_owned(),
+            status: desired.status().to_owned(),
+            reason: desired.reason.as_str().to_owned(),
+            message: desired.message.clone(),
+            observed_generation: desired.observed_generation,
+            last_transition_time,
+        }],
+        observed_generation: desired.observed_generation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aether_crds::udspath::DEFAULT_PODS_DIR;
+    use aether_crds::{EndpointPolicySpec, TargetRef};
+    use k8s_openapi::jiff::Timestamp;
+
+    fn budget() -> Result<Budget, PodsDirError> {
+        Budget::new(DEFAULT_PODS_DIR)
+    }
+
+    fn pol(ns: &str, name: &str, target: &str, socket: &str) -> EndpointPolicy {
+        let mut p = EndpointPolicy::new(
+            name,
+            EndpointPolicySpec {
+                target_ref: TargetRef { group: String::new(), kind: "Service".into(), name: target.into() },
+                uds_socket: socket.into(),
+            },
+        );
+        p.metadata.namespace = Some(ns.into());
+        p.metadata.generation = Some(3);
+        p
+    }
+
+    fn ts(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn a_lone_valid_policy_with_its_service_is_accepted_with_its_generation() {
+        let d = desired(&pol("shop", "a-pol", "echo", "s/app.sock"), &[], true, &budget());
+        assert_eq!((d.accepted, d.reason, d.observed_generation), (true, Reason::Accepted, Some(3)));
+        assert_eq!(d.status(), "True");
+        assert!(d.message.contains("\"echo\""), "{}", d.message);
+    }
+
+    #[test]
+    fn the_smallest_name_wins_and_the_loser_names_the_winner() {
+        let a = pol("shop", "a-pol", "echo", "s/app.sock");
+        let b = pol("shop", "b-pol", "echo", "s/app.sock");
+        assert_eq!(desired(&a, &[&b], true, &budget()).reason, Reason::Accepted);
+        let d = desired(&b, &[&a], true, &budget());
+        assert_eq!((d.accepted, d.reason), (false, Reason::Conflicted));
+        assert_eq!(
+            d.message,
+            "EndpointPolicy \"a-pol\" is in effect for Service \"echo\" (the smallest name wins); this policy is not applied"
+        );
+    }
+
+    #[test]
+    fn the_winner_is_the_smallest_among_several_rivals_and_order_does_not_matter() {
+        let [a, b, c] = ["c-pol", "a-pol", "b-pol"].map(|n| pol("shop", n, "echo", "s/app.sock"));
+        let d1 = desired(&a, &[&b, &c], true, &budget());
+        let d2 = desired(&a, &[&c, &b], true, &budget());
+        assert_eq!(d1, d2);
+        assert!(d1.message.contains("\"a-pol\""), "{}", d1.message);
+    }
+
+    #[test]
+    fn an_invalid_rival_never_wins() {
+        let a = pol("shop", "a-pol", "echo", "sockets/too-long-app.sock");
+        let b = pol("shop", "b-pol", "echo", "s/app.sock");
+        assert_eq!(desired(&b, &[&a], true, &budget()).reason, Reason::Accepted);
+        let d = desired(&a, &[&b], true, &budget());
+        assert_eq!(d.reason, Reason::Invalid);
+        assert!(d.message.contains("spec.udsSocket") && d.message.contains("16 bytes"), "{}", d.message);
+    }
+
+    #[test]
+    fn invalid_takes_precedence_over_a_missing_service() {
+        let a = pol("shop", "a-pol", "echo", "sockets/too-long-app.sock");
+        assert_eq!(desired(&a, &[], false, &budget()).reason, Reason::Invalid);
+    }
+
+    #[test]
+    fn a_missing_service_takes_precedence_over_a_conflict() {
+        let a = pol("shop", "a-pol", "echo", "s/app.sock");
+        let b = pol("shop", "b-pol", "echo", "s/app.sock");
+        let d = desired(&b, &[&a], false, &budget());
+        assert_eq!(d.reason, Reason::TargetNotFound);
+        assert!(d.message.contains("Service \"echo\"") && d.message.contains("\"shop\""), "{}", d.message);
+    }
+
+    #[test]
+    fn policies_of_other_namespaces_or_targets_are_not_rivals() {
+        let b = pol("shop", "b-pol", "echo", "s/app.sock");
+        let other_ns = pol("bank", "a-pol", "echo", "s/app.sock");
+        let other_target = pol("shop", "a-pol", "cart", "s/app.sock");
+        assert_eq!(desired(&b, &[&other_ns, &other_target], true, &budget()).reason, Reason::Accepted);
+    }
+
+    #[test]
+    fn the_policy_itself_among_the_others_is_ignored() {
+        let b = pol("shop", "b-pol", "echo", "s/app.sock");
+        assert_eq!(desired(&b, &[&b.clone()], true, &budget()).reason, Reason::Accepted);
+    }
+
+    #[test]
+    fn a_misconfigured_budget_makes_every_policy_invalid() {
+        let d = desired(&pol("shop", "a-pol", "echo", "s/a"), &[], true, &Budget::new(&"/x".repeat(30)));
+        assert_eq!(d.reason, Reason::Invalid);
+        assert!(d.message.contains("misconfigured"), "{}", d.message);
+    }
+
+    #[test]
+    fn an_equal_status_is_current_whatever_its_transition_time() {
+        let d = desired(&pol("shop", "a-pol", "echo", "s/app.sock"), &[], true, &budget());
+        let s = status_for(None, &d, ts(100));
+        assert!(is_current(Some(&s), &d));
+        let mut older = s.clone();
+        older.conditions[0].last_transition_time = ts(1);
+        assert!(is_current(Some(&older), &d));
+    }
+
+    #[test]
+    fn a_new_generation_reason_or_message_is_not_current() {
+        let d = desired(&pol("shop", "a-pol", "echo", "s/app.sock"), &[], true, &budget());
+        let s = status_for(None, &d, ts(100));
+        let mut newer = d.clone();
+        newer.observed_generation = Some(4);
+        assert!(!is_current(Some(&s), &newer));
+        let mut other = d.clone();
+        other.message.push('!');
+        assert!(!is_current(Some(&s), &other));
+        assert!(!is_current(None, &d));
+        assert!(!is_current(Some(&EndpointPolicyStatus::default()), &d));
+    }
+
+    #[test]
+    fn the_transition_time_is_kept_while_the_status_value_stays() {
+        let a = pol("shop", "a-pol", "echo", "s/app.sock");
+        let b = pol("shop", "b-pol", "echo", "s/app.sock");
+        let missing = desired(&b, &[&a], false, &budget());
+        let first = status_for(None, &missing, ts(100));
+        assert_eq!(first.conditions[0].last_transition_time, ts(100));
+        // TargetNotFound -> Conflicted: still False, so the time stays.
+        let conflicted = desired(&b, &[&a], true, &budget());
+        let second = status_for(Some(&first), &conflicted, ts(200));
+        assert_eq!(second.conditions[0].reason, "Conflicted");
+        assert_eq!(second.conditions[0].last_transition_time, ts(100));
+        // Conflicted -> Accepted: False -> True, the time moves.
+        let accepted = desired(&b, &[], true, &budget());
+        let third = status_for(Some(&second), &accepted, ts(300));
+        assert_eq!(
+            (third.conditions[0].status.as_str(), third.conditions[0].last_transition_time.clone()),
+            ("True", ts(300))
+        );
+        assert_eq!(third.observed_generation, Some(3));
+    }
+}

@@ -1,0 +1,428 @@
+//! The status writer and the admission warnings against a real kube-apiserver.
+//!
+//! One control plane and one controller (status writer on, KUBECONFIG of that control plane,
+//! registered as the webhook) serve every trial; each trial works in its own namespace. Trials
+//! run one at a time in the order listed: the last ones start a second replica, hand the Lease
+//! over, and finally delete the webhook configuration.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aether_tests::{ControlPlane, Controller, Scrape, eventually, repo_root};
+use anyhow::{Context, ensure};
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::Value;
+
+const LEASE: &str = "aether-status-writer";
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Env {
+    cp: ControlPlane,
+    /// The replica registered as the webhook (and, at first, the Lease holder).
+    controller: Mutex<Controller>,
+    /// A second replica, started by `a_second_replica_follows_and_takes_over_when_the_leader_stops`.
+    second: Mutex<Option<Controller>>,
+}
+
+fn start_controller(cp: &ControlPlane, holder: &str) -> anyhow::Result<Controller> {
+    let kubeconfig = cp.kubeconfig();
+    Controller::start(&[
+        "--kubeconfig",
+        kubeconfig.to_str().context("kubeconfig path is UTF-8")?,
+        "--lease-name",
+        LEASE,
+        "--lease-namespace",
+        "default",
+        "--lease-holder",
+        holder,
+    ])
+}
+
+fn admin_port(c: &Controller) -> anyhow::Result<u16> {
+    Ok(c.admin.rsplit(':').next().context("admin port")?.parse()?)
+}
+
+fn policy_yaml(ns: &str, name: &str, target: &str, socket: &str) -> String {
+    format!(
+        "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  targetRef: {{kind: Service, name: {target}}}\n  udsSocket: {socket:?}\n"
+    )
+}
+
+/// `kubectl apply` of one policy: (success, stderr).
+fn apply_policy(env: &Env, ns: &str, name: &str, target: &str, socket: &str) -> anyhow::Result<(bool, String)> {
+    let dir = tempfile::tempdir()?;
+    let f = dir.path().join("policy.yaml");
+    std::fs::write(&f, policy_yaml(ns, name, target, socket))?;
+    let out = env.cp.kubectl(&["apply".as_ref(), "-f".as_ref(), f.as_os_str()])?;
+    Ok((out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned()))
+}
+
+fn apply_ok(env: &Env, ns: &str, name: &str, target: &str, socket: &str) -> anyhow::Result<String> {
+    let (ok, stderr) = apply_policy(env, ns, name, target, socket)?;
+    ensure!(ok, "kubectl apply of {ns}/{name} failed: {stderr}");
+    Ok(stderr)
+}
+
+fn namespace(env: &Env, ns: &str) -> anyhow::Result<()> {
+    env.cp.kubectl_ok(&["create", "namespace", ns])?;
+    Ok(())
+}
+
+fn service(env: &Env, ns: &str, name: &str) -> anyhow::Result<()> {
+    env.cp.kubectl_ok(&["create", "service", "clusterip", name, "--tcp=80:8080", "-n", ns])?;
+    Ok(())
+}
+
+/// The `Accepted` condition of a policy as stored, plus `metadata.generation` and
+/// `status.observedGeneration`.
+#[derive(Debug)]
+struct Accepted {
+    status: String,
+    reason: String,
+    message: String,
+    generation: i64,
+    observed: Option<i64>,
+    condition_observed: Option<i64>,
+}
+
+fn accepted(env: &Env, ns: &str, name: &str) -> anyhow::Result<Option<Accepted>> {
+    let json: Value = serde_json::from_str(&env.cp.kubectl_ok(&["get", "epol", name, "-n", ns, "-o", "json"])?)?;
+    let generation = json["metadata"]["generation"].as_i64().context("generation")?;
+    let Some(c) = json["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "Accepted"))
+    else {
+        return Ok(None);
+    };
+    let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    Ok(Some(Accepted {
+        status: text("status"),
+        reason: text("reason"),
+        message: text("message"),
+        generation,
+        observed: json["status"]["observedGeneration"].as_i64(),
+        condition_observed: c["observedGeneration"].as_i64(),
+    }))
+}
+
+/// Waits until the policy's condition has `reason` and a message containing every one of
+/// `message_has`, computed from the current generation; returns it.
+fn wait_reason(env: &Env, ns: &str, name: &str, reason: &str, message_has: &[&str]) -> anyhow::Result<Accepted> {
+    let mut last = None;
+    let waited = eventually(&format!("{ns}/{name} to be {reason}"), WAIT, || {
+        let a = accepted(env, ns, name)?;
+        let ok = a.as_ref().is_some_and(|a| {
+            a.reason == reason
+                && message_has.iter().all(|m| a.message.contains(m))
+                && a.observed == Some(a.generation)
+                && a.condition_observed == Some(a.generation)
+        });
+        last = a;
+        Ok(ok)
+    });
+    if let Err(e) = waited {
+        let log = env.controller.lock().map(|c| c.log()).unwrap_or_default();
+        anyhow::bail!("{e:#}; last seen {last:?}\ncontroller log:\n{log}");
+    }
+    let a = last.context("condition")?;
+    let want_status = if reason == "Accepted" { "True" } else { "False" };
+    ensure!(a.status == want_status, "{ns}/{name}: reason {reason} with status {}", a.status);
+    Ok(a)
+}
+
+/// `kubectl get epol -n ns`: the ACCEPTED column per policy name.
+fn accepted_column(env: &Env, ns: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let out = env.cp.kubectl_ok(&["get", "epol", "-n", ns])?;
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    let col = header.iter().position(|h| *h == "ACCEPTED").with_context(|| format!("no ACCEPTED column: {out}"))?;
+    Ok(lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            (cells[0].to_owned(), cells.get(col).copied().unwrap_or_default().to_owned())
+        })
+        .collect())
+}
+
+fn the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_next(env: &Env) -> anyhow::Result<()> {
+    for (ns, first, second) in [("order-ab", "a-pol", "b-pol"), ("order-ba", "b-pol", "a-pol")] {
+        namespace(env, ns)?;
+        service(env, ns, "echo")?;
+        apply_ok(env, ns, first, "echo", "s/app.sock")?;
+        wait_reason(env, ns, first, "Accepted", &["Service \"echo\""])?;
+        apply_ok(env, ns, second, "echo", "s/app.sock")?;
+        wait_reason(env, ns, "a-pol", "Accepted", &[])?;
+        let b = wait_reason(
+            env,
+            ns,
+            "b-pol",
+            "Conflicted",
+            &["EndpointPolicy \"a-pol\" is in effect for Service \"echo\""],
+        )?;
+        ensure!(b.message.contains("smallest name wins"), "{ns}: {b:?}");
+        let column = accepted_column(env, ns)?;
+        ensure!(
+            column == [("a-pol".to_owned(), "True".to_owned()), ("b-pol".to_owned(), "False".to_owned())],
+            "{ns}: kubectl get epol shows {column:?}"
+        );
+        // The change of reason is also recorded once as an Event on the policy.
+        eventually(&format!("a Conflicted Event for {ns}/b-pol"), WAIT, || {
+            let events: Value =
+                serde_json::from_str(&env.cp.kubectl_ok(&["get", "events.events.k8s.io", "-n", ns, "-o", "json"])?)?;
+            let conflicted: Vec<&Value> = events["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| e["regarding"]["name"] == "b-pol" && e["reason"] == "Conflicted")
+                .collect();
+            ensure!(conflicted.len() <= 1, "{ns}: more than one Conflicted Event for b-pol: {conflicted:?}");
+            Ok(conflicted.first().is_some_and(|e| {
+                e["type"] == "Warning"
+                    && e["reportingController"] == "aether-controller"
+                    && e["note"].as_str().unwrap_or_default().contains("\"a-pol\"")
+            }))
+        })?;
+        env.cp.kubectl_ok(&["delete", "epol", "a-pol", "-n", ns, "--wait=true"])?;
+        wait_reason(env, ns, "b-pol", "Accepted", &[])?;
+        let column = accepted_column(env, ns)?;
+        ensure!(
+            column == [("b-pol".to_owned(), "True".to_owned())],
+            "{ns}: after the delete, kubectl get epol shows {column:?}"
+        );
+    }
+    Ok(())
+}
+
+fn a_policy_for_a_missing_service_is_target_not_found_until_the_service_exists(env: &Env) -> anyhow::Result<()> {
+    let ns = "missing";
+    namespace(env, ns)?;
+    apply_ok(env, ns, "later-uds", "later", "s/app.sock")?;
+    wait_reason(
+        env,
+        ns,
+        "later-uds",
+        "TargetNotFound",
+        &["Service \"later\" does not exist in namespace \"missing\""],
+    )?;
+    ensure!(accepted_column(env, ns)? == [("later-uds".to_owned(), "False".to_owned())]);
+    service(env, ns, "later")?;
+    wait_reason(env, ns, "later-uds", "Accepted", &[])?;
+    ensure!(accepted_column(env, ns)? == [("later-uds".to_owned(), "True".to_owned())]);
+    env.cp.kubectl_ok(&["delete", "service", "later", "-n", ns])?;
+    wait_reason(env, ns, "later-uds", "TargetNotFound", &[])?;
+    Ok(())
+}
+
+fn a_spec_change_is_observed_with_its_generation(env: &Env) -> anyhow::Result<()> {
+    let ns = "generation";
+    namespace(env, ns)?;
+    service(env, ns, "echo")?;
+    service(env, ns, "cart")?;
+    apply_ok(env, ns, "a-pol", "echo", "s/app.sock")?;
+    apply_ok(env, ns, "b-pol", "echo", "s/app.sock")?;
+    wait_reason(env, ns, "b-pol", "Conflicted", &["\"a-pol\""])?;
+    // Moving the winner to another Service leaves b-pol alone on "echo": it is promoted.
+    apply_ok(env, ns, "a-pol", "cart", "s/app.sock")?;
+    let a = wait_reason(env, ns, "a-pol", "Accepted", &["Service \"cart\""])?;
+    ensure!(a.generation == 2, "a-pol generation {}", a.generation);
+    wait_reason(env, ns, "b-pol", "Accepted", &["Service \"echo\""])?;
+    Ok(())
+}
+
+fn kubectl_apply_prints_the_warnings(env: &Env) -> anyhow::Result<()> {
+    let ns = "dup";
+    namespace(env, ns)?;
+    service(env, ns, "echo")?;
+    let stderr = apply_ok(env, ns, "a-pol", "echo", "s/app.sock")?;
+    ensure!(!stderr.contains("Warning:"), "a lone policy with its Service got a warning: {stderr}");
+    // The status write proves the controller's cache holds a-pol, which the webhook reads too.
+    wait_reason(env, ns, "a-pol", "Accepted", &[])?;
+    let stderr = apply_ok(env, ns, "b-pol", "echo", "s/app.sock")?;
+    let want = "Warning: spec.targetRef.name: Service \"echo\" is already targeted by EndpointPolicy \"a-pol\"; only one policy applies per Service and \"a-pol\" wins (the smallest name wins), so this policy \"b-pol\" will be Conflicted and not applied";
+    ensure!(stderr.contains(want), "kubectl apply of the duplicate printed: {stderr}");
+    // The winner's side says it wins.
+    let stderr = apply_ok(env, ns, "a-pol", "echo", "s/ap.sock")?;
+    ensure!(stderr.contains("this policy \"a-pol\" wins") && stderr.contains("\"b-pol\""), "{stderr}");
+
+    let stderr = apply_ok(env, ns, "nowhere-uds", "nowhere", "s/app.sock")?;
+    ensure!(
+        stderr.contains("Warning: spec.targetRef.name: Service \"nowhere\" does not exist in namespace \"dup\" yet"),
+        "{stderr}"
+    );
+    let stderr = apply_ok(env, ns, "tight-uds", "tight", "sockets/app.so")?;
+    ensure!(
+        stderr
+            .contains("Warning: spec.udsSocket: \"sockets/app.so\" is 14 bytes, within 2 bytes of the 16-byte budget"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+fn controller_metrics_parse_and_count_as_the_scenario_runs(env: &Env) -> anyhow::Result<()> {
+    let port = admin_port(&env.controller.lock().expect("lock"))?;
+    let before = Scrape::get(port)?;
+    ensure!(before.value("aether_status_leader", &[]) == 1.0, "the only replica is not leading");
+    let ns = "metrics";
+    namespace(env, ns)?;
+    apply_ok(env, ns, "m-pol", "echo", "s/app.sock")?;
+    wait_reason(env, ns, "m-pol", "TargetNotFound", &[])?;
+    service(env, ns, "echo")?;
+    wait_reason(env, ns, "m-pol", "Accepted", &[])?;
+    apply_ok(env, ns, "n-pol", "echo", "s/app.sock")?;
+    wait_reason(env, ns, "n-pol", "Conflicted", &[])?;
+    let (denied, _) = apply_policy(env, ns, "o-pol", "echo", "sockets/app1.sock")?;
+    ensure!(!denied, "an over-budget policy was admitted");
+
+    let after = Scrape::get(port)?;
+    let moved = |name: &str, labels: &[(&str, &str)]| after.value(name, labels) - before.value(name, labels);
+    let checks: &[Check<'_>] = &[
+        ("aether_status_patches_total", &[("result", "applied"), ("reason", "TargetNotFound")], 1.0),
+        ("aether_status_patches_total", &[("result", "applied"), ("reason", "Accepted")], 1.0),
+        ("aether_status_patches_total", &[("result", "applied"), ("reason", "Conflicted")], 1.0),
+        ("aether_admission_requests_total", &[("kind", "EndpointPolicy"), ("result", "allowed")], 2.0),
+        ("aether_admission_requests_total", &[("kind", "EndpointPolicy"), ("result", "denied")], 1.0),
+        ("aether_admission_warnings_total", &[("warning", "target_not_found")], 1.0),
+        ("aether_admission_warnings_total", &[("warning", "conflict")], 1.0),
+        ("aether_admission_duration_seconds_count", &[], 3.0),
+    ];
+    let mut wrong = Vec::new();
+    for (name, labels, at_least) in checks {
+        if moved(name, labels) < *at_least {
+            wrong.push(format!("{name}{labels:?} moved by {} (want >= {at_least})", moved(name, labels)));
+        }
+    }
+    ensure!(after.value("aether_status_patches_total", &[("result", "failed")]) == 0.0, "failed status writes");
+    ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // Writes only on change: with nothing changing, the applied count stays put.
+    let settled = Scrape::get(port)?.value("aether_status_patches_total", &[("result", "applied")]);
+    std::thread::sleep(Duration::from_secs(2));
+    let later = Scrape::get(port)?.value("aether_status_patches_total", &[("result", "applied")]);
+    ensure!(later == settled, "status was rewritten without a change: {settled} -> {later}");
+    Ok(())
+}
+
+fn a_second_replica_follows_and_takes_over_when_the_leader_stops(env: &Env) -> anyhow::Result<()> {
+    let holder =
+        env.cp.kubectl_ok(&["get", "lease", LEASE, "-n", "default", "-o", "jsonpath={.spec.holderIdentity}"])?;
+    ensure!(holder == "e2e-first", "Lease held by {holder:?}");
+    let second = start_controller(&env.cp, "e2e-second")?;
+    let port = admin_port(&second)?;
+    eventually("the second replica's caches to sync", WAIT, || {
+        Ok(aether_tests::http_get(port, "/readyz", &[])?.1.contains("services synced"))
+    })?;
+    let (_, readyz) = aether_tests::http_get(port, "/readyz", &[])?;
+    ensure!(readyz.contains("following"), "/readyz of the second replica: {readyz}");
+    ensure!(Scrape::get(port)?.value("aether_status_leader", &[]) == 0.0, "two leaders");
+
+    // The API server now calls the second replica; the first stops gracefully and releases the Lease.
+    env.cp.register_webhook(&second.url, &second.ca_file)?;
+    let stopped = env.controller.lock().expect("lock").terminate(Duration::from_secs(15))?;
+    ensure!(stopped, "the first replica did not stop on SIGTERM");
+    eventually(
+        "the second replica to lead",
+        WAIT,
+        || Ok(Scrape::get(port)?.value("aether_status_leader", &[]) == 1.0),
+    )?;
+    let holder =
+        env.cp.kubectl_ok(&["get", "lease", LEASE, "-n", "default", "-o", "jsonpath={.spec.holderIdentity}"])?;
+    ensure!(holder == "e2e-second", "Lease held by {holder:?}");
+    *env.second.lock().expect("lock") = Some(second);
+
+    let ns = "takeover";
+    namespace(env, ns)?;
+    service(env, ns, "echo")?;
+    apply_ok(env, ns, "t-pol", "echo", "s/app.sock")?;
+    wait_reason(env, ns, "t-pol", "Accepted", &[])?;
+    Ok(())
+}
+
+/// Runs last: without the webhook, a policy over the budget is stored; the status says Invalid
+/// and it never wins over a valid one.
+fn a_policy_admitted_without_the_webhook_is_invalid_and_never_wins(env: &Env) -> anyhow::Result<()> {
+    env.cp.delete_webhook()?;
+    let ns = "invalid";
+    namespace(env, ns)?;
+    service(env, ns, "echo")?;
+    apply_ok(env, ns, "a-pol", "echo", "sockets/app1.sock")?;
+    apply_ok(env, ns, "b-pol", "echo", "s/app.sock")?;
+    wait_reason(env, ns, "a-pol", "Invalid", &["spec.udsSocket", "17 bytes", "the budget is 16 bytes"])?;
+    wait_reason(env, ns, "b-pol", "Accepted", &[])?;
+    Ok(())
+}
+
+/// A metric, its labels, and how much it must at least have grown.
+type Check<'a> = (&'a str, &'a [(&'a str, &'a str)], f64);
+
+/// A trial's name and body.
+type Scenario = (&'static str, fn(&Env) -> anyhow::Result<()>);
+
+fn trial(name: &str, env: &Arc<Env>, f: fn(&Env) -> anyhow::Result<()>) -> Trial {
+    let env = env.clone();
+    Trial::test(name, move || f(&env).map_err(|e| Failed::from(format!("{e:#}"))))
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    let list: [Scenario; 7] = [
+        (
+            "the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_next",
+            the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_next,
+        ),
+        (
+            "a_policy_for_a_missing_service_is_target_not_found_until_the_service_exists",
+            a_policy_for_a_missing_service_is_target_not_found_until_the_service_exists,
+        ),
+        ("a_spec_change_is_observed_with_its_generation", a_spec_change_is_observed_with_its_generation),
+        ("kubectl_apply_prints_the_warnings", kubectl_apply_prints_the_warnings),
+        (
+            "controller_metrics_parse_and_count_as_the_scenario_runs",
+            controller_metrics_parse_and_count_as_the_scenario_runs,
+        ),
+        (
+            "a_second_replica_follows_and_takes_over_when_the_leader_stops",
+            a_second_replica_follows_and_takes_over_when_the_leader_stops,
+        ),
+        (
+            "a_policy_admitted_without_the_webhook_is_invalid_and_never_wins",
+            a_policy_admitted_without_the_webhook_is_invalid_and_never_wins,
+        ),
+    ];
+    if args.list {
+        // Listing must not start a control plane.
+        let trials = list.iter().map(|(n, _)| Trial::test(*n, || Ok(()))).collect();
+        libtest_mimic::run(&args, trials).exit();
+    }
+    let env = match setup() {
+        Ok(e) => Arc::new(e),
+        Err(e) => {
+            eprintln!("e2e setup failed: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    let trials = list.iter().map(|(n, f)| trial(n, &env, *f)).collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(env);
+    conclusion.exit();
+}
+
+fn setup() -> anyhow::Result<Env> {
+    let cp = ControlPlane::start()?;
+    let crd = repo_root().join("charts/aether-crds/templates/endpointpolicy-crd.yaml");
+    cp.kubectl_ok(&["apply".as_ref(), "--server-side".as_ref(), "-f".as_ref(), crd.as_os_str()])?;
+    cp.kubectl_ok(&[
+        "wait",
+        "--for",
+        "condition=Established",
+        "--timeout",
+        "60s",
+        "crd/endpointpolicies.config.aether.io",
+    ])?;
+    let controller = start_controller(&cp, "e2e-first")?;
+    cp.register_webhook(&controller.url, &controller.ca_file)?;
+    let port = admin_port(&controller)?;
+    eventually("the controller to lead with synced caches", WAIT, || {
+        let (_, body) = aether_tests::http_get(port, "/readyz", &[])?;
+        Ok(body.contains("leading") && body.contains("endpointpolicies synced") && body.contains("services synced"))
+    })
+    .with_context(|| controller.log())?;
+    Ok(Env { cp, controller: Mutex::new(controller), second: Mutex::new(None) })
+}
