@@ -60,8 +60,34 @@ for f in "$repo"/crds/examples/*.yaml; do
   kubectl apply -f "$f" 2>&1 | sed 's/^/    /' || true
 done
 
-step "kubectl get epol"
+step "status: kubectl create service clusterip echo (grpc-api has none), then a second policy for echo"
+kubectl create service clusterip echo --tcp=8080 2>&1 | sed 's/^/    /'
+echo "    kubectl apply of echo-uds-b (targets Service echo too; kubectl prints the webhook's warnings):"
+kubectl apply -f - 2>&1 <<EPOL | sed 's/^/    /'
+apiVersion: config.aether.io/v1
+kind: EndpointPolicy
+metadata: {name: echo-uds-b}
+spec:
+  targetRef: {kind: Service, name: echo}
+  udsSocket: sockets/b.sock
+EPOL
+status_of() { kubectl get epol "$1" -o jsonpath='{.status.conditions[?(@.type=="Accepted")].reason}' 2>/dev/null; }
+for _ in $(seq 1 50); do
+  [ "$(status_of echo-uds)" = Accepted ] && [ "$(status_of echo-uds-b)" = Conflicted ] && [ "$(status_of grpc-api-uds)" = TargetNotFound ] && break
+  sleep 0.2
+done
+
+step "kubectl get epol (ACCEPTED is the status writer's Accepted condition)"
 kubectl get epol
+kubectl get epol -o custom-columns='NAME:.metadata.name,REASON:.status.conditions[0].reason,GEN:.status.conditions[0].observedGeneration,MESSAGE:.status.conditions[0].message' | sed 's/^/    /'
+
+step "kubectl get events (the status writer records each change of reason)"
+kubectl get events --field-selector reason=Conflicted 2>&1 | sed 's/^/    /'
+
+step "kubectl delete epol echo-uds: the next policy by name, echo-uds-b, is promoted"
+kubectl delete epol echo-uds | sed 's/^/    /'
+for _ in $(seq 1 50); do [ "$(status_of echo-uds-b)" = Accepted ] && break; sleep 0.2; done
+kubectl get epol | sed 's/^/    /'
 
 step "the same decisions offline: aether-controller validate -f crds/examples/*.yaml"
 "$repo/target/debug/aether-controller" validate -f "$repo"/crds/examples/*.yaml || true
@@ -120,6 +146,7 @@ echo "    envoy $("$envoy" --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*' | head -
 step "creating Pod shop/echo-1 on demo-node (managed, emptyDir volume \"s\"); playing kubelet: its app listens on the socket only"
 kubectl create namespace shop >/dev/null
 kubectl create serviceaccount -n shop echo >/dev/null
+kubectl create service clusterip -n shop echo --tcp=8080 >/dev/null
 kubectl apply -f - <<POD
 apiVersion: v1
 kind: Pod
@@ -173,6 +200,7 @@ spec:
 EPOL
 wait_for pipe_up || true
 endpoint; through_envoy
+kubectl get epol -n shop | sed 's/^/    /'
 echo "    health gateway: curl --unix-socket $work/run/health.sock http://localhost/healthz/health_shop_echo-1 -> $(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$work/run/health.sock" http://localhost/healthz/health_shop_echo-1)"
 
 step "kubectl delete the policy: back to TCP"
@@ -184,6 +212,37 @@ step "kubectl annotate the pod endpoint.aether.io/uds-socket=s/app.sock: the ann
 kubectl annotate pod -n shop echo-1 endpoint.aether.io/uds-socket=s/app.sock
 wait_for pipe_up || true
 endpoint; through_envoy
+
+step "Pod shop/echo-2 annotated s/a-very-long-socket-name.sock (over this node's budget): one Event on the pod"
+kubectl apply -f - <<POD
+apiVersion: v1
+kind: Pod
+metadata:
+  name: echo-2
+  namespace: shop
+  labels: {aether.io/managed: "true"}
+  annotations: {endpoint.aether.io/uds-socket: s/a-very-long-socket-name.sock}
+spec:
+  nodeName: demo-node
+  serviceAccountName: echo
+  containers: [{name: app, image: registry.example/uds-echo:demo}]
+  volumes: [{name: s, emptyDir: {}}]
+POD
+for _ in $(seq 1 50); do
+  kubectl get events -n shop --field-selector involvedObject.name=echo-2 -o name 2>/dev/null | grep -q . && break
+  sleep 0.2
+done
+kubectl label pod -n shop echo-2 demo=resync >/dev/null   # an unrelated update: no second Event
+sleep 1
+kubectl get events -n shop --field-selector involvedObject.name=echo-2 \
+  -o custom-columns='TYPE:.type,REASON:.reason,COUNT:.count,FROM:.reportingComponent,MESSAGE:.message' | sed 's/^/    /'
+
+step "metrics: aether-agent /metrics and aether-controller /metrics (excerpts)"
+curl -s "http://127.0.0.1:$agent_admin/metrics" \
+  | grep -E '^aether_(agent_pods|agent_tcp_fallbacks\{reason="path-too-long"|agent_pod_events_total|xds_(pushes|acks|nacks)_total|xds_change_to_ack_seconds_count)' \
+  | grep -v ' 0$' | sed 's/^/    /'
+curl -s "http://127.0.0.1:$admin/metrics" \
+  | grep -E '^aether_(admission_requests_total|admission_warnings_total|status_patches_total|status_leader)' | sed 's/^/    /'
 
 step "what the agent logged"
 grep -E "delivering|declared|CRD|budget" "$work/agent.log" | sed 's/^/    /' | tail -n 8

@@ -324,10 +324,9 @@ pub fn notice(
                 (_, Some(r), _) if d.is_pipe() => format!("{}: refused: {r}", d.reason),
                 (Cause::PathTooLong, _, _) => match budget {
                     Some(b) => format!(
-                        "{}; budget = {SUN_PATH_MAX} - {} bytes of pods dir {} - {FIXED_BYTES} = {} bytes",
+                        "{}: {SUN_PATH_MAX} - {} (pods dir) - {FIXED_BYTES} (/<uid>/volumes/kubernetes.io~empty-dir/) = {} bytes",
                         d.reason,
                         b.pods_dir().len(),
-                        b.pods_dir(),
                         b.bytes()
                     ),
                     None => d.reason.clone(),
@@ -506,7 +505,10 @@ mod tests {
             ),
             "{note}"
         );
-        assert!(note.contains("budget = 107 - 21 bytes of pods dir /var/lib/kubelet/pods - 70 = 16 bytes"), "{note}");
+        assert!(
+            note.contains("107 - 21 (pods dir) - 70 (/<uid>/volumes/kubernetes.io~empty-dir/) = 16 bytes"),
+            "{note}"
+        );
         assert!(note.ends_with("delivering over TCP"), "{note}");
     }
 

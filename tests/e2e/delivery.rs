@@ -362,7 +362,7 @@ fn i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move(e
         note.contains("pod e2e/over-1")
             && note.contains(value)
             && note.contains("is 26 bytes")
-            && note.contains(&format!("- 70 = {budget} bytes"))
+            && note.contains(&format!("- 70 (/<uid>/volumes/kubernetes.io~empty-dir/) = {budget} bytes"))
             && note.ends_with("delivering over TCP"),
         "note: {note}"
     );
