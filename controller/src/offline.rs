@@ -1,17 +1,21 @@
 //! `aether-controller validate`: the webhook's decision, offline, for GitOps CI.
 //!
 //! Reads multi-document YAML files (a `List` kind is expanded), decides every EndpointPolicy
-//! with [`aether_crds::review`] (the webhook's function), warns about several policies targeting
-//! one Service among the given files, and lists other documents as skipped.
+//! with [`aether_crds::review`] (the webhook's function), gives the webhook's warnings for what
+//! it can see offline (other policies among the given files targeting the same Service, a socket
+//! value within 2 bytes of the budget; not a missing Service), and lists other documents as skipped.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use aether_crds::policy;
-use aether_crds::tiebreak::{self, ServiceKey};
+use aether_crds::policy::EndpointPolicySpec;
+use aether_crds::tiebreak::ServiceKey;
 use aether_crds::udspath::Budget;
 use serde::Serialize;
 use serde_json::Value;
+
+use crate::warnings::{self, Rival};
 
 /// The outcome for one document.
 #[derive(Debug, Serialize, PartialEq)]
@@ -137,31 +141,44 @@ pub fn decide_all(docs: &[(String, Value)], budget: &Budget) -> Vec<Outcome> {
             o
         })
         .collect();
-    warn_shared_targets(docs, &mut out);
+    warn_like_the_webhook(docs, budget, &mut out);
     out
 }
 
-/// Several allowed policies targeting one Service: only the smallest name applies.
-fn warn_shared_targets(docs: &[(String, Value)], out: &mut [Outcome]) {
-    let mut by_service: BTreeMap<ServiceKey, Vec<usize>> = BTreeMap::new();
-    for (i, o) in out.iter().enumerate() {
-        if o.allowed == Some(true)
-            && let Some(target) = text(&docs[i].1, "/spec/targetRef/name")
-        {
-            let ns = o.namespace.clone().unwrap_or_else(|| "default".to_owned());
-            by_service.entry(ServiceKey::new(ns, target)).or_default().push(i);
+/// The webhook's warnings ([`warnings::for_allowed_policy`]) for every allowed policy, with the
+/// other given documents as the only rivals (denied ones count as invalid rivals) and no
+/// missing-Service warning (offline, Services are unknown).
+fn warn_like_the_webhook(docs: &[(String, Value)], budget: &Budget, out: &mut [Outcome]) {
+    let key_of = |i: usize| -> Option<ServiceKey> {
+        let target = text(&docs[i].1, "/spec/targetRef/name")?;
+        Some(ServiceKey::new(out[i].namespace.clone().unwrap_or_else(|| "default".to_owned()), target))
+    };
+    let policies: Vec<(usize, ServiceKey)> =
+        (0..out.len()).filter(|i| out[*i].allowed.is_some()).filter_map(|i| Some((i, key_of(i)?))).collect();
+    let mut found: Vec<(usize, Vec<String>)> = Vec::new();
+    for (i, key) in &policies {
+        if out[*i].allowed != Some(true) {
+            continue;
         }
+        // Allowed means it passed review, so the spec deserializes.
+        let Some(spec) =
+            docs[*i].1.get("spec").and_then(|s| serde_json::from_value::<EndpointPolicySpec>(s.clone()).ok())
+        else {
+            continue;
+        };
+        let rivals: Vec<Rival<'_>> = policies
+            .iter()
+            .filter(|(j, k)| j != i && k == key)
+            .map(|(j, _)| Rival { name: out[*j].name.as_str(), valid: out[*j].allowed == Some(true) })
+            .collect();
+        let texts = warnings::for_allowed_policy(&out[*i].name, &key.namespace, &spec, Some(&rivals), None, budget)
+            .into_iter()
+            .map(|w| w.text)
+            .collect();
+        found.push((*i, texts));
     }
-    for (key, idx) in by_service.into_iter().filter(|(_, v)| v.len() > 1) {
-        let names: Vec<&str> = idx.iter().map(|i| out[*i].name.as_str()).collect();
-        let Some(win) = tiebreak::winner(names.iter().copied(), |n| n) else { continue };
-        let warning = format!(
-            "policies {} all target Service {key}; only {win:?} applies (the lexicographically smallest name wins), the others are conflicted",
-            names.join(", ")
-        );
-        for i in idx {
-            out[i].warnings.push(warning.clone());
-        }
+    for (i, texts) in found {
+        out[i].warnings.extend(texts);
     }
 }
 

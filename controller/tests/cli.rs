@@ -31,6 +31,10 @@ fn policies(name: &str) -> String {
     fixture_path(&format!("policies/{name}")).display().to_string()
 }
 
+fn example(name: &str) -> String {
+    format!("{}/../crds/examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -246,28 +250,54 @@ fn validate_warns_about_policies_sharing_a_service_naming_the_winner() {
     let f = policies("shared-target.yaml");
     let (code, entries) = validate_json(&[&f], &[]);
     assert_eq!(code, 0, "a conflict is a warning, not a denial");
-    for name in ["zeta-uds", "alpha-uds"] {
-        let warnings = entry(&entries, name)["warnings"].as_array().expect("warnings").clone();
-        assert_eq!(warnings.len(), 1, "{name}: {warnings:?}");
-        let w = warnings[0].as_str().expect("string");
-        assert!(w.contains("shop/echo"), "{w}");
-        assert!(w.contains("only \"alpha-uds\" applies"), "the smallest name wins: {w}");
-    }
-    let other = entry(&entries, "aaa-uds");
-    assert_eq!(other["warnings"].as_array().map(Vec::len), Some(0), "another namespace is another Service: {other}");
+    let conflict = |entries: &[serde_json::Value], name: &str| -> Vec<String> {
+        let warnings = entry(entries, name)["warnings"].as_array().expect("warnings").clone();
+        warnings
+            .iter()
+            .filter_map(|w| w.as_str())
+            .filter(|w| w.starts_with("spec.targetRef.name"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let loser = conflict(&entries, "zeta-uds");
+    assert_eq!(loser.len(), 1, "{loser:?}");
+    assert!(
+        loser[0].contains("\"alpha-uds\" wins (the smallest name wins)") && loser[0].contains("Conflicted"),
+        "{loser:?}"
+    );
+    let winner = conflict(&entries, "alpha-uds");
+    assert_eq!(winner.len(), 1, "{winner:?}");
+    assert!(winner[0].contains("this policy \"alpha-uds\" wins"), "the smallest name wins: {winner:?}");
+    assert!(conflict(&entries, "aaa-uds").is_empty(), "another namespace is another Service");
 
     let text = stdout(&run(&["validate", "-f", &f]));
-    assert!(text.contains("warning:") && text.contains("only \"alpha-uds\" applies"), "{text}");
+    assert!(text.contains("warning:") && text.contains("\"alpha-uds\" wins"), "{text}");
 }
 
 #[test]
 fn validate_tie_break_spans_files() {
     let (_, entries) = validate_json(&[&policies("shared-target.yaml"), &policies("one-denied.yaml")], &[]);
     // echo-uds (one-denied.yaml) also targets shop/echo and sorts before zeta-uds but after alpha-uds;
-    // the denied echo-too-long is not a candidate.
-    let w = entry(&entries, "zeta-uds")["warnings"][0].as_str().expect("warning").to_owned();
-    assert!(w.contains("echo-uds") && w.contains("only \"alpha-uds\" applies"), "{w}");
-    assert!(!w.contains("echo-too-long"), "a denied policy never wins or conflicts: {w}");
+    // the denied echo-too-long is never a candidate.
+    let warnings = entry(&entries, "zeta-uds")["warnings"].as_array().expect("warnings").clone();
+    let w =
+        warnings.iter().filter_map(|w| w.as_str()).find(|w| w.starts_with("spec.targetRef.name")).expect("conflict");
+    assert!(w.contains("echo-uds") && w.contains("\"alpha-uds\" wins"), "{w}");
+    assert!(
+        w.contains("\"echo-too-long\" also target it but fail validation and never win"),
+        "a denied policy never wins: {w}"
+    );
+}
+
+#[test]
+fn validate_warns_about_a_value_within_two_bytes_of_the_budget_like_the_webhook() {
+    let (code, entries) = validate_json(&[&example("ok-echo-uds.yaml")], &[]);
+    assert_eq!(code, 0);
+    let warnings = entry(&entries, "echo-uds")["warnings"].as_array().expect("warnings").clone();
+    assert!(
+        warnings.iter().filter_map(|w| w.as_str()).any(|w| w.starts_with("spec.udsSocket") && w.contains("0 to spare")),
+        "{warnings:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
