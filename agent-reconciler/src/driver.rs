@@ -102,6 +102,10 @@ pub struct Driver {
     clock: Option<ChangeClock>,
     event_at: Option<Instant>,
     booting: bool,
+    /// `Normal` notices decided while booting from the state dir (e.g. a fallback cleared by a
+    /// configuration fix across a restart): sent once the first complete pod list confirms the
+    /// pod still exists and is still delivered over its socket.
+    deferred: Vec<pod_events::Notice>,
 }
 
 impl Driver {
@@ -127,6 +131,7 @@ impl Driver {
             clock: None,
             event_at: None,
             booting: false,
+            deferred: Vec::new(),
         }
     }
 
@@ -243,6 +248,7 @@ impl Driver {
                 }
                 self.status.send_modify(|s| s.pods_synced = true);
                 self.after(change, false);
+                self.send_deferred(&keep);
             }
             Event::PolicyApplied(policy) => match PolicyRecord::from_policy(&policy, self.index.settings()) {
                 Ok(rec) => {
@@ -393,6 +399,7 @@ impl Driver {
         let notices = pod_events::decide(&mut self.ledger, budget, observed);
         for n in notices {
             if self.booting && n.severity == pod_events::Severity::Normal {
+                self.deferred.push(n);
                 continue;
             }
             tracing::info!(pod = %n.pod, reason = n.reason, note = %n.note, "pod Event");
@@ -403,6 +410,22 @@ impl Driver {
         if self.ledger != before {
             self.save_events();
             self.publish_status();
+        }
+    }
+
+    /// Sends the notices deferred at boot for pods the first complete list still has and that
+    /// are still delivered over their socket; drops the others.
+    fn send_deferred(&mut self, listed: &HashSet<String>) {
+        let map = self.index.snapshot();
+        for n in std::mem::take(&mut self.deferred) {
+            let piped = map.get(&n.pod).is_some_and(|e| e.delivery.is_pipe());
+            if !listed.contains(&n.pod.uid) || !piped || self.ledger.get(&n.pod.uid).is_some() {
+                continue;
+            }
+            tracing::info!(pod = %n.pod, reason = n.reason, note = %n.note, "pod Event");
+            if let Some(tx) = &self.notices {
+                tx.send(n);
+            }
         }
     }
 
@@ -534,16 +557,14 @@ mod tests {
     }
 
     fn driver(state: &std::path::Path) -> (Driver, watch::Receiver<Arc<Snapshot>>) {
+        driver_with(state, Settings::new("/var/lib/kubelet/pods", true))
+    }
+
+    fn driver_with(state: &std::path::Path, settings: Settings) -> (Driver, watch::Receiver<Arc<Snapshot>>) {
         let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
         let (status, _) = watch::channel(Status::default());
         let store = StateStore::open(state).unwrap();
-        let d = Driver::new(
-            Index::new(Settings::new("/var/lib/kubelet/pods", true)),
-            Some(store),
-            CniRecords::default(),
-            tx,
-            status,
-        );
+        let d = Driver::new(Index::new(settings), Some(store), CniRecords::default(), tx, status);
         (d, rx)
     }
 
@@ -645,6 +666,28 @@ mod tests {
         again.handle(Event::PodsListed(vec![pod("b", UID_B)]));
         assert!(again.ledger().is_empty());
         assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
+    }
+
+    #[test]
+    fn a_fallback_fixed_by_configuration_across_a_restart_gets_its_delivered_event_once_the_pod_is_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, _rx) = driver_with(dir.path(), Settings::new("/var/lib/kubelet/pods", false));
+        let (mut d, mut events) = with_notices(d);
+        d.handle(Event::PodsListed(vec![pod("a", UID_A), pod("b", UID_B)]));
+        assert_eq!(drain(&mut events), ["UdsDisabled", "UdsDisabled"]);
+        drop(d);
+        // Restarted with --uds-workloads=true: the boot decides "delivered" but says nothing
+        // until the API server confirms the pods; pod b was deleted meanwhile.
+        let (again, _rx) = driver(dir.path());
+        let (mut again, mut events) = with_notices(again);
+        again.boot();
+        assert_eq!(drain(&mut events), Vec::<&str>::new(), "nothing before the API server confirms");
+        again.handle(Event::PodsListed(vec![pod("a", UID_A)]));
+        let sent: Vec<pod_events::Notice> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!((sent[0].reason, sent[0].pod.uid.as_str()), (pod_events::DELIVERED_REASON, UID_A));
+        again.handle(Event::PodsListed(vec![pod("a", UID_A)]));
+        assert_eq!(drain(&mut events), Vec::<&str>::new(), "sent once");
     }
 
     #[test]

@@ -6,8 +6,12 @@
 //! waits for the API server: a full queue drops the notice (logged with the pod, counted as
 //! `result="dropped"`). A publish that fails is retried a few times with backoff (not for a 4xx
 //! answer other than 429, which will not change), then logged with the pod and counted as
-//! `result="failed"`; nothing crashes. RBAC: `events.k8s.io` `events` `create` and `patch`
-//! (`patch` is used by kube-runtime when the same Event recurs within minutes, as a series).
+//! `result="failed"`; nothing crashes. RBAC: `events.k8s.io` `events` `create`.
+//!
+//! Each notice is published through a fresh [`Recorder`]: kube-runtime's recorder folds a
+//! recurring (type, reason, action, object) into a series that keeps the *first* note, so a pod
+//! whose invalid value changed would still show the old value. [`crate::pod_events`] already
+//! sends one notice per change, so there is nothing to fold.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,11 +73,10 @@ pub fn pod_reference(n: &Notice) -> ObjectReference {
 
 /// Publishes every notice `rx` receives until it closes.
 pub fn spawn(client: Client, node: &str, mut rx: mpsc::Receiver<Notice>, metrics: Arc<Metrics>) -> JoinHandle<()> {
-    let recorder =
-        Recorder::new(client, Reporter { controller: REPORTING_CONTROLLER.into(), instance: Some(node.to_owned()) });
+    let reporter = Reporter { controller: REPORTING_CONTROLLER.into(), instance: Some(node.to_owned()) };
     tokio::spawn(async move {
         while let Some(n) = rx.recv().await {
-            let result = publish(&recorder, &n).await;
+            let result = publish(&Recorder::new(client.clone(), reporter.clone()), &n).await;
             metrics.pod_event(n.reason, if result { "created" } else { "failed" });
         }
     })

@@ -113,6 +113,13 @@ pub fn decide_with_warnings(
     {
         return decision;
     }
+    // A metadata-only UPDATE (labels, finalizers) changes nothing that was warned about at the
+    // last spec change: no warnings, so `kubectl label` does not repeat them.
+    let unchanged_spec = req.operation == Operation::Update
+        && req.old_object.as_ref().is_some_and(|old| old.data.get("spec") == obj.data.get("spec"));
+    if unchanged_spec {
+        return decision;
+    }
     let Ok(typed) = serde_json::to_value(obj).and_then(serde_json::from_value::<EndpointPolicy>) else {
         return decision;
     };

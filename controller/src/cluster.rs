@@ -95,7 +95,11 @@ impl ClusterFacts for ClusterView {
                 && p.spec.target_ref.name == target
                 && p.metadata.name.as_deref() != Some(name)
         });
-        Some(found.iter().map(|p| (p.name_any(), status::invalid_because(p, &self.budget).is_none())).collect())
+        let mut rivals: Vec<(String, bool)> =
+            found.iter().map(|p| (p.name_any(), status::invalid_because(p, &self.budget).is_none())).collect();
+        // Stable, readable warnings: names in tie-break order.
+        rivals.sort();
+        Some(rivals)
     }
 
     fn service_exists(&self, namespace: &str, name: &str) -> Option<bool> {
@@ -137,7 +141,11 @@ struct Ctx {
     view: ClusterView,
     metrics: Metrics,
     leader: watch::Receiver<bool>,
-    recorder: Recorder,
+    /// Who records the status-change Events. A fresh [`Recorder`] per Event: kube-runtime's
+    /// recorder folds a recurring (type, reason, action, object) into a series that keeps the
+    /// *first* note, so a Conflicted policy whose winner changed would show the old winner. We
+    /// only record on a change, so there is nothing to fold.
+    reporter: Reporter,
     /// What we last wrote per policy, with the resourceVersion the policy had *before* the write:
     /// while the cache still holds that version, the write is in flight back to us, not undone.
     written: Mutex<Written>,
@@ -192,12 +200,15 @@ async fn reconcile(p: Arc<EndpointPolicy>, ctx: Arc<Ctx>) -> Result<Action, Stat
         %object,
         accepted = desired.status(),
         reason = desired.reason.as_str(),
-        message = %desired.message,
+        detail = %desired.message,
         generation = desired.observed_generation.unwrap_or_default(),
         "EndpointPolicy status written"
     );
-    let reason_changed = status::current(p.status.as_ref()).is_none_or(|c| c.reason != desired.reason.as_str());
-    if reason_changed {
+    // An Event when the reason or its message changes (e.g. another winner), not on a
+    // generation-only rewrite.
+    let changed = status::current(p.status.as_ref())
+        .is_none_or(|c| c.reason != desired.reason.as_str() || c.message != desired.message);
+    if changed {
         let event = KubeEvent {
             type_: if desired.accepted { EventType::Normal } else { EventType::Warning },
             reason: desired.reason.as_str().to_owned(),
@@ -205,7 +216,8 @@ async fn reconcile(p: Arc<EndpointPolicy>, ctx: Arc<Ctx>) -> Result<Action, Stat
             action: "Reconcile".to_owned(),
             secondary: None,
         };
-        if let Err(e) = ctx.recorder.publish(&event, &p.object_ref(&())).await {
+        let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+        if let Err(e) = recorder.publish(&event, &p.object_ref(&())).await {
             tracing::warn!(%object, error = %e, "cannot record an Event for the status change");
         }
     }
@@ -243,7 +255,16 @@ impl Triggers {
 
     fn on(&mut self, ev: Result<Event<EndpointPolicy>, watcher::Error>) -> Vec<Result<EndpointPolicy, watcher::Error>> {
         match ev {
-            Err(e) => vec![Err(e)],
+            Err(e) => {
+                // Until the watch lists again the cache may be stale: no cluster-based warnings
+                // meanwhile, and /readyz says "syncing".
+                if self.synced.swap(false, Ordering::AcqRel) {
+                    tracing::warn!(error = %e, "the EndpointPolicy watch failed; retrying with backoff (status and warnings wait for a fresh list)");
+                } else {
+                    tracing::debug!(error = %e, "the EndpointPolicy watch failed again");
+                }
+                vec![Err(e)]
+            }
             Ok(Event::Apply(p)) => {
                 let place = Self::place(&p);
                 let before = self.targets.insert(ObjectRef::from_obj(&p), place.clone());
@@ -262,7 +283,12 @@ impl Triggers {
             }
             Ok(Event::Init | Event::InitApply(_)) => vec![],
             Ok(Event::InitDone) => {
-                self.synced.store(true, Ordering::Release);
+                if !self.synced.swap(true, Ordering::AcqRel) {
+                    tracing::info!(
+                        policies = self.store.state().len(),
+                        "EndpointPolicies listed; the status writer's cache is synced"
+                    );
+                }
                 let all = self.store.state();
                 self.targets = all.iter().map(|p| (ObjectRef::from_obj(p.as_ref()), Self::place(p))).collect();
                 all.iter().map(|p| Ok(p.as_ref().clone())).collect()
@@ -325,10 +351,18 @@ pub fn start(
     let service_events =
         reflector(service_writer, watcher(Api::<ServiceMeta>::all(client.clone()), watcher::Config::default()))
             .default_backoff()
-            .inspect(move |ev| {
-                if matches!(ev, Ok(Event::InitDone)) {
-                    services_synced.store(true, Ordering::Release);
+            .inspect(move |ev| match ev {
+                Ok(Event::InitDone) => {
+                    if !services_synced.swap(true, Ordering::AcqRel) {
+                        tracing::info!("Services listed; the missing-Service check is synced");
+                    }
                 }
+                Err(e) => {
+                    if services_synced.swap(false, Ordering::AcqRel) {
+                        tracing::warn!(error = %e, "the Service watch failed; retrying with backoff (TargetNotFound and its warning wait for a fresh list)");
+                    }
+                }
+                Ok(_) => {}
             })
             .touched_objects();
     let by_target = policies.clone();
@@ -348,7 +382,7 @@ pub fn start(
         view: view.clone(),
         metrics: metrics.clone(),
         leader: leader_rx.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
+        reporter,
         written: Mutex::new(HashMap::new()),
     });
     let controller = Controller::for_stream(policy_events, policies)
@@ -361,7 +395,9 @@ pub fn start(
                 Err(kube::runtime::controller::Error::ObjectNotFound(r)) => {
                     tracing::debug!(object = %r, "reconcile of a deleted policy skipped")
                 }
-                Err(e) => tracing::debug!(error = %e, "controller"),
+                // Write failures are logged by `error_policy`, watch failures once per outage by
+                // the reflectors above.
+                Err(e) => tracing::debug!(error = %e, "status writer"),
             }
         });
 

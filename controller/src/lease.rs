@@ -245,24 +245,37 @@ impl Elector {
         tokio::pin!(shutdown);
         let lease = format!("{}/{}", self.cfg.namespace, self.cfg.name);
         let mut last_renewal: Option<Instant> = None;
+        // Warn once per outage, not every retry.
+        let mut failing = false;
         loop {
             let leading = *leader.borrow();
+            let mut unreachable = false;
             let now_leading = match self.try_acquire_or_renew().await {
                 Ok(held) => {
                     if held {
                         last_renewal = Some(Instant::now());
                     }
+                    if std::mem::take(&mut failing) {
+                        tracing::info!(%lease, "the status-writer lease is reachable again");
+                    }
                     held
                 }
                 Err(e) => {
+                    unreachable = true;
                     let within_deadline = last_renewal.is_some_and(|t| t.elapsed() < self.cfg.renew_deadline);
-                    tracing::warn!(%lease, error = %e, still_leading = leading && within_deadline, "cannot reach the status-writer lease");
+                    if std::mem::replace(&mut failing, true) {
+                        tracing::debug!(%lease, error = %e, "still cannot reach the status-writer lease");
+                    } else {
+                        tracing::warn!(%lease, error = %e, still_leading = leading && within_deadline, "cannot reach the status-writer lease; retrying");
+                    }
                     leading && within_deadline
                 }
             };
             if now_leading != leading {
                 if now_leading {
                     tracing::info!(%lease, holder = %self.cfg.holder, "leading: this replica writes EndpointPolicy status");
+                } else if unreachable {
+                    tracing::warn!(%lease, holder = %self.cfg.holder, deadline = ?self.cfg.renew_deadline, "stepping down: the lease could not be renewed within the deadline; no replica writes status until the API server answers");
                 } else {
                     tracing::info!(%lease, holder = %self.cfg.holder, "not leading: another replica writes EndpointPolicy status");
                 }

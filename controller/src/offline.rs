@@ -5,7 +5,6 @@
 //! it can see offline (other policies among the given files targeting the same Service, a socket
 //! value within 2 bytes of the budget; not a missing Service), and lists other documents as skipped.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use aether_crds::policy;

@@ -87,7 +87,9 @@ pub fn for_allowed_policy(
         let invalid_note = if invalid.is_empty() {
             String::new()
         } else {
-            format!("; {} also target it but fail validation and never win", quoted(&invalid))
+            let (verb, fail, win) =
+                if invalid.len() == 1 { ("targets", "fails", "wins") } else { ("target", "fail", "win") };
+            format!("; {} also {verb} it but {fail} validation and never {win}", quoted(&invalid))
         };
         if !valid.is_empty() {
             let text = if winner == name {
@@ -106,8 +108,10 @@ pub fn for_allowed_policy(
             out.push(Warning {
                 kind: WarningKind::Conflict,
                 text: format!(
-                    "spec.targetRef.name: Service {target:?} is also targeted by {}, which fail validation and never win; this policy {name:?} applies",
-                    quoted(&invalid)
+                    "spec.targetRef.name: Service {target:?} is also targeted by {}, which {} validation and never {}; this policy {name:?} is the only valid one",
+                    quoted(&invalid),
+                    if invalid.len() == 1 { "fails" } else { "fail" },
+                    if invalid.len() == 1 { "wins" } else { "win" }
                 ),
             });
         }
@@ -188,7 +192,9 @@ mod tests {
         let rivals = [Rival { name: "a-pol", valid: false }];
         let w = for_allowed_policy("b-pol", "shop", &spec("echo", "s/app.sock"), Some(&rivals), Some(true), &budget());
         assert_eq!(kinds(&w), [WarningKind::Conflict]);
-        assert!(w[0].text.contains("\"a-pol\", which fail validation") && w[0].text.contains("\"b-pol\" applies"));
+        let t = &w[0].text;
+        assert!(t.contains("EndpointPolicy \"a-pol\", which fails validation and never wins"), "{t}");
+        assert!(t.contains("this policy \"b-pol\" is the only valid one"), "{t}");
     }
 
     #[test]

@@ -284,7 +284,7 @@ fn validate_tie_break_spans_files() {
         warnings.iter().filter_map(|w| w.as_str()).find(|w| w.starts_with("spec.targetRef.name")).expect("conflict");
     assert!(w.contains("echo-uds") && w.contains("\"alpha-uds\" wins"), "{w}");
     assert!(
-        w.contains("\"echo-too-long\" also target it but fail validation and never win"),
+        w.contains("EndpointPolicy \"echo-too-long\" also targets it but fails validation and never wins"),
         "a denied policy never wins: {w}"
     );
 }

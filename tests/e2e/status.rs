@@ -241,6 +241,10 @@ fn kubectl_apply_prints_the_warnings(env: &Env) -> anyhow::Result<()> {
     // The winner's side says it wins.
     let stderr = apply_ok(env, ns, "a-pol", "echo", "s/ap.sock")?;
     ensure!(stderr.contains("this policy \"a-pol\" wins") && stderr.contains("\"b-pol\""), "{stderr}");
+    // A metadata-only update (kubectl label) decides nothing new: no warnings repeated.
+    let out = env.cp.kubectl(&["label", "epol", "-n", ns, "b-pol", "team=shop"])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.success() && !stderr.contains("Warning:"), "kubectl label of b-pol printed: {stderr}");
 
     let stderr = apply_ok(env, ns, "nowhere-uds", "nowhere", "s/app.sock")?;
     ensure!(
