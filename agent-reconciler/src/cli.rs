@@ -91,10 +91,12 @@ pub struct RunArgs {
 /// Flags of `plan`.
 #[derive(Args, Debug)]
 pub struct PlanArgs {
-    /// Multi-document YAML of Pod manifests (other kinds are ignored).
+    /// Multi-document YAML of Pod manifests (other kinds are ignored); "-" reads standard input,
+    /// e.g. `kubectl get pods -o yaml | aether-agent plan --pods -`.
     #[arg(long)]
     pub pods: PathBuf,
-    /// Multi-document YAML of EndpointPolicy manifests (other kinds are ignored).
+    /// Multi-document YAML of EndpointPolicy manifests (other kinds are ignored); "-" reads
+    /// standard input (not both).
     #[arg(long)]
     pub policies: Option<PathBuf>,
     /// Delivery settings.

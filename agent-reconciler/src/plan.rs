@@ -48,13 +48,16 @@ pub struct InputError {
     pub reason: String,
 }
 
-/// Reads the documents of one YAML file (`List` items expanded, empty documents dropped).
+/// Reads the documents of one YAML file, or of standard input when `path` is `-` (`List` items
+/// expanded, empty documents dropped).
 ///
 /// # Errors
 /// [`InputError`] when the file cannot be read or is not YAML.
 pub fn read_yaml(path: &Path) -> Result<Vec<Value>, InputError> {
     let err = |reason: String| InputError { path: path.display().to_string(), reason };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let text =
+        if path == Path::new("-") { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(path) }
+            .map_err(|e| err(e.to_string()))?;
     let mut docs = Vec::new();
     for (i, de) in yaml_serde::Deserializer::from_str(&text).enumerate() {
         let v: Value = serde::Deserialize::deserialize(de).map_err(|e| err(format!("document {}: {e}", i + 1)))?;

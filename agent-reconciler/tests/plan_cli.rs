@@ -79,3 +79,25 @@ fn plan_of_a_missing_file_exits_2_naming_it() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/pods.yaml"));
 }
+
+#[test]
+fn pods_can_come_from_standard_input() {
+    let pods = std::fs::read_to_string(fixture("plan-pods.yaml")).expect("fixture");
+    let out = Command::cargo_bin("aether-agent")
+        .unwrap()
+        .args(["plan", "--pods", "-", "-o", "json"])
+        .write_stdin(pods)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let plans: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(plans.as_array().is_some_and(|a| !a.is_empty()), "{plans}");
+}
+
+#[test]
+fn pods_and_policies_cannot_both_be_standard_input() {
+    let out =
+        Command::cargo_bin("aether-agent").unwrap().args(["plan", "--pods", "-", "--policies", "-"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot both read standard input"));
+}

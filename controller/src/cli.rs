@@ -53,7 +53,7 @@ pub enum Command {
     /// the replicas, elected through a Lease). Runs until SIGTERM or SIGINT.
     Run(Box<RunArgs>),
     /// Decide EndpointPolicies in YAML files offline, exactly as the webhook would (for GitOps
-    /// CI). Exit 0: all allowed; 1: any denied; 2: input unreadable or unparsable.
+    /// CI). Exit 0: all allowed; 1: any denied; 2: input unreadable, unparsable or without any document.
     Validate(ValidateArgs),
     /// Print the EndpointPolicy CustomResourceDefinition as YAML.
     Crd,

@@ -58,6 +58,10 @@ pub enum InputError {
         /// The parser's message.
         reason: String,
     },
+    /// The files hold no document at all (like `kubectl apply`'s "no objects passed"): most
+    /// likely a wrong path or an empty render, which must not pass CI silently.
+    #[error("no objects passed to validate: {0} hold no YAML document")]
+    Empty(String),
 }
 
 /// Reads every document of every file (`-` is standard input).
@@ -89,6 +93,10 @@ pub fn read_documents(files: &[PathBuf]) -> Result<Vec<(String, Value)>, InputEr
                 v => docs.push((name.clone(), v)),
             }
         }
+    }
+    if docs.is_empty() {
+        let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+        return Err(InputError::Empty(names.join(", ")));
     }
     Ok(docs)
 }

@@ -380,3 +380,13 @@ fn run_help_describes_status_and_warnings() {
     let top = stdout(&run(&["--help"]));
     assert!(top.contains("Warning:") && top.contains("GEP-713"), "{top}");
 }
+
+#[test]
+fn validate_of_input_without_any_document_is_an_input_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.yaml");
+    std::fs::write(&empty, "# nothing rendered\n---\n").unwrap();
+    let out = run(&["validate", "-f", empty.to_str().unwrap()]);
+    assert_eq!(code(&out), 2, "{}", stdout(&out));
+    assert!(stderr(&out).contains("no objects passed to validate"), "{}", stderr(&out));
+}

@@ -25,6 +25,11 @@ fn main() -> ExitCode {
             if let Err(e) = settings.budget() {
                 eprintln!("warning: --kubelet-pods-dir: {e}");
             }
+            let stdin = std::path::Path::new("-");
+            if args.pods == stdin && args.policies.as_deref() == Some(stdin) {
+                eprintln!("error: --pods and --policies cannot both read standard input (\"-\")");
+                return ExitCode::from(2);
+            }
             let read = |p: &std::path::Path| plan::read_yaml(p);
             let pods = match read(&args.pods) {
                 Ok(d) => d,
