@@ -221,16 +221,7 @@ fn main() {
 
 fn setup() -> anyhow::Result<Env> {
     let cp = ControlPlane::start()?;
-    let crd = repo_root().join("charts/aether-crds/templates/endpointpolicy-crd.yaml");
-    cp.kubectl_ok(&["apply".as_ref(), "--server-side".as_ref(), "-f".as_ref(), crd.as_os_str()])?;
-    cp.kubectl_ok(&[
-        "wait",
-        "--for",
-        "condition=Established",
-        "--timeout",
-        "60s",
-        "crd/endpointpolicies.config.aether.io",
-    ])?;
+    cp.install_crd()?;
     // The status writer runs too (it reads this control plane through --kubeconfig).
     let kubeconfig = cp.kubeconfig();
     let controller = Controller::start(&[

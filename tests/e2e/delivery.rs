@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aether_tests::{Agent, ControlPlane, Envoy, Scrape, eventually, repo_root, unix_get_status, workspace_bin};
+use aether_tests::{Agent, ControlPlane, Envoy, Scrape, eventually, unix_get_status, workspace_bin};
 use anyhow::{Context, ensure};
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -190,24 +190,6 @@ impl Env {
     }
 }
 
-fn crd_file() -> PathBuf {
-    repo_root().join("charts/aether-crds/templates/endpointpolicy-crd.yaml")
-}
-
-fn install_crd(cp: &ControlPlane) -> anyhow::Result<()> {
-    let f = crd_file();
-    cp.kubectl_ok(&["apply".as_ref(), "--server-side".as_ref(), "-f".as_ref(), f.as_os_str()])?;
-    cp.kubectl_ok(&[
-        "wait",
-        "--for",
-        "condition=Established",
-        "--timeout",
-        "60s",
-        "crd/endpointpolicies.config.aether.io",
-    ])?;
-    Ok(())
-}
-
 // ------------------------------------------------------------------------------------ trials
 
 fn e_crd_installed_after_the_agent_started_takes_effect_without_a_restart(env: &Env) -> anyhow::Result<()> {
@@ -215,7 +197,7 @@ fn e_crd_installed_after_the_agent_started_takes_effect_without_a_restart(env: &
     ensure!(readyz.contains("EndpointPolicy CRD not installed"), "readyz: {readyz}");
     let uid = env.pod(NS, "late-1", "late", None)?;
     let socket = env.serve(&uid, "s", "app.sock", "late-1")?;
-    install_crd(&env.cp)?;
+    env.cp.install_crd()?;
     eventually("the policy to be admitted once the CRD is served", WAIT, || {
         Ok(env.policy("late-uds", "late", "s/app.sock").is_ok())
     })?;
@@ -224,7 +206,7 @@ fn e_crd_installed_after_the_agent_started_takes_effect_without_a_restart(env: &
     // Uninstalling the CRD reverts those pods to TCP (F07), and installing it again works.
     env.cp.kubectl_ok(&["delete", "crd", "endpointpolicies.config.aether.io", "--wait=true"])?;
     env.wait_not_pipe("app_e2e_late-1_8080")?;
-    install_crd(&env.cp)?;
+    env.cp.install_crd()?;
     let readyz = env.agent.lock().unwrap().as_ref().map(Agent::readyz).unwrap_or_default();
     eventually("readyz to say the CRD is installed", WAIT, || {
         Ok(env
@@ -342,7 +324,7 @@ fn h_cluster_names_are_unique_across_namespaces(env: &Env) -> anyhow::Result<()>
 /// An over-budget annotation: one Warning Event with the reason, never one per resync; the
 /// metrics parse and move.
 fn i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move(env: &Env) -> anyhow::Result<()> {
-    install_crd(&env.cp)?; // already there after trial e; this trial also runs alone
+    env.cp.install_crd()?; // already there after trial e; this trial also runs alone
     let admin = env.agent_admin()?;
     let before = Scrape::get(admin)?;
     let total = |s: &Scrape, name: &str| s.value(name, &[]);

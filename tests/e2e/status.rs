@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aether_tests::{ControlPlane, Controller, Scrape, eventually, repo_root};
+use aether_tests::{ControlPlane, Controller, Scrape, eventually};
 use anyhow::{Context, ensure};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::Value;
@@ -410,16 +410,7 @@ fn main() {
 
 fn setup() -> anyhow::Result<Env> {
     let cp = ControlPlane::start()?;
-    let crd = repo_root().join("charts/aether-crds/templates/endpointpolicy-crd.yaml");
-    cp.kubectl_ok(&["apply".as_ref(), "--server-side".as_ref(), "-f".as_ref(), crd.as_os_str()])?;
-    cp.kubectl_ok(&[
-        "wait",
-        "--for",
-        "condition=Established",
-        "--timeout",
-        "60s",
-        "crd/endpointpolicies.config.aether.io",
-    ])?;
+    cp.install_crd()?;
     let controller = start_controller(&cp, "e2e-first")?;
     cp.register_webhook(&controller.url, &controller.ca_file)?;
     let port = admin_port(&controller)?;

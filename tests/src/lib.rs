@@ -603,3 +603,29 @@ impl Controller {
         Ok(false)
     }
 }
+
+/// The chart's copy of the EndpointPolicy CRD (`charts/aether-crds`).
+pub fn crd_file() -> PathBuf {
+    repo_root().join("charts/aether-crds/templates/endpointpolicy-crd.yaml")
+}
+
+impl ControlPlane {
+    /// Installs the EndpointPolicy CRD from the chart (server-side apply) and waits until it is
+    /// Established.
+    ///
+    /// # Errors
+    /// When kubectl fails or the CRD is not Established within 60 s.
+    pub fn install_crd(&self) -> anyhow::Result<()> {
+        let f = crd_file();
+        self.kubectl_ok(&["apply".as_ref(), "--server-side".as_ref(), "-f".as_ref(), f.as_os_str()])?;
+        self.kubectl_ok(&[
+            "wait",
+            "--for",
+            "condition=Established",
+            "--timeout",
+            "60s",
+            "crd/endpointpolicies.config.aether.io",
+        ])?;
+        Ok(())
+    }
+}
