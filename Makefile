@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CRD_CHART_COPY := charts/aether-crds/templates/endpointpolicy-crd.yaml
 
-.PHONY: all build tools crds rbac-report test test-unit test-e2e lint demo clean help
+.PHONY: all build tools crds rbac-report test test-unit test-e2e lint demo bench clean help
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -36,11 +36,14 @@ test: tools build ## Everything: unit, property, TLS and real-control-plane test
 lint: ## rustfmt check, clippy with warnings as errors, shell syntax
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	bash -n tests/harness/*.sh scripts/*.sh .ci/run
+	bash -n tests/harness/*.sh tests/bench/*.sh scripts/*.sh .ci/run
 	@echo lint: ok
 
 demo: tools build ## Start a real control plane, register the webhook, apply the examples
 	scripts/demo.sh
+
+bench: tools ## Measure agent scale, webhook, convergence, data plane (release; ~10 min); writes docs/benchmarks.md
+	tests/bench/run.sh
 
 clean: ## Remove build output (keeps the .cache/tools control-plane binaries)
 	$(CARGO) clean

@@ -2,6 +2,9 @@
 //! listens only on a Unix socket (no TCP port), as a UDS-serving app in an emptyDir would: it
 //! unlinks a stale socket file before binding and makes the socket 0660 (docs: workload
 //! requirements). Every request gets `200 <name> over unix:<path>: <METHOD> <path>`.
+//!
+//! `uds-echo --tcp ADDR [--name NAME]` serves the same router on a TCP address instead (the
+//! TCP-loopback side of `make bench`'s data-plane comparison: same server code, other socket).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -19,20 +22,28 @@ async fn echo(State(who): State<Who>, req: Request) -> String {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::io::Result<()> {
     let mut socket: Option<PathBuf> = None;
+    let mut tcp: Option<String> = None;
     let mut name = String::from("uds-echo");
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--socket" => socket = args.next().map(PathBuf::from),
             "--name" => name = args.next().unwrap_or(name),
+            "--tcp" => tcp = args.next(),
             _ => {
-                eprintln!("usage: uds-echo --socket PATH [--name NAME]");
+                eprintln!("usage: uds-echo --socket PATH | --tcp ADDR [--name NAME]");
                 std::process::exit(2);
             }
         }
     }
-    let Some(socket) = socket else {
-        eprintln!("usage: uds-echo --socket PATH [--name NAME]");
+    if let (Some(addr), None) = (&tcp, &socket) {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let who = Who(format!("{name} over tcp:{}:", listener.local_addr()?));
+        eprintln!("uds-echo {name} listening on tcp {addr}");
+        return axum::serve(listener, Router::new().fallback(echo).with_state(who)).await;
+    }
+    let (Some(socket), None) = (socket, tcp) else {
+        eprintln!("usage: uds-echo --socket PATH | --tcp ADDR [--name NAME]");
         std::process::exit(2);
     };
     if std::fs::symlink_metadata(&socket).is_ok() {

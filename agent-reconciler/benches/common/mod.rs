@@ -1,0 +1,149 @@
+//! The synthetic node the agent benches fold and render (shared by `scale` and `memory`).
+//!
+//! - `pods` managed pods spread over ten namespaces, [`PODS_PER_SERVICE`] replicas per service
+//!   (ServiceAccount), one HTTP port each, a pod IP, an `emptyDir` volume `s`, no annotation;
+//! - `policies` valid EndpointPolicies, policy `k` targeting service `k` with socket `s/app.sock`.
+//!   Services without a policy are delivered over TCP; policies beyond the node's services target
+//!   services with no pod here (the agent watches policies cluster-wide).
+//!
+//! Each pod renders two clusters (`app_<ns>_<pod>_8080` and `health_<ns>_<pod>`).
+
+#![allow(dead_code, missing_docs)]
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+
+use aether_agent_reconciler::fold::Settings;
+use aether_agent_reconciler::fscheck::Refusal;
+use aether_agent_reconciler::record::{AppProtocol, HealthCheck, PodKey, PodRecord, PolicyRecord, PortSpec};
+use aether_agent_reconciler::render;
+use aether_agent_reconciler::xds::resources::{RenderOptions, Renderer, Resources, Snapshot};
+use aether_agent_reconciler::{Change, Index};
+use aether_crds::tiebreak::ServiceKey;
+
+/// Replicas of one service on the node.
+pub const PODS_PER_SERVICE: usize = 5;
+/// Namespaces the pods and policies are spread over.
+pub const NAMESPACES: usize = 10;
+/// The kubelet pods dir the fold runs with.
+pub const PODS_DIR: &str = "/var/lib/kubelet/pods";
+
+fn namespace(service: usize) -> String {
+    format!("ns-{}", service % NAMESPACES)
+}
+
+fn service(service: usize) -> String {
+    format!("svc-{service}")
+}
+
+/// Pod `i`: service `i / PODS_PER_SERVICE`; `edited` switches its health path (a pod event that
+/// changes one of its two clusters, whether it is delivered over TCP or a pipe).
+pub fn pod(i: usize, edited: bool) -> PodRecord {
+    let s = i / PODS_PER_SERVICE;
+    let ip = IpAddr::V4(Ipv4Addr::new(10, (i / 62_500) as u8, (i / 250 % 250) as u8, (i % 250) as u8 + 1));
+    PodRecord {
+        uid: format!("{:08x}-0000-4000-8000-{:012x}", i, i),
+        namespace: namespace(s),
+        name: format!("{}-{i}", service(s)),
+        service_account: service(s),
+        ports: vec![PortSpec { port: 8080, protocol: AppProtocol::Http1 }],
+        health: HealthCheck::Http { path: if edited { "/healthz".into() } else { "/ready".into() } },
+        uds_socket: None,
+        pod_ips: vec![ip],
+        empty_dirs: BTreeSet::from(["s".to_owned()]),
+        static_pod: None,
+        defects: vec![],
+    }
+}
+
+/// Policy `k` on service `k`; `alt` switches its socket file (a policy event that changes the
+/// delivery of every pod of that service).
+pub fn policy(k: usize, alt: bool) -> PolicyRecord {
+    PolicyRecord {
+        namespace: namespace(k),
+        name: format!("pol-{k}"),
+        target: ServiceKey::new(namespace(k), service(k)),
+        socket: if alt { "s/alt.sock".into() } else { "s/app.sock".into() },
+        invalid: None,
+    }
+}
+
+pub fn pods(n: usize) -> Vec<PodRecord> {
+    (0..n).map(|i| pod(i, false)).collect()
+}
+
+pub fn policies(n: usize) -> Vec<PolicyRecord> {
+    (0..n).map(|k| policy(k, false)).collect()
+}
+
+pub fn settings() -> Settings {
+    Settings::new(PODS_DIR, true)
+}
+
+fn no_netns(_: &str) -> Option<String> {
+    None
+}
+
+/// The agent's state for one node: the index, the last snapshot and the xDS renderer's cache.
+pub struct Node {
+    pub index: Index,
+    pub renderer: Renderer,
+    pub snapshot: Snapshot,
+    pub resources: Resources,
+    refused: HashMap<PodKey, Refusal>,
+}
+
+impl Node {
+    /// The full build: index from a relist of policies and pods, render every pod, encode every
+    /// cluster with a fresh renderer (what a restart, or an implementation without incremental
+    /// state, does).
+    pub fn build(pods: Vec<PodRecord>, policies: Vec<PolicyRecord>) -> Node {
+        let mut index = Index::new(settings());
+        index.reset_policies(policies);
+        index.reset_pods(pods);
+        let refused = HashMap::new();
+        let snapshot = render::render(&index.snapshot(), &no_netns, &refused).snapshot;
+        let mut renderer = Renderer::new(RenderOptions::default());
+        let resources = renderer.render(&snapshot);
+        Node { index, renderer, snapshot, resources, refused }
+    }
+
+    /// `render::render` of the current delivery map (cluster specs, no encoding).
+    pub fn render_specs(&self) -> Snapshot {
+        render::render(&self.index.snapshot(), &no_netns, &self.refused).snapshot
+    }
+
+    /// What the agent does after one index mutation (driver `after` + xDS renderer): when the
+    /// delivery map changed, render it into cluster specs and let the cached renderer encode the
+    /// clusters whose spec changed.
+    pub fn publish(&mut self, change: &Change) {
+        if change.map_changed {
+            self.snapshot = render::render(&self.index.snapshot(), &no_netns, &self.refused).snapshot;
+            self.resources = self.renderer.render(&self.snapshot);
+        }
+    }
+}
+
+/// Clusters whose spec differs between two snapshots (added, changed or removed, by name): what
+/// [`Renderer`] re-encodes, since its cache is keyed by name and reused only for an equal spec.
+pub fn clusters_changed(before: &Snapshot, after: &Snapshot) -> usize {
+    let old: HashMap<&str, _> = before.clusters.iter().map(|c| (c.name.as_str(), c)).collect();
+    let new: HashMap<&str, _> = after.clusters.iter().map(|c| (c.name.as_str(), c)).collect();
+    let changed = new.iter().filter(|(name, spec)| old.get(*name) != Some(*spec)).count();
+    changed + old.keys().filter(|name| !new.contains_key(*name)).count()
+}
+
+impl Node {
+    /// [`Node::build`] with the records generated while the index takes them (for memory
+    /// measurements: no second copy of the input stays alive).
+    pub fn build_lazily(n_pods: usize, n_policies: usize) -> Node {
+        let mut index = Index::new(settings());
+        index.reset_policies((0..n_policies).map(|k| policy(k, false)));
+        index.reset_pods((0..n_pods).map(|i| pod(i, false)));
+        let refused = HashMap::new();
+        let snapshot = render::render(&index.snapshot(), &no_netns, &refused).snapshot;
+        let mut renderer = Renderer::new(RenderOptions::default());
+        let resources = renderer.render(&snapshot);
+        Node { index, renderer, snapshot, resources, refused }
+    }
+}

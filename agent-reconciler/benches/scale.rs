@@ -1,0 +1,186 @@
+//! `make bench`, section 1: the agent's fold and render at node scale (criterion).
+//!
+//! For 110 / 1k / 10k pods and 1 / 10 / 2k policies (see `common/mod.rs` for the synthetic node):
+//! - `full_build`: relist policies and pods into a new index, render every pod, encode every
+//!   cluster with a fresh renderer;
+//! - `policy_change`: one policy's socket edited (its service's pods change delivery);
+//! - `pod_change`: one pod's health path edited;
+//! - `noop_resync`: one pod re-delivered unchanged by the watch;
+//! - `relist_noop`: a relist of all pods, none changed.
+//!
+//! Each event is timed through what the agent does with it: the index mutation, then (when the
+//! delivery map changed) `render::render` of the map and the cached xDS `Renderer`.
+//!
+//! Before timing, one event of each kind is applied to count what it re-renders: pods folded
+//! (`Change::rerendered`) and clusters re-encoded (specs that differ from the previous snapshot,
+//! which is exactly what the `Renderer` cache misses). The counts go to
+//! `$AETHER_BENCH_OUT/agent-counts.json` when that variable is set, and to stdout.
+
+#![allow(missing_docs)]
+
+mod common;
+
+use std::time::Duration;
+
+use aether_agent_reconciler::xds::resources::Endpoint;
+use common::{Node, clusters_changed, pod, pods, policies, policy};
+use criterion::{BatchSize, BenchmarkId, Criterion};
+
+const PODS: [usize; 3] = [110, 1_000, 10_000];
+const POLICIES: [usize; 3] = [1, 10, 2_000];
+
+/// One event kind, applied to a node; `flip` alternates between two states so every call is a
+/// real change.
+#[derive(Clone, Copy)]
+enum Event {
+    PolicyChange,
+    PodChange,
+    NoopResync,
+    RelistNoop,
+}
+
+impl Event {
+    const ALL: [Event; 4] = [Event::PolicyChange, Event::PodChange, Event::NoopResync, Event::RelistNoop];
+
+    fn name(self) -> &'static str {
+        match self {
+            Event::PolicyChange => "policy_change",
+            Event::PodChange => "pod_change",
+            Event::NoopResync => "noop_resync",
+            Event::RelistNoop => "relist_noop",
+        }
+    }
+
+    /// Applies the event and publishes; the relist's input is built by the caller.
+    fn apply(
+        self,
+        node: &mut Node,
+        n_pods: usize,
+        flip: bool,
+        relist: Option<Vec<aether_agent_reconciler::PodRecord>>,
+    ) {
+        let change = match self {
+            Event::PolicyChange => node.index.apply_policy(policy(0, flip)),
+            Event::PodChange => node.index.apply_pod(pod(n_pods - 1, flip)),
+            Event::NoopResync => node.index.apply_pod(pod(n_pods / 2, false)),
+            Event::RelistNoop => node.index.reset_pods(relist.unwrap_or_default()),
+        };
+        node.publish(&change);
+    }
+}
+
+fn id(n_pods: usize, n_policies: usize) -> String {
+    format!("{n_pods}x{n_policies}")
+}
+
+fn counts() -> serde_json::Value {
+    let mut rows = Vec::new();
+    for n_pods in PODS {
+        for n_policies in POLICIES {
+            for event in Event::ALL {
+                let mut node = Node::build(pods(n_pods), policies(n_policies));
+                let before = node.snapshot.clone();
+                let change = match event {
+                    Event::PolicyChange => node.index.apply_policy(policy(0, true)),
+                    Event::PodChange => node.index.apply_pod(pod(n_pods - 1, true)),
+                    Event::NoopResync => node.index.apply_pod(pod(n_pods / 2, false)),
+                    Event::RelistNoop => node.index.reset_pods(pods(n_pods)),
+                };
+                node.publish(&change);
+                let pipes =
+                    node.snapshot.clusters.iter().filter(|c| matches!(c.endpoint, Endpoint::Pipe { .. })).count();
+                rows.push(serde_json::json!({
+                    "id": id(n_pods, n_policies),
+                    "pods": n_pods,
+                    "policies": n_policies,
+                    "event": event.name(),
+                    "pods_refolded": change.rerendered.len(),
+                    "clusters_reencoded": clusters_changed(&before, &node.snapshot),
+                    "clusters_total": node.snapshot.clusters.len(),
+                    "pipe_clusters": pipes,
+                    "map_changed": change.map_changed,
+                }));
+            }
+        }
+    }
+    serde_json::Value::Array(rows)
+}
+
+fn bench(c: &mut Criterion) {
+    for n_pods in PODS {
+        for n_policies in POLICIES {
+            let (all_pods, all_policies) = (pods(n_pods), policies(n_policies));
+            c.benchmark_group("full_build").bench_function(BenchmarkId::from_parameter(id(n_pods, n_policies)), |b| {
+                b.iter_batched(
+                    || (all_pods.clone(), all_policies.clone()),
+                    |(p, q)| Node::build(p, q),
+                    BatchSize::LargeInput,
+                )
+            });
+            for event in Event::ALL {
+                let mut node = Node::build(all_pods.clone(), all_policies.clone());
+                let mut flip = false;
+                c.benchmark_group(event.name()).bench_function(
+                    BenchmarkId::from_parameter(id(n_pods, n_policies)),
+                    |b| match event {
+                        Event::RelistNoop => b.iter_batched(
+                            || all_pods.clone(),
+                            |relist| event.apply(&mut node, n_pods, false, Some(relist)),
+                            BatchSize::LargeInput,
+                        ),
+                        _ => b.iter(|| {
+                            flip = !flip;
+                            event.apply(&mut node, n_pods, flip, None)
+                        }),
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Where a per-event cost goes on the largest node (10k pods, 10 policies): the index mutation
+/// alone (a policy change), `render::render` of the unchanged map into cluster specs, and the
+/// cached xDS `Renderer` on an unchanged snapshot (compare, clone, version hash, gateway listener).
+fn stages(c: &mut Criterion) {
+    let mut node = Node::build(pods(10_000), policies(10));
+    let mut group = c.benchmark_group("stage");
+    let mut flip = false;
+    group.bench_function("index_policy_change", |b| {
+        b.iter(|| {
+            flip = !flip;
+            node.index.apply_policy(policy(0, flip))
+        })
+    });
+    group.bench_function("render_specs", |b| b.iter(|| node.render_specs()));
+    let snapshot = node.snapshot.clone();
+    group.bench_function("xds_render_cached", |b| b.iter(|| node.renderer.render(&snapshot)));
+    group.finish();
+}
+
+fn main() {
+    let counts = counts();
+    let text = serde_json::to_string_pretty(&counts).expect("counts serialize");
+    if let Some(dir) = std::env::var_os("AETHER_BENCH_OUT") {
+        std::fs::create_dir_all(&dir).expect("creating $AETHER_BENCH_OUT");
+        std::fs::write(std::path::Path::new(&dir).join("agent-counts.json"), &text).expect("writing agent-counts.json");
+    }
+    for row in counts.as_array().into_iter().flatten() {
+        println!(
+            "{:>10} {:<14} pods re-folded {:>6}  clusters re-encoded {:>6} of {:>6}",
+            row["id"].as_str().unwrap_or_default(),
+            row["event"].as_str().unwrap_or_default(),
+            row["pods_refolded"],
+            row["clusters_reencoded"],
+            row["clusters_total"]
+        );
+    }
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .configure_from_args();
+    bench(&mut c);
+    stages(&mut c);
+    c.final_summary();
+}
