@@ -57,8 +57,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     driver.boot();
 
     let opts = RenderOptions { health_socket: Some(args.health_socket.clone()), ..RenderOptions::default() };
-    let (resources, _render_task) =
-        xds::spawn_renderer_with_clock(snap_rx, Renderer::new(opts), xds::DEFAULT_DEBOUNCE, metrics.xds.clock.clone());
+    let (resources, _render_task) = xds::spawn_renderer_with_clock(
+        snap_rx,
+        Renderer::new(opts),
+        Duration::from_millis(args.xds_debounce_ms),
+        metrics.xds.clock.clone(),
+    );
     let addr = XdsAddr::from_str(&args.xds_address).with_context(|| "--xds-address")?;
     let listener = XdsListener::bind(&addr).await.with_context(|| format!("--xds-address {addr}"))?;
     let xds_bound = Arc::new(AtomicBool::new(true));

@@ -86,6 +86,11 @@ pub struct RunArgs {
     /// Seconds between re-checks, with lstat, that no pod's socket path has become a symlink.
     #[arg(long, default_value_t = 10, env = "AETHER_RECHECK_SECONDS")]
     pub recheck_seconds: u64,
+    /// Milliseconds a changed snapshot waits for further changes before it is pushed to Envoy
+    /// (coalesces bursts such as a rollout into one push). Every policy or pod change pays it
+    /// once on its way to Envoy. 0 pushes every change at once.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=10_000), env = "AETHER_XDS_DEBOUNCE_MS")]
+    pub xds_debounce_ms: u64,
 }
 
 /// Flags of `plan`.

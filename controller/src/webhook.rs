@@ -96,16 +96,28 @@ async fn validate(
     for w in &decision.warned {
         state.metrics.count_warning(w.label());
     }
-    let message = decision.response.result.message.clone();
-    tracing::info!(
-        kind = %decision.kind,
-        object = %decision.object,
-        uid = %request.uid,
-        operation = ?request.operation,
-        result = decision.result,
-        message = %message,
-        warnings = ?decision.response.warnings.as_deref().unwrap_or_default(),
-        "admission review decided"
-    );
+    // Denials and warnings at info (what an operator looks for); a plain allow at debug, so a
+    // busy webhook does not write a line per request (the API server's audit log has those).
+    let warnings = decision.response.warnings.as_deref().unwrap_or_default();
+    macro_rules! decided {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                kind = %decision.kind,
+                object = %decision.object,
+                uid = %request.uid,
+                operation = ?request.operation,
+                result = decision.result,
+                reason = %decision.response.result.message,
+                warnings = ?warnings,
+                "admission review decided"
+            )
+        };
+    }
+    if decision.result == "allowed" && warnings.is_empty() {
+        decided!(tracing::Level::DEBUG);
+    } else {
+        decided!(tracing::Level::INFO);
+    }
     axum::Json(decision.response.into_review()).into_response()
 }

@@ -320,31 +320,46 @@ pub struct NamedResource {
 pub struct TypedResources {
     /// Type URL of every resource ([`CLUSTER_TYPE_URL`] or [`LISTENER_TYPE_URL`]).
     pub type_url: String,
-    /// Hex SHA-256 (first 16 bytes, 32 hex characters) over the names and encoded bytes: same
-    /// content, same version.
+    /// Hex SHA-256 (first 16 bytes, 32 hex characters) over the type URL and, per resource in
+    /// name order, its name and [`resource_digest`]: same content, same version. Per-resource
+    /// digests let [`Renderer`] hash only what changed (a 10,000-pod node hashes ~1.5 MB of
+    /// digests per push, not ~8 MB of encoded clusters).
     pub version: String,
     /// The resources, sorted by name.
     pub resources: Vec<NamedResource>,
 }
 
+/// SHA-256 over one resource's name, packed type URL and encoded bytes (each length-prefixed).
+pub fn resource_digest(r: &NamedResource) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for part in [r.name.as_bytes(), r.resource.type_url.as_bytes(), &r.resource.value] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    h.finalize().into()
+}
+
 impl TypedResources {
     /// Builds the set from packed resources (any order), sorting them by name and computing
     /// the version. Duplicate names are kept as given (a way to hand Envoy something it NACKs).
-    pub fn new(type_url: impl Into<String>, mut resources: Vec<NamedResource>) -> Self {
-        let type_url = type_url.into();
-        resources.sort_by(|a, b| a.name.cmp(&b.name));
+    pub fn new(type_url: impl Into<String>, resources: Vec<NamedResource>) -> Self {
+        let digested = resources.into_iter().map(|r| (resource_digest(&r), r)).collect();
+        Self::from_digested(type_url.into(), digested)
+    }
+
+    /// Like [`TypedResources::new`] with each resource's [`resource_digest`] already known.
+    fn from_digested(type_url: String, mut digested: Vec<Digested>) -> Self {
+        digested.sort_by(|a, b| a.1.name.cmp(&b.1.name));
         let mut h = Sha256::new();
         h.update((type_url.len() as u64).to_be_bytes());
         h.update(type_url.as_bytes());
-        for r in &resources {
-            for part in [r.name.as_bytes(), r.resource.type_url.as_bytes(), &r.resource.value] {
-                h.update((part.len() as u64).to_be_bytes());
-                h.update(part);
-            }
+        for (digest, r) in &digested {
+            h.update((r.name.len() as u64).to_be_bytes());
+            h.update(r.name.as_bytes());
+            h.update(digest);
         }
-        let digest = h.finalize();
-        let version = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        TypedResources { type_url, version, resources }
+        let version = h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect();
+        TypedResources { type_url, version, resources: digested.into_iter().map(|(_, r)| r).collect() }
     }
 
     /// Names of the resources, sorted.
@@ -611,17 +626,31 @@ pub fn render_health_listener(socket: &str, mode: u32, health_clusters: &[String
 }
 
 /// Renders snapshots, re-rendering only the clusters whose spec changed since the last call
-/// (a 10,000-pod node re-encodes one cluster when one pod changes).
+/// (a 10,000-pod node re-encodes one cluster when one pod changes), with each resource's digest
+/// cached beside it, and the health gateway re-rendered only when its list of clusters changes.
 #[derive(Debug, Default)]
 pub struct Renderer {
     opts: RenderOptions,
-    cache: HashMap<String, (ClusterSpec, Any)>,
+    cache: HashMap<String, Cached>,
+    /// The gateway listener for the last `health_clusters` list.
+    gateway: Option<(Vec<String>, Result<Digested, RenderError>)>,
+}
+
+/// A resource with its [`resource_digest`].
+type Digested = ([u8; 32], NamedResource);
+
+/// One rendered cluster: the spec it came from, the packed proto and its [`resource_digest`].
+#[derive(Debug)]
+struct Cached {
+    spec: ClusterSpec,
+    any: Any,
+    digest: [u8; 32],
 }
 
 impl Renderer {
     /// A renderer with these node-wide options and an empty cache.
     pub fn new(opts: RenderOptions) -> Self {
-        Renderer { opts, cache: HashMap::new() }
+        Renderer { opts, cache: HashMap::new(), gateway: None }
     }
 
     /// The options this renderer uses.
@@ -644,31 +673,47 @@ impl Renderer {
                 });
                 continue;
             }
-            let any = match self.cache.remove(&spec.name) {
-                Some((old, any)) if old == *spec => any,
+            let cached = match self.cache.remove(&spec.name) {
+                Some(c) if c.spec == *spec => c,
                 _ => match render_cluster(spec, &self.opts) {
-                    Ok(cluster) => pack_any(cluster),
+                    Ok(cluster) => {
+                        let any = pack_any(cluster);
+                        let digest = resource_digest(&NamedResource { name: spec.name.clone(), resource: any.clone() });
+                        Cached { spec: spec.clone(), any, digest }
+                    }
                     Err(error) => {
                         rejected.push(Rejected { name: spec.name.clone(), error });
                         continue;
                     }
                 },
             };
-            clusters.push(NamedResource { name: spec.name.clone(), resource: any.clone() });
-            cache.insert(spec.name.clone(), (spec.clone(), any));
+            clusters.push((cached.digest, NamedResource { name: spec.name.clone(), resource: cached.any.clone() }));
+            cache.insert(spec.name.clone(), cached);
         }
         self.cache = cache;
 
         let mut listeners = Vec::new();
         if let Some(socket) = &self.opts.health_socket {
-            match render_health_listener(socket, self.opts.health_socket_mode, &snapshot.health_clusters) {
-                Ok(l) => listeners.push(NamedResource { name: l.name.clone(), resource: pack_any(l) }),
-                Err(error) => rejected.push(Rejected { name: HEALTH_LISTENER_NAME.to_owned(), error }),
+            let fresh = self.gateway.as_ref().is_some_and(|(names, _)| *names == snapshot.health_clusters);
+            if !fresh {
+                let rendered = render_health_listener(socket, self.opts.health_socket_mode, &snapshot.health_clusters)
+                    .map(|l| {
+                        let r = NamedResource { name: l.name.clone(), resource: pack_any(l) };
+                        (resource_digest(&r), r)
+                    });
+                self.gateway = Some((snapshot.health_clusters.clone(), rendered));
+            }
+            match self.gateway.as_ref().map(|(_, g)| g) {
+                Some(Ok(digested)) => listeners.push(digested.clone()),
+                Some(Err(error)) => {
+                    rejected.push(Rejected { name: HEALTH_LISTENER_NAME.to_owned(), error: error.clone() })
+                }
+                None => {}
             }
         }
         Resources {
-            clusters: TypedResources::new(CLUSTER_TYPE_URL, clusters),
-            listeners: TypedResources::new(LISTENER_TYPE_URL, listeners),
+            clusters: TypedResources::from_digested(CLUSTER_TYPE_URL.to_owned(), clusters),
+            listeners: TypedResources::from_digested(LISTENER_TYPE_URL.to_owned(), listeners),
             rejected,
         }
     }
@@ -816,6 +861,22 @@ mod tests {
         let smaller = Snapshot { clusters: vec![pipe("b", "/b")], health_clusters: vec![] };
         assert_eq!(r.render(&smaller).clusters.names(), vec!["b"]);
         assert_eq!(r.cache.len(), 1);
+    }
+
+    #[test]
+    fn a_cached_render_equals_a_fresh_one_as_clusters_and_the_health_list_change() {
+        let opts = RenderOptions { health_socket: Some("/run/aether/health.sock".to_owned()), ..Default::default() };
+        let mut r = Renderer::new(opts.clone());
+        let mut snap = Snapshot { clusters: vec![pipe("a", "/a"), pipe("b", "/b")], health_clusters: vec!["a".into()] };
+        for step in 0..4 {
+            match step {
+                1 => snap.clusters[0] = pipe("a", "/a2"),
+                2 => snap.health_clusters.push("b".into()),
+                3 => snap.clusters.push(pipe("c", "/c")),
+                _ => {}
+            }
+            assert_eq!(r.render(&snap), render(&snap, &opts), "step {step}");
+        }
     }
 
     #[test]

@@ -40,7 +40,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::resources::{Renderer, Resources, Snapshot};
 
 /// Default debounce: how long a change waits for further changes before it is pushed.
-pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(50);
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// What Envoy said about one NACKed response.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -270,7 +270,7 @@ impl Default for XdsMetrics {
             pushes: Family::default(),
             acks: Family::default(),
             nacks: Family::default(),
-            // 5 ms .. ~41 s: a debounce (50 ms) plus Envoy applying a config is tens of ms.
+            // 5 ms .. ~41 s: a debounce (20 ms) plus Envoy applying a config is tens of ms.
             change_to_ack: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             clock: ChangeClock::new(),
         }

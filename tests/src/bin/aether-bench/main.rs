@@ -603,6 +603,8 @@ fn section_webhook(r: &mut Report, opts: &Opts, controller: &Proc, certs: &Path)
 
 const NS: &str = "bench";
 const NODE: &str = "bench-node";
+/// The agent's `--xds-debounce-ms` in the convergence section (its default).
+const DEBOUNCE_MS: u64 = 20;
 
 /// The API server's address and the admin client identity, from the harness's kubeconfig.
 fn api_client(cp: &ControlPlane) -> anyhow::Result<(reqwest::blocking::Client, String)> {
@@ -691,6 +693,7 @@ fn section_convergence(
     let mut cmd = Command::new(workspace_bin("aether-agent")?);
     cmd.arg("run")
         .args(["--node-name", NODE, "--admin-addr", &format!("127.0.0.1:{agent_admin}")])
+        .args(["--xds-debounce-ms", &DEBOUNCE_MS.to_string()])
         .arg("--kubelet-pods-dir")
         .arg(&pods)
         .arg("--state-dir")
@@ -780,7 +783,7 @@ fn section_convergence(
          that shows the pod's cluster dialing the pipe (apply) or its pod IP over TCP again (delete). It includes: \
          the client (kubectl: process start, discovery, the request; or one HTTPS request), the webhook call (create \
          only), the API server and etcd write, the watch event to the agent, the fold and render, the xDS \
-         debounce (50 ms, coalescing bursts), the push, Envoy's CDS update, and up to one poll. {} changes of each \
+         debounce ({DEBOUNCE_MS} ms, the agent's default, coalescing bursts), the push, Envoy's CDS update, and up to one poll. {} changes of each \
          kind, alternating apply and delete.\n",
         opts.changes
     ));
@@ -803,7 +806,7 @@ fn section_convergence(
     r.line(&format!(
         "\nFor scale: a no-op `kubectl apply` of the unchanged policy takes {} (p50 of 10): kubectl's own cost; \
          the bare API create (answered, webhook included, no wait for Envoy) takes {} (p50 of 10). The debounce \
-         alone is 50 ms of every figure above.\n",
+         alone is {DEBOUNCE_MS} ms of every figure above.\n",
         show_secs(noop_p50),
         show_secs(api_p50)
     ));
@@ -818,7 +821,7 @@ fn section_convergence(
         ),
         met: api_p99.zip(kubectl_p99).map(|(a, k)| a <= 0.1 && k <= 0.1),
         limit: format!(
-            "50 ms of it is the agent's xDS debounce; kubectl's process start and discovery add about {} (no-op apply)",
+            "{DEBOUNCE_MS} ms of it is the agent's xDS debounce; kubectl's process start and discovery add about {} (no-op apply)",
             show_secs(noop_p50)
         ),
     });
