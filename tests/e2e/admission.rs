@@ -4,12 +4,12 @@
 //! One control plane and one controller serve every trial; trials run one at a time in the
 //! order listed (the last one deletes the webhook configuration).
 
+mod suite;
+
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use aether_tests::{ControlPlane, Controller, repo_root};
 use anyhow::{Context, bail, ensure};
-use libtest_mimic::{Arguments, Failed, Trial};
 
 struct Env {
     cp: ControlPlane,
@@ -171,52 +171,29 @@ fn without_the_webhook_the_schema_still_rejects_bad_shapes(env: &Env) -> anyhow:
     Ok(())
 }
 
-fn trial(name: &str, env: &Arc<Env>, f: fn(&Env) -> anyhow::Result<()>) -> Trial {
-    let env = env.clone();
-    Trial::test(name, move || f(&env).map_err(|e| Failed::from(format!("{e:#}"))))
-}
-
 fn main() {
-    let mut args = Arguments::from_args();
-    args.test_threads = Some(1);
-    if args.list {
-        // Listing must not start a control plane.
-        let names = ["examples", "over_budget_denial_comes_from_our_webhook_with_the_arithmetic"];
-        let trials = names.iter().map(|n| Trial::test(*n, || Ok(()))).collect();
-        libtest_mimic::run(&args, trials).exit();
-    }
-    let env = match setup() {
-        Ok(e) => Arc::new(e),
-        Err(e) => {
-            eprintln!("e2e setup failed: {e:#}");
-            std::process::exit(1);
-        }
-    };
-    let mut trials: Vec<Trial> = examples()
+    let mut cases: Vec<suite::Case<Env>> = examples()
         .into_iter()
         .map(|p| {
-            let env = env.clone();
             let name = format!("example_{}", p.file_stem().unwrap_or_default().to_string_lossy());
-            Trial::test(name, move || apply_example(&env, &p).map_err(|e| Failed::from(format!("{e:#}"))))
+            suite::case(name, move |env: &Env| apply_example(env, &p))
         })
         .collect();
-    trials.push(trial(
-        "over_budget_denial_comes_from_our_webhook_with_the_arithmetic",
-        &env,
-        over_budget_denial_comes_from_our_webhook_with_the_arithmetic,
-    ));
-    trials.push(trial("update_is_validated_too", &env, update_is_validated_too));
-    trials.push(trial("kubectl_explain_shows_our_field_docs", &env, kubectl_explain_shows_our_field_docs));
-    trials.push(trial("get_epol_prints_target_socket_accepted_age", &env, get_epol_prints_target_socket_accepted_age));
-    trials.push(trial("controller_metrics_count_the_decisions", &env, controller_metrics_count_the_decisions));
-    trials.push(trial(
-        "without_the_webhook_the_schema_still_rejects_bad_shapes",
-        &env,
-        without_the_webhook_the_schema_still_rejects_bad_shapes,
-    ));
-    let conclusion = libtest_mimic::run(&args, trials);
-    drop(env);
-    conclusion.exit();
+    cases.extend([
+        suite::case(
+            "over_budget_denial_comes_from_our_webhook_with_the_arithmetic",
+            over_budget_denial_comes_from_our_webhook_with_the_arithmetic,
+        ),
+        suite::case("update_is_validated_too", update_is_validated_too),
+        suite::case("kubectl_explain_shows_our_field_docs", kubectl_explain_shows_our_field_docs),
+        suite::case("get_epol_prints_target_socket_accepted_age", get_epol_prints_target_socket_accepted_age),
+        suite::case("controller_metrics_count_the_decisions", controller_metrics_count_the_decisions),
+        suite::case(
+            "without_the_webhook_the_schema_still_rejects_bad_shapes",
+            without_the_webhook_the_schema_still_rejects_bad_shapes,
+        ),
+    ]);
+    suite::run(cases, setup, |_| String::new())
 }
 
 fn setup() -> anyhow::Result<Env> {

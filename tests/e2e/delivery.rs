@@ -9,14 +9,15 @@
 //! the pod is resynced (label patches, a policy change, an agent restart, an API-server outage),
 //! and the agent's `/metrics` parses as Prometheus text with its counters moving.
 
+mod suite;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use aether_tests::{Agent, ControlPlane, Envoy, Scrape, eventually, unix_get_status, workspace_bin};
 use anyhow::{Context, ensure};
-use libtest_mimic::{Arguments, Failed, Trial};
 
 const NS: &str = "e2e";
 const NS_B: &str = "e2e-b";
@@ -457,19 +458,12 @@ fn eventually_uid(env: &Env) -> anyhow::Result<String> {
     Ok(uid)
 }
 
-fn trial(name: &str, env: &Arc<Env>, f: fn(&Env) -> anyhow::Result<()>) -> Trial {
-    let env = env.clone();
-    Trial::test(name, move || {
-        f(&env).map_err(|e| {
-            let log = env.agent_log();
-            let tail: Vec<&str> = log.lines().rev().take(25).collect();
-            let envoy = env.envoy.lock().unwrap().as_ref().map(Envoy::log_tail).unwrap_or_default();
-            Failed::from(format!(
-                "{e:#}\n--- agent log (last lines, newest first):\n{}\n--- envoy log:\n{envoy}",
-                tail.join("\n")
-            ))
-        })
-    })
+/// The agent's and Envoy's last log lines, for a failed trial.
+fn logs(env: &Env) -> String {
+    let log = env.agent_log();
+    let tail: Vec<&str> = log.lines().rev().take(25).collect();
+    let envoy = env.envoy.lock().unwrap().as_ref().map(Envoy::log_tail).unwrap_or_default();
+    format!("\n--- agent log (last lines, newest first):\n{}\n--- envoy log:\n{envoy}", tail.join("\n"))
 }
 
 fn setup() -> anyhow::Result<Env> {
@@ -492,50 +486,37 @@ fn setup() -> anyhow::Result<Env> {
 }
 
 fn main() {
-    let mut args = Arguments::from_args();
-    args.test_threads = Some(1);
-    type Case = (&'static str, fn(&Env) -> anyhow::Result<()>);
-    let cases: [Case; 9] = [
-        (
-            "e_crd_installed_after_the_agent_started_takes_effect_without_a_restart",
-            e_crd_installed_after_the_agent_started_takes_effect_without_a_restart,
-        ),
-        (
-            "a_annotated_pod_is_served_over_its_socket_through_envoy",
-            a_annotated_pod_is_served_over_its_socket_through_envoy,
-        ),
-        (
-            "b_policy_on_the_pods_service_key_serves_over_the_socket",
-            b_policy_on_the_pods_service_key_serves_over_the_socket,
-        ),
-        ("c_annotation_precedence_over_policy", c_annotation_precedence_over_policy),
-        (
-            "d_drifted_policy_unpromotes_only_its_service_and_envoy_never_nacks",
-            d_drifted_policy_unpromotes_only_its_service_and_envoy_never_nacks,
-        ),
-        ("g_symlinked_socket_or_volume_dir_is_refused", g_symlinked_socket_or_volume_dir_is_refused),
-        ("h_cluster_names_are_unique_across_namespaces", h_cluster_names_are_unique_across_namespaces),
-        (
-            "i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move",
-            i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move,
-        ),
-        (
-            "f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server",
-            f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server,
-        ),
-    ];
-    if args.list {
-        libtest_mimic::run(&args, cases.iter().map(|(n, _)| Trial::test(*n, || Ok(()))).collect()).exit();
-    }
-    let env = match setup() {
-        Ok(e) => Arc::new(e),
-        Err(e) => {
-            eprintln!("e2e setup failed: {e:#}");
-            std::process::exit(1);
-        }
-    };
-    let trials = cases.iter().map(|(n, f)| trial(n, &env, *f)).collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    drop(env);
-    conclusion.exit();
+    suite::run(
+        vec![
+            suite::case(
+                "e_crd_installed_after_the_agent_started_takes_effect_without_a_restart",
+                e_crd_installed_after_the_agent_started_takes_effect_without_a_restart,
+            ),
+            suite::case(
+                "a_annotated_pod_is_served_over_its_socket_through_envoy",
+                a_annotated_pod_is_served_over_its_socket_through_envoy,
+            ),
+            suite::case(
+                "b_policy_on_the_pods_service_key_serves_over_the_socket",
+                b_policy_on_the_pods_service_key_serves_over_the_socket,
+            ),
+            suite::case("c_annotation_precedence_over_policy", c_annotation_precedence_over_policy),
+            suite::case(
+                "d_drifted_policy_unpromotes_only_its_service_and_envoy_never_nacks",
+                d_drifted_policy_unpromotes_only_its_service_and_envoy_never_nacks,
+            ),
+            suite::case("g_symlinked_socket_or_volume_dir_is_refused", g_symlinked_socket_or_volume_dir_is_refused),
+            suite::case("h_cluster_names_are_unique_across_namespaces", h_cluster_names_are_unique_across_namespaces),
+            suite::case(
+                "i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move",
+                i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move,
+            ),
+            suite::case(
+                "f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server",
+                f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server,
+            ),
+        ],
+        setup,
+        logs,
+    )
 }

@@ -5,12 +5,13 @@
 //! run one at a time in the order listed: the last ones start a second replica, hand the Lease
 //! over, and finally delete the webhook configuration.
 
-use std::sync::{Arc, Mutex};
+mod suite;
+
+use std::sync::Mutex;
 use std::time::Duration;
 
 use aether_tests::{ControlPlane, Controller, Scrape, eventually};
 use anyhow::{Context, ensure};
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::Value;
 
 const LEASE: &str = "aether-status-writer";
@@ -355,57 +356,35 @@ fn a_policy_admitted_without_the_webhook_is_invalid_and_never_wins(env: &Env) ->
 /// A metric, its labels, and how much it must at least have grown.
 type Check<'a> = (&'a str, &'a [(&'a str, &'a str)], f64);
 
-/// A trial's name and body.
-type Scenario = (&'static str, fn(&Env) -> anyhow::Result<()>);
-
-fn trial(name: &str, env: &Arc<Env>, f: fn(&Env) -> anyhow::Result<()>) -> Trial {
-    let env = env.clone();
-    Trial::test(name, move || f(&env).map_err(|e| Failed::from(format!("{e:#}"))))
-}
-
 fn main() {
-    let mut args = Arguments::from_args();
-    args.test_threads = Some(1);
-    let list: [Scenario; 7] = [
-        (
-            "the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_next",
-            the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_next,
-        ),
-        (
-            "a_policy_for_a_missing_service_is_target_not_found_until_the_service_exists",
-            a_policy_for_a_missing_service_is_target_not_found_until_the_service_exists,
-        ),
-        ("a_spec_change_is_observed_with_its_generation", a_spec_change_is_observed_with_its_generation),
-        ("kubectl_apply_prints_the_warnings", kubectl_apply_prints_the_warnings),
-        (
-            "controller_metrics_parse_and_count_as_the_scenario_runs",
-            controller_metrics_parse_and_count_as_the_scenario_runs,
-        ),
-        (
-            "a_second_replica_follows_and_takes_over_when_the_leader_stops",
-            a_second_replica_follows_and_takes_over_when_the_leader_stops,
-        ),
-        (
-            "a_policy_admitted_without_the_webhook_is_invalid_and_never_wins",
-            a_policy_admitted_without_the_webhook_is_invalid_and_never_wins,
-        ),
-    ];
-    if args.list {
-        // Listing must not start a control plane.
-        let trials = list.iter().map(|(n, _)| Trial::test(*n, || Ok(()))).collect();
-        libtest_mimic::run(&args, trials).exit();
-    }
-    let env = match setup() {
-        Ok(e) => Arc::new(e),
-        Err(e) => {
-            eprintln!("e2e setup failed: {e:#}");
-            std::process::exit(1);
-        }
-    };
-    let trials = list.iter().map(|(n, f)| trial(n, &env, *f)).collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    drop(env);
-    conclusion.exit();
+    suite::run(
+        vec![
+            suite::case(
+                "the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_next",
+                the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_next,
+            ),
+            suite::case(
+                "a_policy_for_a_missing_service_is_target_not_found_until_the_service_exists",
+                a_policy_for_a_missing_service_is_target_not_found_until_the_service_exists,
+            ),
+            suite::case("a_spec_change_is_observed_with_its_generation", a_spec_change_is_observed_with_its_generation),
+            suite::case("kubectl_apply_prints_the_warnings", kubectl_apply_prints_the_warnings),
+            suite::case(
+                "controller_metrics_parse_and_count_as_the_scenario_runs",
+                controller_metrics_parse_and_count_as_the_scenario_runs,
+            ),
+            suite::case(
+                "a_second_replica_follows_and_takes_over_when_the_leader_stops",
+                a_second_replica_follows_and_takes_over_when_the_leader_stops,
+            ),
+            suite::case(
+                "a_policy_admitted_without_the_webhook_is_invalid_and_never_wins",
+                a_policy_admitted_without_the_webhook_is_invalid_and_never_wins,
+            ),
+        ],
+        setup,
+        |_| String::new(),
+    )
 }
 
 fn setup() -> anyhow::Result<Env> {

@@ -1,0 +1,53 @@
+//! The runner shared by the end-to-end suites that set up one real environment (a control plane,
+//! and the controller, agent or Envoy they need) for all their trials (libtest-mimic,
+//! `harness = false`): trials run one at a time against it, `--list` starts nothing, a failed
+//! set-up fails the binary, and the environment is dropped (its processes stopped) at the end.
+
+use std::sync::Arc;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+/// A trial's body: runs against the shared environment.
+type Body<E> = Box<dyn Fn(&E) -> anyhow::Result<()> + Send + Sync>;
+
+/// One trial: its name and body.
+pub struct Case<E> {
+    name: String,
+    body: Body<E>,
+}
+
+/// A trial named `name` running `body` against the shared environment.
+pub fn case<E>(name: impl Into<String>, body: impl Fn(&E) -> anyhow::Result<()> + Send + Sync + 'static) -> Case<E> {
+    Case { name: name.into(), body: Box::new(body) }
+}
+
+/// Runs `cases` against one environment from `setup` and exits with libtest's status. A failing
+/// trial's message is its error chain followed by `context(env)` (e.g. log tails).
+pub fn run<E: Send + Sync + 'static>(
+    cases: Vec<Case<E>>,
+    setup: fn() -> anyhow::Result<E>,
+    context: fn(&E) -> String,
+) -> ! {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    if args.list {
+        libtest_mimic::run(&args, cases.into_iter().map(|c| Trial::test(c.name, || Ok(()))).collect()).exit();
+    }
+    let env = match setup() {
+        Ok(e) => Arc::new(e),
+        Err(e) => {
+            eprintln!("e2e setup failed: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    let trials = cases
+        .into_iter()
+        .map(|c| {
+            let env = env.clone();
+            Trial::test(c.name, move || (c.body)(&env).map_err(|e| Failed::from(format!("{e:#}{}", context(&env)))))
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(env);
+    conclusion.exit()
+}
