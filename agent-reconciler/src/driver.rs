@@ -160,7 +160,10 @@ impl Driver {
         for e in errors {
             tracing::warn!(error = %e, "skipping a pod record in the state dir");
         }
+        // With UDS workloads off no policy is watched or applies, so a policy map left in the
+        // state dir by an earlier run must not count pods as policy-governed.
         let policies: Vec<PolicyRecord> = match store.load_policies() {
+            Ok(_) if !self.index.settings().uds_workloads() => vec![],
             Ok(p) => p.unwrap_or_default(),
             Err(e) => {
                 tracing::warn!(error = %e, "skipping the policy records in the state dir");
@@ -725,5 +728,25 @@ mod tests {
         assert_eq!(status.borrow().fallbacks.get("policy-crd-missing"), Some(&0));
         // No pod IP in the fixture: TCP without an address is "waiting".
         assert_eq!(status.borrow().by_source.get(&("waiting", "none")), Some(&1));
+    }
+
+    #[test]
+    fn with_uds_workloads_off_a_policy_map_left_in_the_state_dir_governs_no_pod() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut d, _rx) = driver(dir.path());
+        let policy: EndpointPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "config.aether.io/v1", "kind": "EndpointPolicy",
+            "metadata": {"name": "cart-uds", "namespace": "shop"},
+            "spec": {"targetRef": {"kind": "Service", "name": "cart"}, "udsSocket": "s/app.sock"}
+        }))
+        .unwrap();
+        d.handle(Event::PoliciesListed(vec![policy]));
+        d.handle(Event::PodsListed(vec![with_socket(pod("a", UID_A), None)]));
+        let key = |d: &Driver| d.index.snapshot().iter().next().map(|(_, e)| e.delivery.policy.clone()).unwrap();
+        assert_eq!(key(&d), Some("cart-uds".to_owned()));
+        drop(d);
+        let (mut off, _rx) = driver_with(dir.path(), Settings::new("/var/lib/kubelet/pods", false));
+        off.boot();
+        assert_eq!(key(&off), None, "a policy from the state dir still governs the pod");
     }
 }
