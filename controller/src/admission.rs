@@ -1,9 +1,10 @@
 //! AdmissionReview v1 in, AdmissionReview v1 out: the decision, dispatched by kind. Pure: no I/O.
 
-use aether_crds::policy::{self, EndpointPolicy};
+use aether_crds::policy::{self, EndpointPolicySpec};
 use aether_crds::udspath::{Budget, PodsDirError};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use serde::Deserialize;
 
 use crate::warnings::{self, Rival, WarningKind};
 
@@ -74,15 +75,19 @@ pub fn decide(req: &AdmissionRequest<DynamicObject>, budget: &Result<Budget, Pod
     let Some(message) = verdict.message() else {
         return Decision { response: base, result: "allowed", object, kind, warned: vec![] };
     };
-    let unchanged_spec = req.operation == Operation::Update
-        && req.old_object.as_ref().is_some_and(|old| old.data.get("spec") == obj.data.get("spec"));
-    if unchanged_spec {
+    if spec_unchanged(req, obj) {
         let mut response = base;
         response.warnings =
             Some(vec![format!("spec is unchanged and allowed to stay, but it no longer passes: {message}")]);
         return Decision { response, result: "allowed", object, kind, warned: vec![WarningKind::NoLongerValid] };
     }
     Decision { response: base.deny(message), result: "denied", object, kind, warned: vec![] }
+}
+
+/// An UPDATE whose `spec` is exactly the old object's.
+fn spec_unchanged(req: &AdmissionRequest<DynamicObject>, obj: &DynamicObject) -> bool {
+    req.operation == Operation::Update
+        && req.old_object.as_ref().is_some_and(|old| old.data.get("spec") == obj.data.get("spec"))
 }
 
 /// What the webhook knows about the cluster from its caches, for warnings. Implemented by
@@ -115,22 +120,21 @@ pub fn decide_with_warnings(
     }
     // A metadata-only UPDATE (labels, finalizers) changes nothing that was warned about at the
     // last spec change: no warnings, so `kubectl label` does not repeat them.
-    let unchanged_spec = req.operation == Operation::Update
-        && req.old_object.as_ref().is_some_and(|old| old.data.get("spec") == obj.data.get("spec"));
-    if unchanged_spec {
+    if spec_unchanged(req, obj) {
         return decision;
     }
-    let Ok(typed) = serde_json::to_value(obj).and_then(serde_json::from_value::<EndpointPolicy>) else {
+    // Only the spec is needed: no round trip of the whole object through JSON.
+    let Some(spec) = obj.data.get("spec").and_then(|s| EndpointPolicySpec::deserialize(s).ok()) else {
         return decision;
     };
     let namespace = req.namespace.as_deref().unwrap_or_default();
-    let name = if req.name.is_empty() { typed.metadata.name.as_deref().unwrap_or_default() } else { &req.name };
-    let target = &typed.spec.target_ref.name;
+    let name = if req.name.is_empty() { obj.metadata.name.as_deref().unwrap_or_default() } else { &req.name };
+    let target = &spec.target_ref.name;
     let rivals = cluster.and_then(|c| c.rivals(namespace, target, name));
     let rivals: Option<Vec<Rival<'_>>> =
         rivals.as_ref().map(|r| r.iter().map(|(n, valid)| Rival { name: n, valid: *valid }).collect());
     let exists = cluster.and_then(|c| c.service_exists(namespace, target));
-    let found = warnings::for_allowed_policy(name, namespace, &typed.spec, rivals.as_deref(), exists, budget);
+    let found = warnings::for_allowed_policy(name, namespace, &spec, rivals.as_deref(), exists, budget);
     if !found.is_empty() {
         decision.warned = found.iter().map(|w| w.kind).collect();
         decision.response.warnings = Some(found.into_iter().map(|w| w.text).collect());
