@@ -25,6 +25,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# wait_for 'shell condition': true once it holds, false after 10 s.
+wait_for() { for _ in $(seq 1 50); do eval "$1" && return 0; sleep 0.2; done; return 1; }
 
 step "starting etcd + kube-apiserver (RBAC, ValidatingAdmissionWebhook) on loopback"
 "$repo/tests/harness/controlplane.sh" start "$work/cp"
@@ -72,10 +74,7 @@ spec:
   udsSocket: sockets/b.sock
 EPOL
 status_of() { kubectl get epol "$1" -o jsonpath='{.status.conditions[?(@.type=="Accepted")].reason}' 2>/dev/null; }
-for _ in $(seq 1 50); do
-  [ "$(status_of echo-uds)" = Accepted ] && [ "$(status_of echo-uds-b)" = Conflicted ] && [ "$(status_of grpc-api-uds)" = TargetNotFound ] && break
-  sleep 0.2
-done
+wait_for '[ "$(status_of echo-uds)" = Accepted ] && [ "$(status_of echo-uds-b)" = Conflicted ] && [ "$(status_of grpc-api-uds)" = TargetNotFound ]' || true
 
 step "kubectl get epol (ACCEPTED is the status writer's Accepted condition)"
 kubectl get epol
@@ -86,7 +85,7 @@ kubectl get events --field-selector reason=Conflicted 2>&1 | sed 's/^/    /'
 
 step "kubectl delete epol echo-uds: the next policy by name, echo-uds-b, is promoted"
 kubectl delete epol echo-uds | sed 's/^/    /'
-for _ in $(seq 1 50); do [ "$(status_of echo-uds-b)" = Accepted ] && break; sleep 0.2; done
+wait_for '[ "$(status_of echo-uds-b)" = Accepted ]' || true
 kubectl get epol | sed 's/^/    /'
 
 step "the same decisions offline: aether-controller validate -f crds/examples/*.yaml"
@@ -183,7 +182,6 @@ for c in json.load(sys.stdin).get("configs", []):
 else:
     print("    Envoy has no cluster app_shop_echo-1_8080 (TCP delivery, and the pod has no IP here)")'
 }
-wait_for() { for _ in $(seq 1 50); do eval "$1" && return 0; sleep 0.2; done; return 1; }
 pipe_up() { curl -s -H "x-aether-cluster: app_shop_echo-1_8080" "http://127.0.0.1:$inbound/hello" | grep -q "over unix"; }
 
 step "no annotation, no policy: TCP"
@@ -228,10 +226,7 @@ spec:
   containers: [{name: app, image: registry.example/uds-echo:demo}]
   volumes: [{name: s, emptyDir: {}}]
 POD
-for _ in $(seq 1 50); do
-  kubectl get events -n shop --field-selector involvedObject.name=echo-2 -o name 2>/dev/null | grep -q . && break
-  sleep 0.2
-done
+wait_for 'kubectl get events -n shop --field-selector involvedObject.name=echo-2 -o name 2>/dev/null | grep -q .' || true
 kubectl label pod -n shop echo-2 demo=resync >/dev/null   # an unrelated update: no second Event
 sleep 1
 kubectl get events -n shop --field-selector involvedObject.name=echo-2 \

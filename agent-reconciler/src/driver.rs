@@ -642,6 +642,16 @@ mod tests {
 
     const LONG: &str = "sockets/app1234567890.sock";
 
+    /// Policy shop/cart-uds: Service cart (the fixture pods' ServiceAccount) over s/app.sock.
+    fn cart_policy() -> EndpointPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "config.aether.io/v1", "kind": "EndpointPolicy",
+            "metadata": {"name": "cart-uds", "namespace": "shop"},
+            "spec": {"targetRef": {"kind": "Service", "name": "cart"}, "udsSocket": "s/app.sock"}
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn a_fallback_event_is_queued_once_across_resyncs_and_an_agent_restart() {
         let dir = tempfile::tempdir().unwrap();
@@ -706,13 +716,7 @@ mod tests {
             status_tx,
         );
         let (mut d, mut events) = with_notices(d);
-        let policy: EndpointPolicy = serde_json::from_value(serde_json::json!({
-            "apiVersion": "config.aether.io/v1", "kind": "EndpointPolicy",
-            "metadata": {"name": "cart-uds", "namespace": "shop"},
-            "spec": {"targetRef": {"kind": "Service", "name": "cart"}, "udsSocket": "s/app.sock"}
-        }))
-        .unwrap();
-        d.handle(Event::PoliciesListed(vec![policy]));
+        d.handle(Event::PoliciesListed(vec![cart_policy()]));
         d.handle(Event::PodsListed(vec![with_socket(pod("a", UID_A), None)]));
         assert_eq!(drain(&mut events), Vec::<&str>::new());
         assert_eq!(status.borrow().by_source.get(&("pipe", "policy")), Some(&1));
@@ -734,13 +738,7 @@ mod tests {
     fn with_uds_workloads_off_a_policy_map_left_in_the_state_dir_governs_no_pod() {
         let dir = tempfile::tempdir().unwrap();
         let (mut d, _rx) = driver(dir.path());
-        let policy: EndpointPolicy = serde_json::from_value(serde_json::json!({
-            "apiVersion": "config.aether.io/v1", "kind": "EndpointPolicy",
-            "metadata": {"name": "cart-uds", "namespace": "shop"},
-            "spec": {"targetRef": {"kind": "Service", "name": "cart"}, "udsSocket": "s/app.sock"}
-        }))
-        .unwrap();
-        d.handle(Event::PoliciesListed(vec![policy]));
+        d.handle(Event::PoliciesListed(vec![cart_policy()]));
         d.handle(Event::PodsListed(vec![with_socket(pod("a", UID_A), None)]));
         let key = |d: &Driver| d.index.snapshot().iter().next().map(|(_, e)| e.delivery.policy.clone()).unwrap();
         assert_eq!(key(&d), Some("cart-uds".to_owned()));

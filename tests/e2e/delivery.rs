@@ -182,6 +182,13 @@ impl Env {
         Ok(e)
     }
 
+    /// Sets (overwrites) pod `name`'s `endpoint.aether.io/uds-socket` annotation in [`NS`].
+    fn set_socket_annotation(&self, name: &str, value: &str) -> anyhow::Result<()> {
+        let annotation = format!("endpoint.aether.io/uds-socket={value}");
+        self.cp.kubectl_ok(&["annotate", "pod", "-n", NS, name, &annotation, "--overwrite"])?;
+        Ok(())
+    }
+
     fn log_has(&self, what: &str) -> anyhow::Result<()> {
         eventually(&format!("the agent log to mention {what:?}"), WAIT, || Ok(self.agent_log().contains(what)))
     }
@@ -372,15 +379,7 @@ fn i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move(e
         env.cp.kubectl_ok(&["label", "pod", "-n", NS, "over-1", &format!("round={round}"), "--overwrite"])?;
     }
     let value2 = "sockets/app1234567890.soc2";
-    env.cp.kubectl_ok(&[
-        "annotate",
-        "pod",
-        "-n",
-        NS,
-        "over-1",
-        &format!("endpoint.aether.io/uds-socket={value2}"),
-        "--overwrite",
-    ])?;
+    env.set_socket_annotation("over-1", value2)?;
     env.log_has(value2)?;
     env.policy("over-pol", "over", "s/app.sock")?;
     env.log_has("EndpointPolicy e2e/over-pol is not used")?;
@@ -393,15 +392,7 @@ fn i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move(e
         Ok(!env.agent.lock().unwrap().as_ref().map(Agent::readyz).unwrap_or_default().contains("no complete pod list"))
     })?;
     let value3 = "sockets/app1234567890.soc3";
-    env.cp.kubectl_ok(&[
-        "annotate",
-        "pod",
-        "-n",
-        NS,
-        "over-1",
-        &format!("endpoint.aether.io/uds-socket={value3}"),
-        "--overwrite",
-    ])?;
+    env.set_socket_annotation("over-1", value3)?;
     env.log_has(value3)?;
     env.one_event(NS, "over-1", "UdsPathTooLong").context("after an agent restart")?;
     let s = Scrape::get(env.agent_admin()?)?;
