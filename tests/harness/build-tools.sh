@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds the real control-plane binaries the tests and the demo run against:
-# kube-apiserver and kubectl (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3) and helm
-# (helm.sh/helm/v3), from the Go module proxy, into a git-ignored cache. Each binary is built once
-# per pinned version; later runs only check that it is there.
+# Builds the real Kubernetes binaries the tests and the demo run against, from the Go module proxy,
+# into a git-ignored cache: kube-apiserver, kubectl and, for the real node, kubelet,
+# kube-controller-manager, kube-scheduler and kube-proxy (all k8s.io/kubernetes/cmd/<name>), etcd
+# (go.etcd.io/etcd/server/v3) and helm (helm.sh/helm/v3). Each binary is built once per pinned
+# version; later runs only check that it is there.
 #
-# Usage: tests/harness/build-tools.sh [kube-apiserver|kubectl|etcd|helm ...]   (default: all four)
+# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all eight)
 # Env:   AETHER_TOOLS_DIR  cache folder (default: <repo>/.cache/tools)
 set -euo pipefail
 
@@ -75,10 +76,11 @@ kube_version_ldflags() {
 }
 
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(kube-apiserver kubectl etcd helm)
+kube_cmds=(kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler kube-proxy)
+[ ${#want[@]} -gt 0 ] || want=("${kube_cmds[@]}" etcd helm)
 for t in "${want[@]}"; do
   case $t in
-    kube-apiserver|kubectl)
+    kube-apiserver|kubectl|kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
       [ -x "$tools/bin/$t-$KUBE_VERSION" ] && { ln -sf "$t-$KUBE_VERSION" "$tools/bin/$t"; continue; }
       build "$t" "$KUBE_VERSION" "$(kube_module)" "k8s.io/kubernetes/cmd/$t" "$(kube_version_ldflags)" ;;
     etcd)
@@ -89,6 +91,6 @@ for t in "${want[@]}"; do
       d="$tools/src/helm-$HELM_VERSION"; new_module "$d"
       [ -x "$tools/bin/helm-$HELM_VERSION" ] || (cd "$d" && go get "helm.sh/helm/v3@$HELM_VERSION" >&2)
       build helm "$HELM_VERSION" "$d" helm.sh/helm/v3/cmd/helm ;;
-    *) log "unknown tool '$t' (known: kube-apiserver kubectl etcd helm)"; exit 2 ;;
+    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm)"; exit 2 ;;
   esac
 done

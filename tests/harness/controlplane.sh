@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real, local Kubernetes control plane for tests and the demo: etcd + kube-apiserver on
 # loopback, RBAC authorization, the ValidatingAdmissionWebhook plugin, client-certificate auth
-# for an admin kubeconfig. No kubelet, scheduler or controller-manager runs.
+# for an admin kubeconfig. No kubelet, scheduler or controller-manager runs here (node.sh adds them).
 #
 # Usage:
 #   controlplane.sh start DIR          start etcd + kube-apiserver, state and logs in DIR;
@@ -15,10 +15,16 @@
 #                                      (endpointpolicies CREATE/UPDATE only, failurePolicy Fail)
 #   controlplane.sh delete-webhook DIR remove it
 # Env: AETHER_TOOLS_DIR (default <repo>/.cache/tools): where build-tools.sh put the binaries.
+#      AETHER_APISERVER_ADDRESS (default 127.0.0.1): the address kube-apiserver binds, advertises
+#        and writes into the kubeconfig. node.sh sets the node's bridge address, so pods reach the
+#        API server through the `kubernetes` Service (lease endpoint reconciler, a serving cert
+#        naming that address and the Service IP 10.96.0.1), the Node authorizer and NodeRestriction
+#        admit the kubelet, and kube-apiserver calls the kubelet with the admin client cert.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
+address=${AETHER_APISERVER_ADDRESS:-127.0.0.1}
 log() { printf '[controlplane] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
@@ -30,7 +36,10 @@ mint_pki() {
   openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=aether-test-ca" \
     -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n' > "$pki/apiserver.ext"
+  local san="IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  san+=",DNS:kubernetes.default.svc.cluster.local,IP:10.96.0.1"
+  [ "$address" = 127.0.0.1 ] || san+=",IP:$address"
+  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$san" > "$pki/apiserver.ext"
   openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 \
     -extfile "$pki/apiserver.ext" -out "$pki/apiserver.crt" 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=aether-admin" -keyout "$pki/admin.key" -out "$pki/admin.csr" 2>/dev/null
@@ -80,22 +89,29 @@ start() {
     --log-level warn >"$dir/etcd.log" 2>&1 &
   echo $! >"$dir/etcd.pid"
 
-  log "starting kube-apiserver on https://127.0.0.1:$api_port (log: $dir/apiserver.log)"
+  log "starting kube-apiserver on https://$address:$api_port (log: $dir/apiserver.log)"
   local args=(
     --etcd-servers "http://127.0.0.1:$etcd_port"
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port"
+    --bind-address "$address" --advertise-address "$address" --secure-port "$api_port"
     --tls-cert-file "$dir/pki/apiserver.crt" --tls-private-key-file "$dir/pki/apiserver.key"
     --client-ca-file "$dir/pki/ca.crt"
     --service-account-issuer https://kubernetes.default.svc.cluster.local
     --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key"
     --service-cluster-ip-range 10.96.0.0/16
-    --authorization-mode RBAC
     --allow-privileged=true
-    --endpoint-reconciler-type none
-    --enable-admission-plugins ValidatingAdmissionWebhook
     --cert-dir "$dir/pki"
     --v 1
   )
+  if [ "$address" = 127.0.0.1 ]; then
+    # No node: the `kubernetes` Service gets no endpoints (a loopback address is not routable).
+    args+=(--authorization-mode RBAC --endpoint-reconciler-type none
+      --enable-admission-plugins ValidatingAdmissionWebhook)
+  else
+    args+=(--authorization-mode Node,RBAC --endpoint-reconciler-type lease
+      --enable-admission-plugins NodeRestriction,ValidatingAdmissionWebhook
+      --kubelet-client-certificate "$dir/pki/admin.crt" --kubelet-client-key "$dir/pki/admin.key"
+      --kubelet-preferred-address-types InternalIP)
+  fi
   printf '%q ' "${args[@]}" >"$dir/apiserver.args"
   start_apiserver "$dir"
 
@@ -105,7 +121,7 @@ kind: Config
 clusters:
 - name: aether-test
   cluster:
-    server: https://127.0.0.1:$api_port
+    server: https://$address:$api_port
     certificate-authority: $dir/pki/ca.crt
 users:
 - name: admin
@@ -121,6 +137,7 @@ KC
 export KUBECONFIG=$dir/kubeconfig
 export AETHER_APISERVER_PORT=$api_port
 export AETHER_ETCD_PORT=$etcd_port
+export AETHER_APISERVER_ADDRESS=$address
 ENV
   local deadline=$((SECONDS + 120))
   until "$tools/kubectl" --kubeconfig "$dir/kubeconfig" get --raw /readyz >/dev/null 2>&1; do

@@ -1,0 +1,412 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes cluster on this machine, for the real-node suite and `make demo`:
+# containerd + runc + the bridge CNI (Debian packages), and kubelet, kube-controller-manager,
+# kube-scheduler and kube-proxy (iptables mode) built from the Go module proxy like kube-apiserver
+# (build-tools.sh), on top of controlplane.sh's etcd + kube-apiserver. Images come from
+# images.sh (no registry); nothing is pulled.
+#
+# Usage:
+#   node.sh up DIR     start everything; state and logs in DIR; writes DIR/env (KUBECONFIG=...,
+#                      AETHER_NODE_NAME, AETHER_CONTAINERD_SOCK, ...). On any failure it tears
+#                      down what it started before exiting non-zero.
+#   node.sh down DIR   stop what `up DIR` started (by the PIDs in DIR) and restore the host
+#   node.sh env DIR    print DIR/env
+#
+# Needs root (it changes the host). What it changes, and `down` restores on every exit path:
+#   - a bridge `aether0` with the node IP 10.244.77.1/24 (pods 10.244.77.0/24, default route via
+#     it), a link route for the Service range 10.96.0.0/16 through it (host traffic to a ClusterIP
+#     meets kube-proxy's DNAT and never leaves the machine), and a guard chain AETHER-NODE in
+#     FORWARD that drops pod traffic leaving by any other interface;
+#   - the iptables chains kubelet and kube-proxy add (only chains and jumps that were not there
+#     before `up`), the sysctls they and this script set (net.ipv4.ip_forward, kernel.panic,
+#     vm.overcommit_memory, ...: the values before `up` are saved in DIR/sysctl-before.txt);
+#   - /run/netns made a shared mount (containerd keeps pod network namespaces there; the chart's
+#     proxy mounts it with HostToContainer propagation), the kubelet's mounts under
+#     /var/lib/kubelet, the host dirs that did not exist before (/var/lib/kubelet, /var/log/pods,
+#     /run/aether, /var/lib/aether, ...), and empty cgroups made by kubelet and runc.
+# Only processes whose PIDs `up` recorded in DIR are stopped (and containerd shims whose
+# -address is this node's containerd socket).
+#
+# Env: AETHER_TOOLS_DIR (default <repo>/.cache/tools), AETHER_NODE_NAME (default aether-node).
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+here=$repo/tests/harness
+tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
+node=${AETHER_NODE_NAME:-aether-node}
+bridge=aether0 node_ip=10.244.77.1 pod_cidr=10.244.77.0/24 svc_cidr=10.96.0.0/16
+kubelet_root=/var/lib/kubelet
+guard=AETHER-NODE
+# Host paths this node may create (removed by `down` only if `up` created them).
+host_dirs=("$kubelet_root" /var/lib/cni /var/log/pods /var/log/containers /run/containerd /run/netns
+  /run/aether /run/aether-cni /var/lib/aether /var/lib/kube-proxy /etc/kubernetes)
+# Sysctls kubelet (vm/kernel), kube-proxy (conntrack, route_localnet) and this script (forwarding)
+# may change.
+sysctls=(net/ipv4/ip_forward net/ipv4/conf/all/route_localnet net/bridge/bridge-nf-call-iptables
+  net/bridge/bridge-nf-call-ip6tables net/netfilter/nf_conntrack_max
+  net/netfilter/nf_conntrack_tcp_timeout_established net/netfilter/nf_conntrack_tcp_timeout_close_wait
+  vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys
+  kernel/keys/root_maxbytes)
+packages=(containerd runc containernetworking-plugins iptables conntrack)
+
+log() { printf '[node %4ss] %s\n' "$SECONDS" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ---------------------------------------------------------------------------------------------
+# up
+
+preflight() {
+  [ "$(id -u)" = 0 ] || die "needs root: it creates a bridge, iptables chains, mounts and sysctls (run as root)"
+  local need=() p
+  for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
+  if [ ${#need[@]} -gt 0 ]; then
+    log "installing Debian packages: ${need[*]}"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } >&2 \
+      || die "could not install ${need[*]} with apt-get (is the Debian package mirror reachable?)"
+  fi
+  for p in containerd ctr runc iptables ip; do command -v "$p" >/dev/null || die "$p not found after installing ${packages[*]}"; done
+  [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge missing (package containernetworking-plugins)"
+  for p in kube-apiserver etcd kubectl kubelet kube-controller-manager kube-scheduler kube-proxy; do
+    [ -x "$tools/bin/$p" ] || die "$tools/bin/$p missing: run tests/harness/build-tools.sh (make tools)"
+  done
+  [ -d /sys/fs/cgroup ] || die "no /sys/fs/cgroup"
+  [ ! -e "$kubelet_root" ] || die "$kubelet_root exists: another kubelet, or a node that was not torn down (node.sh down DIR)"
+  ip link show "$bridge" >/dev/null 2>&1 && die "bridge $bridge exists: a node already runs (node.sh down DIR)"
+  return 0
+}
+
+# remember_host DIR: what `down` restores.
+remember_host() {
+  local d=$1 k p
+  : >"$d/created-dirs.txt"
+  for p in "${host_dirs[@]}"; do [ -e "$p" ] || echo "$p" >>"$d/created-dirs.txt"; done
+  : >"$d/sysctl-before.txt"
+  for k in "${sysctls[@]}"; do [ -e "/proc/sys/$k" ] && echo "$k $(cat "/proc/sys/$k")" >>"$d/sysctl-before.txt"; done
+  for ipt in iptables ip6tables; do
+    command -v $ipt >/dev/null || continue
+    for t in filter nat mangle raw; do $ipt -t $t -S 2>/dev/null | awk -v t=$t '/^-N /{print t, $2}'; done >"$d/$ipt-chains-before.txt"
+  done
+  ls -1 /run/netns 2>/dev/null >"$d/netns-before.txt" || : >"$d/netns-before.txt"
+}
+
+network_up() {
+  local d=$1
+  ip link add "$bridge" type bridge
+  echo "$bridge" >"$d/bridge.created"
+  ip addr add "$node_ip/24" dev "$bridge"
+  ip link set "$bridge" up
+  ip route add "$svc_cidr" dev "$bridge" scope link
+  echo 1 >/proc/sys/net/ipv4/ip_forward
+  [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ] && echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
+  iptables -N "$guard"
+  iptables -A "$guard" -s "$pod_cidr" ! -o "$bridge" -j DROP
+  iptables -I FORWARD 1 -j "$guard"
+  # containerd keeps pod netns in /run/netns; a HostToContainer mount of it needs a shared mount.
+  mkdir -p /run/netns
+  if ! mountpoint -q /run/netns; then
+    mount --bind /run/netns /run/netns
+    echo /run/netns >"$d/netns-mount.created"
+  fi
+  mount --make-shared /run/netns
+  mkdir -p "$d/cni/net.d" "$d/cni/ipam"
+  cat >"$d/cni/net.d/10-aether.conflist" <<CNI
+{"cniVersion": "1.0.0", "name": "aether-node", "plugins": [
+  {"type": "bridge", "bridge": "$bridge", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "dataDir": "$d/cni/ipam", "ranges": [[{"subnet": "$pod_cidr", "gateway": "$node_ip"}]],
+            "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "loopback"}]}
+CNI
+}
+
+containerd_up() {
+  local d=$1 sock=$1/containerd/containerd.sock
+  mkdir -p "$d/containerd"
+  cat >"$d/containerd/config.toml" <<TOML
+version = 2
+root = "$d/containerd/root"
+state = "$d/containerd/state"
+[grpc]
+  address = "$sock"
+[ttrpc]
+  address = "$sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/aether/pause:dev"
+  # Pod netns at /run/netns/cni-*, where the chart's proxy mounts them (not under the state dir).
+  netns_mounts_under_state_dir = false
+  # Root here lacks CAP_SYS_RESOURCE: runc may not lower oom_score_adj (kubelet asks -998).
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$d/cni/net.d"
+TOML
+  containerd --config "$d/containerd/config.toml" >"$d/logs/containerd.log" 2>&1 &
+  echo $! >"$d/containerd.pid"
+  local i
+  for i in $(seq 1 100); do ctr -a "$sock" version >/dev/null 2>&1 && break; sleep 0.2; done
+  ctr -a "$sock" version >/dev/null 2>&1 || { tail -n 20 "$d/logs/containerd.log" >&2; die "containerd did not start"; }
+  log "containerd up (pid $(cat "$d/containerd.pid"), $sock)"
+  AETHER_IMAGES_NO_CARGO=1 "$here/images.sh" build >&2
+  "$here/images.sh" import "$sock" >&2
+  log "images imported"
+}
+
+# client_cert DIR NAME CN ORG: a client certificate from the control plane's CA.
+client_cert() {
+  local pki=$1/cp/pki
+  openssl req -newkey rsa:2048 -nodes -subj "/O=$4/CN=$3" -keyout "$pki/$2.key" -out "$pki/$2.csr" 2>/dev/null
+  printf 'extendedKeyUsage=clientAuth\n' >"$pki/$2.ext"
+  openssl x509 -req -in "$pki/$2.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 \
+    -extfile "$pki/$2.ext" -out "$pki/$2.crt" 2>/dev/null
+}
+
+# kubeconfig DIR NAME: DIR/NAME.kubeconfig with the client cert NAME.
+kubeconfig() {
+  local server
+  server=$(sed -n 's/^ *server: //p' "$1/cp/kubeconfig")
+  cat >"$1/$2.kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: aether-node, cluster: {server: "$server", certificate-authority: "$1/cp/pki/ca.crt"}}]
+users: [{name: $2, user: {client-certificate: "$1/cp/pki/$2.crt", client-key: "$1/cp/pki/$2.key"}}]
+contexts: [{name: aether-node, context: {cluster: aether-node, user: $2}}]
+current-context: aether-node
+KC
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+
+# start NAME DIR ARGS...: start a binary from the tools dir, its PID in DIR/NAME.pid.
+start() {
+  local name=$1 d=$2; shift 2
+  "$tools/bin/$name" "$@" >"$d/logs/$name.log" 2>&1 &
+  echo $! >"$d/$name.pid"
+}
+
+control_plane_up() {
+  local d=$1
+  AETHER_TOOLS_DIR=$tools AETHER_APISERVER_ADDRESS=$node_ip "$here/controlplane.sh" start "$d/cp" 2>>"$d/logs/controlplane.log" \
+    || { tail -n 20 "$d/logs/controlplane.log" >&2; die "control plane did not start"; }
+  client_cert "$d" controller-manager system:kube-controller-manager system:kube-controller-manager
+  client_cert "$d" scheduler system:kube-scheduler system:kube-scheduler
+  client_cert "$d" kube-proxy system:kube-proxy system:node-proxier
+  client_cert "$d" kubelet "system:node:$node" system:nodes
+  local n
+  for n in controller-manager scheduler kube-proxy kubelet; do kubeconfig "$d" $n; done
+  start kube-controller-manager "$d" --kubeconfig "$d/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$d/controller-manager.kubeconfig" --authorization-kubeconfig "$d/controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$(free_port)" --cert-dir "$d/kcm-certs" \
+    --leader-elect=false --use-service-account-credentials=true \
+    --service-account-private-key-file "$d/cp/pki/sa.key" --root-ca-file "$d/cp/pki/ca.crt" \
+    --cluster-signing-cert-file "$d/cp/pki/ca.crt" --cluster-signing-key-file "$d/cp/pki/ca.key" \
+    --service-cluster-ip-range "$svc_cidr" --allocate-node-cidrs=false --v 1
+  start kube-scheduler "$d" --kubeconfig "$d/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$d/scheduler.kubeconfig" --authorization-kubeconfig "$d/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$(free_port)" --leader-elect=false --v 1
+  log "control plane up: kube-apiserver https://$node_ip, controller-manager, scheduler"
+}
+
+kubelet_up() {
+  local d=$1
+  mkdir -p "$d/kubelet"
+  cat >"$d/kubelet/config.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false            # this host is cgroup v1 (hybrid); kubelet 1.37 refuses v1 by default
+cgroupDriver: cgroupfs         # containerd 1.6 lacks the RuntimeConfig CRI call
+containerRuntimeEndpoint: unix://$d/containerd/containerd.sock
+address: $node_ip              # kube-apiserver calls it here (logs, exec) with its client cert
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $(free_port)
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $d/cp/pki/ca.crt}
+authorization: {mode: Webhook}
+resolvConf: ""                 # no cluster DNS: pods get no nameserver
+rotateCertificates: false
+failSwapOn: false
+evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}
+imageGCHighThresholdPercent: 100   # images imported here have no registry: never collect them
+imageGCLowThresholdPercent: 99
+YAML
+  local t0=$SECONDS
+  start kubelet "$d" --config "$d/kubelet/config.yaml" --kubeconfig "$d/kubelet.kubeconfig" \
+    --root-dir "$kubelet_root" --hostname-override "$node" --node-ip "$node_ip" --v 1
+  cat >"$d/kube-proxy.yaml" <<YAML
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $d/kube-proxy.kubeconfig}
+mode: iptables
+hostnameOverride: $node
+clusterCIDR: $pod_cidr
+healthzBindAddress: 127.0.0.1:$(free_port)
+metricsBindAddress: 127.0.0.1:$(free_port)
+nodePortAddresses: ["$node_ip/32"]
+iptables: {localhostNodePorts: false}   # leaves net.ipv4.conf.all.route_localnet alone
+conntrack: {maxPerCore: 0, min: 0}      # leaves nf_conntrack_max alone
+YAML
+  start kube-proxy "$d" --config "$d/kube-proxy.yaml" --v 1
+  local k=("$tools/bin/kubectl" --kubeconfig "$d/cp/kubeconfig")
+  until [ "$("${k[@]}" get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; do
+    local p
+    for p in kubelet kube-proxy kube-controller-manager kube-scheduler containerd; do
+      kill -0 "$(cat "$d/$p.pid")" 2>/dev/null || { tail -n 30 "$d/logs/$p.log" >&2; die "$p exited (log: $d/logs/$p.log)"; }
+    done
+    [ $((SECONDS - t0)) -lt 120 ] || { tail -n 30 "$d/logs/kubelet.log" >&2; die "node $node not Ready after 120 s"; }
+    sleep 0.5
+  done
+  log "node $node Ready $((SECONDS - t0)) s after kubelet start"
+  # What controller-manager makes for every namespace: the default ServiceAccount and kube-root-ca.crt.
+  until "${k[@]}" get serviceaccount/default configmap/kube-root-ca.crt -n default >/dev/null 2>&1; do
+    [ $((SECONDS - t0)) -lt 120 ] || die "controller-manager made no default ServiceAccount / kube-root-ca.crt in 120 s"
+    sleep 0.5
+  done
+}
+
+write_env() {
+  local d=$1
+  cat >"$d/env" <<ENV
+export KUBECONFIG=$d/cp/kubeconfig
+export AETHER_NODE_NAME=$node
+export AETHER_NODE_IP=$node_ip
+export AETHER_CONTAINERD_SOCK=$d/containerd/containerd.sock
+export AETHER_KUBELET_ROOT=$kubelet_root
+export AETHER_NETNS_DIR=/run/netns
+ENV
+  cat "$d/cp/env" >>"$d/env"
+}
+
+up() {
+  local d=$1
+  preflight
+  mkdir -p "$d"
+  d=$(cd "$d" && pwd)
+  [ ! -e "$d/cp" ] || die "$d/cp exists: run node.sh down $d first"
+  mkdir -p "$d/logs"
+  remember_host "$d"
+  # From here on, any failure tears down what was started.
+  trap 'rc=$?; if [ $rc -ne 0 ]; then log "up failed (exit $rc): tearing down"; down "$d"; fi' EXIT
+  trap 'exit 130' INT TERM
+  network_up "$d"
+  containerd_up "$d"
+  control_plane_up "$d"
+  kubelet_up "$d"
+  write_env "$d"
+  trap - EXIT INT TERM
+  log "up: . $d/env  (kubectl: $tools/bin/kubectl)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# down
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+stop_pid() {
+  alive "$1" || { rm -f "$1"; return 0; }
+  local pid
+  pid=$(cat "$1")
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$1"
+}
+
+down() {
+  local d=$1
+  [ -d "$d" ] || { log "nothing to tear down in $d"; return 0; }
+  d=$(cd "$d" && pwd)
+  local sock=$d/containerd/containerd.sock k=("$tools/bin/kubectl" --kubeconfig "$d/cp/kubeconfig")
+  set +e
+  # 1. Pods first, so kubelet itself stops containers and unmounts volumes. DaemonSets and
+  #    Deployments would recreate them: controller-manager stops first.
+  stop_pid "$d/kube-controller-manager.pid"
+  stop_pid "$d/kube-scheduler.pid"
+  if alive "$d/kubelet.pid" && alive "$d/cp/apiserver.pid"; then
+    if "${k[@]}" delete pods --all -A --grace-period=2 --timeout=60s >/dev/null 2>&1; then log "deleted all pods"
+    else log "pod deletion incomplete (continuing)"; fi
+  fi
+  stop_pid "$d/kubelet.pid"
+  stop_pid "$d/kube-proxy.pid"
+  # 2. Containers left, then containerd and the shims serving this socket.
+  if alive "$d/containerd.pid"; then
+    local t c
+    for t in $(ctr -a "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
+      ctr -a "$sock" -n k8s.io tasks kill -s KILL "$t" >/dev/null 2>&1; sleep 0.2
+      ctr -a "$sock" -n k8s.io tasks rm -f "$t" >/dev/null 2>&1
+    done
+    for c in $(ctr -a "$sock" -n k8s.io containers ls -q 2>/dev/null); do ctr -a "$sock" -n k8s.io containers rm "$c" >/dev/null 2>&1; done
+  fi
+  stop_pid "$d/containerd.pid"
+  local pid
+  for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $sock" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
+  # 3. Control plane.
+  [ -f "$d/cp/apiserver.pid" ] && AETHER_TOOLS_DIR=$tools "$here/controlplane.sh" stop "$d/cp" 2>/dev/null
+  # 4. Mounts under the kubelet root and DIR (deepest first), network namespaces made since `up`.
+  local m
+  for m in $(findmnt -rn -o TARGET | grep -E "^($kubelet_root|$d)(/|$)" | sort -r); do umount "$m" 2>/dev/null || umount -l "$m"; done
+  if [ -f "$d/netns-before.txt" ]; then
+    for m in $(ls -1 /run/netns 2>/dev/null | grep -vxFf "$d/netns-before.txt"); do
+      umount "/run/netns/$m" 2>/dev/null || umount -l "/run/netns/$m" 2>/dev/null; rm -f "/run/netns/$m"
+    done
+  fi
+  if [ -f "$d/netns-mount.created" ]; then umount /run/netns 2>/dev/null || umount -l /run/netns; rm -f "$d/netns-mount.created"; fi
+  log "mounts left under $kubelet_root and $d: $(findmnt -rn -o TARGET | grep -cE "^($kubelet_root|$d)(/|$)")"
+  # 5. Network: bridge (its routes go with it), guard chain, chains kubelet/kube-proxy added.
+  if [ -f "$d/bridge.created" ]; then ip link del "$bridge" 2>/dev/null; rm -f "$d/bridge.created"; fi
+  local ipt tbl ch rule
+  for ipt in iptables ip6tables; do
+    command -v $ipt >/dev/null && [ -f "$d/$ipt-chains-before.txt" ] || continue
+    for tbl in filter nat mangle raw; do
+      local new
+      new=$($ipt -t $tbl -S 2>/dev/null | awk '/^-N /{print $2}' | while read -r ch; do
+        grep -qxF "$tbl $ch" "$d/$ipt-chains-before.txt" || echo "$ch"; done)
+      [ -n "$new" ] || continue
+      # Jumps into new chains from chains that existed before (builtin ones included).
+      $ipt -t $tbl -S 2>/dev/null | grep '^-A ' | while read -r rule; do
+        local target
+        target=$(sed -n 's/.* -j \([^ ]*\).*/\1/p' <<<"$rule")
+        if grep -qxF "$target" <<<"$new"; then
+          local from
+          from=$(awk '{print $2}' <<<"$rule")
+          grep -qxF "$from" <<<"$new" || eval "$ipt -t $tbl -D ${rule#-A }" 2>/dev/null
+        fi
+      done
+      for ch in $new; do $ipt -t $tbl -F "$ch" 2>/dev/null; done
+      for ch in $new; do $ipt -t $tbl -X "$ch" 2>/dev/null; done
+    done
+  done
+  # 6. Sysctls.
+  if [ -f "$d/sysctl-before.txt" ]; then
+    local k v
+    while read -r k v; do [ "$(cat "/proc/sys/$k" 2>/dev/null)" = "$v" ] || echo "$v" >"/proc/sys/$k"; done <"$d/sysctl-before.txt"
+  fi
+  # 7. Empty cgroups kubelet (kubepods) and runc (k8s.io) made in the v1 hierarchies.
+  local h top
+  for h in /sys/fs/cgroup/*/; do
+    for top in kubepods k8s.io; do [ -d "$h$top" ] && find "$h$top" -depth -type d -exec rmdir {} \; 2>/dev/null; done
+  done
+  # 8. Host dirs that did not exist before `up`, and this node's state.
+  local p
+  if [ -f "$d/created-dirs.txt" ]; then
+    while read -r p; do [ -n "$p" ] && ! mountpoint -q "$p" && rm -rf "$p"; done <"$d/created-dirs.txt"
+  fi
+  rm -rf "$d/containerd/root" "$d/containerd/state" "$d/cni/ipam" "$d/cp"
+  set -e
+  log "down: $d"
+}
+
+cmd=${1:-}; dir=${2:-}
+case $cmd in
+  up) [ -n "$dir" ] || die "usage: $0 up DIR"; up "$dir" ;;
+  down) [ -n "$dir" ] || die "usage: $0 down DIR"; down "$dir" ;;
+  env) [ -n "$dir" ] || die "usage: $0 env DIR"; cat "$dir/env" ;;
+  *) sed -n '2,31p' "$0" >&2; exit 2 ;;
+esac
