@@ -1,6 +1,12 @@
 //! `aether-agent run`: wires the state dir, the reconcile loop, the watch drivers, the xDS server
 //! and the admin port together.
+//!
+//! On SIGTERM/SIGINT the xDS server stops accepting and removes its socket file (if it is still
+//! the one it bound), waits up to `--shutdown-wait-seconds` for every Envoy ADS stream to close,
+//! ends the rest, and then the agent removes the `--health-socket` file only if every stream
+//! closed by itself within the wait (see [`crate::shutdown`]).
 
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,6 +15,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::{mpsc, watch};
 
+use crate::admin::EnvoyView;
 use crate::admin::{self, AdminState};
 use crate::cli::RunArgs;
 use crate::cni::CniRecords;
@@ -17,6 +24,7 @@ use crate::fold::Settings;
 use crate::index::Index;
 use crate::metrics::Metrics;
 use crate::recorder::{self, NoticeSender};
+use crate::shutdown;
 use crate::store::StateStore;
 use crate::watch as watchers;
 use crate::xds::resources::{RenderOptions, Renderer, Snapshot};
@@ -28,17 +36,8 @@ use crate::xds::server::{self as xds, XdsAddr, XdsListener, XdsServer};
 /// When the state dir, the xDS address or the admin address cannot be used; the error names it.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let settings = Settings::new(&args.delivery.kubelet_pods_dir, args.delivery.uds_workloads);
-    match settings.budget() {
-        Ok(b) => tracing::info!(
-            pods_dir = b.pods_dir(),
-            budget_bytes = b.bytes(),
-            uds_workloads = settings.uds_workloads(),
-            "socket value budget"
-        ),
-        Err(e) => {
-            tracing::error!(error = %e, "--kubelet-pods-dir gives no usable budget: EVERY POD IS DELIVERED OVER TCP")
-        }
-    }
+    log_budget(&settings);
+    let stop = stop_on_signal()?;
     let store =
         StateStore::open(&args.state_dir).with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
     let (snap_tx, snap_rx) = watch::channel(Arc::new(Snapshot::default()));
@@ -63,19 +62,24 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         Duration::from_millis(args.xds_debounce_ms),
         metrics.xds.clock.clone(),
     );
+    // The admin port first: a failure there must not leave an xDS socket behind.
+    let admin_listener = tokio::net::TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("cannot bind --admin-addr {}", args.admin_addr))?;
     let addr = XdsAddr::from_str(&args.xds_address).with_context(|| "--xds-address")?;
     let listener = XdsListener::bind(&addr).await.with_context(|| format!("--xds-address {addr}"))?;
     let xds_bound = Arc::new(AtomicBool::new(true));
     tracing::info!(%addr, "xDS (ADS: CDS + LDS) listening");
-    let server = XdsServer::new(resources).with_metrics(metrics.xds.clone());
-    let xds_task = tokio::spawn(xds::serve_listener(listener, server, shutdown_signal()));
+    let server = XdsServer::new(resources.clone())
+        .with_metrics(metrics.xds.clone())
+        .with_shutdown_wait(Duration::from_secs(args.shutdown_wait_seconds));
+    let envoy = EnvoyView { tracker: server.tracker(), resources, required: args.readyz_requires_envoy };
+    let xds_task = tokio::spawn(xds::serve_listener(listener, server, stopped(stop.clone())));
 
-    let admin_listener = tokio::net::TcpListener::bind(args.admin_addr)
-        .await
-        .with_context(|| format!("cannot bind --admin-addr {}", args.admin_addr))?;
     tracing::info!(addr = %args.admin_addr, "admin endpoints (/healthz, /readyz, /metrics) listening");
-    let admin_app = admin::router(AdminState::new(xds_bound.clone(), status_rx).with_metrics(metrics.clone()));
-    tokio::spawn(async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(shutdown_signal()).await });
+    let admin_app =
+        admin::router(AdminState::new(xds_bound.clone(), status_rx).with_metrics(metrics.clone()).with_envoy(envoy));
+    tokio::spawn(async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(stopped(stop)).await });
 
     let (tx, rx) = mpsc::channel::<Event>(1024);
     let loop_task = tokio::spawn(driver.run(rx));
@@ -94,33 +98,63 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             drop(notice_rx);
         }
     }
-    let recheck = Duration::from_secs(args.recheck_seconds.max(1));
-    let ticker = tx.clone();
-    tokio::spawn(async move {
-        let mut t = tokio::time::interval(recheck);
-        t.tick().await;
-        loop {
-            t.tick().await;
-            if ticker.send(Event::Recheck).await.is_err() {
-                return;
-            }
-        }
-    });
-    drop(tx);
+    spawn_recheck(tx, Duration::from_secs(args.recheck_seconds.max(1)));
 
     let result = xds_task.await;
     xds_bound.store(false, Ordering::Release);
     loop_task.abort();
-    result.context("xDS server task")?.context("xDS server")?;
+    let drained = result.context("xDS server task")?.context("xDS server")?;
+    shutdown::remove_health_socket(Path::new(&args.health_socket), drained.clients_gone());
     Ok(())
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = tokio::signal::ctrl_c() => {},
+fn log_budget(settings: &Settings) {
+    match settings.budget() {
+        Ok(b) => tracing::info!(
+            pods_dir = b.pods_dir(),
+            budget_bytes = b.bytes(),
+            uds_workloads = settings.uds_workloads(),
+            "socket value budget"
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "--kubelet-pods-dir gives no usable budget: EVERY POD IS DELIVERED OVER TCP")
+        }
     }
-    tracing::info!("shutting down");
+}
+
+/// Sends [`Event::Recheck`] every `every` until the loop is gone.
+fn spawn_recheck(tx: mpsc::Sender<Event>, every: Duration) {
+    tokio::spawn(async move {
+        let mut t = tokio::time::interval(every);
+        t.tick().await;
+        loop {
+            t.tick().await;
+            if tx.send(Event::Recheck).await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// A flag set once SIGTERM or SIGINT arrives. The handlers are installed before this returns,
+/// so a signal right after start-up is not missed.
+fn stop_on_signal() -> anyhow::Result<watch::Receiver<bool>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        tracing::info!("shutting down");
+        let _ = tx.send(true);
+    });
+    Ok(rx)
+}
+
+/// Completes once `stop` is set (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }

@@ -91,6 +91,28 @@ pub struct RunArgs {
     /// once on its way to Envoy. 0 pushes every change at once.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=10_000), env = "AETHER_XDS_DEBOUNCE_MS")]
     pub xds_debounce_ms: u64,
+    /// Make /readyz wait for the node's Envoy: 503 until an Envoy is connected over ADS and has
+    /// ACKed the CDS and LDS versions the agent would send now, and 503 again whenever no Envoy
+    /// is connected (or it NACKed the current version). Off (the default): /readyz is 200 once
+    /// the xDS listener is bound, whatever Envoy does. Either way its body has an "envoy: ..."
+    /// line saying where Envoy stands. The bare flag means true.
+    #[arg(
+        long,
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
+        env = "AETHER_READYZ_REQUIRES_ENVOY"
+    )]
+    pub readyz_requires_envoy: bool,
+    /// Seconds to wait on SIGTERM/SIGINT, after the xDS server stops accepting, for every Envoy
+    /// to close its ADS stream. If they all do (Envoy went away too: pod deletion, uninstall),
+    /// the --health-socket file is removed as well; if an Envoy is still connected when the
+    /// wait ends (only the agent restarts), the agent ends its streams and leaves the health
+    /// socket to the Envoy that serves it. The agent's own xDS socket file is removed either way.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=600), env = "AETHER_SHUTDOWN_WAIT_SECONDS")]
+    pub shutdown_wait_seconds: u64,
 }
 
 /// Flags of `plan`.
@@ -126,5 +148,39 @@ fn parse_node_name(s: &str) -> Result<String, String> {
         Ok(s.to_owned())
     } else {
         Err(format!("{s:?} is not a node name (a non-empty DNS-1123 subdomain, as spec.nodeName is)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_args(extra: &[&str]) -> RunArgs {
+        let args = ["aether-agent", "run", "--node-name", "n1"].iter().chain(extra);
+        match Cli::try_parse_from(args).unwrap().command {
+            Command::Run(r) => r,
+            Command::Plan(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn readyz_requires_envoy_is_off_by_default_and_takes_a_bare_flag_or_a_value() {
+        assert!(!run_args(&[]).readyz_requires_envoy);
+        assert!(run_args(&["--readyz-requires-envoy"]).readyz_requires_envoy);
+        assert!(run_args(&["--readyz-requires-envoy=true"]).readyz_requires_envoy);
+        assert!(!run_args(&["--readyz-requires-envoy=false"]).readyz_requires_envoy);
+        assert!(
+            Cli::try_parse_from(["aether-agent", "run", "--node-name", "n1", "--readyz-requires-envoy=maybe"]).is_err()
+        );
+    }
+
+    #[test]
+    fn shutdown_wait_defaults_to_five_seconds_and_is_bounded() {
+        assert_eq!(run_args(&[]).shutdown_wait_seconds, 5);
+        assert_eq!(run_args(&["--shutdown-wait-seconds", "0"]).shutdown_wait_seconds, 0);
+        assert!(
+            Cli::try_parse_from(["aether-agent", "run", "--node-name", "n1", "--shutdown-wait-seconds", "601"])
+                .is_err()
+        );
     }
 }

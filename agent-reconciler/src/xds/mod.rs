@@ -3,8 +3,11 @@
 //! - [`resources`]: the pure input model ([`Snapshot`] of [`ClusterSpec`]s, independent of
 //!   Kubernetes), validation before rendering, rendering to Envoy `Cluster`s and the
 //!   health-gateway `Listener`, content-hash versions.
-//! - [`server`]: the ADS gRPC server (state of the world, CDS + LDS) with debounced pushes and
-//!   an [`AckTracker`] of what each node applied or rejected.
+//! - [`server`]: the ADS gRPC server (state of the world, CDS + LDS) with debounced pushes, an
+//!   [`AckTracker`] of what each node applied or rejected and which streams are open now, and a
+//!   shutdown that waits for Envoy to close its streams ([`Drained`]).
+//! - [`readiness`]: whether Envoy has applied what the server would send now (the `/readyz`
+//!   line, [`EnvoyReadiness`]).
 //!
 //! Wiring: `watch::Sender<Arc<Snapshot>>` → [`spawn_renderer`] → `watch::Receiver<Arc<Resources>>`
 //! → [`XdsServer::new`] → [`serve`] on `unix://<path>` or `<ip>:<port>`.
@@ -15,15 +18,17 @@
 //! field appeared in 2025; it needs `CAP_NET_ADMIN`), so the netns variant needs a recent
 //! Envoy. Everything here is tested against Envoy 1.40 (`tests/xds_envoy.rs`).
 
+pub mod readiness;
 pub mod resources;
 pub mod server;
 
+pub use readiness::{Connected, EnvoyReadiness, TypeProgress, assess};
 pub use resources::{
     CLUSTER_TYPE_URL, ClusterSpec, Endpoint, HealthCheck, HealthTiming, LISTENER_TYPE_URL, NamedResource, Rejected,
     RenderError, RenderOptions, Renderer, Resources, Snapshot, TypedResources, render, render_cluster,
     render_health_listener,
 };
 pub use server::{
-    AckTracker, ChangeClock, Nack, ServeError, TypeState, XdsAddr, XdsListener, XdsMetrics, XdsServer, serve,
-    serve_listener, spawn_renderer, spawn_renderer_with_clock,
+    AckTracker, ChangeClock, Drained, Nack, ServeError, StreamState, TypeState, XdsAddr, XdsListener, XdsMetrics,
+    XdsServer, serve, serve_listener, spawn_renderer, spawn_renderer_with_clock,
 };

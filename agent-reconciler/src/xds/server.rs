@@ -6,14 +6,23 @@
 //! node id; nothing is re-sent for it: Envoy keeps its last good config (for CDS, every cluster
 //! it could accept), and the next change gets a new version.
 //!
-//! Metrics ([`XdsMetrics`], optional): responses sent, ACKs and NACKs per resource type, and the
-//! time from a change (stamped on a [`ChangeClock`] by whoever publishes snapshots) to Envoy's ACK
-//! of the version that change produced.
+//! The tracker also counts the streams open now, per node id: a stream counts from its first
+//! request that carries a node until it ends, however it ends (the client went away, an error,
+//! the server's shutdown); see [`AckTracker::connected`] and [`AckTracker::streams`] (what each
+//! open stream ACKed, read by `/readyz` through [`super::readiness`]).
+//!
+//! Metrics ([`XdsMetrics`], optional): responses sent, ACKs and NACKs per resource type, the
+//! streams open now, and the time from a change (stamped on a [`ChangeClock`] by whoever
+//! publishes snapshots) to Envoy's ACK of the version that change produced.
+//!
+//! Shutdown ([`serve_listener`]): stop accepting, remove the own socket file (if still ours),
+//! wait up to [`XdsServer::with_shutdown_wait`] for the clients to close their streams, end the
+//! rest; the returned [`Drained`] says whether the clients had gone.
 //!
 //! Incremental (delta) xDS is not implemented: `DeltaAggregatedResources` answers
 //! `UNIMPLEMENTED`, so Envoy must use `api_type: GRPC` (the state-of-the-world default).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,6 +39,7 @@ use futures::StreamExt;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
@@ -38,6 +48,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::resources::{Renderer, Resources, Snapshot};
+use crate::shutdown::FileId;
 
 /// Default debounce: how long a change waits for further changes before it is pushed.
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(20);
@@ -73,11 +84,35 @@ pub struct TypeState {
     pub last_nack: Option<Nack>,
 }
 
-/// Shared, queryable ACK/NACK state per node id and type URL; cheap to clone. Readers are
-/// tests, `/readyz` and metrics.
+/// What one open ADS stream has done, for readers of [`AckTracker::streams`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamState {
+    /// Envoy's node id, from the stream's first request that carried a node.
+    pub node: String,
+    /// Per type URL: the version Envoy last acknowledged on this stream.
+    pub acked: HashMap<String, String>,
+    /// Per type URL: the last NACK on this stream (kept after later ACKs).
+    pub nacked: HashMap<String, Nack>,
+}
+
+#[derive(Debug, Default)]
+struct TrackerState {
+    /// Node id -> type URL -> state, across the node's streams (closed ones included).
+    nodes: HashMap<String, HashMap<String, TypeState>>,
+    /// Open streams by a per-tracker id (increasing: oldest first).
+    streams: BTreeMap<u64, StreamState>,
+    next_stream: u64,
+}
+
+/// Shared, queryable ACK/NACK state per node id and type URL, and the ADS streams open now;
+/// cheap to clone. Readers are tests, `/readyz`, metrics and the shutdown wait; every recorded
+/// event (a send, an ACK, a NACK, a stream opening or closing) wakes [`AckTracker::wait_for`].
+///
+/// A stream counts as connected from its first request that carries a node until it ends,
+/// however it ends (the client went away, an error, the server's shutdown).
 #[derive(Clone, Debug)]
 pub struct AckTracker {
-    state: Arc<Mutex<HashMap<String, HashMap<String, TypeState>>>>,
+    state: Arc<Mutex<TrackerState>>,
     changes: watch::Sender<u64>,
 }
 
@@ -93,16 +128,18 @@ impl AckTracker {
         Self::default()
     }
 
-    /// The state of `type_url` for `node` (default if never seen).
-    pub fn get(&self, node: &str, type_url: &str) -> TypeState {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.get(node).and_then(|types| types.get(type_url)).cloned().unwrap_or_default()
+    fn lock(&self) -> std::sync::MutexGuard<'_, TrackerState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Node ids seen so far, sorted.
+    /// The state of `type_url` for `node` (default if never seen).
+    pub fn get(&self, node: &str, type_url: &str) -> TypeState {
+        self.lock().nodes.get(node).and_then(|types| types.get(type_url)).cloned().unwrap_or_default()
+    }
+
+    /// Node ids seen so far (connected now or not), sorted.
     pub fn nodes(&self) -> Vec<String> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut nodes: Vec<String> = state.keys().cloned().collect();
+        let mut nodes: Vec<String> = self.lock().nodes.keys().cloned().collect();
         nodes.sort();
         nodes
     }
@@ -115,6 +152,21 @@ impl AckTracker {
     /// Total NACKs of `type_url` from `node`.
     pub fn nack_count(&self, node: &str, type_url: &str) -> u64 {
         self.get(node, type_url).nacks
+    }
+
+    /// Number of ADS streams open now, all nodes together.
+    pub fn connected_total(&self) -> usize {
+        self.lock().streams.len()
+    }
+
+    /// Number of ADS streams open now from `node`.
+    pub fn connected(&self, node: &str) -> usize {
+        self.lock().streams.values().filter(|s| s.node == node).count()
+    }
+
+    /// The ADS streams open now, oldest first.
+    pub fn streams(&self) -> Vec<StreamState> {
+        self.lock().streams.values().cloned().collect()
     }
 
     /// Waits until `pred(self)` holds, re-checking on every recorded event, for at most
@@ -134,13 +186,70 @@ impl AckTracker {
         }
     }
 
+    fn notify(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     fn update(&self, node: &str, type_url: &str, f: impl FnOnce(&mut TypeState)) {
         {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            let entry = state.entry(node.to_owned()).or_default().entry(type_url.to_owned()).or_default();
+            let mut state = self.lock();
+            let entry = state.nodes.entry(node.to_owned()).or_default().entry(type_url.to_owned()).or_default();
             f(entry);
         }
-        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        self.notify();
+    }
+
+    /// Records an ACK or NACK on open stream `id` (nothing if it is not open).
+    fn update_stream(&self, id: u64, f: impl FnOnce(&mut StreamState)) {
+        if let Some(stream) = self.lock().streams.get_mut(&id) {
+            f(stream);
+        }
+        self.notify();
+    }
+
+    /// Counts a stream from `node` as open; returns its id for [`AckTracker::stream_closed`].
+    fn stream_opened(&self, node: &str) -> u64 {
+        let id = {
+            let mut state = self.lock();
+            state.next_stream += 1;
+            let id = state.next_stream;
+            state.streams.insert(id, StreamState { node: node.to_owned(), ..StreamState::default() });
+            id
+        };
+        self.notify();
+        id
+    }
+
+    fn stream_closed(&self, id: u64) {
+        self.lock().streams.remove(&id);
+        self.notify();
+    }
+}
+
+/// One stream counted in the tracker and the gauge, from its first request that carried a node
+/// until it is dropped: with its [`Stream`], however the stream's task ends.
+struct Connection {
+    id: u64,
+    tracker: AckTracker,
+    gauge: Option<Gauge>,
+}
+
+impl Connection {
+    fn open(tracker: &AckTracker, node: &str, metrics: Option<&XdsMetrics>) -> Connection {
+        let gauge = metrics.map(|m| m.connected.clone());
+        if let Some(g) = &gauge {
+            g.inc();
+        }
+        Connection { id: tracker.stream_opened(node), tracker: tracker.clone(), gauge }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.tracker.stream_closed(self.id);
+        if let Some(g) = &self.gauge {
+            g.dec();
+        }
     }
 }
 
@@ -260,6 +369,9 @@ pub struct XdsMetrics {
     /// `aether_xds_change_to_ack_seconds`: seconds from the watch event whose effect produced a
     /// new resource version to Envoy's first ACK of that version (see [`ChangeClock`]).
     pub change_to_ack: Histogram,
+    /// `aether_xds_connected_streams`: ADS streams open now, all nodes together (a stream counts
+    /// from its first request that carries a node until it ends).
+    pub connected: Gauge,
     /// The clock the publisher, the renderer and the server share.
     pub clock: ChangeClock,
 }
@@ -272,6 +384,7 @@ impl Default for XdsMetrics {
             nacks: Family::default(),
             // 5 ms .. ~41 s: a debounce (20 ms) plus Envoy applying a config is tens of ms.
             change_to_ack: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            connected: Gauge::default(),
             clock: ChangeClock::new(),
         }
     }
@@ -299,6 +412,11 @@ impl XdsMetrics {
             "Seconds from a pod or policy change to Envoy's ACK of the xDS version it produced",
             self.change_to_ack.clone(),
         );
+        registry.register(
+            "aether_xds_connected_streams",
+            "ADS streams from Envoy open now (counted from the first request that names a node)",
+            self.connected.clone(),
+        );
     }
 
     fn inc(family: &Family<TypeLabel, Counter>, type_url: &str) {
@@ -313,6 +431,7 @@ pub struct XdsServer {
     tracker: AckTracker,
     metrics: Option<XdsMetrics>,
     debounce: Duration,
+    shutdown_wait: Duration,
     shutdown: watch::Receiver<bool>,
     shutdown_tx: Arc<watch::Sender<bool>>,
 }
@@ -329,6 +448,7 @@ impl XdsServer {
             tracker: AckTracker::new(),
             metrics: None,
             debounce: DEFAULT_DEBOUNCE,
+            shutdown_wait: Duration::ZERO,
             shutdown,
             shutdown_tx: Arc::new(shutdown_tx),
         }
@@ -337,6 +457,13 @@ impl XdsServer {
     /// Same server, with this debounce (`Duration::ZERO` pushes every change at once).
     pub fn with_debounce(mut self, debounce: Duration) -> Self {
         self.debounce = debounce;
+        self
+    }
+
+    /// Same server, waiting up to `wait` at shutdown for the clients to close their streams
+    /// before it ends the rest itself (see [`serve_listener`]). Default: zero, end them at once.
+    pub fn with_shutdown_wait(mut self, wait: Duration) -> Self {
+        self.shutdown_wait = wait;
         self
     }
 
@@ -359,7 +486,7 @@ impl XdsServer {
     }
 
     /// Ends every open stream (Envoy sees the RPC finish and reconnects to whoever serves
-    /// next). [`serve`] calls it when its shutdown future completes.
+    /// next). [`serve_listener`] calls it when its shutdown wait ends.
     pub fn close_streams(&self) {
         let _ = self.shutdown_tx.send(true);
     }
@@ -433,6 +560,9 @@ struct Sent {
 
 struct Stream {
     node: String,
+    /// Set by the first request that carries a node; counts the stream as connected until the
+    /// stream is dropped.
+    connection: Option<Connection>,
     peer: String,
     types: HashMap<String, Sent>,
     out: mpsc::Sender<Result<DiscoveryResponse, Status>>,
@@ -477,9 +607,10 @@ impl Stream {
     /// Handles one request; returns false when the client is gone.
     async fn request(&mut self, req: DiscoveryRequest, resources: &Resources) -> bool {
         if let Some(node) = &req.node
-            && self.node.is_empty()
+            && self.connection.is_none()
         {
             self.node = node.id.clone();
+            self.connection = Some(Connection::open(&self.tracker, &self.node, self.metrics.as_ref()));
             tracing::info!(node = %self.node, peer = %self.peer, "xDS stream opened");
         }
         let type_url = req.type_url.clone();
@@ -508,6 +639,9 @@ impl Stream {
                 XdsMetrics::inc(&m.nacks, &type_url);
             }
             let nack = Nack { version: sent_version, nonce: req.response_nonce, message: err.message, code: err.code };
+            self.on_stream(|s| {
+                s.nacked.insert(type_url.clone(), nack.clone());
+            });
             self.tracker.update(&self.node, &type_url, |s| {
                 s.nacks += 1;
                 s.last_nack = Some(nack);
@@ -520,12 +654,22 @@ impl Stream {
                     m.change_to_ack.observe(elapsed.as_secs_f64());
                 }
             }
+            self.on_stream(|s| {
+                s.acked.insert(type_url.clone(), sent_version.clone());
+            });
             self.tracker.update(&self.node, &type_url, |s| {
                 s.acks += 1;
                 s.acked_version = Some(sent_version);
             });
         }
         true
+    }
+
+    /// Records on this stream's [`StreamState`] (nothing before it is counted as connected).
+    fn on_stream(&self, f: impl FnOnce(&mut StreamState)) {
+        if let Some(c) = &self.connection {
+            self.tracker.update_stream(c.id, f);
+        }
     }
 
     async fn push_changes(&mut self, resources: &Resources) -> bool {
@@ -595,6 +739,7 @@ impl AggregatedDiscoveryService for XdsServer {
         let (out, rx) = mpsc::channel(8);
         let stream = Stream {
             node: String::new(),
+            connection: None,
             peer,
             types: HashMap::new(),
             out,
@@ -679,8 +824,8 @@ pub enum ServeError {
 pub enum XdsListener {
     /// Bound TCP listener.
     Tcp(tokio::net::TcpListener),
-    /// Bound Unix listener and its path.
-    Unix(tokio::net::UnixListener, PathBuf),
+    /// Bound Unix listener, its path, and the identity of the socket file it created there.
+    Unix(tokio::net::UnixListener, PathBuf, FileId),
 }
 
 impl XdsListener {
@@ -709,8 +854,17 @@ impl XdsListener {
                     std::fs::remove_file(path).map_err(bind_err)?;
                 }
                 let l = tokio::net::UnixListener::bind(path).map_err(bind_err)?;
-                Ok(XdsListener::Unix(l, path.clone()))
+                let id = FileId::of(&std::fs::symlink_metadata(path).map_err(bind_err)?);
+                Ok(XdsListener::Unix(l, path.clone(), id))
             }
+        }
+    }
+
+    /// The Unix socket path and the identity of the socket file bound there (`None` for TCP).
+    fn own_socket(&self) -> Option<(PathBuf, FileId)> {
+        match self {
+            XdsListener::Unix(_, path, id) => Some((path.clone(), *id)),
+            XdsListener::Tcp(_) => None,
         }
     }
 
@@ -723,6 +877,21 @@ impl XdsListener {
     }
 }
 
+/// How [`serve_listener`] shut down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drained {
+    /// ADS streams still open when the shutdown wait ended, which the server then ended itself.
+    /// 0: every client had closed its streams (or none was connected).
+    pub left_open: usize,
+}
+
+impl Drained {
+    /// Whether every client closed its streams within the wait: the proxies went away too.
+    pub fn clients_gone(&self) -> bool {
+        self.left_open == 0
+    }
+}
+
 /// Binds `addr` and serves `server` until `shutdown` completes; see [`serve_listener`].
 ///
 /// # Errors
@@ -731,12 +900,18 @@ pub async fn serve(
     addr: &XdsAddr,
     server: XdsServer,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), ServeError> {
+) -> Result<Drained, ServeError> {
     serve_listener(XdsListener::bind(addr).await?, server, shutdown).await
 }
 
-/// Serves ADS on an already-bound listener until `shutdown` completes, then ends every open
-/// stream and returns once connections have drained. A Unix socket file is removed on return.
+/// Serves ADS on an already-bound listener until `shutdown` completes, then:
+///
+/// 1. stops accepting connections and removes its Unix socket file, if the path still holds the
+///    socket it bound (see [`crate::shutdown::remove_own_socket`]);
+/// 2. waits up to the server's shutdown wait ([`XdsServer::with_shutdown_wait`]; default zero)
+///    for the clients to close every open ADS stream;
+/// 3. ends the streams still open (Envoy sees the RPC finish and keeps its config) and returns
+///    once connections have drained, saying how many it had to end.
 ///
 /// # Errors
 /// [`ServeError::Transport`].
@@ -744,29 +919,76 @@ pub async fn serve_listener(
     listener: XdsListener,
     server: XdsServer,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), ServeError> {
-    let closer = server.clone();
-    let signal = async move {
-        shutdown.await;
-        closer.close_streams();
-    };
+) -> Result<Drained, ServeError> {
+    let own_socket = listener.own_socket();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let drain = drain_after(shutdown, server.clone(), stop_tx, own_socket.clone());
+    let serving = serve_until(listener, server, async {
+        let _ = stop_rx.await;
+    });
+    tokio::pin!(serving, drain);
+    tokio::select! {
+        drained = &mut drain => {
+            serving.await?;
+            Ok(drained)
+        }
+        // The server ended before shutdown was asked for (a transport error).
+        result = &mut serving => {
+            if let Some((path, id)) = &own_socket {
+                crate::shutdown::remove_own_socket(path, *id);
+            }
+            result?;
+            Ok(Drained { left_open: 0 })
+        }
+    }
+}
+
+/// The gRPC server on `listener` until `stop` completes (it stops accepting at once, then waits
+/// for open connections to finish).
+async fn serve_until(
+    listener: XdsListener,
+    server: XdsServer,
+    stop: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)));
     let router = builder.add_service(server.into_service());
     match listener {
         XdsListener::Tcp(l) => {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(l);
-            router.serve_with_incoming_shutdown(incoming, signal).await?;
+            router.serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(l), stop).await
         }
-        XdsListener::Unix(l, path) => {
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
-            let result = router.serve_with_incoming_shutdown(incoming, signal).await;
-            let _ = std::fs::remove_file(&path);
-            result?;
+        XdsListener::Unix(l, ..) => {
+            router.serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(l), stop).await
         }
     }
-    Ok(())
+}
+
+/// After `shutdown`: stops the accept loop (`stop`), removes the own socket, waits for the
+/// clients, ends what is left.
+async fn drain_after(
+    shutdown: impl Future<Output = ()>,
+    server: XdsServer,
+    stop: tokio::sync::oneshot::Sender<()>,
+    own_socket: Option<(PathBuf, FileId)>,
+) -> Drained {
+    shutdown.await;
+    let _ = stop.send(());
+    if let Some((path, id)) = &own_socket {
+        crate::shutdown::remove_own_socket(path, *id);
+    }
+    let tracker = server.tracker();
+    let open = tracker.connected_total();
+    if open > 0 && !server.shutdown_wait.is_zero() {
+        tracing::info!(streams = open, wait = ?server.shutdown_wait, "waiting for Envoy to close its ADS streams");
+        tracker.wait_for(server.shutdown_wait, |t| t.connected_total() == 0).await;
+    }
+    let left_open = tracker.connected_total();
+    if left_open > 0 {
+        tracing::info!(streams = left_open, "ending the ADS streams still open (Envoy keeps its config)");
+    }
+    server.close_streams();
+    Drained { left_open }
 }
 
 #[cfg(test)]
@@ -831,5 +1053,32 @@ mod tests {
         assert!(waiter.await.unwrap());
         assert!(!t.wait_for(Duration::from_millis(30), |t| t.nack_count("n", "x") > 0).await);
         assert_eq!(t.nodes(), vec!["n".to_owned()]);
+    }
+
+    #[tokio::test]
+    async fn a_stream_counts_as_connected_until_its_connection_is_dropped() {
+        let t = AckTracker::new();
+        let m = XdsMetrics::new();
+        let a = Connection::open(&t, "n1", Some(&m));
+        let b = Connection::open(&t, "n1", None);
+        let c = Connection::open(&t, "n2", Some(&m));
+        assert_eq!((t.connected_total(), t.connected("n1"), t.connected("n2"), t.connected("n3")), (3, 2, 1, 0));
+        assert_eq!(m.connected.get(), 2, "only streams given the metrics count in the gauge");
+        t.update_stream(a.id, |s| {
+            s.acked.insert(CLUSTER_TYPE_URL.to_owned(), "v1".to_owned());
+        });
+        let streams = t.streams();
+        assert_eq!(streams.iter().map(|s| s.node.as_str()).collect::<Vec<_>>(), ["n1", "n1", "n2"], "oldest first");
+        assert_eq!(streams[0].acked.get(CLUSTER_TYPE_URL).map(String::as_str), Some("v1"));
+
+        let t2 = t.clone();
+        let waiter =
+            tokio::spawn(async move { t2.wait_for(Duration::from_secs(5), |t| t.connected_total() == 0).await });
+        drop((a, b));
+        assert_eq!(t.connected("n1"), 0);
+        drop(c);
+        assert!(waiter.await.unwrap(), "closing wakes waiters");
+        assert_eq!(m.connected.get(), 0);
+        assert!(t.streams().is_empty());
     }
 }

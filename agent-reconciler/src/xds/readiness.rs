@@ -1,0 +1,223 @@
+//! Is the node's Envoy caught up? The pure decision behind `/readyz` (see [`crate::admin`]).
+//!
+//! Envoy is caught up when at least one of its ADS streams is open and has ACKed, on that
+//! stream, the CDS and the LDS versions the server would send now. Not connected, behind (a
+//! current version not ACKed yet) and rejected (a current version NACKed) are not caught up.
+//!
+//! [`assess`] takes the open streams from [`AckTracker::streams`](super::AckTracker::streams) and
+//! the current versions from the renderer's `watch` channel; the result prints as the one
+//! `envoy: ...` line of the `/readyz` body.
+
+use std::fmt;
+
+use super::resources::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL};
+use super::server::StreamState;
+
+/// Longest NACK message shown, in characters (Envoy's messages can list many resources).
+const MESSAGE_CHARS: usize = 160;
+
+/// Where one resource type stands on the stream [`assess`] reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeProgress {
+    /// `CDS` or `LDS`.
+    pub label: &'static str,
+    /// The version the server would send now.
+    pub current: String,
+    /// The version the stream last ACKed.
+    pub acked: Option<String>,
+    /// Envoy's message, when the stream NACKed the current version.
+    pub rejected: Option<String>,
+}
+
+impl TypeProgress {
+    fn of(label: &'static str, type_url: &str, current: &str, stream: &StreamState) -> TypeProgress {
+        let acked = stream.acked.get(type_url).cloned();
+        let rejected = match stream.nacked.get(type_url) {
+            Some(nack) if nack.version == current && acked.as_deref() != Some(current) => Some(nack.message.clone()),
+            _ => None,
+        };
+        TypeProgress { label, current: current.to_owned(), acked, rejected }
+    }
+
+    /// Whether the current version is ACKed.
+    pub fn caught_up(&self) -> bool {
+        self.acked.as_deref() == Some(self.current.as_str())
+    }
+}
+
+impl fmt::Display for TypeProgress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (label, current) = (self.label, &self.current);
+        if self.caught_up() {
+            return write!(f, "{label} version {current} acked");
+        }
+        let acked = self.acked.as_deref().unwrap_or("none");
+        match &self.rejected {
+            Some(message) => write!(f, "{label} version {current} NACKed (acked {acked}): {}", one_line(message)),
+            None => write!(f, "{label} version {current} not acked yet (acked {acked})"),
+        }
+    }
+}
+
+/// The open streams, and the most caught-up one's progress (the newest among equals).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Connected {
+    /// Open streams, all nodes together.
+    pub streams: usize,
+    /// Node ids of the open streams, sorted, without duplicates.
+    pub nodes: Vec<String>,
+    /// CDS on the reported stream.
+    pub cds: TypeProgress,
+    /// LDS on the reported stream.
+    pub lds: TypeProgress,
+}
+
+/// Where the node's Envoy stands; its `Display` is the `/readyz` line (no newline).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnvoyReadiness {
+    /// No ADS stream is open.
+    NotConnected,
+    /// At least one stream is open.
+    Connected(Box<Connected>),
+}
+
+impl EnvoyReadiness {
+    /// Whether a connected stream has ACKed both current versions.
+    pub fn caught_up(&self) -> bool {
+        match self {
+            EnvoyReadiness::NotConnected => false,
+            EnvoyReadiness::Connected(c) => c.cds.caught_up() && c.lds.caught_up(),
+        }
+    }
+}
+
+impl fmt::Display for EnvoyReadiness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EnvoyReadiness::NotConnected => write!(f, "envoy: not connected"),
+            EnvoyReadiness::Connected(c) => {
+                let Connected { streams, nodes, cds, lds } = &**c;
+                let noun = if nodes.len() == 1 { "node" } else { "nodes" };
+                write!(f, "envoy: {streams} stream(s) connected ({noun} {}); {cds}; {lds}", nodes.join(", "))
+            }
+        }
+    }
+}
+
+/// Where Envoy stands, given the open `streams` (oldest first) and the CDS and LDS versions the
+/// server would send now.
+pub fn assess(streams: &[StreamState], current_cds: &str, current_lds: &str) -> EnvoyReadiness {
+    let progress = |s: &StreamState| {
+        (
+            TypeProgress::of("CDS", CLUSTER_TYPE_URL, current_cds, s),
+            TypeProgress::of("LDS", LISTENER_TYPE_URL, current_lds, s),
+        )
+    };
+    // `max_by_key` keeps the last of equals: the newest stream.
+    let Some((cds, lds)) =
+        streams.iter().map(progress).max_by_key(|(c, l)| u8::from(c.caught_up()) + u8::from(l.caught_up()))
+    else {
+        return EnvoyReadiness::NotConnected;
+    };
+    let mut nodes: Vec<String> = streams.iter().map(|s| s.node.clone()).collect();
+    nodes.sort();
+    nodes.dedup();
+    EnvoyReadiness::Connected(Box::new(Connected { streams: streams.len(), nodes, cds, lds }))
+}
+
+/// `message` on one line, at most [`MESSAGE_CHARS`] characters (then `...`).
+fn one_line(message: &str) -> String {
+    let flat: String = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() <= MESSAGE_CHARS {
+        return flat;
+    }
+    let cut: String = flat.chars().take(MESSAGE_CHARS).collect();
+    format!("{cut}...")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xds::server::Nack;
+
+    fn stream(node: &str, cds: Option<&str>, lds: Option<&str>) -> StreamState {
+        let mut s = StreamState { node: node.to_owned(), ..StreamState::default() };
+        for (type_url, v) in [(CLUSTER_TYPE_URL, cds), (LISTENER_TYPE_URL, lds)] {
+            if let Some(v) = v {
+                s.acked.insert(type_url.to_owned(), v.to_owned());
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn not_connected() {
+        let r = assess(&[], "c1", "l1");
+        assert!(!r.caught_up());
+        assert_eq!(r.to_string(), "envoy: not connected");
+    }
+
+    #[test]
+    fn connected_but_behind() {
+        let r = assess(&[stream("n1", Some("c1"), Some("l1"))], "c2", "l1");
+        assert!(!r.caught_up());
+        assert_eq!(
+            r.to_string(),
+            "envoy: 1 stream(s) connected (node n1); CDS version c2 not acked yet (acked c1); LDS version l1 acked"
+        );
+        let fresh = assess(&[stream("n1", None, None)], "c1", "l1");
+        assert!(!fresh.caught_up());
+        assert!(
+            fresh
+                .to_string()
+                .ends_with("CDS version c1 not acked yet (acked none); LDS version l1 not acked yet (acked none)")
+        );
+    }
+
+    #[test]
+    fn caught_up_on_one_stream_of_several() {
+        let streams =
+            [stream("n1", Some("c1"), Some("l1")), stream("n2", Some("c2"), Some("l2")), stream("n1", None, None)];
+        let r = assess(&streams, "c2", "l2");
+        assert!(r.caught_up());
+        assert_eq!(
+            r.to_string(),
+            "envoy: 3 stream(s) connected (nodes n1, n2); CDS version c2 acked; LDS version l2 acked"
+        );
+    }
+
+    #[test]
+    fn acks_of_different_streams_do_not_add_up() {
+        let streams = [stream("n1", Some("c2"), Some("l1")), stream("n1", Some("c1"), Some("l2"))];
+        assert!(!assess(&streams, "c2", "l2").caught_up());
+    }
+
+    #[test]
+    fn a_nacked_current_version_is_not_caught_up_and_says_why() {
+        let mut s = stream("n1", Some("c1"), Some("l1"));
+        let nack = |version: &str| Nack {
+            version: version.to_owned(),
+            nonce: "7".to_owned(),
+            message: "duplicate cluster a\nand more".to_owned(),
+            code: 13,
+        };
+        s.nacked.insert(CLUSTER_TYPE_URL.to_owned(), nack("c2"));
+        let r = assess(std::slice::from_ref(&s), "c2", "l1");
+        assert!(!r.caught_up());
+        assert_eq!(
+            r.to_string(),
+            "envoy: 1 stream(s) connected (node n1); CDS version c2 NACKed (acked c1): duplicate cluster a and more; \
+             LDS version l1 acked"
+        );
+        // A NACK of an older version does not matter once the current one is ACKed.
+        s.acked.insert(CLUSTER_TYPE_URL.to_owned(), "c3".to_owned());
+        assert!(assess(&[s], "c3", "l1").caught_up());
+    }
+
+    #[test]
+    fn long_messages_are_cut() {
+        let shown = one_line(&"x".repeat(500));
+        assert_eq!(shown.len(), MESSAGE_CHARS + 3);
+        assert!(shown.ends_with("..."));
+    }
+}

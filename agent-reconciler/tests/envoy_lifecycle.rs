@@ -1,0 +1,304 @@
+//! The agent and a real Envoy over their lifetimes (Envoy from `tests/harness/install-envoy.sh`,
+//! see `envoy/mod.rs`):
+//!
+//! - ADS streams are counted from Envoy's first request until it is killed (tracker and the
+//!   `aether_xds_connected_streams` gauge), and `/readyz` reports it without changing its code;
+//! - `aether-agent run --readyz-requires-envoy`: `/readyz` is 503 until Envoy ACKs, and again
+//!   once Envoy is gone;
+//! - SIGTERM: the agent removes its xDS socket always, and the health-gateway socket only when
+//!   Envoy went away too.
+//!
+//! Waits are bounded ([`WAIT`]) and poll for the awaited state; no sleep stands in for one.
+
+mod envoy;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use aether_agent_reconciler::admin::{self, AdminState, EnvoyView};
+use aether_agent_reconciler::driver::Status;
+use aether_agent_reconciler::metrics::Metrics;
+use aether_agent_reconciler::xds::{
+    Drained, RenderOptions, Renderer, Snapshot, XdsAddr, XdsListener, XdsServer, render, serve_listener,
+    spawn_renderer_with_clock,
+};
+use envoy::{Envoy, WAIT, client_builder};
+use tokio::sync::{oneshot, watch};
+
+fn http() -> reqwest::Client {
+    client_builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap()
+}
+
+/// GET `http://127.0.0.1:<port><path>`: status and body, or `None` if nothing answers.
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let resp = http().get(format!("http://127.0.0.1:{port}{path}")).send().await.ok()?;
+    let code = resp.status().as_u16();
+    Some((code, resp.text().await.ok()?))
+}
+
+/// GET `path` on the health gateway Envoy serves at `socket`.
+async fn gateway(socket: &Path, path: &str) -> Option<u16> {
+    let client = client_builder().unix_socket(socket).timeout(Duration::from_secs(5)).build().unwrap();
+    Some(client.get(format!("http://localhost{path}")).send().await.ok()?.status().as_u16())
+}
+
+/// Polls `f` until it returns `Some`, for at most [`WAIT`]; panics with `what` and `context()`.
+async fn until<T, Fut: Future<Output = Option<T>>>(
+    what: &str,
+    mut f: impl FnMut() -> Fut,
+    context: impl Fn() -> String,
+) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}\n{}", context());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The CDS and LDS versions an agent serves for an empty state dir with this health socket.
+fn empty_versions(health_socket: &Path) -> (String, String) {
+    let opts = RenderOptions { health_socket: Some(health_socket.to_str().unwrap().to_owned()), ..Default::default() };
+    let r = render(&Snapshot::default(), &opts);
+    (r.clusters.version, r.listeners.version)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `aether-agent run` on `<dir>/xds.sock` and `<dir>/health.sock` with an empty state dir and
+/// no API server; killed (and reaped) on drop.
+struct Agent {
+    child: Child,
+    admin: u16,
+    log: PathBuf,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Agent {
+    /// Starts it with `extra` flags and waits until its admin port answers.
+    async fn start(dir: &Path, extra: &[&str]) -> Agent {
+        let admin = free_port();
+        let log = dir.join("agent.log");
+        let setpriv = Path::new("/usr/bin/setpriv");
+        let bin = assert_cmd::cargo::cargo_bin!("aether-agent");
+        let mut cmd = if setpriv.is_file() {
+            // A killed test process takes the agent with it.
+            let mut c = Command::new(setpriv);
+            c.args(["--pdeathsig", "KILL", "--"]).arg(bin);
+            c
+        } else {
+            Command::new(bin)
+        };
+        let child = cmd
+            .args(["run", "--node-name", "n1"])
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--xds-address")
+            .arg(format!("unix://{}", dir.join("xds.sock").display()))
+            .arg("--health-socket")
+            .arg(dir.join("health.sock"))
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}"), "--xds-debounce-ms", "0"])
+            .args(extra)
+            .env("KUBECONFIG", dir.join("no-such-kubeconfig"))
+            .env("RUST_LOG", "info")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("AETHER_READYZ_REQUIRES_ENVOY")
+            .env_remove("AETHER_SHUTDOWN_WAIT_SECONDS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn aether-agent");
+        let mut agent = Agent { child, admin, log };
+        until("the agent's admin port", || get(admin, "/readyz"), || agent.log_text()).await;
+        assert!(agent.child.try_wait().unwrap().is_none(), "agent exited: {}", agent.log_text());
+        agent
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn readyz(&self) -> (u16, String) {
+        get(self.admin, "/readyz").await.unwrap_or_else(|| panic!("no /readyz answer: {}", self.log_text()))
+    }
+
+    /// SIGTERM, then waits for the exit; returns how long it took.
+    async fn terminate(&mut self) -> Duration {
+        let started = Instant::now();
+        envoy::signal(&self.child, "TERM");
+        let status = envoy::wait_exit(&mut self.child, "aether-agent").await;
+        assert!(status.success(), "agent exit: {status}\n{}", self.log_text());
+        started.elapsed()
+    }
+}
+
+/// Starts Envoy for node `node` on `dir` and waits until it has applied the initial CDS and LDS.
+async fn envoy_ready(dir: &Path, node: &str) -> Envoy {
+    let mut envoy = Envoy::start(dir, node);
+    envoy.wait_ready().await;
+    envoy
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connected_streams_count_envoy_from_its_first_request_until_it_is_killed() {
+    let dir = tempfile::Builder::new().prefix("alc").tempdir().unwrap();
+    let health = dir.path().join("health.sock");
+    let metrics = Arc::new(Metrics::new());
+    let opts = RenderOptions { health_socket: Some(health.to_str().unwrap().to_owned()), ..Default::default() };
+    let (_snapshots, rx) = watch::channel(Arc::new(Snapshot::default()));
+    let (resources, _render) =
+        spawn_renderer_with_clock(rx, Renderer::new(opts), Duration::ZERO, metrics.xds.clock.clone());
+    let server = XdsServer::new(resources.clone()).with_metrics(metrics.xds.clone());
+    let tracker = server.tracker();
+    let addr: XdsAddr = format!("unix://{}", dir.path().join("xds.sock").display()).parse().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve_listener(XdsListener::bind(&addr).await.unwrap(), server, async {
+        let _ = stopped.await;
+    }));
+    // The admin port as `run` wires it, without --readyz-requires-envoy.
+    let (_status_tx, status_rx) = watch::channel(Status::default());
+    let envoy_view = EnvoyView { tracker: tracker.clone(), resources: resources.clone(), required: false };
+    let app = admin::router(
+        AdminState::new(Arc::new(AtomicBool::new(true)), status_rx)
+            .with_metrics(metrics.clone())
+            .with_envoy(envoy_view),
+    );
+    let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_port = admin_listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(admin_listener, app).await });
+    let gauge = || async {
+        let (_, text) = get(admin_port, "/metrics").await.expect("/metrics");
+        text.lines().find_map(|l| l.strip_prefix("aether_xds_connected_streams ")).map(str::to_owned)
+    };
+
+    assert_eq!(tracker.connected_total(), 0);
+    assert_eq!(gauge().await.as_deref(), Some("0"));
+    let (code, body) = get(admin_port, "/readyz").await.unwrap();
+    eprintln!("/readyz before Envoy: {code}\n{body}");
+    assert_eq!(code, 200, "without the flag Envoy does not gate readiness: {body}");
+    assert!(body.ends_with("envoy: not connected\n"), "{body}");
+
+    let mut envoy = Envoy::start(dir.path(), "node-s");
+    assert!(tracker.wait_for(WAIT, |t| t.connected("node-s") == 1).await, "no stream:\n{}", envoy.log_tail());
+    envoy.wait_ready().await;
+    assert_eq!(tracker.connected_total(), 1);
+    assert_eq!(gauge().await.as_deref(), Some("1"));
+    let (cds, lds) = empty_versions(&health);
+    let want =
+        format!("envoy: 1 stream(s) connected (node node-s); CDS version {cds} acked; LDS version {lds} acked\n");
+    let body = until(
+        "/readyz to report the ACKs",
+        || async { get(admin_port, "/readyz").await.filter(|(_, b)| b.ends_with(&want)) },
+        || envoy.log_tail(),
+    )
+    .await;
+    eprintln!("/readyz with Envoy: {}\n{}", body.0, body.1);
+    assert_eq!(body.0, 200);
+
+    envoy.kill();
+    assert!(
+        tracker.wait_for(WAIT, |t| t.connected_total() == 0).await,
+        "stream still counted after Envoy died: {:?}",
+        tracker.streams()
+    );
+    assert_eq!(gauge().await.as_deref(), Some("0"));
+    let (code, body) = get(admin_port, "/readyz").await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.ends_with("envoy: not connected\n"), "{body}");
+    // The node's history stays: what it ACKed last.
+    assert_eq!(tracker.nodes(), vec!["node-s".to_owned()]);
+
+    stop.send(()).unwrap();
+    let drained = tokio::time::timeout(WAIT, task).await.expect("serve_listener returns").unwrap().unwrap();
+    assert_eq!(drained, Drained { left_open: 0 });
+    assert!(!dir.path().join("xds.sock").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_requires_envoy_is_503_until_envoy_acks_and_again_once_it_is_gone() {
+    let dir = tempfile::Builder::new().prefix("alc").tempdir().unwrap();
+    let agent = Agent::start(dir.path(), &["--readyz-requires-envoy"]).await;
+    let (code, body) = agent.readyz().await;
+    eprintln!("/readyz before Envoy: {code}\n{body}");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("envoy: not connected\n"), "{body}");
+
+    let mut envoy = envoy_ready(dir.path(), "node-r").await;
+    let (code, body) = until(
+        "/readyz 200 once Envoy ACKed",
+        || async { get(agent.admin, "/readyz").await.filter(|(c, _)| *c == 200) },
+        || format!("{}\n{}", agent.log_text(), envoy.log_tail()),
+    )
+    .await;
+    eprintln!("/readyz after the ACKs: {code}\n{body}");
+    let (cds, lds) = empty_versions(&dir.path().join("health.sock"));
+    assert!(
+        body.contains(&format!(
+            "envoy: 1 stream(s) connected (node node-r); CDS version {cds} acked; LDS version {lds} acked\n"
+        )),
+        "{body}"
+    );
+
+    envoy.kill();
+    let (code, body) = until(
+        "/readyz 503 once Envoy is gone",
+        || async { get(agent.admin, "/readyz").await.filter(|(c, _)| *c == 503) },
+        || agent.log_text(),
+    )
+    .await;
+    eprintln!("/readyz after Envoy was killed: {code}\n{body}");
+    assert!(body.contains("envoy: not connected\n"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_after_envoy_goes_away_leaves_no_socket_files() {
+    let dir = tempfile::Builder::new().prefix("alc").tempdir().unwrap();
+    let (xds, health) = (dir.path().join("xds.sock"), dir.path().join("health.sock"));
+    let mut agent = Agent::start(dir.path(), &["--shutdown-wait-seconds", "10"]).await;
+    let mut envoy = envoy_ready(dir.path(), "node-t").await;
+    until("Envoy to bind the health socket", || async { gateway(&health, "/x").await }, || envoy.log_tail()).await;
+
+    // As at pod deletion: Envoy and the agent are both told to stop.
+    envoy.terminate();
+    agent.terminate().await;
+    envoy.wait_exit().await;
+    let log = agent.log_text();
+    assert!(!xds.exists(), "xDS socket left behind:\n{log}");
+    assert!(health.symlink_metadata().is_err(), "health socket left behind:\n{log}");
+    assert!(log.contains("xDS socket removed"), "{log}");
+    assert!(log.contains("health socket removed"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_envoy_still_connected_keeps_the_health_socket_envoy_serves() {
+    let dir = tempfile::Builder::new().prefix("alc").tempdir().unwrap();
+    let (xds, health) = (dir.path().join("xds.sock"), dir.path().join("health.sock"));
+    let mut agent = Agent::start(dir.path(), &["--shutdown-wait-seconds", "1"]).await;
+    let mut envoy = envoy_ready(dir.path(), "node-u").await;
+    until("Envoy to bind the health socket", || async { gateway(&health, "/x").await }, || envoy.log_tail()).await;
+
+    // Only the agent container restarts: Envoy stays connected through the whole wait.
+    let took = agent.terminate().await;
+    let log = agent.log_text();
+    assert!(took >= Duration::from_secs(1), "the agent waited for Envoy's stream ({took:?}):\n{log}");
+    assert!(!xds.exists(), "xDS socket left behind:\n{log}");
+    assert!(log.contains("health socket left: an Envoy is still connected"), "{log}");
+    assert!(envoy.child.try_wait().unwrap().is_none(), "Envoy keeps running:\n{}", envoy.log_tail());
+    // Envoy still answers on the health listener (404: no such health cluster).
+    assert_eq!(gateway(&health, "/healthz/none").await, Some(404), "{}", envoy.log_tail());
+}
