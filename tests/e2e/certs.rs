@@ -2,6 +2,8 @@
 //! it creates the Secret once, reuses it on the next run (an upgrade), keeps `caBundle` equal
 //! to the Secret's `ca.crt` after every run (also after a re-render blanked it), and succeeds
 //! with a message when the webhook configuration does not exist yet (pre-install).
+//! `aether-webhook-certs cleanup` (the post-delete Job) deletes the Secret bootstrap created,
+//! with no more RBAC than `get` + `delete` on it, and leaves a Secret of that name it did not.
 
 use std::process::Command;
 
@@ -157,5 +159,118 @@ fn bootstrap_re_mints_a_secret_that_lacks_a_service_name() -> anyhow::Result<()>
     let (_, _, ca) = secret(&cp)?;
     assert_bundles_match(&cp, &ca)?;
     ensure!(bootstrap(&cp)?.contains("reused"));
+    Ok(())
+}
+
+/// Runs `cleanup` with `kubeconfig`, whatever its exit code.
+fn cleanup_with(kubeconfig: &std::path::Path) -> anyhow::Result<std::process::Output> {
+    Command::new(workspace_bin("aether-webhook-certs")?)
+        .args(["cleanup", "--namespace", NS, "--secret-name", SECRET])
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .context("running aether-webhook-certs cleanup")
+}
+
+/// `cleanup` as admin; must succeed; its stdout.
+fn cleanup(cp: &ControlPlane) -> anyhow::Result<String> {
+    let out = cleanup_with(&cp.kubeconfig())?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(out.status.success(), "cleanup failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    Ok(stdout)
+}
+
+fn secret_exists(cp: &ControlPlane) -> anyhow::Result<bool> {
+    let out = cp.kubectl(&["get", "secret", "-n", NS, SECRET, "--ignore-not-found", "-o", "name"])?;
+    ensure!(out.status.success(), "kubectl get secret: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(!String::from_utf8_lossy(&out.stdout).trim().is_empty())
+}
+
+#[test]
+fn cleanup_deletes_the_secret_bootstrap_created_with_get_and_delete_only() -> anyhow::Result<()> {
+    let cp = ControlPlane::start()?;
+    cp.kubectl_ok(&["create", "namespace", NS])?;
+    bootstrap(&cp)?;
+    let label = cp.kubectl_ok(&[
+        "get",
+        "secret",
+        "-n",
+        NS,
+        SECRET,
+        "-o",
+        "jsonpath={.metadata.labels.app\\.kubernetes\\.io/managed-by}",
+    ])?;
+    ensure!(label == "aether-webhook-certs", "bootstrap's label: {label:?}");
+
+    // The post-delete Job's ServiceAccount (impersonated), first with get only: the delete is
+    // refused, the Job fails naming the Secret and the cause, and the Secret stays.
+    let sa = "certs-cleanup";
+    cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, sa])?;
+    let role = |verbs: &str| {
+        format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: {sa}, namespace: {NS}}}\nrules:\n- apiGroups: [\"\"]\n  resources: [secrets]\n  resourceNames: [{SECRET}]\n  verbs: [{verbs}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {sa}, namespace: {NS}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {sa}}}\nsubjects:\n- {{kind: ServiceAccount, name: {sa}, namespace: {NS}}}\n"
+        )
+    };
+    cp.apply(&role("get"))?;
+    let dir = tempfile::tempdir()?;
+    let as_sa = dir.path().join("kubeconfig");
+    let admin = std::fs::read_to_string(cp.kubeconfig())?;
+    ensure!(admin.contains("\n  user:\n"), "unexpected kubeconfig layout:\n{admin}");
+    std::fs::write(
+        &as_sa,
+        admin.replace("\n  user:\n", &format!("\n  user:\n    as: system:serviceaccount:{NS}:{sa}\n")),
+    )?;
+    aether_tests::eventually("cleanup to fail on the delete", std::time::Duration::from_secs(30), || {
+        let out = cleanup_with(&as_sa)?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(!out.status.success(), "cleanup with get only succeeded: {}", String::from_utf8_lossy(&out.stdout));
+        Ok(stderr.contains(&format!("deleting Secret {NS}/{SECRET}")) && stderr.contains("forbidden"))
+    })?;
+    ensure!(secret_exists(&cp)?, "a failed cleanup keeps the Secret");
+
+    // get + delete by resourceNames (the RBAC the module documents) is enough.
+    cp.apply(&role("get, delete"))?;
+    aether_tests::eventually("cleanup to delete the Secret", std::time::Duration::from_secs(30), || {
+        let out = cleanup_with(&as_sa)?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        Ok(out.status.success() && stdout.contains("deleted"))
+    })?;
+    ensure!(!secret_exists(&cp)?, "cleanup deleted the Secret");
+
+    // The Job's retry (or a second uninstall) finds nothing to do.
+    let again = cleanup_with(&as_sa)?;
+    let stdout = String::from_utf8_lossy(&again.stdout);
+    ensure!(again.status.success() && stdout.contains("nothing to do"), "second cleanup: {stdout}");
+    Ok(())
+}
+
+#[test]
+fn cleanup_leaves_a_foreign_secret_of_the_same_name() -> anyhow::Result<()> {
+    let cp = ControlPlane::start()?;
+    cp.kubectl_ok(&["create", "namespace", NS])?;
+    // The user's own Secret under the name (no label), with a certificate for other names.
+    let dir = tempfile::tempdir()?;
+    let theirs = aether_webhook_certs::mint(&["other.aether-system.svc".to_owned()])?;
+    aether_webhook_certs::write_dir(&theirs, dir.path())?;
+    let p = |f: &str| dir.path().join(f).display().to_string();
+    cp.kubectl_ok(&[
+        "create",
+        "secret",
+        "tls",
+        SECRET,
+        "-n",
+        NS,
+        &format!("--cert={}", p("tls.crt")),
+        &format!("--key={}", p("tls.key")),
+    ])?;
+    let rv = secret(&cp)?.0;
+    let out = cleanup(&cp)?;
+    ensure!(out.contains("not ours, left in place"), "cleanup: {out}");
+    ensure!(secret(&cp)?.0 == rv, "cleanup left the foreign Secret untouched");
+
+    // Bootstrap re-mints it (it lacks the Service names) but does not claim it: still left.
+    ensure!(bootstrap(&cp)?.contains("re-minted"));
+    let out = cleanup(&cp)?;
+    ensure!(out.contains("not ours, left in place"), "cleanup after bootstrap: {out}");
+    ensure!(secret_exists(&cp)?, "the re-minted foreign Secret survives cleanup");
     Ok(())
 }

@@ -12,6 +12,12 @@
 //!
 //! Both steps are idempotent: a second run writes nothing when nothing is due. Concurrent
 //! writers are detected by resourceVersion (409) and retried.
+//!
+//! A Secret this creates carries the label `app.kubernetes.io/managed-by: aether-webhook-certs`
+//! ([`MANAGED_BY_LABEL`], [`MANAGED_BY_VALUE`]); a renewal keeps the object's labels as they are.
+//! That label is how [`crate::cleanup`] (the chart's post-delete Job) tells it from a
+//! user-provided Secret of the same name: a Secret bootstrap found already there (reused or
+//! re-minted) does not gain the label, so cleanup never deletes it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,7 +39,12 @@ use crate::{CA_FILE, CERT_FILE, KEY_FILE};
 pub const RENEW_BEFORE_DAYS: u32 = 30;
 /// The Secret type the kubelet mounts as `tls.crt` / `tls.key`.
 pub const TLS_SECRET_TYPE: &str = "kubernetes.io/tls";
-const ATTEMPTS: usize = 5;
+/// The label bootstrap puts on a Secret it creates, and [`crate::cleanup`] requires before it
+/// deletes one.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// The value of [`MANAGED_BY_LABEL`] on a Secret bootstrap created.
+pub const MANAGED_BY_VALUE: &str = "aether-webhook-certs";
+pub(crate) const ATTEMPTS: usize = 5;
 
 /// What to bootstrap.
 #[derive(Debug, Clone)]
@@ -118,7 +129,7 @@ fn api_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> BootstrapEr
     move |source| BootstrapError::Api { action, source }
 }
 
-fn is_status(e: &kube::Error, code: u16) -> bool {
+pub(crate) fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
@@ -189,6 +200,17 @@ pub async fn run(client: Client, opts: &Options) -> Result<Report, BootstrapErro
     Ok(Report { secret, ca_bundle, ca_pem })
 }
 
+/// Metadata of a Secret bootstrap creates: its name and the [`MANAGED_BY_LABEL`] that
+/// [`crate::cleanup`] looks for.
+pub(crate) fn created_metadata(namespace: &str, name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        labels: Some(BTreeMap::from([(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned())])),
+        ..ObjectMeta::default()
+    }
+}
+
 async fn ensure_secret(
     client: Client,
     opts: &Options,
@@ -226,15 +248,7 @@ async fn ensure_secret(
         let written = match existing {
             None => {
                 let secret = Secret {
-                    metadata: ObjectMeta {
-                        name: Some(opts.secret_name.clone()),
-                        namespace: Some(opts.namespace.clone()),
-                        labels: Some(BTreeMap::from([(
-                            "app.kubernetes.io/managed-by".to_owned(),
-                            "aether-webhook-certs".to_owned(),
-                        )])),
-                        ..ObjectMeta::default()
-                    },
+                    metadata: created_metadata(&opts.namespace, &opts.secret_name),
                     type_: Some(TLS_SECRET_TYPE.to_owned()),
                     data: Some(data),
                     ..Secret::default()
@@ -243,6 +257,8 @@ async fn ensure_secret(
             }
             Some(mut s) => {
                 // Replace carries the resourceVersion read above: a concurrent writer gives 409.
+                // Only the data changes: the labels stay as read (ours keeps MANAGED_BY_LABEL; a
+                // Secret someone else created does not gain it, so cleanup leaves it alone).
                 s.data = Some(data);
                 s.string_data = None;
                 api.replace(&opts.secret_name, &PostParams::default(), &s)

@@ -6,7 +6,8 @@
 //!
 //! [`reload::ReloadingCertResolver`] serves the pair from a mounted Secret folder and follows
 //! its updates; [`bootstrap`] creates the Secret and sets the webhook configuration's `caBundle`
-//! (the chart's hook Job).
+//! (the chart's hook Job); [`cleanup`] deletes that Secret again after `helm uninstall` (the
+//! chart's post-delete hook Job), and only if bootstrap created it.
 
 use std::fs;
 use std::io::Write;
@@ -26,6 +27,7 @@ pub const CERT_FILE: &str = "tls.crt";
 pub const KEY_FILE: &str = "tls.key";
 
 pub mod bootstrap;
+pub mod cleanup;
 pub mod reload;
 
 pub use reload::{CheckOutcome, LoadError, ReloadingCertResolver};

@@ -1,9 +1,10 @@
 //! `aether-webhook-certs`: mints the webhook's CA and serving certificate; `bootstrap` is the
-//! chart's hook Job (Secret + caBundle).
+//! chart's hook Job (Secret + caBundle), `cleanup` its post-delete Job (deletes that Secret).
 
 use std::path::PathBuf;
 
 use aether_webhook_certs::bootstrap::{self, CaBundleOutcome, Options, SecretOutcome};
+use aether_webhook_certs::cleanup;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
@@ -54,6 +55,21 @@ enum Command {
         #[arg(long, default_value_t = aether_webhook_certs::DEFAULT_VALIDITY_DAYS, value_parser = clap::value_parser!(u32).range(31..=36500), env = "AETHER_CERTS_VALIDITY_DAYS")]
         validity_days: u32,
     },
+    /// Delete the Secret that bootstrap created. The chart runs this as a post-delete hook Job
+    /// after `helm uninstall`: the Secret is not part of the release, so Helm leaves it behind.
+    /// Only a Secret labelled app.kubernetes.io/managed-by=aether-webhook-certs (bootstrap labels
+    /// the Secret it creates) is deleted; one without that label, e.g. your own Secret of that
+    /// name, is left in place. Exits 0 when the Secret was deleted, is already gone, or is not
+    /// ours; non-zero, naming the Secret and the cause, on any other API error (the Job retries).
+    /// Needs get and delete on that Secret. Uses the in-cluster ServiceAccount, or $KUBECONFIG.
+    Cleanup {
+        /// Namespace of the Secret.
+        #[arg(long, env = "AETHER_CERTS_NAMESPACE")]
+        namespace: String,
+        /// Name of the kubernetes.io/tls Secret bootstrap created (its --secret-name).
+        #[arg(long, env = "AETHER_CERTS_SECRET_NAME")]
+        secret_name: String,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -90,6 +106,19 @@ fn main() -> anyhow::Result<()> {
                 CaBundleOutcome::Patched(n) => {
                     println!("ValidatingWebhookConfiguration {config}: caBundle set on {n} webhook(s)")
                 }
+            }
+        }
+        Command::Cleanup { namespace, secret_name } => {
+            let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+            let outcome = rt.block_on(async {
+                let client = kube::Client::try_default().await.context("cannot build a Kubernetes client")?;
+                anyhow::Ok(cleanup::run(client, &namespace, &secret_name).await?)
+            })?;
+            let secret = format!("Secret {namespace}/{secret_name}");
+            match outcome {
+                cleanup::Outcome::Deleted => println!("{secret}: deleted (created by bootstrap)"),
+                cleanup::Outcome::AlreadyGone => println!("{secret}: not found, nothing to do"),
+                cleanup::Outcome::NotOurs(why) => println!("{secret}: not ours, left in place ({why})"),
             }
         }
     }
