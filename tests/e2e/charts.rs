@@ -225,7 +225,8 @@ fn check_webhook(case: &Case, docs: &[Value]) {
 
     let dep = find(docs, "Deployment", "aether-controller");
     let secret = dep["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"].as_str().expect("secret volume");
-    let job = docs.iter().find(|d| d["kind"] == "Job");
+    let job = docs.iter().find(|d| d["kind"] == "Job" && d["metadata"]["name"] == "aether-webhook-certs");
+    let cleanup = docs.iter().find(|d| d["kind"] == "Job" && d["metadata"]["name"] == "aether-webhook-certs-cleanup");
     let inject = cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].as_str();
     match case.mode {
         "selfSigned" => {
@@ -236,6 +237,12 @@ fn check_webhook(case: &Case, docs: &[Value]) {
             }
             let c = container(&job["spec"]["template"]["spec"], "aether-webhook-certs");
             assert_eq!(args(c).first().map(String::as_str), Some("bootstrap"));
+            // helm uninstall: a post-delete Job removes the Secret bootstrap made.
+            let cleanup = cleanup.expect("selfSigned renders the cleanup Job");
+            assert_eq!(cleanup["metadata"]["annotations"]["helm.sh/hook"], "post-delete");
+            let cc = container(&cleanup["spec"]["template"]["spec"], "aether-webhook-certs");
+            assert_eq!(args(cc).first().map(String::as_str), Some("cleanup"));
+            assert_eq!(flag(cc, "--secret-name").as_deref(), Some(secret));
             assert_eq!(flag(c, "--namespace").as_deref(), Some(NS));
             assert_eq!(flag(c, "--secret-name").as_deref(), Some(secret));
             assert_eq!(flag(c, "--service-name").as_deref(), Some("aether-controller"));
@@ -243,7 +250,7 @@ fn check_webhook(case: &Case, docs: &[Value]) {
             assert!(inject.is_none() && !has(docs, "Certificate"));
         }
         "certManager" => {
-            assert!(job.is_none(), "no cert Job with cert-manager");
+            assert!(job.is_none() && cleanup.is_none(), "no cert Jobs with cert-manager");
             let cert = find(docs, "Certificate", "aether-webhook");
             assert_eq!(cert["spec"]["secretName"].as_str(), Some(secret));
             assert_eq!(inject, Some(format!("{NS}/aether-webhook").as_str()));
@@ -252,7 +259,7 @@ fn check_webhook(case: &Case, docs: &[Value]) {
             assert!(w["clientConfig"].get("caBundle").is_none(), "cert-manager injects the caBundle");
         }
         "provided" => {
-            assert!(job.is_none() && inject.is_none() && !has(docs, "Certificate"));
+            assert!(job.is_none() && cleanup.is_none() && inject.is_none() && !has(docs, "Certificate"));
             assert_eq!(secret, "my-webhook-tls");
             assert_eq!(w["clientConfig"]["caBundle"], PROVIDED_CA);
         }
@@ -288,6 +295,21 @@ fn check_node(case: &Case, docs: &[Value]) {
         "/run/aether/xds.sock"
     );
     assert!(mounts(agent).iter().any(|m| m["name"] == "state" && m["mountPath"] == "/var/lib/aether/agent"));
+    // Envoy's parser takes "--flag value" only: "--flag=value" crash-loops it (found on a real node).
+    let envoy_args = args(envoy);
+    assert!(envoy_args.iter().all(|a| !(a.starts_with("--") && a.contains('='))), "Envoy args: {envoy_args:?}");
+    assert!(envoy_args.windows(2).any(|w| w[0] == "--config-path" && w[1] == "/etc/envoy/envoy.yaml"));
+    assert!(envoy_args.iter().any(|a| a == "--disable-hot-restart"), "no hot restart on the host network");
+    // Readiness that means it: Envoy's readiness listener, the agent waiting for Envoy's ACK.
+    assert_eq!(envoy["readinessProbe"]["httpGet"]["path"], "/ready");
+    assert_eq!(envoy["readinessProbe"]["httpGet"]["port"], "proxy-ready");
+    assert_eq!(flag(agent, "--readyz-requires-envoy").as_deref(), Some("true"));
+    let listeners = boot["static_resources"]["listeners"].as_array().expect("static listeners");
+    assert!(listeners.iter().any(|l| l["name"] == "readiness" && l["address"]["socket_address"]["port_value"] == 9902));
+    // The agent's state is pod-scoped by default (nothing left on the host after uninstall).
+    let state =
+        pod["volumes"].as_array().expect("volumes").iter().find(|v| v["name"] == "state").expect("state volume");
+    assert!(state.get("emptyDir").is_some() && state.get("hostPath").is_none(), "state: {state}");
 
     let volumes = pod["volumes"].as_array().expect("volumes");
     let pods_volume = volumes.iter().find(|v| v["name"] == "kubelet-pods");
@@ -551,6 +573,8 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
         ("aether-webhook-certs", &["get", "validatingwebhookconfigurations/aether-endpointpolicy"]),
         ("aether-webhook-certs", &["patch", "validatingwebhookconfigurations/aether-endpointpolicy"]),
         ("aether-webhook-certs", &["update", "validatingwebhookconfigurations/aether-endpointpolicy"]),
+        ("aether-webhook-certs-cleanup", &["get", "secrets/aether-webhook-tls", "-n", NS]),
+        ("aether-webhook-certs-cleanup", &["delete", "secrets/aether-webhook-tls", "-n", NS]),
     ];
     let no: &[(&str, &[&str])] = &[
         (controller, &["update", "endpointpolicies.config.aether.io", "-n", "shop"]),
@@ -584,6 +608,10 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
         ("aether-webhook-certs", &["update", "validatingwebhookconfigurations/someone-elses"]),
         ("aether-webhook-certs", &["create", "validatingwebhookconfigurations"]),
         ("aether-webhook-certs", &["list", "pods", "-n", NS]),
+        ("aether-webhook-certs-cleanup", &["delete", "secrets/other", "-n", NS]),
+        ("aether-webhook-certs-cleanup", &["list", "secrets", "-n", NS]),
+        ("aether-webhook-certs-cleanup", &["create", "secrets", "-n", NS]),
+        ("aether-webhook-certs-cleanup", &["update", "secrets/aether-webhook-tls", "-n", NS]),
     ];
     let mut wrong = Vec::new();
     for (sa, a) in yes {

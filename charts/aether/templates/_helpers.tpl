@@ -64,3 +64,66 @@ The kubelet pods dir as the proxy and the agent see it: the one value both binar
 {{- define "aether.podsDir" -}}
 {{- .Values.proxy.udsWorkloads.mountPath | default .Values.proxy.udsWorkloads.hostPodsDir | trimSuffix "/" | default "/" -}}
 {{- end -}}
+
+{{/*
+Metadata of one object of an aether-webhook-certs hook (selfSigned mode): name, namespace (unless
+cluster-scoped), labels and the hook annotations. Arguments (dict): root, name, hook, weight,
+clusterScoped.
+*/}}
+{{- define "aether.certs.hookMetadata" -}}
+name: {{ .name }}
+{{- if not .clusterScoped }}
+namespace: {{ .root.Release.Namespace }}
+{{- end }}
+labels:
+  {{- include "aether.labels" .root | nindent 2 }}
+  app.kubernetes.io/component: webhook-certs
+annotations:
+  helm.sh/hook: {{ .hook }}
+  helm.sh/hook-weight: {{ .weight | quote }}
+  helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
+
+{{/*
+The Job spec of an aether-webhook-certs hook: the controller image's second binary, as UID
+65532, no capabilities, read-only root. Arguments (dict): root, name (also its ServiceAccount),
+args (list).
+*/}}
+{{- define "aether.certs.jobSpec" -}}
+{{- $v := .root.Values -}}
+backoffLimit: {{ $v.webhook.certs.job.backoffLimit }}
+activeDeadlineSeconds: {{ $v.webhook.certs.job.activeDeadlineSeconds }}
+template:
+  metadata:
+    labels:
+      {{- include "aether.labels" .root | nindent 6 }}
+      app.kubernetes.io/component: webhook-certs
+  spec:
+    serviceAccountName: {{ .name }}
+    restartPolicy: OnFailure
+    {{- with $v.imagePullSecrets }}
+    imagePullSecrets:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    securityContext:
+      runAsNonRoot: true
+      seccompProfile:
+        type: RuntimeDefault
+    containers:
+      - name: aether-webhook-certs
+        image: {{ include "aether.image" (list $v.images.webhookCerts .root) }}
+        imagePullPolicy: {{ $v.images.webhookCerts.pullPolicy }}
+        command: ["aether-webhook-certs"]
+        args:
+          {{- toYaml .args | nindent 10 }}
+        securityContext:
+          runAsNonRoot: true
+          runAsUser: 65532
+          runAsGroup: 65532
+          readOnlyRootFilesystem: true
+          allowPrivilegeEscalation: false
+          capabilities:
+            drop: [ALL]
+        resources:
+          {{- toYaml $v.webhook.certs.job.resources | nindent 10 }}
+{{- end -}}
