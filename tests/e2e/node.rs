@@ -8,7 +8,8 @@
 //! (disk and `medium: Memory`), through the chart's read-only HostToContainer mount; a policy
 //! switches delivery to the socket and back; an app restart (new socket inode), a replaced node
 //! pod and a deleted pod are followed; `helm upgrade` with other values runs; `helm uninstall`
-//! leaves no release object and nothing of ours on the host.
+//! leaves no release object and nothing of ours on the host; and `node.sh down` leaves the host as
+//! it found it.
 //!
 //! Needs root (CI runs as root); without it the suite fails, naming the cause.
 
@@ -455,6 +456,14 @@ fn uninstall_leaves_no_release_object_and_nothing_on_the_host(env: &Env) -> anyh
     Ok(())
 }
 
+/// Last: `node.sh down`, then the host as it was before `up` (sysctls, iptables, links, routes,
+/// mounts, created dirs). The suite's drop runs `down` again, which finds nothing to do.
+fn node_down_restores_the_host(env: &Env) -> anyhow::Result<()> {
+    let diff = env.node.down()?;
+    ensure!(diff.is_empty(), "the host differs from before node.sh up:\n{}", diff.join("\n"));
+    Ok(())
+}
+
 // --- set-up ------------------------------------------------------------------------------------
 
 fn setup() -> anyhow::Result<Env> {
@@ -522,6 +531,7 @@ fn main() {
                 "uninstall_leaves_no_release_object_and_nothing_on_the_host",
                 uninstall_leaves_no_release_object_and_nothing_on_the_host,
             ),
+            suite::case("node_down_restores_the_host", node_down_restores_the_host),
         ],
         setup,
         context,

@@ -28,7 +28,8 @@ address=${AETHER_APISERVER_ADDRESS:-127.0.0.1}
 log() { printf '[controlplane] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+# shellcheck source=tests/harness/pids.sh
+. "$repo/tests/harness/pids.sh"
 
 mint_pki() {
   local pki=$1
@@ -152,18 +153,6 @@ ENV
     sleep 0.5
   done
   log "ready: KUBECONFIG=$dir/kubeconfig"
-}
-
-stop_pid() {
-  local f=$1 pid
-  [ -f "$f" ] || return 0
-  pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$f"
 }
 
 stop() {

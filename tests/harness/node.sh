@@ -50,6 +50,8 @@ sysctls=(net/ipv4/ip_forward net/ipv4/conf/all/route_localnet net/bridge/bridge-
 packages=(containerd runc containernetworking-plugins iptables conntrack)
 
 log() { printf '[node %4ss] %s\n' "$SECONDS" "$*" >&2; }
+# shellcheck source=tests/harness/pids.sh
+. "$here/pids.sh"
 die() { log "error: $*"; exit 1; }
 
 # ---------------------------------------------------------------------------------------------
@@ -180,8 +182,6 @@ current-context: aether-node
 KC
 }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-
 # start NAME DIR ARGS...: start a binary from the tools dir, its PID in DIR/NAME.pid.
 start() {
   local name=$1 d=$2; shift 2
@@ -307,17 +307,6 @@ up() {
 
 # ---------------------------------------------------------------------------------------------
 # down
-
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-stop_pid() {
-  alive "$1" || { rm -f "$1"; return 0; }
-  local pid
-  pid=$(cat "$1")
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-  rm -f "$1"
-}
 
 down() {
   local d=$1

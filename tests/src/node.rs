@@ -5,7 +5,7 @@
 //! It needs root and changes the host (bridge, iptables chains, sysctls, mounts): a missing
 //! prerequisite is an error naming the cause, never a skip.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -32,6 +32,7 @@ pub struct NodeFacts {
 pub struct RealNode {
     dir: PathBuf,
     facts: NodeFacts,
+    before: HostState,
 }
 
 impl RealNode {
@@ -49,6 +50,7 @@ impl RealNode {
                  (run `make test` as root, as CI does)"
             );
         }
+        let before = HostState::capture()?;
         let dir = tempfile::Builder::new().prefix("aether-node-").tempdir()?.keep();
         let log = dir.join("node-up.log");
         let status = Command::new(script())
@@ -63,7 +65,7 @@ impl RealNode {
             bail!("node.sh up {} failed ({status}):\n{}", dir.display(), tail(&log, 40));
         }
         let facts = read_env(&dir.join("env"))?;
-        Ok(RealNode { dir, facts })
+        Ok(RealNode { dir, facts, before })
     }
 
     /// The node's facts.
@@ -138,17 +140,117 @@ impl RealNode {
     }
 }
 
+impl RealNode {
+    /// Tears the node down (`node.sh down`; a second call finds nothing left to stop) and
+    /// returns how the host differs from before `up`: empty when everything was restored.
+    ///
+    /// # Errors
+    /// When `node.sh down` fails (with its log) or the host cannot be read.
+    pub fn down(&self) -> anyhow::Result<Vec<String>> {
+        let log = self.dir.join("node-down.log");
+        let f = std::fs::File::create(&log)?;
+        let status = Command::new(script()).arg("down").arg(&self.dir).stdout(f.try_clone()?).stderr(f).status()?;
+        if !status.success() {
+            bail!("node.sh down {} failed ({status}):\n{}", self.dir.display(), tail(&log, 20));
+        }
+        Ok(self.before.diff(&HostState::capture()?))
+    }
+}
+
 impl Drop for RealNode {
     fn drop(&mut self) {
-        let log = self.dir.join("node-down.log");
-        let ok = std::fs::File::create(&log).ok().and_then(|f| {
-            let err = f.try_clone().ok()?;
-            Command::new(script()).arg("down").arg(&self.dir).stdout(f).stderr(err).status().ok()
-        });
-        if !ok.is_some_and(|s| s.success()) {
-            eprintln!("node.sh down {} failed:\n{}", self.dir.display(), tail(&log, 20));
+        if let Err(e) = self.down() {
+            eprintln!("{e:#}");
         }
     }
+}
+
+/// What `node.sh` changes on the host, read from the kernel and the file system: sysctls,
+/// iptables rules and chains (every table, no counters), links, routes, mount points, and the
+/// host dirs a node creates. Two captures compare equal when the host is as it was.
+#[derive(Debug, PartialEq, Eq)]
+pub struct HostState {
+    items: BTreeSet<String>,
+}
+
+/// Sysctls kubelet, kube-proxy and node.sh may set.
+const SYSCTLS: &[&str] = &[
+    "net/ipv4/ip_forward",
+    "net/ipv4/conf/all/route_localnet",
+    "net/bridge/bridge-nf-call-iptables",
+    "net/netfilter/nf_conntrack_max",
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+/// Host paths a node may create.
+const PATHS: &[&str] = &[
+    "/var/lib/kubelet",
+    "/var/lib/cni",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/run/containerd",
+    "/run/netns",
+    "/run/aether",
+    "/run/aether-cni",
+    "/var/lib/aether",
+    "/sys/fs/cgroup/memory/kubepods",
+    "/sys/fs/cgroup/cpu/kubepods",
+];
+
+impl HostState {
+    /// Reads the host now.
+    ///
+    /// # Errors
+    /// When `ip` or `iptables` cannot be run, or /proc cannot be read.
+    pub fn capture() -> anyhow::Result<Self> {
+        let mut items = BTreeSet::new();
+        for k in SYSCTLS {
+            let v = std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap_or_else(|_| "(absent)".into());
+            items.insert(format!("sysctl {k} = {}", v.trim()));
+        }
+        for table in ["filter", "nat", "mangle", "raw"] {
+            for line in run("iptables", &["-t", table, "-S"])?.lines() {
+                items.insert(format!("iptables -t {table} {line}"));
+            }
+        }
+        for line in run("ip", &["-o", "link", "show"])?.lines() {
+            // "<index>: <name>: <flags> ..." : the name is what matters.
+            if let Some(name) = line.split(": ").nth(1) {
+                items.insert(format!("link {name}"));
+            }
+        }
+        for line in run("ip", &["route", "show", "table", "all"])?.lines() {
+            items.insert(format!("route {line}"));
+        }
+        for line in std::fs::read_to_string("/proc/self/mountinfo")?.lines() {
+            if let Some(target) = line.split(' ').nth(4) {
+                items.insert(format!("mount {target}"));
+            }
+        }
+        for p in PATHS {
+            items.insert(format!("path {p} exists: {}", Path::new(p).exists()));
+        }
+        Ok(HostState { items })
+    }
+
+    /// What changed from `self` to `now`: `- item` gone, `+ item` new.
+    pub fn diff(&self, now: &HostState) -> Vec<String> {
+        let gone = self.items.difference(&now.items).map(|i| format!("- {i}"));
+        gone.chain(now.items.difference(&self.items).map(|i| format!("+ {i}"))).collect()
+    }
+}
+
+fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(cmd).args(args).output().with_context(|| format!("running {cmd}"))?;
+    if !out.status.success() {
+        bail!("{cmd} {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn script() -> PathBuf {
