@@ -103,7 +103,7 @@ $( [ "$3" = tcp ] && echo "  - {name: tcp, image: localhost/aether/uds-echo:dev,
 Y
 }
 endpoint() { curl -s "http://127.0.0.1:9901/clusters" | grep -E "^$1::.*::health_flags::" || echo "    ($1: not in Envoy)"; }
-wait_endpoint() { for _ in $(seq 1 150); do endpoint "$1" | grep -q -- "$2.*::healthy" && return 0; sleep 0.2; done; return 1; }
+wait_endpoint() { for _ in $(seq 1 150); do endpoint "$1" | grep -- "$2.*::healthy" >/dev/null && return 0; sleep 0.2; done; return 1; }
 
 step "a UDS-only app: pod web, annotation endpoint.aether.io/uds-socket: s/app.sock (no TCP port at all)"
 app web 'endpoint.aether.io/uds-socket: s/app.sock' "" | kubectl apply -f - | indent
@@ -142,7 +142,7 @@ echo "  policy deleted:"; endpoint app_default_shop_8080 | indent
 
 step "a pod whose socket value is over the budget gets one Warning Event (delivered over TCP)"
 app long 'endpoint.aether.io/uds-socket: sockets/app1.sock' "" | kubectl apply -f - >/dev/null
-for _ in $(seq 1 50); do kubectl get events --field-selector involvedObject.name=long -o name 2>/dev/null | grep -q . && break; sleep 0.2; done
+for _ in $(seq 1 50); do kubectl get events --field-selector involvedObject.name=long -o name 2>/dev/null | grep . >/dev/null && break; sleep 0.2; done
 kubectl get events --field-selector involvedObject.name=long -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message' | indent
 
 step "metrics: the agent (node IP :9091) and a controller replica (pod IP :9090)"

@@ -95,7 +95,8 @@ import() {
     # Re-importing the same tarball re-tags the same digest: a no-op for containerd.
     ctr -a "$sock" -n k8s.io images import "$tar" >&2 \
       || die "ctr images import $tar into $sock failed"
-    ctr -a "$sock" -n k8s.io images ls -q | grep -Fxq "$ref" \
+    # Not `grep -q`: it exits at the first match, ctr dies of SIGPIPE and pipefail fails the check.
+    ctr -a "$sock" -n k8s.io images ls -q | grep -Fx "$ref" >/dev/null \
       || die "$tar imported, but containerd at $sock lists no image $ref"
   done < <(list)
 }

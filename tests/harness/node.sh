@@ -293,8 +293,9 @@ up() {
   [ ! -e "$d/cp" ] || die "$d/cp exists: run node.sh down $d first"
   mkdir -p "$d/logs"
   remember_host "$d"
-  # From here on, any failure tears down what was started.
-  trap 'rc=$?; if [ $rc -ne 0 ]; then log "up failed (exit $rc): tearing down"; down "$d"; fi' EXIT
+  # From here on, any failure tears down what was started (node_dir: the trap runs outside `up`).
+  node_dir=$d
+  trap 'rc=$?; if [ $rc -ne 0 ]; then log "up failed (exit $rc): tearing down"; down "$node_dir"; fi' EXIT
   trap 'exit 130' INT TERM
   network_up "$d"
   containerd_up "$d"
