@@ -189,6 +189,14 @@ spec:
     )
 }
 
+/// A file's status-change time (set when the file is created).
+fn ctime(m: &std::fs::Metadata) -> std::time::SystemTime {
+    use std::os::unix::fs::MetadataExt;
+    let secs = u64::try_from(m.ctime()).unwrap_or(0);
+    let nanos = u32::try_from(m.ctime_nsec()).unwrap_or(0);
+    std::time::UNIX_EPOCH + Duration::new(secs, nanos)
+}
+
 fn uid(pod: &Value) -> anyhow::Result<String> {
     pod["metadata"]["uid"].as_str().map(str::to_owned).context("pod has no uid")
 }
@@ -299,13 +307,15 @@ fn app_container_restart_recovers_without_an_agent_restart(env: &Env) -> anyhow:
         .context("web's container id")?
         .to_owned();
     let path = env.socket_path(&uid(&before)?, "s", "app.sock");
-    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::symlink_metadata(&path)?);
+    // A re-created socket is a new file: its ctime is after the kill. (Its inode number may be
+    // the old one: the file system reuses a freed inode number at once.)
+    let killed_at = std::time::SystemTime::now();
     env.node.ctr(&["tasks", "kill", "-s", "SIGKILL", &id])?;
     eventually("web's app container restarted", WAIT, || {
         Ok(restarts(&env.pod_json("default", "web")?).iter().any(|(n, r)| n == "app" && *r >= 1))
     })?;
-    eventually("a new socket inode", WAIT, || {
-        Ok(std::fs::symlink_metadata(&path).is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) != inode))
+    eventually("the app to re-create its socket", WAIT, || {
+        Ok(std::fs::symlink_metadata(&path).is_ok_and(|m| ctime(&m) > killed_at))
     })?;
     let want = path.to_string_lossy().into_owned();
     env.wait_healthy_at("app_default_web_8080", &want, |a| a.ends_with(&want))?;
