@@ -7,8 +7,8 @@
 //! 3. A pod with an unusable `endpoint.aether.io/*` annotation (port, ports, protocol, health
 //!    path) → TCP on the defaults ([`TcpReason::InvalidEndpointAnnotation`]).
 //! 4. The declared socket: a non-empty `endpoint.aether.io/uds-socket` annotation wins, *even an
-//!    invalid one*; else the winning valid EndpointPolicy of the pod's service key; else TCP
-//!    ([`TcpReason::NoSocketDeclared`]).
+//!    invalid one*; else the winning valid EndpointPolicy of the pod's service key; else plain TCP
+//!    ([`Source::NoSocketDeclared`]).
 //! 5. The value must pass the grammar and fit the budget ([`TcpReason::InvalidAnnotation`],
 //!    [`TcpReason::InvalidPolicy`], [`TcpReason::PathTooLong`]); an invalid annotation never
 //!    falls back to the policy.
@@ -17,13 +17,15 @@
 //!    pods are always TCP ([`TcpReason::StaticPod`]): their directory is named by a config hash
 //!    that any pod creator can forge in the mirror annotation.
 //!
-//! A failure degrades that one pod to TCP with a stable reason token and a human message; it
-//! never affects another pod.
+//! A failure degrades that one pod to TCP with a [`TcpReason`] (the one fallback vocabulary,
+//! [`crate::fallback`]) and a human message; it never affects another pod.
 
+use aether_crds::Rules;
 use aether_crds::pod::UDS_SOCKET_ANNOTATION;
-use aether_crds::tiebreak;
+use aether_crds::tiebreak::{self, Resolution};
 use aether_crds::udspath::{Budget, PodDirId, PodsDirError, SocketError, SocketPath, UID_BYTES};
 
+use crate::fallback::TcpReason;
 use crate::record::{PodRecord, PolicyRecord};
 
 /// The node's configuration the fold depends on. Fixed for the life of an index: changing it
@@ -31,16 +33,27 @@ use crate::record::{PodRecord, PolicyRecord};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     uds_workloads: bool,
-    budget: Result<Budget, PodsDirError>,
+    rules: Rules,
 }
 
 impl Settings {
     /// Settings for the kubelet pods dir *as the proxy sees it* (`--kubelet-pods-dir`) and the
-    /// `--uds-workloads` switch. A pods dir without a usable budget is kept as its error: every
-    /// pod is then delivered over TCP with [`TcpReason::BudgetConfig`] (field report F02); the
-    /// binary also reports it loudly at start-up.
+    /// `--uds-workloads` switch: [`Settings::with_rules`] of [`Rules::new`]`(pods_dir)`.
     pub fn new(pods_dir: &str, uds_workloads: bool) -> Self {
-        Settings { uds_workloads, budget: Budget::new(pods_dir) }
+        Settings::with_rules(Rules::new(pods_dir), uds_workloads)
+    }
+
+    /// Settings from the node's [`Rules`] (built once at start-up) and the `--uds-workloads`
+    /// switch. Rules without a usable budget are kept as they are: every pod is then delivered
+    /// over TCP with [`TcpReason::BudgetConfig`] (field report F02); the binary also reports it
+    /// loudly at start-up.
+    pub fn with_rules(rules: Rules, uds_workloads: bool) -> Self {
+        Settings { uds_workloads, rules }
+    }
+
+    /// The rules policies and socket values are judged by.
+    pub fn rules(&self) -> &Rules {
+        &self.rules
     }
 
     /// Whether pipes may be rendered at all (`--uds-workloads`).
@@ -53,53 +66,7 @@ impl Settings {
     /// # Errors
     /// The [`PodsDirError`] of [`Budget::new`] for the configured pods dir.
     pub fn budget(&self) -> Result<&Budget, &PodsDirError> {
-        self.budget.as_ref()
-    }
-}
-
-/// Why a pod is delivered over TCP. [`TcpReason::as_str`] is a stable token for metric labels,
-/// pod events and tests; the human detail is in [`Delivery::reason`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum TcpReason {
-    /// Neither annotation nor valid policy declares a socket: plain TCP, not a failure.
-    NoSocketDeclared,
-    /// `--uds-workloads=false`.
-    UdsDisabled,
-    /// The pods dir leaves less than the shortest socket value (`a/b`) in sun_path.
-    BudgetConfig,
-    /// An `endpoint.aether.io/port`, `ports`, `protocol` or `health-path` annotation is
-    /// unusable; the pod runs on the defaults over TCP.
-    InvalidEndpointAnnotation,
-    /// The `endpoint.aether.io/uds-socket` annotation breaks the socket grammar.
-    InvalidAnnotation,
-    /// The winning policy's socket fails the agent's own re-check (fail-closed: the agent does
-    /// not trust admission, spec Phase 1b "Implementation").
-    InvalidPolicy,
-    /// The socket value is longer than the budget: the path would not fit in sun_path.
-    PathTooLong,
-    /// The socket names a volume that is not an `emptyDir` volume of the pod.
-    VolumeNotEmptyDir,
-    /// A static pod's mirror whose config hash or ownership cannot be trusted.
-    StaticPod,
-    /// The pod's UID is not a canonical lowercase UUID, so it cannot name a directory.
-    BadPodUid,
-}
-
-impl TcpReason {
-    /// The stable token, e.g. `"path-too-long"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TcpReason::NoSocketDeclared => "no-socket-declared",
-            TcpReason::UdsDisabled => "uds-disabled",
-            TcpReason::BudgetConfig => "budget-config",
-            TcpReason::InvalidEndpointAnnotation => "invalid-endpoint-annotation",
-            TcpReason::InvalidAnnotation => "invalid-annotation",
-            TcpReason::InvalidPolicy => "invalid-policy",
-            TcpReason::PathTooLong => "path-too-long",
-            TcpReason::VolumeNotEmptyDir => "volume-not-emptydir",
-            TcpReason::StaticPod => "static-pod",
-            TcpReason::BadPodUid => "bad-pod-uid",
-        }
+        self.rules.budget()
     }
 }
 
@@ -110,17 +77,21 @@ pub enum Source {
     Annotation,
     /// A pipe from the winning EndpointPolicy of the pod's service.
     Policy,
-    /// TCP loopback in the pod's netns (or `<pod IP>:<port>`), and why.
+    /// Plain TCP, not a fallback: neither the annotation nor a valid policy declares a socket.
+    NoSocketDeclared,
+    /// TCP loopback in the pod's netns (or `<pod IP>:<port>`) instead of a socket, and why.
     Tcp(TcpReason),
 }
 
 impl Source {
-    /// A stable token: `annotation`, `policy`, or the [`TcpReason`] token.
-    pub fn as_str(self) -> &'static str {
+    /// The kebab-case label: `annotation`, `policy`, `no-socket-declared`, or the
+    /// [`TcpReason::label`].
+    pub fn label(self) -> &'static str {
         match self {
             Source::Annotation => "annotation",
             Source::Policy => "policy",
-            Source::Tcp(reason) => reason.as_str(),
+            Source::NoSocketDeclared => "no-socket-declared",
+            Source::Tcp(reason) => reason.label(),
         }
     }
 }
@@ -131,7 +102,7 @@ impl Source {
 /// [`Source::Policy`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
-    /// Annotation, policy, or TCP with its reason.
+    /// Annotation, policy, plain TCP, or TCP with its fallback reason.
     pub source: Source,
     /// The declared socket value (`<volume>/<file>`) from the annotation or the winning policy,
     /// even when it was rejected; `None` when neither declares one.
@@ -150,25 +121,27 @@ impl Delivery {
         self.path.is_some()
     }
 
-    /// The reason as a TCP token, `None` for a pipe.
+    /// The fallback reason; `None` for a pipe and for plain TCP ([`Source::NoSocketDeclared`]).
     pub fn tcp_reason(&self) -> Option<TcpReason> {
         match self.source {
             Source::Tcp(reason) => Some(reason),
-            Source::Annotation | Source::Policy => None,
+            Source::Annotation | Source::Policy | Source::NoSocketDeclared => None,
         }
     }
 }
 
-/// The winning policy among `candidates` (all for one service key): the *valid* one with the
-/// lexicographically smallest name (byte order), via [`aether_crds::tiebreak::winner`]. Invalid
-/// policies never win and never shadow a valid one (spec Phase 1b "Precedence").
-pub fn select_policy<'a>(candidates: impl IntoIterator<Item = &'a PolicyRecord>) -> Option<&'a PolicyRecord> {
-    tiebreak::winner(candidates.into_iter().filter(|p| p.is_valid()), policy_name)
+/// The competition among `candidates` (all for one service key), decided by
+/// [`aether_crds::tiebreak::resolve`] on each record's name and [`PolicyRecord::is_valid`]: the
+/// *valid* one with the lexicographically smallest name (byte order) wins; invalid policies never
+/// win and never shadow a valid one (spec Phase 1b "Precedence").
+pub fn resolve_policies<'a>(candidates: impl IntoIterator<Item = &'a PolicyRecord>) -> Resolution<&'a PolicyRecord> {
+    tiebreak::resolve(candidates, |p| p.name.as_str(), |p| p.is_valid())
 }
 
-/// The tie-break's name accessor for policy records.
-pub(crate) fn policy_name<'a>(p: &&'a PolicyRecord) -> &'a str {
-    p.name.as_str()
+/// The winning policy among `candidates` (all for one service key): the winner of
+/// [`resolve_policies`].
+pub fn select_policy<'a>(candidates: impl IntoIterator<Item = &'a PolicyRecord>) -> Option<&'a PolicyRecord> {
+    resolve_policies(candidates).winner
 }
 
 /// Decides the delivery of one pod (the module doc lists the rules in order).
@@ -182,7 +155,7 @@ pub fn deliver(pod: &PodRecord, policy: Option<&PolicyRecord>, settings: &Settin
     let (source, socket) = match (&pod.uds_socket, policy) {
         (Some(value), _) => (Source::Annotation, Some(value.as_str())),
         (None, Some(p)) => (Source::Policy, Some(p.socket.as_str())),
-        (None, None) => (Source::Tcp(TcpReason::NoSocketDeclared), None),
+        (None, None) => (Source::NoSocketDeclared, None),
     };
     let policy_used = policy.filter(|_| source == Source::Policy).map(|p| p.name.clone());
     let origin = match (source, policy) {
@@ -212,10 +185,13 @@ pub fn deliver(pod: &PodRecord, policy: Option<&PolicyRecord>, settings: &Settin
         return tcp(TcpReason::InvalidEndpointAnnotation, format!("{defect}{more}; serving the defaults over TCP"));
     }
     let Some(value) = socket else {
-        return tcp(
-            TcpReason::NoSocketDeclared,
-            format!("no {UDS_SOCKET_ANNOTATION} annotation and no valid EndpointPolicy for service {key}"),
-        );
+        return Delivery {
+            source: Source::NoSocketDeclared,
+            socket: None,
+            policy: None,
+            path: None,
+            reason: format!("no {UDS_SOCKET_ANNOTATION} annotation and no valid EndpointPolicy for service {key}"),
+        };
     };
     let socket_error = |e: SocketError| {
         let reason = match (&e, source) {

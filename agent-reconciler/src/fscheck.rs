@@ -25,6 +25,8 @@ use std::path::Path;
 
 use aether_crds::SocketPath;
 
+use crate::fallback::TcpReason;
+
 /// Why a socket path is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -59,13 +61,19 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// A short, stable name for metrics and pod-event reasons.
-    pub fn reason(&self) -> &'static str {
+    /// The fallback reason of this refusal, for the log, the pod Event and the metrics.
+    pub fn tcp_reason(&self) -> TcpReason {
         match self {
-            Refusal::Symlink { .. } => "symlink",
-            Refusal::NotDirectory { .. } | Refusal::NotSocket { .. } => "not-a-socket",
-            Refusal::Unreadable { .. } => "unreadable",
+            Refusal::Symlink { .. } => TcpReason::Symlink,
+            Refusal::NotDirectory { .. } => TcpReason::NotADirectory,
+            Refusal::NotSocket { .. } => TcpReason::NotASocket,
+            Refusal::Unreadable { .. } => TcpReason::Unreadable,
         }
+    }
+
+    /// The kebab-case label of [`Refusal::tcp_reason`], e.g. `not-a-directory`.
+    pub fn label(&self) -> &'static str {
+        self.tcp_reason().label()
     }
 }
 
@@ -175,7 +183,7 @@ mod tests {
         pods.mkvol(&attacker);
         symlink(victim.as_str(), attacker.as_str()).unwrap();
         let err = check(&pods.root, &attacker).unwrap_err();
-        assert_eq!(err.reason(), "symlink");
+        assert_eq!(err.label(), "symlink");
         assert!(err.to_string().contains(attacker.as_str()));
     }
 
@@ -219,6 +227,8 @@ mod tests {
         let p = pods.path(UID_A, "s/app.sock");
         fs::create_dir_all(Path::new(p.volume_dir()).parent().unwrap()).unwrap();
         fs::write(p.volume_dir(), b"").unwrap();
-        assert_eq!(check(&pods.root, &p), Err(Refusal::NotDirectory { path: p.volume_dir().to_owned() }));
+        let err = check(&pods.root, &p).unwrap_err();
+        assert_eq!(err, Refusal::NotDirectory { path: p.volume_dir().to_owned() });
+        assert_eq!(err.label(), "not-a-directory", "the log, the Event and the metric say the same");
     }
 }

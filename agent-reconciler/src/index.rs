@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use aether_crds::tiebreak::{self, ServiceKey};
+use aether_crds::tiebreak::{Resolution, ServiceKey};
 
 use crate::fold::{self, Delivery, Settings};
 use crate::record::{PodKey, PodRecord, PolicyRecord};
@@ -277,23 +277,22 @@ impl Index {
         change
     }
 
-    /// The valid policies of one service key, in name order.
-    fn valid_policies<'a>(&'a self, key: &ServiceKey) -> impl Iterator<Item = &'a PolicyRecord> + 'a {
+    /// The competition among the policies targeting one service key ([`fold::resolve_policies`]).
+    fn resolution(&self, key: &ServiceKey) -> Resolution<&PolicyRecord> {
         let ids = self.policies_by_service.get(key).into_iter().flatten();
-        ids.map(|id| self.policies[id].as_ref()).filter(|p| p.is_valid())
+        fold::resolve_policies(ids.map(|id| self.policies[id].as_ref()))
     }
 
     /// The winning policy of one service key.
     fn winner(&self, key: &ServiceKey) -> Option<&PolicyRecord> {
-        fold::select_policy(self.valid_policies(key))
+        self.resolution(key).winner
     }
 
     /// The conflict on one service key, if two or more valid policies target it.
     fn conflict(&self, key: &ServiceKey) -> Option<Conflict> {
-        let valid: Vec<&PolicyRecord> = self.valid_policies(key).collect();
-        let winner = tiebreak::winner(valid.iter().copied(), fold::policy_name).filter(|_| valid.len() > 1)?;
-        let mut losers: Vec<String> = valid.iter().filter(|p| p.name != winner.name).map(|p| p.name.clone()).collect();
-        losers.sort();
+        let resolution = self.resolution(key);
+        let winner = resolution.winner.filter(|_| resolution.is_conflict())?;
+        let losers = resolution.conflicted.iter().map(|p| p.name.clone()).collect();
         Some(Conflict { key: key.clone(), winner: winner.name.clone(), losers })
     }
 

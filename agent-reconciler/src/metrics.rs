@@ -5,8 +5,8 @@
 //! | metric | type | labels | meaning |
 //! |---|---|---|---|
 //! | `aether_agent_pods` | gauge | `delivery` = `pipe`/`tcp`/`waiting`, `source` = `annotation`/`policy`/`none` | managed pods on this node by effective delivery and by where their socket request came from |
-//! | `aether_agent_tcp_fallbacks` | gauge | `reason` = a [`Cause`] token | pods that asked for a socket and are delivered over TCP, by cause |
-//! | `aether_agent_pod_events_total` | counter | `reason` = Event reason, `result` = `created`/`failed`/`dropped` | pod Events the agent tried to publish |
+//! | `aether_agent_tcp_fallbacks` | gauge | `reason` = a [`TcpReason::label`] (every one listed, also at zero) | pods that asked for a socket and are delivered over TCP, by cause |
+//! | `aether_agent_pod_events_total` | counter | `reason` = a [`TcpReason::label`] or `socket-delivered`, `result` = `created`/`failed`/`dropped` | pod Events the agent tried to publish |
 //! | `aether_agent_policy_crd_installed` | gauge | | 1 served, 0 not, -1 not known yet |
 //! | `aether_agent_policy_conflicts` | gauge | | services targeted by more than one valid EndpointPolicy |
 //! | `aether_xds_pushes_total`, `aether_xds_acks_total`, `aether_xds_nacks_total` | counter | `type` = `cluster`/`listener` | see [`XdsMetrics`] |
@@ -14,7 +14,8 @@
 //! | `aether_xds_connected_streams` | gauge | | ADS streams from Envoy open now (from the first request that names a node to the stream's end) |
 //!
 //! The `aether_agent_*` gauges are set from the reconcile loop's [`Status`] at scrape time;
-//! counters, the histogram and `aether_xds_connected_streams` move as things happen.
+//! counters, the histogram and `aether_xds_connected_streams` move as things happen. Every label
+//! value is kebab-case.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -23,7 +24,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::driver::Status;
-use crate::pod_events::Cause;
+use crate::fallback::TcpReason;
 use crate::xds::server::XdsMetrics;
 
 /// The `delivery` label values of `aether_agent_pods`.
@@ -43,14 +44,15 @@ pub struct PodLabels {
 /// Labels of `aether_agent_tcp_fallbacks`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// A [`Cause::token`], e.g. `path-too-long`.
+    /// A [`TcpReason::label`], e.g. `path-too-long`.
     pub reason: &'static str,
 }
 
 /// Labels of `aether_agent_pod_events_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabels {
-    /// The Event reason, e.g. `UdsPathTooLong`.
+    /// The Event's metric label ([`crate::pod_events::Notice::label`]): a [`TcpReason::label`],
+    /// e.g. `path-too-long`, or `socket-delivered`.
     pub reason: &'static str,
     /// `created` (the API server accepted it), `failed` (it did not, after retries), `dropped`
     /// (the event queue was full).
@@ -116,9 +118,9 @@ impl Metrics {
         Metrics { registry, pods, fallbacks, crd, conflicts, pod_events, xds }
     }
 
-    /// Counts one pod Event outcome.
-    pub fn pod_event(&self, reason: &'static str, result: &'static str) {
-        self.pod_events.get_or_create(&EventLabels { reason, result }).inc();
+    /// Counts one pod Event outcome; `label` is the Event's [`crate::pod_events::Notice::label`].
+    pub fn pod_event(&self, label: &'static str, result: &'static str) {
+        self.pod_events.get_or_create(&EventLabels { reason: label, result }).inc();
     }
 
     /// Sets the gauges from `status` and encodes everything as OpenMetrics text.
@@ -129,9 +131,9 @@ impl Metrics {
                 self.pods.get_or_create(&PodLabels { delivery, source }).set(n as i64);
             }
         }
-        for cause in Cause::ALL {
-            let n = status.fallbacks.get(cause.token()).copied().unwrap_or(0);
-            self.fallbacks.get_or_create(&ReasonLabel { reason: cause.token() }).set(n as i64);
+        for cause in TcpReason::ALL {
+            let n = status.fallbacks.get(cause.label()).copied().unwrap_or(0);
+            self.fallbacks.get_or_create(&ReasonLabel { reason: cause.label() }).set(n as i64);
         }
         self.crd.set(match status.crd_installed {
             Some(true) => 1,
@@ -155,14 +157,14 @@ mod tests {
         let mut status = Status::default();
         status.by_source.insert(("tcp", "annotation"), 2);
         status.fallbacks.insert("path-too-long", 2);
-        m.pod_event("UdsPathTooLong", "created");
+        m.pod_event("path-too-long", "created");
         let text = m.encode(&status);
         for want in [
             "aether_agent_pods{delivery=\"tcp\",source=\"annotation\"} 2",
             "aether_agent_pods{delivery=\"pipe\",source=\"policy\"} 0",
             "aether_agent_tcp_fallbacks{reason=\"path-too-long\"} 2",
             "aether_agent_tcp_fallbacks{reason=\"symlink\"} 0",
-            "aether_agent_pod_events_total{reason=\"UdsPathTooLong\",result=\"created\"} 1",
+            "aether_agent_pod_events_total{reason=\"path-too-long\",result=\"created\"} 1",
             "aether_agent_policy_crd_installed -1",
             "# TYPE aether_xds_pushes counter",
             "aether_xds_nacks_total{type=\"cluster\"} 0",
@@ -172,6 +174,58 @@ mod tests {
             "aether_xds_connected_streams 0",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn every_label_value_is_kebab_case() {
+        let m = Metrics::new();
+        let mut status = Status::default();
+        status.by_source.insert(("waiting", "none"), 1);
+        for cause in TcpReason::ALL {
+            m.pod_event(cause.label(), "created");
+        }
+        m.pod_event(crate::pod_events::DELIVERED_LABEL, "dropped");
+        let text = m.encode(&status);
+        let mut seen = 0;
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((_, labels)) = line.split_once('{') else { continue };
+            let labels = labels.split_once('}').map_or(labels, |(l, _)| l);
+            for pair in labels.split(',') {
+                let (name, value) = pair.split_once('=').unwrap();
+                let value = value.trim_matches('"');
+                if name == "le" {
+                    continue; // histogram bucket bounds are numbers
+                }
+                seen += 1;
+                assert!(
+                    !value.is_empty()
+                        && !value.starts_with('-')
+                        && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                    "{name}={value:?} is not kebab-case in {line:?}"
+                );
+            }
+        }
+        assert!(seen > TcpReason::ALL.len() * 2, "{text}");
+    }
+
+    #[test]
+    fn every_fallback_reason_is_exported_as_a_label_of_the_fallback_gauge() {
+        let m = Metrics::new();
+        let mut status = Status::default();
+        for (i, cause) in TcpReason::ALL.iter().enumerate() {
+            status.fallbacks.insert(cause.label(), i + 1);
+        }
+        let text = m.encode(&status);
+        let exported: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("aether_agent_tcp_fallbacks{reason=\""))
+            .filter_map(|l| l.split_once('"').map(|(label, _)| label))
+            .collect();
+        assert_eq!(exported.len(), TcpReason::ALL.len(), "one series per reason, no other:\n{text}");
+        for (i, cause) in TcpReason::ALL.iter().enumerate() {
+            let want = format!("aether_agent_tcp_fallbacks{{reason=\"{}\"}} {}", cause.label(), i + 1);
+            assert!(text.lines().any(|l| l == want), "missing {want:?} in\n{text}");
         }
     }
 }

@@ -6,13 +6,16 @@
 //! reason says so. The decision is the agent's own fold; the on-disk check is not run offline.
 
 use std::path::Path;
+use std::process::ExitCode;
 
-use aether_crds::policy;
+use aether_crds::{manifests, policy};
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cli::{Output, PlanArgs};
 use crate::fold::Settings;
+use crate::fold::Source;
 use crate::index::Index;
 use crate::names;
 use crate::record::{PodRecord, PolicyRecord};
@@ -48,8 +51,50 @@ pub struct InputError {
     pub reason: String,
 }
 
-/// Reads the documents of one YAML file, or of standard input when `path` is `-` (`List` items
-/// expanded, empty documents dropped).
+/// `aether-agent plan`: reads `--pods` and `--policies`, plans, prints. Exit code 0, or 2 (the
+/// reason on standard error) for input that cannot be read or parsed, or both files on stdin.
+/// An unusable `--kubelet-pods-dir` is a warning: every pod is then planned over TCP.
+pub fn command(args: &PlanArgs) -> ExitCode {
+    let settings = Settings::new(&args.delivery.kubelet_pods_dir, args.delivery.uds_workloads);
+    if let Err(e) = settings.budget() {
+        eprintln!("warning: --kubelet-pods-dir: {e}");
+    }
+    let stdin = Path::new("-");
+    if args.pods == stdin && args.policies.as_deref() == Some(stdin) {
+        eprintln!("error: --pods and --policies cannot both read standard input (\"-\")");
+        return ExitCode::from(2);
+    }
+    let pods = match read_yaml(&args.pods) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let policies = match args.policies.as_deref().map(read_yaml).transpose() {
+        Ok(d) => d.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match plan(&pods, &policies, &settings) {
+        Ok(plans) => {
+            match args.output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&plans).expect("plans serialize")),
+                Output::Text => print!("{}", render_text(&plans)),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Reads the documents of one YAML file, or of standard input when `path` is `-`, split by
+/// [`aether_crds::manifests::documents`] (`List` items expanded, empty documents dropped).
 ///
 /// # Errors
 /// [`InputError`] when the file cannot be read or is not YAML.
@@ -58,18 +103,7 @@ pub fn read_yaml(path: &Path) -> Result<Vec<Value>, InputError> {
     let text =
         if path == Path::new("-") { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(path) }
             .map_err(|e| err(e.to_string()))?;
-    let mut docs = Vec::new();
-    for (i, de) in yaml_serde::Deserializer::from_str(&text).enumerate() {
-        let v: Value = serde::Deserialize::deserialize(de).map_err(|e| err(format!("document {}: {e}", i + 1)))?;
-        match v {
-            Value::Null => {}
-            Value::Object(ref m) if m.get("kind").and_then(Value::as_str) == Some("List") => {
-                docs.extend(m.get("items").and_then(Value::as_array).cloned().unwrap_or_default());
-            }
-            v => docs.push(v),
-        }
-    }
-    Ok(docs)
+    manifests::documents(&text).map_err(|e| err(e.to_string()))
 }
 
 fn kind_of(v: &Value) -> (&str, &str) {
@@ -132,14 +166,14 @@ pub fn plan(pods: &[Value], policies: &[Value], settings: &Settings) -> Result<V
                 name: key.name.clone(),
                 uid: key.uid.clone(),
                 source: match d.source {
-                    crate::fold::Source::Tcp(_) => "tcp".into(),
-                    s => s.as_str().into(),
+                    Source::Tcp(_) | Source::NoSocketDeclared => "tcp".into(),
+                    s @ (Source::Annotation | Source::Policy) => s.label().into(),
                 },
                 socket: d.socket.clone(),
                 path: d.path.as_ref().map(|p| p.as_str().to_owned()),
-                reason: match d.tcp_reason() {
-                    Some(r) => format!("{}: {}", r.as_str(), d.reason),
-                    None => d.reason.clone(),
+                reason: match d.source {
+                    Source::Annotation | Source::Policy => d.reason.clone(),
+                    s @ (Source::Tcp(_) | Source::NoSocketDeclared) => format!("{}: {}", s.label(), d.reason),
                 },
                 clusters,
             }

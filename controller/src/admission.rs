@@ -1,7 +1,7 @@
 //! AdmissionReview v1 in, AdmissionReview v1 out: the decision, dispatched by kind. Pure: no I/O.
 
+use aether_crds::Rules;
 use aether_crds::policy::{self, EndpointPolicySpec};
-use aether_crds::udspath::{Budget, PodsDirError};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use serde::Deserialize;
@@ -47,15 +47,16 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, BadReview> 
         .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| BadReview::NoRequest(e.to_string()))
 }
 
-/// Decides one request. EndpointPolicy CREATE/UPDATE go through [`aether_crds::review`] (the
-/// same decision as `aether-controller validate` and the agent); DELETE and requests without an
-/// object are allowed; other kinds are allowed (this webhook has no rules for them).
+/// Decides one request. EndpointPolicy CREATE/UPDATE go through [`Rules::review`] (the same
+/// decision as `aether-controller validate` and the agent); DELETE and requests without an
+/// object are allowed; other kinds are allowed (this webhook has no rules for them). Rules
+/// without a budget deny every policy, saying why.
 ///
 /// An UPDATE that leaves `spec` exactly as it was is allowed even when that spec no longer passes
 /// (e.g. after the pods dir changed), with the violations as a warning: otherwise metadata-only
 /// updates, such as removing a finalizer, could never complete (the same ratcheting the API
 /// server applies to CRD schema validation).
-pub fn decide(req: &AdmissionRequest<DynamicObject>, budget: &Result<Budget, PodsDirError>) -> Decision {
+pub fn decide(req: &AdmissionRequest<DynamicObject>, rules: &Rules) -> Decision {
     let object = format!("{}/{}", req.namespace.as_deref().unwrap_or(""), req.name);
     let is_policy = req.kind.group == policy::GROUP && req.kind.kind == policy::KIND;
     // A fixed label set: the kind comes from the request, and metric labels must stay bounded.
@@ -64,14 +65,13 @@ pub fn decide(req: &AdmissionRequest<DynamicObject>, budget: &Result<Budget, Pod
     let Some(obj) = req.object.as_ref().filter(|_| is_policy && req.operation != Operation::Delete) else {
         return Decision { response: base, result: "allowed", object, kind, warned: vec![] };
     };
-    let budget = match budget {
-        Ok(b) => b,
+    let verdict = match rules.review(&serde_json::to_value(obj).unwrap_or_default()) {
+        Ok(verdict) => verdict,
         Err(e) => {
             let message = format!("aether-controller is misconfigured, no policy can be admitted: {e}");
             return Decision { response: base.deny(message), result: "denied", object, kind, warned: vec![] };
         }
     };
-    let verdict = aether_crds::review(&serde_json::to_value(obj).unwrap_or_default(), budget);
     let Some(message) = verdict.message() else {
         return Decision { response: base, result: "allowed", object, kind, warned: vec![] };
     };
@@ -105,11 +105,11 @@ pub trait ClusterFacts {
 /// need no cluster state are given (the socket value near the budget).
 pub fn decide_with_warnings(
     req: &AdmissionRequest<DynamicObject>,
-    budget: &Result<Budget, PodsDirError>,
+    rules: &Rules,
     cluster: Option<&dyn ClusterFacts>,
 ) -> Decision {
-    let mut decision = decide(req, budget);
-    let (Ok(budget), Some(obj)) = (budget, req.object.as_ref()) else { return decision };
+    let mut decision = decide(req, rules);
+    let (Ok(budget), Some(obj)) = (rules.budget(), req.object.as_ref()) else { return decision };
     let creates_or_updates = matches!(req.operation, Operation::Create | Operation::Update);
     if decision.result != "allowed"
         || !decision.warned.is_empty()

@@ -1,12 +1,14 @@
 //! The command line of aether-controller. Every flag can also be set from the environment
-//! variable named in its help.
+//! variable named in its help. [`dispatch`] runs the parsed subcommand.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub use crate::logging::LogFormat;
 use crate::webhook::DEFAULT_MAX_BODY_BYTES;
 
 /// aether-controller: admission webhook and tools for EndpointPolicy (config.aether.io/v1).
@@ -35,15 +37,6 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Log output format.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Plain,
-    /// One JSON object per line.
-    Json,
-}
-
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -57,6 +50,19 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Print the EndpointPolicy CustomResourceDefinition as YAML.
     Crd,
+}
+
+/// Runs a subcommand to its end: `crd` here, `validate` in [`crate::offline::validate`], `run`
+/// in [`crate::startup::run`]. Returns the process exit code.
+pub fn dispatch(command: Command) -> ExitCode {
+    match command {
+        Command::Crd => {
+            print!("{}", aether_crds::crd_yaml());
+            ExitCode::SUCCESS
+        }
+        Command::Validate(args) => crate::offline::validate(&args),
+        Command::Run(args) => crate::startup::run(*args),
+    }
 }
 
 /// Flags of `run`.

@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aether_crds::EndpointPolicy;
 use aether_crds::policy;
-use aether_crds::udspath::{Budget, PodsDirError};
+use aether_crds::tiebreak::{self, ServiceKey};
+use aether_crds::{EndpointPolicy, Rules};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -62,7 +62,7 @@ pub struct ClusterView {
     services: Store<ServiceMeta>,
     policies_synced: Arc<AtomicBool>,
     services_synced: Arc<AtomicBool>,
-    budget: Arc<Result<Budget, PodsDirError>>,
+    rules: Arc<Rules>,
 }
 
 impl ClusterView {
@@ -86,20 +86,22 @@ impl ClusterView {
 }
 
 impl ClusterFacts for ClusterView {
+    /// The rivals in the order [`tiebreak::resolve`] gives them (stable, readable warnings): the
+    /// valid ones by name, then the invalid ones by name.
     fn rivals(&self, namespace: &str, target: &str, name: &str) -> Option<Vec<(String, bool)>> {
         if !self.policies_synced.load(Ordering::Acquire) {
             return None;
         }
-        let found = self.policies.state_filter(|p| {
-            p.metadata.namespace.as_deref() == Some(namespace)
-                && p.spec.target_ref.name == target
-                && p.metadata.name.as_deref() != Some(name)
-        });
-        let mut rivals: Vec<(String, bool)> =
-            found.iter().map(|p| (p.name_any(), status::invalid_because(p, &self.budget).is_none())).collect();
-        // Stable, readable warnings: names in tie-break order.
-        rivals.sort();
-        Some(rivals)
+        let key = ServiceKey::new(namespace, target);
+        let found = self.policies.state_filter(|p| key.is_targeted_by(p) && p.metadata.name.as_deref() != Some(name));
+        let resolution = tiebreak::resolve(
+            found.iter().map(AsRef::as_ref),
+            |p: &&EndpointPolicy| p.metadata.name.as_deref().unwrap_or_default(),
+            |p| status::invalid_because(p, &self.rules).is_none(),
+        );
+        let valid = resolution.winner.into_iter().chain(resolution.conflicted).map(|p| (p.name_any(), true));
+        let invalid = resolution.invalid.into_iter().map(|p| (p.name_any(), false));
+        Some(valid.chain(invalid).collect())
     }
 
     fn service_exists(&self, namespace: &str, name: &str) -> Option<bool> {
@@ -168,7 +170,7 @@ async fn reconcile(p: Arc<EndpointPolicy>, ctx: Arc<Ctx>) -> Result<Action, Stat
     let all = ctx.view.policies.state();
     let others: Vec<&EndpointPolicy> = all.iter().map(AsRef::as_ref).collect();
     let exists = ctx.view.service_exists(&namespace, &target) == Some(true);
-    let desired = status::desired(&p, &others, exists, &ctx.view.budget);
+    let desired = status::desired(&p, &others, exists, &ctx.view.rules);
     if status::is_current(p.status.as_ref(), &desired) {
         return Ok(Action::requeue(RESYNC));
     }
@@ -190,11 +192,11 @@ async fn reconcile(p: Arc<EndpointPolicy>, ctx: Arc<Ctx>) -> Result<Action, Stat
         // Deleted meanwhile: nothing to report on.
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
         Err(source) => {
-            ctx.metrics.count_patch("failed", desired.reason.as_str());
+            ctx.metrics.count_patch("failed", desired.reason.label());
             return Err(StatusError::Patch { object, source });
         }
     }
-    ctx.metrics.count_patch("applied", desired.reason.as_str());
+    ctx.metrics.count_patch("applied", desired.reason.label());
     ctx.written.lock().expect("lock").insert(key, in_flight);
     tracing::info!(
         %object,
@@ -242,11 +244,8 @@ struct Triggers {
 
 impl Triggers {
     fn siblings(&self, ns: &str, target: &str) -> Vec<EndpointPolicy> {
-        self.store
-            .state_filter(|p| p.metadata.namespace.as_deref() == Some(ns) && p.spec.target_ref.name == target)
-            .iter()
-            .map(|p| p.as_ref().clone())
-            .collect()
+        let key = ServiceKey::new(ns, target);
+        self.store.state_filter(|p| key.is_targeted_by(p)).iter().map(|p| p.as_ref().clone()).collect()
     }
 
     fn place(p: &EndpointPolicy) -> (String, String) {
@@ -325,7 +324,7 @@ pub struct StatusWriterConfig {
 /// When no client can be built from the configuration.
 pub fn start(
     cfg: StatusWriterConfig,
-    budget: Arc<Result<Budget, PodsDirError>>,
+    rules: Arc<Rules>,
     metrics: Metrics,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<(ClusterView, tokio::task::JoinHandle<()>)> {
@@ -337,7 +336,7 @@ pub fn start(
         services: services.clone(),
         policies_synced: Arc::new(AtomicBool::new(false)),
         services_synced: Arc::new(AtomicBool::new(false)),
-        budget,
+        rules,
     };
 
     let mut triggers =
@@ -367,9 +366,9 @@ pub fn start(
             .touched_objects();
     let by_target = policies.clone();
     let policies_of_service = move |svc: ServiceMeta| {
-        let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let key = ServiceKey::new(svc.namespace().unwrap_or_default(), svc.name_any());
         by_target
-            .state_filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()) && p.spec.target_ref.name == name)
+            .state_filter(|p| key.is_targeted_by(p))
             .iter()
             .map(|p| ObjectRef::from_obj(p.as_ref()))
             .collect::<Vec<_>>()

@@ -8,17 +8,22 @@
 //! - [`webhook`]: `POST /validate` over axum (body cap, 400/413 answers).
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics` on a plain port.
 //! - [`server`]: `run`, binding both listeners (TLS via rustls with the ring provider).
+//! - [`startup`]: `run` from its flags: the status writer's kube configuration and Lease, the
+//!   TLS files, the tokio runtime, the exit code.
 //! - [`offline`]: `validate`, the same decision for YAML files.
-//! - [`cli`]: the command line.
+//! - [`cli`]: the command line, and [`cli::dispatch`] to the subcommand.
+//! - [`logging`]: `--log-format` and the log set-up.
 
 pub mod admin;
 pub mod admission;
 pub mod cli;
 pub mod cluster;
 pub mod lease;
+pub mod logging;
 pub mod metrics;
 pub mod offline;
 pub mod server;
+pub mod startup;
 pub mod status;
 pub mod warnings;
 pub mod webhook;

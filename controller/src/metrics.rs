@@ -15,7 +15,7 @@ pub struct AdmissionLabels {
     /// `EndpointPolicy`, `other` (any other kind: a bounded label set), or `none` for a
     /// malformed or oversized request.
     pub kind: String,
-    /// `allowed`, `denied`, `malformed` (400) or `too_large` (413).
+    /// `allowed`, `denied`, `malformed` (400) or `too-large` (413).
     pub result: String,
 }
 
@@ -24,15 +24,16 @@ pub struct AdmissionLabels {
 pub struct PatchLabels {
     /// `applied` or `failed`.
     pub result: String,
-    /// The `Accepted` condition's reason written: `Accepted`, `Invalid`, `TargetNotFound` or
-    /// `Conflicted`.
+    /// The `Accepted` condition's reason written, as its kebab-case label
+    /// ([`crate::status::Reason::label`]): `accepted`, `invalid`, `target-not-found` or
+    /// `conflicted`.
     pub reason: String,
 }
 
 /// Labels of an admission warning.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WarningLabels {
-    /// `conflict`, `target_not_found`, `near_budget` or `no_longer_valid`
+    /// `conflict`, `target-not-found`, `near-budget` or `no-longer-valid`
     /// ([`crate::warnings::WarningKind::label`]).
     pub warning: String,
 }
@@ -112,5 +113,42 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::Reason;
+    use crate::warnings::WarningKind;
+
+    fn is_kebab(s: &str) -> bool {
+        !s.is_empty() && !s.starts_with('-') && s.bytes().all(|b| b.is_ascii_lowercase() || b == b'-')
+    }
+
+    #[test]
+    fn warning_and_status_reason_labels_are_kebab_case_and_distinct() {
+        let m = Metrics::default();
+        let warnings =
+            [WarningKind::Conflict, WarningKind::TargetNotFound, WarningKind::NearBudget, WarningKind::NoLongerValid];
+        for w in warnings {
+            assert!(is_kebab(w.label()), "{w:?}: {:?}", w.label());
+            m.count_warning(w.label());
+        }
+        let reasons = [Reason::Accepted, Reason::Invalid, Reason::TargetNotFound, Reason::Conflicted];
+        for r in reasons {
+            assert!(is_kebab(r.label()), "{r:?}: {:?}", r.label());
+            m.count_patch("applied", r.label());
+        }
+        let text = m.encode();
+        assert!(text.contains("aether_admission_warnings_total{warning=\"target-not-found\"} 1"), "{text}");
+        assert!(
+            text.contains("aether_status_patches_total{result=\"applied\",reason=\"target-not-found\"} 1"),
+            "{text}"
+        );
+        let series = text.lines().filter(|l| l.starts_with("aether_admission_warnings_total{")).count();
+        assert_eq!(series, warnings.len(), "distinct warning labels: {text}");
+        let series = text.lines().filter(|l| l.starts_with("aether_status_patches_total{")).count();
+        assert_eq!(series, reasons.len(), "distinct reason labels: {text}");
     }
 }

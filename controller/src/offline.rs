@@ -6,14 +6,16 @@
 //! value within 2 bytes of the budget; not a missing Service), and lists other documents as skipped.
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
-use aether_crds::policy;
 use aether_crds::policy::EndpointPolicySpec;
 use aether_crds::tiebreak::ServiceKey;
 use aether_crds::udspath::Budget;
+use aether_crds::{manifests, policy};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cli::{Output, ValidateArgs};
 use crate::warnings::{self, Rival};
 
 /// The outcome for one document.
@@ -64,10 +66,39 @@ pub enum InputError {
     Empty(String),
 }
 
-/// Reads every document of every file (`-` is standard input).
+/// `aether-controller validate`: decides the documents of `-f` and prints the outcomes. Exit
+/// code 0: all allowed (or skipped); 1: any denied; 2: an unusable `--kubelet-pods-dir`, or input
+/// that cannot be read or parsed or holds no document (the reason on standard error).
+pub fn validate(args: &ValidateArgs) -> ExitCode {
+    let rules = aether_crds::Rules::new(&args.pods_dir.kubelet_pods_dir);
+    let budget = match rules.budget() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: --kubelet-pods-dir: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let docs = match read_documents(&args.files) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let outcomes = decide_all(&docs, budget);
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&outcomes).expect("outcomes serialize")),
+        Output::Text => print!("{}", render_plain(&outcomes)),
+    }
+    ExitCode::from(exit_code(&outcomes) as u8)
+}
+
+/// Reads every document of every file (`-` is standard input), each with the file's name; the
+/// documents are split by [`aether_crds::manifests::documents`].
 ///
 /// # Errors
-/// [`InputError`] naming the file (and document) that cannot be read or parsed.
+/// [`InputError`] naming the file (and document) that cannot be read or parsed, or all of them
+/// when they hold no document.
 pub fn read_documents(files: &[PathBuf]) -> Result<Vec<(String, Value)>, InputError> {
     let mut docs = Vec::new();
     for path in files {
@@ -78,21 +109,12 @@ pub fn read_documents(files: &[PathBuf]) -> Result<Vec<(String, Value)>, InputEr
             std::fs::read_to_string(path)
         }
         .map_err(|source| InputError::Read { path: name.clone(), source })?;
-        for (i, de) in yaml_serde::Deserializer::from_str(&text).enumerate() {
-            let v: Value = serde::Deserialize::deserialize(de).map_err(|e| InputError::Parse {
-                path: name.clone(),
-                doc: i + 1,
-                reason: e.to_string(),
-            })?;
-            match v {
-                Value::Null => {}
-                Value::Object(ref m) if m.get("kind").and_then(Value::as_str) == Some("List") => {
-                    let items = m.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
-                    docs.extend(items.into_iter().map(|it| (name.clone(), it)));
-                }
-                v => docs.push((name.clone(), v)),
-            }
-        }
+        let found = manifests::documents(&text).map_err(|e| InputError::Parse {
+            path: name.clone(),
+            doc: e.index,
+            reason: e.reason,
+        })?;
+        docs.extend(found.into_iter().map(|v| (name.clone(), v)));
     }
     if docs.is_empty() {
         let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();

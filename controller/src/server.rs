@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use aether_crds::udspath::Budget;
+use aether_crds::Rules;
 use aether_webhook_certs::ReloadingCertResolver;
 use anyhow::Context;
 use axum_server::tls_rustls::RustlsConfig;
@@ -82,8 +82,8 @@ async fn load_tls(files: &TlsFiles, reload: Option<Duration>) -> anyhow::Result<
 }
 
 async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
-    let budget = Budget::new(&cfg.kubelet_pods_dir);
-    match &budget {
+    let rules = Rules::new(&cfg.kubelet_pods_dir);
+    match rules.budget() {
         Ok(b) => tracing::info!(pods_dir = b.pods_dir(), budget_bytes = b.bytes(), "socket value budget"),
         Err(e) => {
             tracing::error!(error = %e, "--kubelet-pods-dir gives no usable budget: every EndpointPolicy will be denied with this reason")
@@ -91,7 +91,7 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     }
     let metrics = Metrics::default();
     let ready = Arc::new(AtomicBool::new(false));
-    let budget = Arc::new(budget);
+    let rules = Arc::new(rules);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (cluster, writer_task) = match cfg.status_writer.clone() {
         None => {
@@ -99,7 +99,7 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
             (None, None)
         }
         Some(writer) => {
-            let (view, task) = cluster::start(writer, budget.clone(), metrics.clone(), stop_rx)?;
+            let (view, task) = cluster::start(writer, rules.clone(), metrics.clone(), stop_rx)?;
             (Some(view), Some(task))
         }
     };
@@ -119,7 +119,7 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     let listener = TcpListener::bind(cfg.webhook_addr)
         .with_context(|| format!("cannot bind --webhook-addr {}", cfg.webhook_addr))?;
     listener.set_nonblocking(true)?;
-    let app = webhook::router(WebhookState { budget, metrics, cluster }, cfg.max_body_bytes);
+    let app = webhook::router(WebhookState { rules, metrics, cluster }, cfg.max_body_bytes);
     let handle = axum_server::Handle::new();
     let mut server = axum_server::from_tcp_rustls(listener, tls)?.handle(handle.clone());
     // Slow clients must not hold connections (and file descriptors) open: request headers must

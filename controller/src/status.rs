@@ -4,7 +4,7 @@
 //! `True` with reason `Accepted` when the policy is in effect, else `False` with reason
 //! `Invalid`, `TargetNotFound` or `Conflicted`. The one deliberate difference from GEP-713 is the
 //! tie-break between policies targeting one Service: the lexicographically smallest name wins
-//! ([`aether_crds::tiebreak`]), not the oldest.
+//! ([`aether_crds::tiebreak::resolve`]), not the oldest.
 //!
 //! Precedence, first match wins:
 //! 1. `Invalid`: the spec fails the webhook's own decision ([`aether_crds::review`] with the
@@ -15,9 +15,9 @@
 //!    smaller name; the message names it.
 //! 4. `Accepted`.
 
+use aether_crds::Rules;
 use aether_crds::policy::EndpointPolicy;
-use aether_crds::tiebreak;
-use aether_crds::udspath::{Budget, PodsDirError};
+use aether_crds::tiebreak::{self, ServiceKey};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use aether_crds::EndpointPolicyStatus;
@@ -39,13 +39,24 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// The reason as written in the condition (PascalCase).
+    /// The reason as written in the condition (PascalCase, Kubernetes API conventions).
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Accepted => "Accepted",
             Reason::Invalid => "Invalid",
             Reason::TargetNotFound => "TargetNotFound",
             Reason::Conflicted => "Conflicted",
+        }
+    }
+
+    /// The kebab-case metric label (`reason` of `aether_status_patches_total`), e.g.
+    /// `target-not-found`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::Accepted => "accepted",
+            Reason::Invalid => "invalid",
+            Reason::TargetNotFound => "target-not-found",
+            Reason::Conflicted => "conflicted",
         }
     }
 }
@@ -78,11 +89,12 @@ fn namespace_of(p: &EndpointPolicy) -> &str {
     p.metadata.namespace.as_deref().unwrap_or_default()
 }
 
-/// The webhook's decision for a stored policy: `None` when valid, else the denial message.
-pub fn invalid_because(policy: &EndpointPolicy, budget: &Result<Budget, PodsDirError>) -> Option<String> {
-    match budget {
+/// The webhook's decision for a stored policy ([`Rules::review`]): `None` when valid, else the
+/// denial message (or the configuration error, when the rules have no budget).
+pub fn invalid_because(policy: &EndpointPolicy, rules: &Rules) -> Option<String> {
+    match rules.review(&serde_json::to_value(policy).unwrap_or_default()) {
         Err(e) => Some(format!("aether-controller is misconfigured, no policy can be accepted: {e}")),
-        Ok(b) => aether_crds::review(&serde_json::to_value(policy).unwrap_or_default(), b).message(),
+        Ok(verdict) => verdict.message(),
     }
 }
 
@@ -90,18 +102,14 @@ pub fn invalid_because(policy: &EndpointPolicy, budget: &Result<Budget, PodsDirE
 ///
 /// `others` are the other policies of the cluster (any namespace, any target; `policy` itself is
 /// skipped by name and namespace if present); `service_exists` says whether a Service named
-/// `spec.targetRef.name` exists in the policy's namespace.
-pub fn desired(
-    policy: &EndpointPolicy,
-    others: &[&EndpointPolicy],
-    service_exists: bool,
-    budget: &Result<Budget, PodsDirError>,
-) -> Desired {
+/// `spec.targetRef.name` exists in the policy's namespace. Those of `others` that target the same
+/// Service compete with `policy` ([`tiebreak::resolve`], validity by [`invalid_because`]).
+pub fn desired(policy: &EndpointPolicy, others: &[&EndpointPolicy], service_exists: bool, rules: &Rules) -> Desired {
     let (name, namespace) = (name_of(policy), namespace_of(policy));
     let target = policy.spec.target_ref.name.as_str();
     let observed_generation = policy.metadata.generation;
     let make = |reason, message| Desired { accepted: reason == Reason::Accepted, reason, message, observed_generation };
-    if let Some(why) = invalid_because(policy, budget) {
+    if let Some(why) = invalid_because(policy, rules) {
         return make(Reason::Invalid, format!("the spec does not pass validation, so it is not applied: {why}"));
     }
     if !service_exists {
@@ -112,13 +120,14 @@ pub fn desired(
             ),
         );
     }
-    let rivals = others.iter().copied().filter(|o| {
-        namespace_of(o) == namespace
-            && name_of(o) != name
-            && o.spec.target_ref.name == target
-            && invalid_because(o, budget).is_none()
-    });
-    if let Some(winner) = tiebreak::winner(rivals, |o| name_of(o)).filter(|w| name_of(w) < name) {
+    let key = ServiceKey::of_policy(policy);
+    let rivals = others.iter().copied().filter(|o| key.is_targeted_by(o) && name_of(o) != name);
+    let resolution = tiebreak::resolve(
+        std::iter::once(policy).chain(rivals),
+        |p| name_of(p),
+        |p| invalid_because(p, rules).is_none(),
+    );
+    if let Some(winner) = resolution.winner.filter(|w| name_of(w) != name) {
         return make(
             Reason::Conflicted,
             format!(
@@ -173,8 +182,8 @@ mod tests {
     use aether_crds::{EndpointPolicySpec, TargetRef};
     use k8s_openapi::jiff::Timestamp;
 
-    fn budget() -> Result<Budget, PodsDirError> {
-        Budget::new(DEFAULT_PODS_DIR)
+    fn budget() -> Rules {
+        Rules::new(DEFAULT_PODS_DIR)
     }
 
     fn pol(ns: &str, name: &str, target: &str, socket: &str) -> EndpointPolicy {
@@ -265,7 +274,7 @@ mod tests {
 
     #[test]
     fn a_misconfigured_budget_makes_every_policy_invalid() {
-        let d = desired(&pol("shop", "a-pol", "echo", "s/a"), &[], true, &Budget::new(&"/x".repeat(30)));
+        let d = desired(&pol("shop", "a-pol", "echo", "s/a"), &[], true, &Rules::new(&"/x".repeat(30)));
         assert_eq!(d.reason, Reason::Invalid);
         assert!(d.message.contains("misconfigured"), "{}", d.message);
     }

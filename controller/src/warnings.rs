@@ -24,13 +24,13 @@ pub enum WarningKind {
 }
 
 impl WarningKind {
-    /// The metric label.
+    /// The kebab-case metric label, e.g. `target-not-found`.
     pub fn label(self) -> &'static str {
         match self {
             WarningKind::Conflict => "conflict",
-            WarningKind::TargetNotFound => "target_not_found",
-            WarningKind::NearBudget => "near_budget",
-            WarningKind::NoLongerValid => "no_longer_valid",
+            WarningKind::TargetNotFound => "target-not-found",
+            WarningKind::NearBudget => "near-budget",
+            WarningKind::NoLongerValid => "no-longer-valid",
         }
     }
 }
@@ -63,7 +63,8 @@ fn quoted(names: &[&str]) -> String {
 ///
 /// - `rivals`: the other policies of the namespace whose `spec.targetRef.name` is the same (the
 ///   policy itself, if present, is skipped by name); `None` when the policy cache has not synced
-///   yet, which gives no conflict warning rather than a wrong one.
+///   yet, which gives no conflict warning rather than a wrong one. The winner among them and this
+///   policy is [`tiebreak::resolve`]'s; the warning names the others in the order given.
 /// - `service_exists`: whether a Service named `spec.targetRef.name` exists in the namespace;
 ///   `None` (cache not synced, or no API access) gives no missing-Service warning.
 /// - Near the budget: a warning when `budget.bytes() - len(spec.udsSocket) <= NEAR_BUDGET_BYTES`,
@@ -81,9 +82,12 @@ pub fn for_allowed_policy(
     let mut out = Vec::new();
     if let Some(rivals) = rivals {
         let others: Vec<&Rival<'_>> = rivals.iter().filter(|r| r.name != name).collect();
-        let valid: Vec<&str> = others.iter().filter(|r| r.valid).map(|r| r.name).collect();
-        let invalid: Vec<&str> = others.iter().filter(|r| !r.valid).map(|r| r.name).collect();
-        let winner = tiebreak::winner(valid.iter().copied().chain([name]), |n| n).unwrap_or(name);
+        let this = Rival { name, valid: true };
+        let resolution = tiebreak::resolve(others.iter().copied().chain([&this]), |r| r.name, |r| r.valid);
+        let winner = resolution.winner.map_or(name, |w| w.name);
+        // Named in the order given: the webhook's cache gives tie-break order, `validate` file order.
+        let named = |valid: bool| -> Vec<&str> { others.iter().filter(|r| r.valid == valid).map(|r| r.name).collect() };
+        let (valid, invalid) = (named(true), named(false));
         let invalid_note = if invalid.is_empty() {
             String::new()
         } else {

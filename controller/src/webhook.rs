@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use aether_crds::udspath::{Budget, PodsDirError};
+use aether_crds::Rules;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -34,8 +34,9 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 /// What the handler needs.
 #[derive(Clone)]
 pub struct WebhookState {
-    /// The budget from `--kubelet-pods-dir`, or the configuration error to deny with.
-    pub budget: Arc<Result<Budget, PodsDirError>>,
+    /// The rules of `--kubelet-pods-dir` (its budget, or the configuration error to deny with),
+    /// built once at start-up.
+    pub rules: Arc<Rules>,
     /// Metrics to count into.
     pub metrics: Metrics,
     /// The status writer's caches, for the warnings about other policies and missing Services;
@@ -58,7 +59,7 @@ pub fn router(state: WebhookState, max_body_bytes: usize) -> Router {
 
 async fn count_too_large(State(state): State<WebhookState>, response: Response) -> Response {
     if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        state.metrics.count("none", "too_large");
+        state.metrics.count("none", "too-large");
         tracing::warn!("answering 413 to an admission request over the body cap");
     }
     response
@@ -90,7 +91,7 @@ async fn validate(
         Err(e) => return bad_request(&state, e.to_string()),
     };
     let facts = state.cluster.as_ref().map(|c| c as &dyn ClusterFacts);
-    let decision = admission::decide_with_warnings(&request, &state.budget, facts);
+    let decision = admission::decide_with_warnings(&request, &state.rules, facts);
     state.metrics.duration.observe(start.elapsed().as_secs_f64());
     state.metrics.count(&decision.kind, decision.result);
     for w in &decision.warned {

@@ -13,7 +13,8 @@ use std::time::Duration;
 use aether_controller::admin::{self, AdminState};
 use aether_controller::metrics::Metrics;
 use aether_controller::webhook::{self, DEFAULT_MAX_BODY_BYTES, WebhookState};
-use aether_crds::udspath::{Budget, DEFAULT_PODS_DIR, PodsDirError};
+use aether_crds::Rules;
+use aether_crds::udspath::DEFAULT_PODS_DIR;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use common::{assert_allowed, denial, padded, response_for, review, review_bytes, uid_of};
@@ -24,12 +25,12 @@ use tower::ServiceExt;
 
 const MIB: usize = 1024 * 1024;
 
-fn state(budget: Result<Budget, PodsDirError>) -> WebhookState {
-    WebhookState { budget: Arc::new(budget), metrics: Metrics::default(), cluster: None }
+fn state(rules: Rules) -> WebhookState {
+    WebhookState { rules: Arc::new(rules), metrics: Metrics::default(), cluster: None }
 }
 
 fn default_state() -> WebhookState {
-    state(Budget::new(DEFAULT_PODS_DIR))
+    state(Rules::new(DEFAULT_PODS_DIR))
 }
 
 fn app(state: WebhookState) -> Router {
@@ -278,17 +279,16 @@ async fn a_same_named_kind_of_another_group_is_allowed() {
 #[tokio::test]
 async fn misconfigured_budget_denies_every_policy_create_saying_so() {
     let pods_dir = "/var/snap/microk8s/common/var/lib/kubelet/pods";
-    let budget = Budget::new(pods_dir);
-    assert!(budget.is_err(), "microk8s' pods dir leaves no budget");
+    assert!(Rules::new(pods_dir).budget().is_err(), "microk8s' pods dir leaves no budget");
     for fixture in ["create-valid.json", "create-over-budget.json", "update-valid.json"] {
         let r = review(fixture);
-        let message = denial(&decide(state(Budget::new(pods_dir)), &r).await);
+        let message = denial(&decide(state(Rules::new(pods_dir)), &r).await);
         assert!(message.contains("misconfigured"), "{fixture}: {message}");
         assert!(message.contains(pods_dir), "{fixture}: the denial names the pods dir: {message}");
     }
     // Nothing else is blocked by the misconfiguration.
-    assert_allowed(&decide(state(Budget::new(pods_dir)), &review("delete-null-object.json")).await);
-    assert_allowed(&decide(state(Budget::new(pods_dir)), &review("pod-create.json")).await);
+    assert_allowed(&decide(state(Rules::new(pods_dir)), &review("delete-null-object.json")).await);
+    assert_allowed(&decide(state(Rules::new(pods_dir)), &review("pod-create.json")).await);
 }
 
 #[tokio::test]
@@ -298,7 +298,7 @@ async fn a_shorter_pods_dir_widens_the_budget() {
     let sock = "sockets/application-server-012.sock";
     assert_eq!(sock.len(), 35);
     r["request"]["object"]["spec"]["udsSocket"] = json!(sock);
-    assert_allowed(&decide(state(Budget::new("/k")), &r).await);
+    assert_allowed(&decide(state(Rules::new("/k")), &r).await);
     let message = denial(&decide(default_state(), &r).await);
     assert!(message.contains("35 bytes") && message.contains("16 bytes"), "{message}");
 }
@@ -431,7 +431,7 @@ async fn body_of_8_mib_is_413() {
         .expect("request builds");
     let answer = send(app(st), req).await;
     assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", answer.text());
-    assert_eq!(metric(&metrics, "none", "too_large"), 1, "a 413 is counted: {}", metrics.encode());
+    assert_eq!(metric(&metrics, "none", "too-large"), 1, "a 413 is counted: {}", metrics.encode());
 }
 
 #[tokio::test]
@@ -442,7 +442,7 @@ async fn body_of_8_mib_without_content_length_is_413() {
     let bytes = vec![b' '; 8 * MIB];
     let answer = send(app(st), post(Some("application/json"), Body::from_stream_chunks(bytes))).await;
     assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", answer.text());
-    assert_eq!(metric(&metrics, "none", "too_large"), 1, "{}", metrics.encode());
+    assert_eq!(metric(&metrics, "none", "too-large"), 1, "{}", metrics.encode());
 }
 
 /// `Body::from` a Vec gives the body an exact size hint; this wraps it as an unsized stream of
@@ -591,7 +591,7 @@ fn short_create() -> Value {
 fn warnings_for(review_json: &Value, facts: Option<&Facts>) -> (bool, Vec<String>) {
     let req = aether_controller::admission::parse(&serde_json::to_vec(review_json).unwrap()).unwrap();
     let facts = facts.map(|f| f as &dyn aether_controller::admission::ClusterFacts);
-    let d = aether_controller::admission::decide_with_warnings(&req, &Budget::new(DEFAULT_PODS_DIR), facts);
+    let d = aether_controller::admission::decide_with_warnings(&req, &Rules::new(DEFAULT_PODS_DIR), facts);
     assert_eq!(d.warned.len(), d.response.warnings.as_ref().map_or(0, Vec::len), "one label per warning");
     (d.response.allowed, d.response.warnings.unwrap_or_default())
 }
@@ -637,7 +637,7 @@ async fn a_value_near_the_budget_is_warned_even_without_a_cluster_and_counted() 
         "{warnings:?}"
     );
     assert!(
-        metrics.encode().contains("aether_admission_warnings_total{warning=\"near_budget\"} 1"),
+        metrics.encode().contains("aether_admission_warnings_total{warning=\"near-budget\"} 1"),
         "{}",
         metrics.encode()
     );

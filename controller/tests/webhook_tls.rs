@@ -242,7 +242,7 @@ async fn body_of_8_mib_is_413_over_http2() {
     assert_eq!(probe.version(), reqwest::Version::HTTP_2, "ALPN negotiates h2, as the API server's client does");
     let (status, body) = server.post(&server.client(), "application/json", eight_mib_review()).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{}", String::from_utf8_lossy(&body));
-    assert_eq!(server.metrics().await.requests("none", "too_large"), 1.0);
+    assert_eq!(server.metrics().await.requests("none", "too-large"), 1.0);
 }
 
 /// Speaks HTTP/1.1 over TLS by hand (rustls, trusting only `ca_pem`): sends `head` and `body`
@@ -300,7 +300,7 @@ async fn declared_8_mib_is_413_over_http1_without_the_body_being_sent() {
     let answer =
         tokio::task::spawn_blocking(move || raw_http1(addr, &ca, &head, b"{\"kind\":\"A")).await.expect("raw client");
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
-    assert_eq!(server.metrics().await.requests("none", "too_large"), 1.0);
+    assert_eq!(server.metrics().await.requests("none", "too-large"), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -364,7 +364,7 @@ async fn malformed_requests_do_not_disturb_concurrent_valid_ones() {
     assert_allowed(&server.decide(&server.client(), &review("create-valid.json")).await);
     let m = server.metrics().await;
     assert_eq!(m.requests("none", "malformed"), 6.0);
-    assert_eq!(m.requests("none", "too_large"), 2.0);
+    assert_eq!(m.requests("none", "too-large"), 2.0);
     assert_eq!(m.requests("EndpointPolicy", "allowed"), 10.0);
     assert!(!server.task.is_finished(), "the server is still running");
 }

@@ -5,17 +5,22 @@
 //! - [`policy`]: the `EndpointPolicy` CRD types (`config.aether.io/v1`).
 //! - [`udspath`]: socket value grammar, the sun_path budget, and the host path resolver.
 //! - [`validate`]: the one decision every component uses for a policy.
-//! - [`tiebreak`]: the one-policy-per-Service rule and the mesh service key.
+//! - [`rules`]: that decision bound to the configured pods dir, built once at start-up.
+//! - [`tiebreak`]: the one-policy-per-Service rule ([`tiebreak::resolve`]) and the mesh service key.
 //! - [`pod`]: pod label and annotation keys.
+//! - [`manifests`]: multi-document YAML text to JSON values (`List` expanded), for the offline tools.
 
 pub mod chart;
+pub mod manifests;
 pub mod pod;
 pub mod policy;
+pub mod rules;
 pub mod tiebreak;
 pub mod udspath;
 pub mod validate;
 
 pub use policy::{EndpointPolicy, EndpointPolicySpec, EndpointPolicyStatus, TargetRef};
+pub use rules::Rules;
 pub use udspath::{Budget, PodDirId, SocketError, SocketPath};
 pub use validate::{FieldViolation, Verdict, review};
 

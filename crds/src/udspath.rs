@@ -39,6 +39,11 @@ pub const DEFAULT_PODS_DIR: &str = "/var/lib/kubelet/pods";
 /// The longest a volume name may be: a DNS-1123 label (Kubernetes API conventions).
 pub const VOLUME_NAME_MAX: usize = 63;
 
+/// The longest pods dir, in bytes, that still leaves [`MIN_VALUE_BYTES`] for the socket value:
+/// `107 − 70 − 3` = 34. [`Budget::new`] refuses a longer one; the chart's values schema repeats
+/// this number as the `maxLength` of the mount path (a test keeps the two equal).
+pub const MAX_PODS_DIR_BYTES: usize = SUN_PATH_MAX - FIXED_BYTES - MIN_VALUE_BYTES;
+
 /// The widest budget any pods dir can give (the shortest absolute pods dir is one byte, `/`):
 /// no socket value longer than this can ever fit, whatever the configuration. The CRD schema uses
 /// it as the static `maxLength` of `spec.udsSocket`.
@@ -160,7 +165,7 @@ pub enum PodsDirError {
     NotClean(String),
     /// The pods dir leaves fewer than [`MIN_VALUE_BYTES`] for the socket value.
     #[error(
-        "pods dir {pods_dir} ({len} bytes) leaves a socket budget of {budget} bytes (107 - {len} - 70); at least {MIN_VALUE_BYTES} are needed for the shortest value \"a/b\", so no pod can be delivered over a Unix socket: mount the kubelet pods dir at a shorter path"
+        "pods dir {pods_dir} ({len} bytes) leaves a socket budget of {budget} bytes ({SUN_PATH_MAX} - {len} - {FIXED_BYTES}); at least {MIN_VALUE_BYTES} are needed for the shortest value \"a/b\", so no pod can be delivered over a Unix socket: mount the kubelet pods dir at a shorter path"
     )]
     BudgetTooSmall {
         /// The pods dir as configured.

@@ -1,9 +1,10 @@
 //! One policy per Service (spec Phase 1b "Precedence"): among the valid candidates the
-//! lexicographically smallest `metadata.name`, in byte order, wins, whatever the input order.
+//! lexicographically smallest `metadata.name`, in byte order, wins, whatever the input order;
+//! invalid candidates never win.
 
 use std::collections::BTreeSet;
 
-use aether_crds::tiebreak::{ServiceKey, winner};
+use aether_crds::tiebreak::{Resolution, ServiceKey, resolve};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,10 +17,15 @@ fn candidates(names: &[&str]) -> Vec<Candidate> {
     names.iter().enumerate().map(|(arrival, name)| Candidate { name: (*name).to_owned(), arrival }).collect()
 }
 
+/// Every candidate valid: the winner alone.
+fn winner<'c>(held: impl IntoIterator<Item = &'c Candidate>) -> Option<&'c Candidate> {
+    resolve(held, |c| c.name.as_str(), |_| true).winner
+}
+
 /// The index hands the tie-break references to the policies it holds.
 fn winning_name(names: &[&str]) -> Option<String> {
     let held = candidates(names);
-    winner(&held, |c| c.name.as_str()).map(|c| c.name.clone())
+    winner(&held).map(|c| c.name.clone())
 }
 
 #[test]
@@ -51,7 +57,24 @@ fn smallest_name_wins_in_byte_order_not_natural_order() {
 #[test]
 fn winner_works_on_references_too() {
     let names = ["c", "a", "b"];
-    assert_eq!(winner(names.iter(), |n: &&&str| **n), Some(&"a"));
+    assert_eq!(resolve(names.iter(), |n| n, |_| true).winner, Some(&"a"));
+}
+
+#[test]
+fn an_invalid_candidate_never_wins_and_never_shadows_a_valid_one() {
+    let r = resolve([("a", false), ("c", true), ("b", true), ("0", false)], |c| c.0, |c| c.1);
+    assert_eq!(
+        r,
+        Resolution {
+            winner: Some(("b", true)),
+            conflicted: vec![("c", true)],
+            invalid: vec![("0", false), ("a", false)]
+        }
+    );
+    assert!(r.is_conflict());
+    let none = resolve([("a", false)], |c| c.0, |c| c.1);
+    assert_eq!((none.winner, none.conflicted.len(), none.invalid.len()), (None, 0, 1));
+    assert!(!none.is_conflict());
 }
 
 #[test]
@@ -75,7 +98,7 @@ proptest! {
     fn winner_is_the_byte_smallest_name_in_any_order((sorted, shuffled) in shuffled_names()) {
         let refs: Vec<&str> = shuffled.iter().map(String::as_str).collect();
         let held = candidates(&refs);
-        let won = winner(&held, |c| c.name.as_str()).expect("at least one candidate");
+        let won = winner(&held).expect("at least one candidate");
         prop_assert_eq!(&won.name, &sorted[0]);
         prop_assert!(shuffled.iter().all(|n| won.name.as_bytes() <= n.as_bytes()));
         // The winning candidate itself is returned, not just its name.
@@ -88,8 +111,29 @@ proptest! {
         rotated.rotate_left(rotate % shuffled.len());
         let mut reversed = shuffled.clone();
         reversed.reverse();
-        let pick = |names: &[String]| winner(names.iter(), |n: &&String| n.as_str()).cloned();
+        let pick = |names: &[String]| resolve(names.iter(), |n| n.as_str(), |_| true).winner.cloned();
         prop_assert_eq!(pick(&shuffled), pick(&rotated));
         prop_assert_eq!(pick(&shuffled), pick(&reversed));
+    }
+}
+
+/// Distinct names, each valid or not.
+fn judged_names() -> impl Strategy<Value = Vec<(String, bool)>> {
+    prop::collection::btree_map("[a-z0-9][a-z0-9.-]{0,8}", any::<bool>(), 0..10)
+        .prop_map(|m| m.into_iter().collect::<Vec<_>>())
+        .prop_shuffle()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    #[test]
+    fn the_winner_is_the_smallest_valid_name_and_every_candidate_lands_once(judged in judged_names()) {
+        let r = resolve(judged.iter(), |c| c.0.as_str(), |c| c.1);
+        let smallest_valid = judged.iter().filter(|c| c.1).map(|c| &c.0).min();
+        prop_assert_eq!(r.winner.map(|c| &c.0), smallest_valid);
+        prop_assert!(r.conflicted.iter().all(|c| c.1) && r.invalid.iter().all(|c| !c.1));
+        prop_assert_eq!(r.winner.iter().count() + r.conflicted.len() + r.invalid.len(), judged.len());
+        prop_assert!(r.conflicted.windows(2).all(|w| w[0].0 < w[1].0) && r.invalid.windows(2).all(|w| w[0].0 < w[1].0));
     }
 }

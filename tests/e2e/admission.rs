@@ -8,8 +8,10 @@ mod suite;
 
 use std::path::{Path, PathBuf};
 
+use aether_fixtures::{PolicyBuilder, policy};
 use aether_tests::{ControlPlane, Controller, repo_root};
 use anyhow::{Context, bail, ensure};
+use serde_json::Value;
 
 struct Env {
     cp: ControlPlane,
@@ -64,21 +66,21 @@ fn apply_example(env: &Env, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn apply_yaml(env: &Env, yaml: &str) -> anyhow::Result<std::process::Output> {
+/// `kubectl apply -f` of one manifest, whatever kubectl answers.
+fn apply_manifest(env: &Env, manifest: &str) -> anyhow::Result<std::process::Output> {
     let dir = tempfile::tempdir()?;
     let f = dir.path().join("policy.yaml");
-    std::fs::write(&f, yaml)?;
+    std::fs::write(&f, manifest)?;
     env.cp.kubectl(&["apply".as_ref(), "-f".as_ref(), f.as_os_str()])
 }
 
-fn policy(name: &str, target_ref: &str, socket: &str) -> String {
-    format!(
-        "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata:\n  name: {name}\nspec:\n  targetRef: {target_ref}\n  udsSocket: {socket:?}\n"
-    )
+/// Policy `name` in the kubeconfig's namespace (`default`) on Service `target` over `socket`.
+fn echo_policy(name: &str, target: &str, socket: &str) -> PolicyBuilder {
+    policy("default", name).target(target).socket(socket)
 }
 
 fn over_budget_denial_comes_from_our_webhook_with_the_arithmetic(env: &Env) -> anyhow::Result<()> {
-    let out = apply_yaml(env, &policy("arith", "{kind: Service, name: echo}", "sockets/app1.sock"))?;
+    let out = apply_manifest(env, &echo_policy("arith", "echo", "sockets/app1.sock").manifest())?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(!out.status.success(), "17-byte value was admitted");
     let want = r#"admission webhook "endpointpolicies.config.aether.io" denied the request: spec.udsSocket "sockets/app1.sock" is 17 bytes; the budget is 16 bytes with pods dir /var/lib/kubelet/pods (sun_path holds 107)"#;
@@ -87,9 +89,9 @@ fn over_budget_denial_comes_from_our_webhook_with_the_arithmetic(env: &Env) -> a
 }
 
 fn update_is_validated_too(env: &Env) -> anyhow::Result<()> {
-    let out = apply_yaml(env, &policy("upd", "{kind: Service, name: upd}", "s/app.sock"))?;
+    let out = apply_manifest(env, &echo_policy("upd", "upd", "s/app.sock").manifest())?;
     ensure!(out.status.success(), "create failed: {}", String::from_utf8_lossy(&out.stderr));
-    let out = apply_yaml(env, &policy("upd", "{kind: Service, name: upd}", "sockets/app1.sock"))?;
+    let out = apply_manifest(env, &echo_policy("upd", "upd", "sockets/app1.sock").manifest())?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(!out.status.success(), "an over-budget UPDATE was admitted");
     ensure!(stderr.contains("denied the request") && stderr.contains("spec.udsSocket"), "kubectl said: {stderr}");
@@ -136,25 +138,35 @@ fn controller_metrics_count_the_decisions(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Turns a valid policy into the manifest of a bad one.
+type MakeBad = fn(PolicyBuilder) -> Value;
+
 /// Runs last: removes the webhook configuration, then checks what the CRD schema alone refuses.
 fn without_the_webhook_the_schema_still_rejects_bad_shapes(env: &Env) -> anyhow::Result<()> {
     env.cp.delete_webhook()?;
-    let bad = [
-        ("traversal", "{kind: Service, name: echo}", "../app.sock", "spec.udsSocket"),
-        ("dot-file", "{kind: Service, name: echo}", "sockets/..", "spec.udsSocket"),
-        ("double-slash", "{kind: Service, name: echo}", "sockets//app.sock", "spec.udsSocket"),
-        ("upper-volume", "{kind: Service, name: echo}", "Sockets/app.sock", "spec.udsSocket"),
-        ("newline", "{kind: Service, name: echo}", "sockets/app.sock\n", "spec.udsSocket"),
-        ("fullwidth", "{kind: Service, name: echo}", "sockets\u{ff0f}app.sock", "spec.udsSocket"),
-        ("too-long-anywhere", "{kind: Service, name: echo}", "sockets/abcdefghijklmnopqrstuvwxyz123", "spec.udsSocket"),
-        ("lower-kind", "{kind: service, name: echo}", "s/app.sock", "spec.targetRef.kind"),
-        ("deployment", "{group: apps, kind: Deployment, name: echo}", "s/app.sock", "spec.targetRef"),
-        ("digit-name", "{kind: Service, name: 1cart}", "s/app.sock", "spec.targetRef.name"),
-        ("cross-ns", "{kind: Service, name: echo, namespace: other}", "s/app.sock", "namespace"),
+    let cross_namespace = |p: PolicyBuilder| {
+        let mut v = p.json();
+        v["spec"]["targetRef"]["namespace"] = "other".into();
+        v
+    };
+    // (name, the policy on Service echo over s/app.sock made bad, the field the schema names)
+    let bad: [(&str, MakeBad, &str); 11] = [
+        ("traversal", |p| p.socket("../app.sock").json(), "spec.udsSocket"),
+        ("dot-file", |p| p.socket("sockets/..").json(), "spec.udsSocket"),
+        ("double-slash", |p| p.socket("sockets//app.sock").json(), "spec.udsSocket"),
+        ("upper-volume", |p| p.socket("Sockets/app.sock").json(), "spec.udsSocket"),
+        ("newline", |p| p.socket("sockets/app.sock\n").json(), "spec.udsSocket"),
+        ("fullwidth", |p| p.socket("sockets\u{ff0f}app.sock").json(), "spec.udsSocket"),
+        ("too-long-anywhere", |p| p.socket("sockets/abcdefghijklmnopqrstuvwxyz123").json(), "spec.udsSocket"),
+        ("lower-kind", |p| p.target_kind("service").json(), "spec.targetRef.kind"),
+        ("deployment", |p| p.target_group("apps").target_kind("Deployment").json(), "spec.targetRef"),
+        ("digit-name", |p| p.target("1cart").json(), "spec.targetRef.name"),
+        ("cross-ns", cross_namespace, "namespace"),
     ];
     let mut failures = Vec::new();
-    for (name, target, socket, field) in bad {
-        let out = apply_yaml(env, &policy(&format!("schema-{name}"), target, socket))?;
+    for (name, make_bad, field) in bad {
+        let manifest = make_bad(echo_policy(&format!("schema-{name}"), "echo", "s/app.sock"));
+        let out = apply_manifest(env, &manifest.to_string())?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         if out.status.success() {
             failures.push(format!("{name}: admitted without the webhook"));
@@ -163,7 +175,7 @@ fn without_the_webhook_the_schema_still_rejects_bad_shapes(env: &Env) -> anyhow:
         }
     }
     // The budget depends on the configured pods dir, so only the webhook can enforce it.
-    let out = apply_yaml(env, &policy("schema-budget", "{kind: Service, name: echo}", "sockets/app1.sock"))?;
+    let out = apply_manifest(env, &echo_policy("schema-budget", "echo", "sockets/app1.sock").manifest())?;
     ensure!(out.status.success(), "the schema alone refused a 17-byte value: {}", String::from_utf8_lossy(&out.stderr));
     if !failures.is_empty() {
         bail!("{}", failures.join("\n"));

@@ -16,7 +16,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use aether_tests::{Agent, ControlPlane, Envoy, Scrape, eventually, unix_get_status, workspace_bin};
+use aether_fixtures::{Envoy, pod, policy};
+use aether_tests::{Agent, ControlPlane, Scrape, envoy_bin, eventually, unix_get_status, workspace_bin};
 use anyhow::{Context, ensure};
 
 const NS: &str = "e2e";
@@ -77,7 +78,8 @@ impl Env {
     fn start_envoy(&self) -> anyhow::Result<()> {
         let dir = self.path("envoy");
         std::fs::create_dir_all(&dir)?;
-        *self.envoy.lock().unwrap() = Some(Envoy::start(&dir, NODE, &self.path("run/xds.sock"))?);
+        let envoy = Envoy::builder(self.path("run/xds.sock"), NODE, dir).inbound().binary(envoy_bin()?).start()?;
+        *self.envoy.lock().unwrap() = Some(envoy);
         Ok(())
     }
 
@@ -91,11 +93,11 @@ impl Env {
 
     /// Creates a managed Pod on this node and returns its UID.
     fn pod(&self, ns: &str, name: &str, sa: &str, socket: Option<&str>) -> anyhow::Result<String> {
-        let ann =
-            socket.map(|s| format!("\n  annotations:\n    endpoint.aether.io/uds-socket: {s:?}")).unwrap_or_default();
-        self.cp.apply(&format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    aether.io/managed: \"true\"{ann}\nspec:\n  nodeName: {NODE}\n  serviceAccountName: {sa}\n  containers:\n  - name: app\n    image: registry.example/uds-echo:test\n  volumes:\n  - name: s\n    emptyDir: {{}}\n"
-        ))?;
+        let mut p = pod(ns, name).sa(sa).node(NODE).container("app", "registry.example/uds-echo:test").emptydir("s");
+        if let Some(s) = socket {
+            p = p.annotation_socket(s);
+        }
+        self.cp.apply(&p.manifest())?;
         let uid = self.cp.kubectl_ok(&["get", "pod", "-n", ns, name, "-o", "jsonpath={.metadata.uid}"])?;
         ensure!(uid.len() == 36, "pod uid {uid:?}");
         Ok(uid)
@@ -121,9 +123,7 @@ impl Env {
     }
 
     fn policy(&self, name: &str, target: &str, socket: &str) -> anyhow::Result<()> {
-        self.cp.apply(&format!(
-            "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  targetRef: {{kind: Service, name: {target}}}\n  udsSocket: {socket}\n"
-        ))
+        self.cp.apply(&policy(NS, name).target(target).socket(socket).manifest())
     }
 
     fn delete_policy(&self, name: &str) -> anyhow::Result<()> {
@@ -364,7 +364,7 @@ fn i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move(e
         let s = Scrape::get(admin)?;
         Ok(s.value("aether_agent_tcp_fallbacks", &[("reason", "path-too-long")]) == 1.0
             && s.value("aether_agent_pods", &[("source", "annotation"), ("delivery", "waiting")]) >= 1.0
-            && s.value("aether_agent_pod_events_total", &[("reason", "UdsPathTooLong"), ("result", "created")]) == 1.0
+            && s.value("aether_agent_pod_events_total", &[("reason", "path-too-long"), ("result", "created")]) == 1.0
             && total(&s, "aether_xds_pushes_total") > pushes0
             && total(&s, "aether_xds_acks_total") > acks0
             && total(&s, "aether_xds_change_to_ack_seconds_count") > timed0)

@@ -10,6 +10,7 @@ mod suite;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use aether_fixtures::policy;
 use aether_tests::{ControlPlane, Controller, Scrape, eventually};
 use anyhow::{Context, ensure};
 use serde_json::Value;
@@ -43,17 +44,11 @@ fn admin_port(c: &Controller) -> anyhow::Result<u16> {
     Ok(c.admin.rsplit(':').next().context("admin port")?.parse()?)
 }
 
-fn policy_yaml(ns: &str, name: &str, target: &str, socket: &str) -> String {
-    format!(
-        "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  targetRef: {{kind: Service, name: {target}}}\n  udsSocket: {socket:?}\n"
-    )
-}
-
 /// `kubectl apply` of one policy: (success, stderr).
 fn apply_policy(env: &Env, ns: &str, name: &str, target: &str, socket: &str) -> anyhow::Result<(bool, String)> {
     let dir = tempfile::tempdir()?;
     let f = dir.path().join("policy.yaml");
-    std::fs::write(&f, policy_yaml(ns, name, target, socket))?;
+    std::fs::write(&f, policy(ns, name).target(target).socket(socket).manifest())?;
     let out = env.cp.kubectl(&["apply".as_ref(), "-f".as_ref(), f.as_os_str()])?;
     Ok((out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned()))
 }
@@ -279,12 +274,12 @@ fn controller_metrics_parse_and_count_as_the_scenario_runs(env: &Env) -> anyhow:
     let after = Scrape::get(port)?;
     let moved = |name: &str, labels: &[(&str, &str)]| after.value(name, labels) - before.value(name, labels);
     let checks: &[Check<'_>] = &[
-        ("aether_status_patches_total", &[("result", "applied"), ("reason", "TargetNotFound")], 1.0),
-        ("aether_status_patches_total", &[("result", "applied"), ("reason", "Accepted")], 1.0),
-        ("aether_status_patches_total", &[("result", "applied"), ("reason", "Conflicted")], 1.0),
+        ("aether_status_patches_total", &[("result", "applied"), ("reason", "target-not-found")], 1.0),
+        ("aether_status_patches_total", &[("result", "applied"), ("reason", "accepted")], 1.0),
+        ("aether_status_patches_total", &[("result", "applied"), ("reason", "conflicted")], 1.0),
         ("aether_admission_requests_total", &[("kind", "EndpointPolicy"), ("result", "allowed")], 2.0),
         ("aether_admission_requests_total", &[("kind", "EndpointPolicy"), ("result", "denied")], 1.0),
-        ("aether_admission_warnings_total", &[("warning", "target_not_found")], 1.0),
+        ("aether_admission_warnings_total", &[("warning", "target-not-found")], 1.0),
         ("aether_admission_warnings_total", &[("warning", "conflict")], 1.0),
         ("aether_admission_duration_seconds_count", &[], 3.0),
     ];

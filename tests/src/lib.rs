@@ -7,6 +7,9 @@
 //! - [`node::RealNode`]: a real single node (kubelet + containerd, controller-manager, scheduler,
 //!   kube-proxy) from `tests/harness/node.sh`, torn down on drop.
 //!
+//! Pods, policies and Envoy come from the workspace's fixtures (`aether_fixtures`: the builders,
+//! and the one Envoy launcher running the chart's bootstrap).
+//!
 //! The binaries under test are the workspace's own (`target/<profile>/`): build them first
 //! (`make test` does).
 
@@ -307,10 +310,12 @@ impl Kubectl {
     }
 }
 
-/// Where `tests/harness/install-envoy.sh` installed Envoy (or `$AETHER_ENVOY`).
+/// Where `tests/harness/install-envoy.sh` installed Envoy (or `$AETHER_ENVOY`); runs the script,
+/// which installs Envoy when it is missing. Give it to the launcher
+/// (`aether_fixtures::Envoy::builder(..).binary(envoy_bin()?)`) to keep that behaviour.
 ///
 /// # Errors
-/// When it is not installed, naming the script that installs it.
+/// When it is not installed and the script fails, with its output.
 pub fn envoy_bin() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("AETHER_ENVOY") {
         return Ok(PathBuf::from(p));
@@ -323,151 +328,6 @@ pub fn envoy_bin() -> anyhow::Result<PathBuf> {
         );
     }
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
-/// A real Envoy bootstrapped to an ADS server on a Unix socket, with a static `inbound` listener
-/// on loopback that routes by the `x-aether-cluster` header (the stand-in for the mesh's inbound
-/// listener) and its admin on loopback. Killed on drop.
-pub struct Envoy {
-    child: Child,
-    /// Port of the static inbound listener.
-    pub inbound: u16,
-    /// Port of the admin interface.
-    pub admin: u16,
-    log: PathBuf,
-}
-
-impl Envoy {
-    /// Starts Envoy with node id `node`, dialing ADS at `xds_socket`; files go in `dir`.
-    ///
-    /// # Errors
-    /// When Envoy is missing or exits at start.
-    pub fn start(dir: &Path, node: &str, xds_socket: &Path) -> anyhow::Result<Self> {
-        let (inbound, admin) = (free_port(), free_port());
-        let bootstrap = serde_json::json!({
-            "node": { "id": node, "cluster": "aether" },
-            "admin": { "address": { "socket_address": { "address": "127.0.0.1", "port_value": admin } } },
-            "dynamic_resources": {
-                "ads_config": { "api_type": "GRPC", "transport_api_version": "V3",
-                    "grpc_services": [{ "envoy_grpc": { "cluster_name": "aether_xds" } }] },
-                "cds_config": { "ads": {}, "resource_api_version": "V3" },
-                "lds_config": { "ads": {}, "resource_api_version": "V3" }
-            },
-            "static_resources": {
-                "clusters": [{
-                    "name": "aether_xds", "type": "STATIC", "connect_timeout": "1s",
-                    "typed_extension_protocol_options": { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                        "explicit_http_config": { "http2_protocol_options": {} } } },
-                    "load_assignment": { "cluster_name": "aether_xds", "endpoints": [{ "lb_endpoints": [{ "endpoint": {
-                        "address": { "pipe": { "path": xds_socket } } } }] }] }
-                }],
-                "listeners": [{
-                    "name": "inbound",
-                    "address": { "socket_address": { "address": "127.0.0.1", "port_value": inbound } },
-                    "filter_chains": [{ "filters": [{
-                        "name": "envoy.filters.network.http_connection_manager",
-                        "typed_config": {
-                            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                            "stat_prefix": "inbound",
-                            "route_config": { "virtual_hosts": [{ "name": "all", "domains": ["*"], "routes": [{
-                                "match": { "prefix": "/" },
-                                "route": { "cluster_header": "x-aether-cluster", "timeout": "5s" } }] }] },
-                            "http_filters": [{ "name": "envoy.filters.http.router",
-                                "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" } }]
-                        }
-                    }] }]
-                }]
-            }
-        });
-        let config = dir.join("envoy.json");
-        std::fs::write(&config, serde_json::to_vec_pretty(&bootstrap)?)?;
-        let log = dir.join("envoy.log");
-        let child = Command::new(envoy_bin()?)
-            .arg("-c")
-            .arg(&config)
-            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info", "--base-id-path"])
-            .arg(dir.join("base-id"))
-            .arg("--log-path")
-            .arg(&log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting envoy")?;
-        let mut e = Envoy { child, inbound, admin, log };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while http_get_status(e.admin, "/server_info").is_none() {
-            if let Some(status) = e.child.try_wait()? {
-                bail!("envoy exited ({status}): {}", e.log_tail());
-            }
-            if Instant::now() > deadline {
-                bail!("envoy admin not up after 30 s: {}", e.log_tail());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(e)
-    }
-
-    /// The last 40 lines of Envoy's log.
-    pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    /// GET on the admin interface: (status, body).
-    ///
-    /// # Errors
-    /// When Envoy does not answer.
-    pub fn admin_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        http_get(self.admin, path, &[])
-    }
-
-    /// A request through the inbound listener routed to `cluster`: (status, body).
-    ///
-    /// # Errors
-    /// When Envoy does not answer.
-    pub fn via(&self, cluster: &str, path: &str) -> anyhow::Result<(u16, String)> {
-        http_get(self.inbound, path, &[("x-aether-cluster", cluster)])
-    }
-
-    /// The dynamic clusters Envoy holds: name → endpoint address as JSON text (`pipe` or
-    /// `socket_address`).
-    ///
-    /// # Errors
-    /// When the config dump cannot be read.
-    pub fn clusters(&self) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
-        let (_, body) = self.admin_get("/config_dump?resource=dynamic_active_clusters")?;
-        let v: serde_json::Value = serde_json::from_str(&body).context("config_dump is JSON")?;
-        let mut out = std::collections::BTreeMap::new();
-        for c in v["configs"].as_array().into_iter().flatten() {
-            let cluster = &c["cluster"];
-            let name = cluster["name"].as_str().unwrap_or_default().to_owned();
-            let addr = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"];
-            out.insert(name, addr.to_string());
-        }
-        Ok(out)
-    }
-
-    /// Envoy's counter `name` from `/stats`, 0 when absent.
-    ///
-    /// # Errors
-    /// When the stats cannot be read.
-    pub fn stat(&self, name: &str) -> anyhow::Result<u64> {
-        let (_, body) = self.admin_get(&format!("/stats?filter=^{name}$"))?;
-        Ok(body
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0))
-    }
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A blocking HTTP/1.1 GET to 127.0.0.1:`port` (reqwest): (status, body).

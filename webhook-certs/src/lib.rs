@@ -7,7 +7,8 @@
 //! [`reload::ReloadingCertResolver`] serves the pair from a mounted Secret folder and follows
 //! its updates; [`bootstrap`] creates the Secret and sets the webhook configuration's `caBundle`
 //! (the chart's hook Job); [`cleanup`] deletes that Secret again after `helm uninstall` (the
-//! chart's post-delete hook Job), and only if bootstrap created it.
+//! chart's post-delete hook Job), and only if bootstrap created it. [`cli`] is the command line
+//! of the `aether-webhook-certs` binary.
 
 use std::fs;
 use std::io::Write;
@@ -28,6 +29,7 @@ pub const KEY_FILE: &str = "tls.key";
 
 pub mod bootstrap;
 pub mod cleanup;
+pub mod cli;
 pub mod reload;
 
 pub use reload::{CheckOutcome, LoadError, ReloadingCertResolver};

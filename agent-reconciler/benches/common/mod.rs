@@ -7,19 +7,22 @@
 //!   services with no pod here (the agent watches policies cluster-wide).
 //!
 //! Each pod renders two clusters (`app_<ns>_<pod>_8080` and `health_<ns>_<pod>`).
+//!
+//! Pods and policies are built with the workspace's fixtures (`aether-fixtures`) and extracted
+//! into records by the agent's own `PodRecord::from_pod` / `PolicyRecord::from_policy`, as the
+//! watch drivers do.
 
 #![allow(dead_code, missing_docs)]
 
-use std::collections::{BTreeSet, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
 
 use aether_agent_reconciler::fold::Settings;
 use aether_agent_reconciler::fscheck::Refusal;
-use aether_agent_reconciler::record::{AppProtocol, HealthCheck, PodKey, PodRecord, PolicyRecord, PortSpec};
+use aether_agent_reconciler::record::{PodKey, PodRecord, PolicyRecord};
 use aether_agent_reconciler::render;
 use aether_agent_reconciler::xds::resources::{RenderOptions, Renderer, Resources, Snapshot};
 use aether_agent_reconciler::{Change, Index};
-use aether_crds::tiebreak::ServiceKey;
 
 /// Replicas of one service on the node.
 pub const PODS_PER_SERVICE: usize = 5;
@@ -40,32 +43,25 @@ fn service(service: usize) -> String {
 /// changes one of its two clusters, whether it is delivered over TCP or a pipe).
 pub fn pod(i: usize, edited: bool) -> PodRecord {
     let s = i / PODS_PER_SERVICE;
-    let ip = IpAddr::V4(Ipv4Addr::new(10, (i / 62_500) as u8, (i / 250 % 250) as u8, (i % 250) as u8 + 1));
-    PodRecord {
-        uid: format!("{:08x}-0000-4000-8000-{:012x}", i, i),
-        namespace: namespace(s),
-        name: format!("{}-{i}", service(s)),
-        service_account: service(s),
-        ports: vec![PortSpec { port: 8080, protocol: AppProtocol::Http1 }],
-        health: HealthCheck::Http { path: if edited { "/healthz".into() } else { "/ready".into() } },
-        uds_socket: None,
-        pod_ips: vec![ip],
-        empty_dirs: BTreeSet::from(["s".to_owned()]),
-        static_pod: None,
-        defects: vec![],
-    }
+    let ip = Ipv4Addr::new(10, (i / 62_500) as u8, (i / 250 % 250) as u8, (i % 250) as u8 + 1);
+    let api = aether_fixtures::pod(&namespace(s), &format!("{}-{i}", service(s)))
+        .uid(&aether_fixtures::uid(i))
+        .sa(&service(s))
+        .emptydir("s")
+        .ip(&ip.to_string())
+        .annotation_health_path(if edited { "/healthz" } else { "/ready" })
+        .build();
+    PodRecord::from_pod(&api).expect("a well-formed pod").expect("a managed pod")
 }
 
 /// Policy `k` on service `k`; `alt` switches its socket file (a policy event that changes the
 /// delivery of every pod of that service).
 pub fn policy(k: usize, alt: bool) -> PolicyRecord {
-    PolicyRecord {
-        namespace: namespace(k),
-        name: format!("pol-{k}"),
-        target: ServiceKey::new(namespace(k), service(k)),
-        socket: if alt { "s/alt.sock".into() } else { "s/app.sock".into() },
-        invalid: None,
-    }
+    let api = aether_fixtures::policy(&namespace(k), &format!("pol-{k}"))
+        .target(&service(k))
+        .socket(if alt { "s/alt.sock" } else { "s/app.sock" })
+        .build();
+    PolicyRecord::from_policy(&api, &settings()).expect("a named policy")
 }
 
 pub fn pods(n: usize) -> Vec<PodRecord> {

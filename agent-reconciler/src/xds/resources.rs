@@ -16,6 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
+use aether_crds::udspath::SUN_PATH_MAX;
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster,
     cluster::{ClusterDiscoveryType, CommonLbConfig, DiscoveryType},
@@ -56,9 +57,6 @@ use sha2::{Digest, Sha256};
 pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 /// Type URL of an Envoy v3 `Listener` (LDS).
 pub const LISTENER_TYPE_URL: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
-/// The longest Unix socket path Envoy (and Linux) accepts, in bytes: `sun_path` is 108 bytes
-/// including the terminating NUL.
-pub const MAX_PIPE_PATH_BYTES: usize = 107;
 /// Name of the health-gateway listener served over LDS.
 pub const HEALTH_LISTENER_NAME: &str = "aether_health";
 /// Path prefix the health gateway answers: `GET /healthz/<health cluster name>`.
@@ -87,7 +85,7 @@ pub struct ClusterSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Endpoint {
     /// A Unix domain socket (Envoy `pipe`); no `upstream_bind_config`. `path` is absolute and at
-    /// most [`MAX_PIPE_PATH_BYTES`] bytes.
+    /// most [`SUN_PATH_MAX`] bytes.
     Pipe {
         /// Absolute socket path, as the proxy sees it.
         path: String,
@@ -140,10 +138,10 @@ pub enum RenderError {
         /// The duplicated name.
         name: String,
     },
-    /// A Unix socket path longer than [`MAX_PIPE_PATH_BYTES`] bytes.
+    /// A Unix socket path longer than [`SUN_PATH_MAX`] bytes (the limit of Envoy and Linux).
     #[error(
         "socket path {path:?} is {len} bytes, over the {max}-byte Unix socket limit",
-        max = MAX_PIPE_PATH_BYTES
+        max = SUN_PATH_MAX
     )]
     PipePathTooLong {
         /// The offending path.
@@ -169,28 +167,29 @@ pub enum RenderError {
 }
 
 impl RenderError {
-    /// A short, stable label for metrics (`reason="pipe_path_too_long"` and so on).
+    /// A short, stable kebab-case label for logs and metrics (`reason=pipe-path-too-long` and so
+    /// on).
     pub fn label(&self) -> &'static str {
         match self {
-            RenderError::EmptyName => "empty_name",
-            RenderError::InvalidName { .. } => "invalid_name",
-            RenderError::DuplicateName { .. } => "duplicate_name",
-            RenderError::PipePathTooLong { .. } => "pipe_path_too_long",
-            RenderError::InvalidPath { .. } => "invalid_path",
-            RenderError::ZeroPort => "zero_port",
-            RenderError::InvalidHealthPath { .. } => "invalid_health_path",
+            RenderError::EmptyName => "empty-name",
+            RenderError::InvalidName { .. } => "invalid-name",
+            RenderError::DuplicateName { .. } => "duplicate-name",
+            RenderError::PipePathTooLong { .. } => "pipe-path-too-long",
+            RenderError::InvalidPath { .. } => "invalid-path",
+            RenderError::ZeroPort => "zero-port",
+            RenderError::InvalidHealthPath { .. } => "invalid-health-path",
         }
     }
 }
 
 /// Checks a Unix socket path the way Envoy will: absolute, no NUL, at most
-/// [`MAX_PIPE_PATH_BYTES`] bytes (bytes, not characters).
+/// [`SUN_PATH_MAX`] bytes (bytes, not characters; the contract crate's sun_path limit).
 ///
 /// # Errors
 /// [`RenderError::InvalidPath`] or [`RenderError::PipePathTooLong`].
 pub fn validate_pipe_path(path: &str) -> Result<(), RenderError> {
     validate_abs_path(path)?;
-    if path.len() > MAX_PIPE_PATH_BYTES {
+    if path.len() > SUN_PATH_MAX {
         return Err(RenderError::PipePathTooLong { path: path.to_owned(), len: path.len() });
     }
     Ok(())
@@ -784,7 +783,7 @@ mod tests {
         assert!(matches!(pipe("a b", "/s").validate(), Err(RenderError::InvalidName { .. })));
         let mut bad_health = pipe("h", "/s");
         bad_health.health = Some(HealthCheck::Http { path: "no-slash".to_owned(), h2: false });
-        assert_eq!(bad_health.validate().unwrap_err().label(), "invalid_health_path");
+        assert_eq!(bad_health.validate().unwrap_err().label(), "invalid-health-path");
     }
 
     #[test]
@@ -889,7 +888,7 @@ mod tests {
         let r = render(&snap, &RenderOptions::default());
         assert_eq!(r.clusters.names(), vec!["good"]);
         let labels: Vec<_> = r.rejected.iter().map(|x| (x.name.as_str(), x.error.label())).collect();
-        assert_eq!(labels, vec![("bad", "pipe_path_too_long"), ("good", "duplicate_name")]);
+        assert_eq!(labels, vec![("bad", "pipe-path-too-long"), ("good", "duplicate-name")]);
         // The kept duplicate is the first one.
         let c = Cluster::decode(r.clusters.resources[0].resource.value.as_slice()).unwrap();
         let ep = c.load_assignment.unwrap().endpoints[0].lb_endpoints[0].clone();

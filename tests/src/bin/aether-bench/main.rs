@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use aether_tests::{ControlPlane, Envoy, envoy_bin, free_port, http_get_status, repo_root};
+use aether_fixtures::{Envoy, pod, policy};
+use aether_tests::{ControlPlane, envoy_bin, free_port, http_get_status, repo_root};
 use anyhow::{Context, bail, ensure};
 use stats::{OhaRun, Spread, md_table, percentile, ratio, show_count, show_ratio, show_secs};
 
@@ -671,9 +672,14 @@ fn section_convergence(
     )?;
     cp.kubectl_ok(&["create", "namespace", NS])?;
     cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, "echo"])?;
-    cp.apply(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: echo-1\n  namespace: {NS}\n  labels:\n    aether.io/managed: \"true\"\nspec:\n  nodeName: {NODE}\n  serviceAccountName: echo\n  containers:\n  - name: app\n    image: registry.example/uds-echo:bench\n  volumes:\n  - name: s\n    emptyDir: {{}}\n"
-    ))?;
+    cp.apply(
+        &pod(NS, "echo-1")
+            .node(NODE)
+            .sa("echo")
+            .container("app", "registry.example/uds-echo:bench")
+            .emptydir("s")
+            .manifest(),
+    )?;
     // No kubelet: give the pod an IP so its TCP delivery renders (status subresource).
     cp.kubectl_ok(&[
         "patch",
@@ -711,21 +717,15 @@ fn section_convergence(
     agent.wait_until("aether-agent", || http_get_status(agent_admin, "/readyz") == Some(200))?;
     let envoy_dir = work.path().join("envoy");
     std::fs::create_dir_all(&envoy_dir)?;
-    let envoy = Envoy::start(&envoy_dir, NODE, &xds)?;
+    let envoy = Envoy::builder(&xds, NODE, &envoy_dir).binary(envoy_bin()?).start()?;
     let cluster = "app_bench_echo-1_8080";
     let poll = reqwest::blocking::Client::builder().timeout(Duration::from_secs(5)).build()?;
     let pipe = format!("\"path\": \"{}\"", socket.display());
     let tcp = "\"address\": \"10.0.0.9\"";
-    wait_envoy(&poll, envoy.admin, cluster, tcp).context("the pod's TCP cluster before any policy")?;
+    wait_envoy(&poll, envoy.admin_port(), cluster, tcp).context("the pod's TCP cluster before any policy")?;
 
-    let policy_yaml = format!(
-        "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata:\n  name: echo-uds\n  namespace: {NS}\nspec:\n  targetRef: {{kind: Service, name: echo}}\n  udsSocket: s/app.sock\n"
-    );
-    let policy_json = serde_json::json!({
-        "apiVersion": "config.aether.io/v1", "kind": "EndpointPolicy",
-        "metadata": { "name": "echo-uds", "namespace": NS },
-        "spec": { "targetRef": { "kind": "Service", "name": "echo" }, "udsSocket": "s/app.sock" }
-    });
+    let echo_uds = policy(NS, "echo-uds").target("echo").socket("s/app.sock");
+    let (policy_manifest, policy_json) = (echo_uds.manifest(), echo_uds.json());
     let (api, server) = api_client(cp)?;
     let collection = format!("{server}/apis/config.aether.io/v1/namespaces/{NS}/endpointpolicies");
     let mut results = Vec::new();
@@ -734,11 +734,11 @@ fn section_convergence(
     let mut kc = Convergence { via: "kubectl apply / kubectl delete", apply: Vec::new(), delete: Vec::new() };
     for _ in 0..opts.changes {
         let t0 = Instant::now();
-        cp.apply(&policy_yaml)?;
-        kc.apply.push((wait_envoy(&poll, envoy.admin, cluster, &pipe)? - t0).as_secs_f64());
+        cp.apply(&policy_manifest)?;
+        kc.apply.push((wait_envoy(&poll, envoy.admin_port(), cluster, &pipe)? - t0).as_secs_f64());
         let t0 = Instant::now();
         cp.kubectl_ok(&["delete", "epol", "-n", NS, "echo-uds", "--wait=false"])?;
-        kc.delete.push((wait_envoy(&poll, envoy.admin, cluster, tcp)? - t0).as_secs_f64());
+        kc.delete.push((wait_envoy(&poll, envoy.admin_port(), cluster, tcp)? - t0).as_secs_f64());
     }
     results.push(kc);
 
@@ -748,34 +748,34 @@ fn section_convergence(
         let t0 = Instant::now();
         let resp = api.post(&collection).json(&policy_json).send()?;
         ensure!(resp.status().is_success(), "create: {} {}", resp.status(), resp.text().unwrap_or_default());
-        direct.apply.push((wait_envoy(&poll, envoy.admin, cluster, &pipe)? - t0).as_secs_f64());
+        direct.apply.push((wait_envoy(&poll, envoy.admin_port(), cluster, &pipe)? - t0).as_secs_f64());
         let t0 = Instant::now();
         let resp = api.delete(format!("{collection}/echo-uds")).send()?;
         ensure!(resp.status().is_success(), "delete: {} {}", resp.status(), resp.text().unwrap_or_default());
-        direct.delete.push((wait_envoy(&poll, envoy.admin, cluster, tcp)? - t0).as_secs_f64());
+        direct.delete.push((wait_envoy(&poll, envoy.admin_port(), cluster, tcp)? - t0).as_secs_f64());
     }
     results.push(direct);
 
     // What kubectl alone costs: a no-op apply (the object exists and is unchanged) and the API's
     // own write latency (create + delete, answered; no wait for Envoy).
-    cp.apply(&policy_yaml)?;
+    cp.apply(&policy_manifest)?;
     let mut noop = Vec::new();
     for _ in 0..10 {
         let t0 = Instant::now();
-        cp.apply(&policy_yaml)?;
+        cp.apply(&policy_manifest)?;
         noop.push(t0.elapsed().as_secs_f64());
     }
     cp.kubectl_ok(&["delete", "epol", "-n", NS, "echo-uds"])?;
-    wait_envoy(&poll, envoy.admin, cluster, tcp)?;
+    wait_envoy(&poll, envoy.admin_port(), cluster, tcp)?;
     let mut api_only = Vec::new();
     for _ in 0..10 {
         let t0 = Instant::now();
         let resp = api.post(&collection).json(&policy_json).send()?;
         ensure!(resp.status().is_success(), "create: {}", resp.status());
         api_only.push(t0.elapsed().as_secs_f64());
-        wait_envoy(&poll, envoy.admin, cluster, &pipe)?;
+        wait_envoy(&poll, envoy.admin_port(), cluster, &pipe)?;
         api.delete(format!("{collection}/echo-uds")).send()?;
-        wait_envoy(&poll, envoy.admin, cluster, tcp)?;
+        wait_envoy(&poll, envoy.admin_port(), cluster, tcp)?;
     }
 
     r.line("## 3. Convergence: policy write → Envoy\n");
