@@ -30,6 +30,28 @@ use crate::watch as watchers;
 use crate::xds::resources::{RenderOptions, Renderer, Snapshot};
 use crate::xds::server::{self as xds, XdsAddr, XdsListener, XdsServer};
 
+/// The container-runtime netns lookup (`--cri-endpoint`; none when it is empty) and the channel
+/// of its answers. Does no I/O: the first lookup connects.
+///
+/// # Errors
+/// When `--netns-host-dir`/`--netns-proxy-dir` are unusable.
+fn netns_lookup(
+    args: &RunArgs,
+) -> anyhow::Result<Option<(crate::runtime::NetnsLookup, mpsc::Receiver<crate::runtime::NetnsUpdate>)>> {
+    let dirs = args.netns_dirs()?;
+    let Some(client) = crate::runtime::CriClient::from_endpoint(&args.cri_endpoint, dirs.clone()) else {
+        tracing::info!("--cri-endpoint is empty: pod network namespaces only from --cni-records-dir");
+        return Ok(None);
+    };
+    tracing::info!(
+        endpoint = client.endpoint(),
+        netns_host_dir = dirs.host(),
+        netns_proxy_dir = dirs.proxy(),
+        "asking the container runtime for pod network namespaces"
+    );
+    Ok(Some(crate::runtime::NetnsLookup::spawn(client, crate::runtime::LOOKUP_QUEUE)))
+}
+
 /// Runs the agent until SIGTERM/SIGINT.
 ///
 /// # Errors
@@ -53,6 +75,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .with_notices(notices)
     .with_change_clock(metrics.xds.clock.clone());
+    let netns_updates = match netns_lookup(&args)? {
+        Some((lookup, updates)) => {
+            driver = driver.with_netns_lookup(lookup);
+            Some(updates)
+        }
+        None => None,
+    };
     driver.boot();
 
     let opts = RenderOptions { health_socket: Some(args.health_socket.clone()), ..RenderOptions::default() };
@@ -82,6 +111,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::spawn(async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(stopped(stop)).await });
 
     let (tx, rx) = mpsc::channel::<Event>(1024);
+    if let Some(mut updates) = netns_updates {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(update) = updates.recv().await {
+                if tx.send(Event::Netns(update)).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
     let loop_task = tokio::spawn(driver.run(rx));
     match kube::Client::try_default().await {
         Ok(client) => {

@@ -1,10 +1,13 @@
 //! The command line of `aether-agent`. Every flag can also be set from the environment variable
-//! named in its help.
+//! named in its help. [`dispatch`] runs the parsed subcommand.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub use crate::logging::LogFormat;
 
 /// aether-agent: the node agent that delivers mesh traffic to pods over Unix sockets.
 ///
@@ -23,15 +26,6 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Log output format.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Plain,
-    /// One JSON object per line.
-    Json,
-}
-
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -39,6 +33,15 @@ pub enum Command {
     Run(RunArgs),
     /// Offline: what each managed pod in a Pod manifest file would get, and why.
     Plan(PlanArgs),
+}
+
+/// Runs a subcommand to its end: `run` in [`crate::startup::run`], `plan` in
+/// [`crate::plan::command`]. Returns the process exit code.
+pub fn dispatch(command: Command) -> ExitCode {
+    match command {
+        Command::Run(args) => crate::startup::run(args),
+        Command::Plan(args) => crate::plan::command(&args),
+    }
 }
 
 /// Settings shared by `run` and `plan`.
@@ -83,6 +86,23 @@ pub struct RunArgs {
     /// delivery then dials 127.0.0.1:<port> inside the pod's network namespace instead of its IP.
     #[arg(long, env = "AETHER_CNI_RECORDS_DIR")]
     pub cni_records_dir: Option<PathBuf>,
+    /// The container runtime's CRI socket (containerd; CRI-O: unix:///var/run/crio/crio.sock),
+    /// asked for a pod's network namespace when the pod changes (ListPodSandbox and
+    /// PodSandboxStatus only). TCP delivery then dials the pod on 127.0.0.1 inside that namespace;
+    /// --cni-records-dir stays the fallback. The empty string disables it. The socket is
+    /// root-equivalent on the node: mount its directory read-only.
+    #[arg(long, default_value = crate::runtime::DEFAULT_CRI_ENDPOINT, env = "AETHER_CRI_ENDPOINT")]
+    pub cri_endpoint: crate::runtime::CriEndpoint,
+    /// The host directory where the runtime keeps pod network namespaces (containerd and CRI-O:
+    /// /run/netns; /var/run/... reads as /run/...). A netns path the runtime reports anywhere
+    /// else, or with a file name outside [A-Za-z0-9._-], is refused and never given to Envoy.
+    #[arg(long, default_value = crate::runtime::DEFAULT_NETNS_DIR, env = "AETHER_NETNS_HOST_DIR", value_parser = parse_netns_dir)]
+    pub netns_host_dir: PathBuf,
+    /// Where the node's Envoy container mounts --netns-host-dir: the netns paths given to Envoy
+    /// are this directory joined with the file name. Default: the same path as --netns-host-dir
+    /// (the chart mounts it at the same path).
+    #[arg(long, env = "AETHER_NETNS_PROXY_DIR", value_parser = parse_netns_dir)]
+    pub netns_proxy_dir: Option<PathBuf>,
     /// Seconds between re-checks, with lstat, that no pod's socket path has become a symlink.
     #[arg(long, default_value_t = 10, env = "AETHER_RECHECK_SECONDS")]
     pub recheck_seconds: u64,
@@ -113,6 +133,13 @@ pub struct RunArgs {
     /// socket to the Envoy that serves it. The agent's own xDS socket file is removed either way.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=600), env = "AETHER_SHUTDOWN_WAIT_SECONDS")]
     pub shutdown_wait_seconds: u64,
+}
+
+impl RunArgs {
+    /// `--netns-host-dir` and `--netns-proxy-dir` (defaulting to the host dir), checked.
+    pub fn netns_dirs(&self) -> Result<crate::runtime::NetnsDirs, crate::runtime::RuntimeError> {
+        crate::runtime::NetnsDirs::new(&self.netns_host_dir, self.netns_proxy_dir.as_deref())
+    }
 }
 
 /// Flags of `plan`.
@@ -151,6 +178,11 @@ fn parse_node_name(s: &str) -> Result<String, String> {
     }
 }
 
+fn parse_netns_dir(s: &str) -> Result<PathBuf, String> {
+    let dir = PathBuf::from(s);
+    crate::runtime::NetnsDirs::new(&dir, None).map(|_| dir).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +204,35 @@ mod tests {
         assert!(
             Cli::try_parse_from(["aether-agent", "run", "--node-name", "n1", "--readyz-requires-envoy=maybe"]).is_err()
         );
+    }
+
+    #[test]
+    fn the_cri_endpoint_defaults_to_containerd_and_the_empty_string_disables_it() {
+        use crate::runtime::CriEndpoint;
+        assert_eq!(run_args(&[]).cri_endpoint, CriEndpoint::Unix("/run/containerd/containerd.sock".into()));
+        assert_eq!(run_args(&["--cri-endpoint", ""]).cri_endpoint, CriEndpoint::Disabled);
+        assert_eq!(run_args(&["--cri-endpoint="]).cri_endpoint, CriEndpoint::Disabled);
+        assert_eq!(
+            run_args(&["--cri-endpoint", "unix:///var/run/crio/crio.sock"]).cri_endpoint,
+            CriEndpoint::Unix("/var/run/crio/crio.sock".into())
+        );
+        for bad in ["/run/containerd/containerd.sock", "tcp://10.0.0.1:10010"] {
+            assert!(Cli::try_parse_from(["aether-agent", "run", "--node-name", "n1", "--cri-endpoint", bad]).is_err());
+        }
+    }
+
+    #[test]
+    fn the_netns_proxy_dir_defaults_to_the_host_dir() {
+        let dirs = run_args(&[]).netns_dirs().unwrap();
+        assert_eq!((dirs.host(), dirs.proxy()), ("/run/netns", "/run/netns"));
+        let dirs = run_args(&["--netns-host-dir", "/var/run/netns"]).netns_dirs().unwrap();
+        assert_eq!((dirs.host(), dirs.proxy()), ("/run/netns", "/var/run/netns"));
+        let dirs = run_args(&["--netns-proxy-dir", "/host/netns"]).netns_dirs().unwrap();
+        assert_eq!((dirs.host(), dirs.proxy()), ("/run/netns", "/host/netns"));
+        for bad in [["--netns-host-dir", "netns"], ["--netns-proxy-dir", "/a/../b"]] {
+            let args = ["aether-agent", "run", "--node-name", "n1"].into_iter().chain(bad);
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::pod_events::{self, Ledger};
 use crate::record::{PodKey, PodRecord, PolicyRecord};
 use crate::recorder::NoticeSender;
 use crate::render::{self, Effective};
+use crate::runtime::{NetnsLookup, NetnsUpdate};
 use crate::store::StateStore;
 use crate::xds::resources::Snapshot;
 use crate::xds::server::ChangeClock;
@@ -53,8 +54,12 @@ pub enum Event {
     PoliciesListed(Vec<EndpointPolicy>),
     /// The EndpointPolicy CRD is not served: no policy applies.
     CrdAbsent,
-    /// Re-run the on-disk checks of every pipe.
+    /// Re-run the on-disk checks of every pipe, and ask the container runtime again for the
+    /// netns of pods it has not answered for.
     Recheck,
+    /// The container runtime's answer for one pod's network namespace
+    /// ([`crate::runtime::NetnsLookup`]).
+    Netns(NetnsUpdate),
 }
 
 /// What the loop reports to the admin endpoints.
@@ -72,8 +77,8 @@ pub struct Status {
     /// Managed pods by `(delivery, source)`: delivery `pipe`/`tcp`/`waiting`, source
     /// `annotation`/`policy`/`none` (where the socket request came from).
     pub by_source: BTreeMap<(&'static str, &'static str), usize>,
-    /// Pods that asked for a socket and are delivered over TCP, by cause token
-    /// ([`crate::pod_events::Cause::token`]); every cause listed.
+    /// Pods that asked for a socket and are delivered over TCP, by cause label
+    /// ([`crate::TcpReason::label`]); every cause listed.
     pub fallbacks: BTreeMap<&'static str, usize>,
 }
 
@@ -106,6 +111,68 @@ pub struct Driver {
     /// configuration fix across a restart): sent once the first complete pod list confirms the
     /// pod still exists and is still delivered over its socket.
     deferred: Vec<pod_events::Notice>,
+    /// Pod network namespaces from the container runtime (when `--cri-endpoint` is set).
+    netns: RuntimeNetns,
+}
+
+/// What the driver knows of pods' network namespaces from the container runtime: asked when a
+/// pod appears or its IPs change (a new sandbox), and again on each re-check for pods the runtime
+/// has not answered for; never per publish. Answers arrive as [`Event::Netns`].
+#[derive(Default)]
+struct RuntimeNetns {
+    lookup: Option<NetnsLookup>,
+    /// Pod UID → netns path as the proxy sees it.
+    known: HashMap<String, String>,
+    /// Pod UID → the pod IPs when it was last asked for.
+    asked: HashMap<String, Vec<std::net::IpAddr>>,
+}
+
+impl RuntimeNetns {
+    /// Asks for `rec`'s netns unless it was asked for with the same pod IPs (same sandbox).
+    fn ask(&mut self, rec: &PodRecord) {
+        let Some(lookup) = &self.lookup else { return };
+        if rec.pod_ips.is_empty() || self.asked.get(&rec.uid) == Some(&rec.pod_ips) {
+            return;
+        }
+        if lookup.request(&rec.uid) != crate::runtime::Requested::Full {
+            self.asked.insert(rec.uid.clone(), rec.pod_ips.clone());
+        }
+    }
+
+    /// Asks again for pods the runtime has not given a netns for.
+    fn ask_unknown<'a>(&mut self, pods: impl Iterator<Item = &'a PodRecord>) {
+        let unknown: Vec<&PodRecord> = pods.filter(|r| !self.known.contains_key(&r.uid)).collect();
+        for rec in unknown {
+            self.asked.remove(&rec.uid);
+            self.ask(rec);
+        }
+    }
+
+    fn forget(&mut self, uid: &str) {
+        self.known.remove(uid);
+        self.asked.remove(uid);
+        if let Some(lookup) = &self.lookup {
+            lookup.forget(uid);
+        }
+    }
+
+    /// Takes one answer; `true` when what is known changed. An error keeps what was known (the
+    /// lookup logs it once per pod); `None` (no ready sandbox, host network) forgets the path.
+    fn update(&mut self, (uid, answer): NetnsUpdate, live: bool) -> bool {
+        if !live {
+            return false;
+        }
+        match answer {
+            Ok(Some(path)) => {
+                let path = path.into_string();
+                let changed = self.known.get(&uid) != Some(&path);
+                self.known.insert(uid, path);
+                changed
+            }
+            Ok(None) => self.known.remove(&uid).is_some(),
+            Err(_) => false,
+        }
+    }
 }
 
 impl Driver {
@@ -128,6 +195,7 @@ impl Driver {
             ledger: Ledger::new(),
             stranded: BTreeMap::new(),
             notices: None,
+            netns: RuntimeNetns::default(),
             clock: None,
             event_at: None,
             booting: false,
@@ -205,6 +273,13 @@ impl Driver {
         }
     }
 
+    /// Same loop, asking `lookup` for pods' network namespaces (its answers must be fed back as
+    /// [`Event::Netns`]).
+    pub fn with_netns_lookup(mut self, lookup: NetnsLookup) -> Self {
+        self.netns.lookup = Some(lookup);
+        self
+    }
+
     /// Applies one event.
     pub fn handle(&mut self, event: Event) {
         self.event_at = Some(Instant::now());
@@ -212,6 +287,7 @@ impl Driver {
             Event::PodApplied(pod) => match PodRecord::from_pod(&pod) {
                 Ok(Some(rec)) => {
                     let uid = rec.uid.clone();
+                    self.netns.ask(&rec);
                     let change = self.index.apply_pod(rec.clone());
                     if !change.rerendered.is_empty() {
                         self.save_pod(&uid, &rec);
@@ -234,6 +310,9 @@ impl Driver {
                     })
                     .collect();
                 let keep: HashSet<String> = records.iter().map(|r| r.uid.clone()).collect();
+                records.iter().for_each(|r| self.netns.ask(r));
+                let gone: Vec<String> = self.netns.asked.keys().filter(|u| !keep.contains(*u)).cloned().collect();
+                gone.iter().for_each(|u| self.netns.forget(u));
                 let by_uid: HashMap<String, PodRecord> = records.iter().map(|r| (r.uid.clone(), r.clone())).collect();
                 let change = self.index.reset_pods(records);
                 if let Some(store) = &self.store {
@@ -301,7 +380,14 @@ impl Driver {
                 self.status.send_modify(|s| s.crd_installed = Some(false));
                 self.after(change, true);
             }
+            Event::Netns(update) => {
+                let live = self.index.pods().any(|p| p.uid == update.0);
+                if self.netns.update(update, live) {
+                    self.publish();
+                }
+            }
             Event::Recheck => {
+                self.netns.ask_unknown(self.index.pods());
                 let all: Vec<PodKey> = self.index.snapshot().iter().map(|(k, _)| k.clone()).collect();
                 let changed = self.check_pipes(&all);
                 if !changed.is_empty() {
@@ -314,6 +400,7 @@ impl Driver {
 
     fn delete_pod(&mut self, pod: &Pod) {
         let Some(uid) = pod.metadata.uid.as_deref() else { return };
+        self.netns.forget(uid);
         if let Some(store) = &self.store
             && let Err(e) = store.remove_pod(uid)
         {
@@ -345,7 +432,7 @@ impl Driver {
                 changed.push(key.clone());
                 match verdict {
                     Some(r) => {
-                        tracing::warn!(pod = %key, reason = r.reason(), detail = %r, "refusing the pod's socket path; delivering over TCP");
+                        tracing::warn!(pod = %key, reason = r.label(), detail = %r, "refusing the pod's socket path; delivering over TCP");
                         self.refused.insert(key.clone(), r);
                     }
                     None => {
@@ -446,7 +533,7 @@ impl Driver {
 
     /// Updates the status's counts without publishing a snapshot.
     fn publish_status(&mut self) {
-        let fallbacks = pod_events::tokens(&self.ledger.counts());
+        let fallbacks = pod_events::by_label(&self.ledger.counts());
         self.status.send_modify(|s| s.fallbacks = fallbacks);
     }
 
@@ -464,16 +551,16 @@ impl Driver {
         for key in keys {
             let Some(entry) = map.get(key) else { continue };
             let d = &entry.delivery;
-            let line = format!("{}: {}", d.source.as_str(), d.reason);
+            let line = format!("{}: {}", d.source.label(), d.reason);
             if self.logged.get(key) == Some(&line) {
                 continue;
             }
             match (d.is_pipe(), &d.socket) {
                 (true, _) => {
-                    tracing::info!(pod = %key, source = d.source.as_str(), path = %d.path.as_ref().map(|p| p.as_str()).unwrap_or(""), "delivering over the pod's Unix socket")
+                    tracing::info!(pod = %key, source = d.source.label(), path = %d.path.as_ref().map(|p| p.as_str()).unwrap_or(""), "delivering over the pod's Unix socket")
                 }
                 (false, Some(socket)) => {
-                    tracing::warn!(pod = %key, socket = %socket, reason = d.source.as_str(), detail = %d.reason, "pod declared a socket but is delivered over TCP")
+                    tracing::warn!(pod = %key, socket = %socket, reason = d.source.label(), detail = %d.reason, "pod declared a socket but is delivered over TCP")
                 }
                 (false, None) => tracing::debug!(pod = %key, "delivering over TCP"),
             }
@@ -483,8 +570,9 @@ impl Driver {
 
     fn publish(&mut self) {
         let map = self.index.snapshot();
-        let cni = &self.cni;
-        let rendered = render::render(&map, &|uid| cni.netns(uid), &self.refused);
+        let (cni, known) = (&self.cni, &self.netns.known);
+        // The runtime's answer first, then a CNI record (--cni-records-dir), else the pod IP.
+        let rendered = render::render(&map, &|uid| known.get(uid).cloned().or_else(|| cni.netns(uid)), &self.refused);
         let mut pods: HashMap<&'static str, usize> = HashMap::new();
         let mut by_source: BTreeMap<(&'static str, &'static str), usize> = BTreeMap::new();
         for (key, e) in &rendered.effective {
@@ -502,7 +590,7 @@ impl Driver {
             *by_source.entry((k, source)).or_default() += 1;
         }
         let conflicts = self.index.conflicts().count();
-        let fallbacks = pod_events::tokens(&self.ledger.counts());
+        let fallbacks = pod_events::by_label(&self.ledger.counts());
         self.status.send_modify(|s| {
             s.pods = pods;
             s.by_source = by_source;
@@ -578,6 +666,53 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// The endpoint of `shop/<name>`'s app cluster in the last published snapshot.
+    fn app_endpoint(rx: &watch::Receiver<Arc<Snapshot>>, name: &str) -> crate::xds::resources::Endpoint {
+        let snap = rx.borrow().clone();
+        let cluster = snap.clusters.iter().find(|c| c.name == format!("app_shop_{name}_8080")).expect("app cluster");
+        cluster.endpoint.clone()
+    }
+
+    #[test]
+    fn the_runtimes_netns_answer_makes_tcp_delivery_dial_inside_the_pod_until_the_pod_goes() {
+        use crate::runtime::{NetnsDirs, RuntimeError};
+        use crate::xds::resources::Endpoint;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut d, rx) = driver(dir.path());
+        let mut p = with_socket(pod("a", UID_A), None);
+        p.status = Some(
+            serde_json::from_value(serde_json::json!({"podIP": "10.1.2.3", "podIPs": [{"ip": "10.1.2.3"}]})).unwrap(),
+        );
+        d.handle(Event::PodsListed(vec![p.clone()]));
+        let by_ip = Endpoint::Tcp { address: "10.1.2.3".parse().unwrap(), port: 8080, netns: None };
+        assert_eq!(app_endpoint(&rx, "a"), by_ip);
+
+        let dirs = NetnsDirs::new(std::path::Path::new("/run/netns"), None).unwrap();
+        let netns = |f: &str| dirs.translate(&format!("/var/run/netns/{f}")).unwrap();
+        d.handle(Event::Netns((UID_A.into(), Ok(Some(netns("cni-1"))))));
+        let inside =
+            Endpoint::Tcp { address: "127.0.0.1".parse().unwrap(), port: 8080, netns: Some("/run/netns/cni-1".into()) };
+        assert_eq!(app_endpoint(&rx, "a"), inside);
+
+        // A failed lookup keeps what was known; an answer for a pod the agent does not know is dropped.
+        let timeout = RuntimeError::Timeout {
+            endpoint: "unix:///x".into(),
+            call: "ListPodSandbox",
+            after: std::time::Duration::from_secs(2),
+        };
+        d.handle(Event::Netns((UID_A.into(), Err(timeout))));
+        d.handle(Event::Netns((UID_B.into(), Ok(Some(netns("cni-2"))))));
+        assert_eq!(app_endpoint(&rx, "a"), inside);
+        assert!(!d.netns.known.contains_key(UID_B));
+
+        // No sandbox netns any more (e.g. host network): back to the pod IP. A delete forgets.
+        d.handle(Event::Netns((UID_A.into(), Ok(None))));
+        assert_eq!(app_endpoint(&rx, "a"), by_ip);
+        d.handle(Event::Netns((UID_A.into(), Ok(Some(netns("cni-3"))))));
+        d.handle(Event::PodDeleted(Box::new(p)));
+        assert!(d.netns.known.is_empty() && d.netns.asked.is_empty());
     }
 
     #[test]
@@ -671,7 +806,7 @@ mod tests {
         again.boot();
         again.handle(Event::PodsListed(vec![long.clone(), pod("b", UID_B)]));
         assert_eq!(drain(&mut events), Vec::<&str>::new());
-        assert_eq!(again.ledger().get(UID_A), Some(pod_events::Cause::PathTooLong));
+        assert_eq!(again.ledger().get(UID_A), Some(crate::TcpReason::PathTooLong));
         // Fixed: one Normal event; deleted while away: forgotten by the relist.
         again.handle(Event::PodApplied(Box::new(with_socket(pod("a", UID_A), Some("s/app.sock")))));
         assert_eq!(drain(&mut events), [pod_events::DELIVERED_REASON]);

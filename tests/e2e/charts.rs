@@ -7,6 +7,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use aether_crds::udspath::{
+    Budget, DEFAULT_PODS_DIR, FIXED_BYTES, MAX_PODS_DIR_BYTES, MIN_VALUE_BYTES, SUN_PATH_MAX, SocketError,
+};
 use aether_tests::{ControlPlane, repo_root, tools_bin};
 use serde::Deserialize;
 use serde_json::Value;
@@ -295,6 +298,15 @@ fn check_node(case: &Case, docs: &[Value]) {
         "/run/aether/xds.sock"
     );
     assert!(mounts(agent).iter().any(|m| m["name"] == "state" && m["mountPath"] == "/var/lib/aether/agent"));
+    // Pod netns from containerd over CRI: the socket's directory, read-only, for the agent only.
+    assert_eq!(flag(agent, "--cri-endpoint").as_deref(), Some("unix:///run/containerd/containerd.sock"));
+    assert_eq!(flag(agent, "--netns-host-dir").as_deref(), Some("/run/netns"));
+    assert!(
+        mounts(agent)
+            .iter()
+            .any(|m| m["name"] == "cri" && m["mountPath"] == "/run/containerd" && m["readOnly"] == true)
+    );
+    assert!(mounts(envoy).iter().all(|m| m["name"] != "cri"), "Envoy never gets the runtime's socket");
     // Envoy's parser takes "--flag value" only: "--flag=value" crash-loops it (found on a real node).
     let envoy_args = args(envoy);
     assert!(envoy_args.iter().all(|a| !(a.starts_with("--") && a.contains('='))), "Envoy args: {envoy_args:?}");
@@ -347,8 +359,8 @@ fn check_node(case: &Case, docs: &[Value]) {
             assert_eq!(m["readOnly"], true, "{}", case.name);
         }
         assert!(policy_rule, "{}: the agent needs EndpointPolicy read access", case.name);
-        let budget = 107 - case.mount.len() as i64 - 70;
-        assert!(budget >= 3, "{}: budget {budget}", case.name);
+        let budget = Budget::new(case.mount);
+        assert!(budget.is_ok(), "{}: {budget:?}", case.name);
     } else {
         assert_eq!(flag(agent, "--uds-workloads").as_deref(), Some("false"));
         assert!(pods_volume.is_none(), "disabled: no pods dir volume");
@@ -377,6 +389,48 @@ fn rendered_objects_follow_the_values_matrix() {
             );
         }
     }
+}
+
+/// The tests' Envoy (`aether_fixtures::envoy`, the one launcher of every suite and bench) runs
+/// the chart's bootstrap and flags: `ChartBootstrap::render` equals the `envoy.yaml` helm renders
+/// for the same values, and the launcher changes only the xDS socket path and the ports (0:
+/// ephemeral) and passes the DaemonSet's Envoy flags.
+#[test]
+fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
+    use aether_fixtures::envoy::{CHART_XDS_SOCKET, ChartBootstrap, chart_flags};
+    let cases: [(&[&str], u16, u16); 2] =
+        [(&[], 9901, 9902), (&["proxy.adminPort=19901", "proxy.readinessPort=19902"], 19901, 19902)];
+    for (sets, admin_port, readiness_port) in cases {
+        let docs = render(sets);
+        let text =
+            find(&docs, "ConfigMap", "aether-node-envoy-bootstrap")["data"]["envoy.yaml"].as_str().expect("envoy.yaml");
+        let chart: Value = yaml_serde::from_str(text).expect("the bootstrap is YAML");
+        let ours = ChartBootstrap { xds_socket: CHART_XDS_SOCKET.to_owned(), admin_port, readiness_port }.render();
+        assert_eq!(
+            chart, ours,
+            "{sets:?}: the chart's bootstrap changed; change aether_fixtures::envoy::ChartBootstrap::render with it"
+        );
+
+        // The DaemonSet's Envoy flags, but for the file and the log level: the launcher's.
+        let ds = find(&docs, "DaemonSet", "aether-node");
+        let chart_args = args(container(&ds["spec"]["template"]["spec"], "envoy"));
+        let mut rest = Vec::new();
+        let mut it = chart_args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--config-path" | "--log-level" => {
+                    it.next();
+                }
+                _ => rest.push(a.clone()),
+            }
+        }
+        assert_eq!(rest, chart_flags("$(NODE_NAME)"), "{sets:?}: the chart's Envoy args {chart_args:?}");
+    }
+    let launcher = aether_fixtures::Envoy::builder("/tmp/t/xds.sock", "node-a", "/tmp/t");
+    let overridden = ChartBootstrap { xds_socket: "/tmp/t/xds.sock".to_owned(), admin_port: 0, readiness_port: 0 };
+    assert_eq!(launcher.bootstrap(), overridden.render());
+    let launcher_args = launcher.args().join(" ");
+    assert!(launcher_args.contains(&chart_flags("node-a").join(" ")), "{launcher_args}");
 }
 
 #[test]
@@ -417,6 +471,82 @@ fn schema_refuses_bad_values() {
             Ok(_) => panic!("{sets:?} rendered; the schema should refuse it"),
             Err(e) => assert!(e.contains(needle), "{sets:?}: error lacks {needle:?}: {e}"),
         }
+    }
+}
+
+/// A mount path of `len` bytes (`/` and `len - 1` letters).
+fn mount_path_of(len: usize) -> String {
+    format!("/{}", "p".repeat(len - 1))
+}
+
+/// The schema's `maxLength` of `proxy.udsWorkloads.mountPath` is the contract crate's longest
+/// pods dir with a budget (`aether_crds::udspath::MAX_PODS_DIR_BYTES`), not a hand-derived copy:
+/// helm accepts that length and refuses one byte more, exactly where `Budget::new` does.
+#[test]
+fn schema_max_mount_path_is_the_longest_pods_dir_with_a_budget() {
+    let text = std::fs::read_to_string(chart("aether").join("values.schema.json")).expect("values.schema.json");
+    let schema: Value = serde_json::from_str(&text).expect("the schema is JSON");
+    let uds = &schema["properties"]["proxy"]["properties"]["udsWorkloads"];
+    assert_eq!(uds["allOf"][0]["properties"]["mountPath"]["maxLength"].as_u64(), Some(MAX_PODS_DIR_BYTES as u64));
+    let description = uds["properties"]["mountPath"]["description"].as_str().expect("a description");
+    for said in [
+        format!("{SUN_PATH_MAX} - len(mountPath) - {FIXED_BYTES} bytes"),
+        format!("at most {MAX_PODS_DIR_BYTES} bytes"),
+        format!("budget >= {MIN_VALUE_BYTES}"),
+    ] {
+        assert!(description.contains(&said), "the mountPath description lacks {said:?}: {description}");
+    }
+
+    let longest = mount_path_of(MAX_PODS_DIR_BYTES);
+    assert_eq!(Budget::new(&longest).map(|b| b.bytes()), Ok(MIN_VALUE_BYTES), "{longest}");
+    let set = format!("proxy.udsWorkloads.mountPath={longest}");
+    try_render(&[set.as_str()]).unwrap_or_else(|e| panic!("{longest} ({MAX_PODS_DIR_BYTES} bytes) refused: {e}"));
+    let too_long = mount_path_of(MAX_PODS_DIR_BYTES + 1);
+    assert!(Budget::new(&too_long).is_err(), "{too_long}");
+    let set = format!("proxy.udsWorkloads.mountPath={too_long}");
+    match try_render(&[set.as_str()]) {
+        Ok(_) => panic!("{too_long} ({} bytes) rendered; the schema should refuse it", too_long.len()),
+        Err(e) => assert!(e.contains("mountPath"), "{e}"),
+    }
+}
+
+/// NOTES.txt repeats the budget arithmetic: for several mount paths, the numbers it prints (and
+/// its over-budget sample value) are the ones `aether_crds::udspath::Budget` computes. NOTES are
+/// rendered by `helm install --dry-run` only, which needs an API server to talk to.
+#[test]
+fn notes_show_the_budget_the_contract_crate_computes() {
+    let cp = ControlPlane::start().expect("control plane");
+    let longest = mount_path_of(MAX_PODS_DIR_BYTES);
+    for mount in [DEFAULT_PODS_DIR, "/k", "/var/lib/k0s/kubelet/pods", longest.as_str()] {
+        let out = Command::new(helm())
+            .args(["install", RELEASE])
+            .arg(chart("aether"))
+            .args(["--namespace", NS, "--dry-run=client", "--kubeconfig"])
+            .arg(cp.kubeconfig())
+            .args(["--set", &format!("proxy.udsWorkloads.mountPath={mount}")])
+            .stdin(Stdio::null())
+            .output()
+            .expect("running helm");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "helm install --dry-run {mount}: {}", String::from_utf8_lossy(&out.stderr));
+        let notes =
+            text.split_once("\nNOTES:\n").map(|(_, n)| n).unwrap_or_else(|| panic!("no NOTES for {mount}: {text}"));
+        let budget = Budget::new(mount).unwrap_or_else(|e| panic!("{mount}: {e}"));
+        let line = format!(
+            "Pods dir as the proxy sees it: {mount} -> socket value budget {} bytes ({SUN_PATH_MAX} - {} - {FIXED_BYTES}).",
+            budget.bytes(),
+            mount.len()
+        );
+        assert!(notes.contains(&line), "NOTES for {mount} lack {line:?}:\n{notes}");
+        let expect = format!("... the budget is {} bytes.", budget.bytes());
+        assert!(notes.contains(&expect), "NOTES for {mount} lack {expect:?}:\n{notes}");
+        // The dry-run sample is exactly one byte over the budget, so the webhook denies it.
+        let sample = notes
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("udsSocket: "))
+            .unwrap_or_else(|| panic!("no sample udsSocket in the NOTES for {mount}"));
+        assert_eq!(sample.len(), budget.bytes() + 1, "{mount}: sample {sample:?}");
+        assert!(matches!(budget.check(sample), Err(SocketError::TooLong { .. })), "{mount}: sample {sample:?}");
     }
 }
 

@@ -89,6 +89,18 @@ impl Env {
         Ok(cluster_endpoint(&body, cluster))
     }
 
+    /// The `network_namespace_filepath` of `cluster`'s upstream bind config in Envoy's config dump.
+    fn bind_netns(&self, cluster: &str) -> anyhow::Result<Option<String>> {
+        let (_, body) = http_get(ENVOY_ADMIN, "/config_dump?resource=dynamic_active_clusters", &[])?;
+        let dump: Value = serde_json::from_str(&body).context("config_dump is JSON")?;
+        let found = dump["configs"].as_array().into_iter().flatten().find(|c| c["cluster"]["name"] == cluster);
+        Ok(found.and_then(|c| {
+            c["cluster"]["upstream_bind_config"]["source_address"]["network_namespace_filepath"]
+                .as_str()
+                .map(str::to_owned)
+        }))
+    }
+
     /// Waits until `cluster`'s endpoint address satisfies `addr_ok` and is healthy.
     fn wait_healthy_at(&self, cluster: &str, what: &str, addr_ok: impl Fn(&str) -> bool) -> anyhow::Result<()> {
         let mut last = None;
@@ -270,9 +282,12 @@ fn annotated_pod_is_served_over_the_kubelets_emptydir_socket(env: &Env) -> anyho
 fn policy_switches_delivery_to_the_socket_and_delete_switches_back(env: &Env) -> anyhow::Result<()> {
     env.kube().apply(&app_yaml("both", "s", "", false, true))?;
     let pod = env.wait_pod_ready("default", "both")?;
-    let ip = pod["status"]["podIP"].as_str().context("pod IP")?.to_owned();
-    let tcp = format!("{ip}:8080");
+    // TCP delivery dials 127.0.0.1 inside the pod's netns, which the agent learned from containerd
+    // over CRI: Envoy (privileged, /run/netns mounted HostToContainer) health-checks the app there.
+    let tcp = "127.0.0.1:8080".to_owned();
     env.wait_healthy_at("app_default_both_8080", &tcp, |a| a == tcp)?;
+    let netns = env.bind_netns("app_default_both_8080")?.context("no upstream_bind_config netns")?;
+    ensure!(netns.starts_with("/run/netns/cni-"), "netns path from the runtime: {netns}");
     env.kube().apply(
         "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata: {name: both-uds, namespace: default}\n\
          spec: {targetRef: {kind: Service, name: both}, udsSocket: s/app.sock}\n",
@@ -388,6 +403,7 @@ fn helm_upgrade_runs_every_chart_variant(env: &Env) -> anyhow::Result<()> {
             "proxy.udsWorkloads.mountPath=/k",
             "agent.stateDir=/var/lib/aether/agent",
             "agent.cniRecordsDir=/run/aether-cni",
+            "agent.criSocket=",
             "logFormat=plain",
             "proxy.logLevel=debug",
         ],
@@ -398,9 +414,8 @@ fn helm_upgrade_runs_every_chart_variant(env: &Env) -> anyhow::Result<()> {
 
     env.helm_aether("upgrade", &["proxy.udsWorkloads.enabled=false"])?;
     check_release_settled(env)?;
-    let ip = pod["status"]["podIP"].as_str().context("web pod IP")?.to_owned();
-    eventually("web delivered over TCP with UDS disabled", WAIT, || {
-        Ok(env.endpoint("app_default_web_8080")?.is_some_and(|(a, _)| a == format!("{ip}:8080")))
+    eventually("web delivered over TCP (in its netns) with UDS disabled", WAIT, || {
+        Ok(env.endpoint("app_default_web_8080")?.is_some_and(|(a, _)| a == "127.0.0.1:8080"))
     })?;
 
     env.helm_aether("upgrade", &[])?;

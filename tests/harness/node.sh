@@ -37,6 +37,8 @@ node=${AETHER_NODE_NAME:-aether-node}
 bridge=aether0 node_ip=10.244.77.1 pod_cidr=10.244.77.0/24 svc_cidr=10.96.0.0/16
 kubelet_root=/var/lib/kubelet
 guard=AETHER-NODE
+# containerd's usual socket path, so the chart's default --cri-endpoint finds it.
+containerd_sock=/run/containerd/containerd.sock
 # Host paths this node may create (removed by `down` only if `up` created them).
 host_dirs=("$kubelet_root" /var/lib/cni /var/log/pods /var/log/containers /run/containerd /run/netns
   /run/aether /run/aether-cni /var/lib/aether /var/lib/kube-proxy /etc/kubernetes)
@@ -74,6 +76,7 @@ preflight() {
   [ -d /sys/fs/cgroup ] || die "no /sys/fs/cgroup"
   [ ! -e "$kubelet_root" ] || die "$kubelet_root exists: another kubelet, or a node that was not torn down (node.sh down DIR)"
   ip link show "$bridge" >/dev/null 2>&1 && die "bridge $bridge exists: a node already runs (node.sh down DIR)"
+  [ ! -e "$containerd_sock" ] || die "$containerd_sock exists: another containerd runs on this host"
   return 0
 }
 
@@ -121,7 +124,7 @@ CNI
 }
 
 containerd_up() {
-  local d=$1 sock=$1/containerd/containerd.sock
+  local d=$1 sock=$containerd_sock
   mkdir -p "$d/containerd"
   cat >"$d/containerd/config.toml" <<TOML
 version = 2
@@ -150,6 +153,7 @@ state = "$d/containerd/state"
 TOML
   containerd --config "$d/containerd/config.toml" >"$d/logs/containerd.log" 2>&1 &
   echo $! >"$d/containerd.pid"
+  echo "$sock" >"$d/containerd.sock.ours"
   local i
   for i in $(seq 1 100); do ctr -a "$sock" version >/dev/null 2>&1 && break; sleep 0.2; done
   ctr -a "$sock" version >/dev/null 2>&1 || { tail -n 20 "$d/logs/containerd.log" >&2; die "containerd did not start"; }
@@ -220,7 +224,7 @@ apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false            # this host is cgroup v1 (hybrid); kubelet 1.37 refuses v1 by default
 cgroupDriver: cgroupfs         # containerd 1.6 lacks the RuntimeConfig CRI call
-containerRuntimeEndpoint: unix://$d/containerd/containerd.sock
+containerRuntimeEndpoint: unix://$containerd_sock
 address: $node_ip              # kube-apiserver calls it here (logs, exec) with its client cert
 port: 10250
 readOnlyPort: 0
@@ -278,7 +282,7 @@ write_env() {
 export KUBECONFIG=$d/cp/kubeconfig
 export AETHER_NODE_NAME=$node
 export AETHER_NODE_IP=$node_ip
-export AETHER_CONTAINERD_SOCK=$d/containerd/containerd.sock
+export AETHER_CONTAINERD_SOCK=$containerd_sock
 export AETHER_KUBELET_ROOT=$kubelet_root
 export AETHER_NETNS_DIR=/run/netns
 ENV
@@ -313,7 +317,7 @@ down() {
   local d=$1
   [ -d "$d" ] || { log "nothing to tear down in $d"; return 0; }
   d=$(cd "$d" && pwd)
-  local sock=$d/containerd/containerd.sock k=("$tools/bin/kubectl" --kubeconfig "$d/cp/kubeconfig")
+  local sock=$containerd_sock k=("$tools/bin/kubectl" --kubeconfig "$d/cp/kubeconfig")
   set +e
   # 1. Pods first, so kubelet itself stops containers and unmounts volumes. DaemonSets and
   #    Deployments would recreate them: controller-manager stops first.
@@ -336,7 +340,10 @@ down() {
   fi
   stop_pid "$d/containerd.pid"
   local pid
-  for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $sock" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
+  if [ -f "$d/containerd.sock.ours" ]; then   # only the shims of the containerd this node started
+    for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $sock" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
+    rm -f "$sock" "$sock.ttrpc" "$d/containerd.sock.ours"
+  fi
   # 3. Control plane.
   [ -f "$d/cp/apiserver.pid" ] && AETHER_TOOLS_DIR=$tools "$here/controlplane.sh" stop "$d/cp" 2>/dev/null
   # 4. Mounts under the kubelet root and DIR (deepest first), network namespaces made since `up`.
