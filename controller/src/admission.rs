@@ -24,6 +24,17 @@ pub struct Decision {
     pub warned: Vec<WarningKind>,
 }
 
+/// The only `apiVersion` of a review this webhook answers (the chart registers it with
+/// `admissionReviewVersions: ["v1"]`).
+pub const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
+
+/// The only `kind` of a review this webhook answers.
+pub const REVIEW_KIND: &str = "AdmissionReview";
+
+/// What the envelope must be, appended to every [`BadReview::Envelope`] message.
+const ENVELOPE_RULE: &str =
+    "send admission.k8s.io/v1 AdmissionReview (the webhook's admissionReviewVersions is [\"v1\"])";
+
 /// Why a request body is not an AdmissionReview we can answer (HTTP 400).
 #[derive(Debug, thiserror::Error)]
 pub enum BadReview {
@@ -33,15 +44,73 @@ pub enum BadReview {
     /// An AdmissionReview without `request`.
     #[error("AdmissionReview has no request to answer: {0}")]
     NoRequest(String),
+    /// A JSON object whose `apiVersion` or `kind` is missing or is not [`REVIEW_API_VERSION`] /
+    /// [`REVIEW_KIND`] (e.g. an API server sending `admission.k8s.io/v1beta1`). The message
+    /// names each wrong field and its value, then the rule.
+    #[error("{problems}: {ENVELOPE_RULE}")]
+    Envelope {
+        /// What is wrong, field by field: `apiVersion "admission.k8s.io/v1beta1" is not
+        /// supported`, `kind is missing`, ... joined with `; `.
+        problems: String,
+    },
 }
 
-/// Parses a request body into an AdmissionRequest.
+impl BadReview {
+    /// The `result` label of `aether_admission_requests_total` for this 400: `malformed`, or
+    /// `unsupported-envelope` for [`BadReview::Envelope`] (an API server or client speaking
+    /// another AdmissionReview version: a configuration problem, not a garbled body).
+    pub fn label(&self) -> &'static str {
+        match self {
+            BadReview::Parse(_) | BadReview::NoRequest(_) => "malformed",
+            BadReview::Envelope { .. } => "unsupported-envelope",
+        }
+    }
+}
+
+/// The two envelope fields, read without the rest of the review (any JSON type, so that a wrong
+/// type is reported as a wrong value rather than a parse error).
+#[derive(Deserialize)]
+struct Envelope {
+    #[serde(rename = "apiVersion")]
+    api_version: Option<serde_json::Value>,
+    kind: Option<serde_json::Value>,
+}
+
+/// `Err` naming each of `apiVersion` and `kind` that is missing or not the one answered.
+fn check_envelope(api_version: Option<&serde_json::Value>, kind: Option<&serde_json::Value>) -> Result<(), BadReview> {
+    let mut problems = Vec::new();
+    for (field, value, want) in [("apiVersion", api_version, REVIEW_API_VERSION), ("kind", kind, REVIEW_KIND)] {
+        match value {
+            None | Some(serde_json::Value::Null) => problems.push(format!("{field} is missing")),
+            Some(v) if v.as_str() == Some(want) => {}
+            // `v` prints as JSON: a string quoted, any other type as itself.
+            Some(v) => problems.push(format!("{field} {v} is not supported")),
+        }
+    }
+    if problems.is_empty() { Ok(()) } else { Err(BadReview::Envelope { problems: problems.join("; ") }) }
+}
+
+/// Parses a request body into an AdmissionRequest. The envelope must be `apiVersion:
+/// admission.k8s.io/v1`, `kind: AdmissionReview`; a body that is a JSON object with another (or
+/// no) envelope is refused with [`BadReview::Envelope`] whatever the rest of it holds, so that
+/// the reason given is the version, not a field the other version shapes differently.
 ///
 /// # Errors
 /// [`BadReview`] saying what is wrong, for a 400 answer.
 pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, BadReview> {
-    let review: AdmissionReview<DynamicObject> =
-        serde_json::from_slice(body).map_err(|e| BadReview::Parse(e.to_string()))?;
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        Err(e) => {
+            // Only on failure is the body read a second time, for the envelope alone: a wrong
+            // or missing envelope is the better reason (e.g. `{}` lacks apiVersion first of all).
+            if let Ok(envelope) = serde_json::from_slice::<Envelope>(body) {
+                check_envelope(envelope.api_version.as_ref(), envelope.kind.as_ref())?;
+            }
+            return Err(BadReview::Parse(e.to_string()));
+        }
+    };
+    let (api_version, kind) = (serde_json::json!(review.types.api_version), serde_json::json!(review.types.kind));
+    check_envelope(Some(&api_version), Some(&kind))?;
     review
         .try_into()
         .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| BadReview::NoRequest(e.to_string()))

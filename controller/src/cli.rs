@@ -9,7 +9,7 @@ use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub use crate::logging::LogFormat;
-use crate::webhook::DEFAULT_MAX_BODY_BYTES;
+use crate::webhook::{DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES};
 
 /// aether-controller: admission webhook and tools for EndpointPolicy (config.aether.io/v1).
 ///
@@ -94,7 +94,8 @@ pub struct RunArgs {
     pub pods_dir: PodsDirArg,
     /// Largest AdmissionReview body decided, in bytes; larger ones get 413. The default (7 MiB)
     /// holds an UPDATE of a ~3 MiB object (the API server's request limit) and its old object.
-    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, env = "AETHER_MAX_BODY_BYTES", value_parser = clap::value_parser!(u64).range(65536..).map(|v| v as usize))]
+    /// At least 65536 (64 KiB, `webhook::MIN_MAX_BODY_BYTES`); no upper bound.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, env = "AETHER_MAX_BODY_BYTES", value_parser = clap::value_parser!(u64).range(MIN_MAX_BODY_BYTES as u64..).map(|v| v as usize))]
     pub max_body_bytes: usize,
     /// Write EndpointPolicy status (condition Accepted: Accepted, Invalid, TargetNotFound or
     /// Conflicted) and watch policies and Services for the webhook's warnings about other

@@ -15,7 +15,8 @@ pub struct AdmissionLabels {
     /// `EndpointPolicy`, `other` (any other kind: a bounded label set), or `none` for a
     /// malformed or oversized request.
     pub kind: String,
-    /// `allowed`, `denied`, `malformed` (400) or `too-large` (413).
+    /// `allowed`, `denied`, `malformed` (400), `unsupported-envelope` (400: the review's
+    /// `apiVersion` or `kind` is not `admission.k8s.io/v1` `AdmissionReview`) or `too-large` (413).
     pub result: String,
 }
 

@@ -4,7 +4,10 @@
 //!   object and the old object, each up to the API server's ~3 MiB request limit. Larger bodies are
 //!   answered 413 as soon as their Content-Length is seen, or once the cap is read.
 //! - A body that is not JSON, not an AdmissionReview, has no `request`, or is not sent as
-//!   `application/json` is answered 400 with the reason in plain text.
+//!   `application/json` is answered 400 with the reason in plain text (`result="malformed"`).
+//! - A review whose envelope is not `apiVersion: admission.k8s.io/v1`, `kind: AdmissionReview`
+//!   (e.g. `admission.k8s.io/v1beta1`) is answered 400 naming the field, its value and the rule
+//!   (`result="unsupported-envelope"`), never decided and echoed in another version.
 //! - Everything else is answered 200 with an AdmissionReview whose `response.uid` echoes the
 //!   request's.
 
@@ -30,6 +33,13 @@ pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 
 /// Default cap on a review body: 7 MiB, room for two ~3 MiB objects (UPDATE) plus the envelope.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+
+/// Smallest cap `run --max-body-bytes` accepts: 64 KiB. A smaller cap would answer 413 to
+/// ordinary reviews (an UPDATE carries the object and the old object, each with its
+/// managedFields), and with `failurePolicy: Fail` that blocks policy changes. The binary has no
+/// upper bound. The chart's `values.schema.json` states the same minimum for
+/// `controller.maxBodyBytes` (tests/e2e/charts.rs checks it against this constant).
+pub const MIN_MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// What the handler needs.
 #[derive(Clone)]
@@ -65,9 +75,10 @@ async fn count_too_large(State(state): State<WebhookState>, response: Response) 
     response
 }
 
-fn bad_request(state: &WebhookState, reason: String) -> Response {
-    tracing::warn!(%reason, "answering 400 to a malformed admission request");
-    state.metrics.count("none", "malformed");
+/// Answers 400 with `reason`, counted as `kind="none"` and `result=label`.
+fn bad_request(state: &WebhookState, label: &'static str, reason: String) -> Response {
+    tracing::warn!(%reason, result = label, "answering 400 to an admission request that cannot be decided");
+    state.metrics.count("none", label);
     (StatusCode::BAD_REQUEST, reason).into_response()
 }
 
@@ -83,12 +94,16 @@ async fn validate(
     };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     if !content_type.to_ascii_lowercase().starts_with("application/json") {
-        return bad_request(&state, format!("Content-Type must be application/json, got {content_type:?}"));
+        return bad_request(
+            &state,
+            "malformed",
+            format!("Content-Type must be application/json, got {content_type:?}"),
+        );
     }
     let start = Instant::now();
     let request = match admission::parse(&body) {
         Ok(r) => r,
-        Err(e) => return bad_request(&state, e.to_string()),
+        Err(e) => return bad_request(&state, e.label(), e.to_string()),
     };
     let facts = state.cluster.as_ref().map(|c| c as &dyn ClusterFacts);
     let decision = admission::decide_with_warnings(&request, &state.rules, facts);

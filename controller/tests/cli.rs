@@ -332,6 +332,24 @@ fn run_without_a_certificate_is_a_usage_error() {
 }
 
 #[test]
+fn run_refuses_a_body_cap_below_its_bound_and_accepts_the_bound() {
+    use aether_controller::cli::{Cli, Command};
+    use aether_controller::webhook::MIN_MAX_BODY_BYTES;
+    use clap::Parser;
+    let below = (MIN_MAX_BODY_BYTES - 1).to_string();
+    let out = run(&["run", "--tls-dir", "/nonexistent", "--max-body-bytes", &below]);
+    assert_eq!(code(&out), 2, "clap's usage error: {}", stderr(&out));
+    for said in ["--max-body-bytes", &below, &MIN_MAX_BODY_BYTES.to_string()] {
+        assert!(stderr(&out).contains(said), "lacks {said:?}: {}", stderr(&out));
+    }
+    let exact = MIN_MAX_BODY_BYTES.to_string();
+    let cli = Cli::try_parse_from(["aether-controller", "run", "--tls-dir", "/x", "--max-body-bytes", &exact])
+        .unwrap_or_else(|e| panic!("{exact} refused: {e}"));
+    let Command::Run(args) = cli.command else { panic!("not run") };
+    assert_eq!(args.max_body_bytes, MIN_MAX_BODY_BYTES);
+}
+
+#[test]
 fn run_with_the_status_writer_and_no_kube_config_fails_saying_how_to_fix_it() {
     let home = tempfile::tempdir().expect("tempdir");
     let mut cmd = assert_cmd::cargo::cargo_bin_cmd!("aether-controller");

@@ -346,6 +346,11 @@ async fn content_type_with_a_charset_is_accepted() {
 // ---------------------------------------------------------------------------------------------
 
 async fn assert_400(body: impl Into<Body>, content_type: Option<&str>, reason: &[&str]) {
+    assert_400_counted(body, content_type, reason, "malformed").await;
+}
+
+/// A 400 whose reason holds each of `reason`, counted once as `{kind="none",result=label}`.
+async fn assert_400_counted(body: impl Into<Body>, content_type: Option<&str>, reason: &[&str], label: &str) {
     let st = default_state();
     let metrics = st.metrics.clone();
     let answer = send(app(st), post(content_type, body)).await;
@@ -355,7 +360,8 @@ async fn assert_400(body: impl Into<Body>, content_type: Option<&str>, reason: &
     for want in reason {
         assert!(text.contains(want), "400 reason lacks {want:?}: {text}");
     }
-    assert_eq!(metric(&metrics, "none", "malformed"), 1, "{}", metrics.encode());
+    assert_eq!(metric(&metrics, "none", label), 1, "{}", metrics.encode());
+    assert_eq!(metrics.encode().matches("aether_admission_requests_total{").count(), 1, "{}", metrics.encode());
 }
 
 #[tokio::test]
@@ -364,8 +370,14 @@ async fn empty_body_is_400_with_a_reason() {
 }
 
 #[tokio::test]
-async fn empty_json_object_is_400_with_a_reason() {
-    assert_400("{}", Some("application/json"), &["not an AdmissionReview"]).await;
+async fn empty_json_object_is_400_naming_the_missing_envelope() {
+    assert_400_counted(
+        "{}",
+        Some("application/json"),
+        &["apiVersion is missing; kind is missing: send admission.k8s.io/v1 AdmissionReview"],
+        "unsupported-envelope",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -392,6 +404,87 @@ async fn wrong_content_type_is_400_with_a_reason() {
 #[tokio::test]
 async fn missing_content_type_is_400_with_a_reason() {
     assert_400(review_bytes("create-valid.json"), None, &["Content-Type"]).await;
+}
+
+// Envelope: only `apiVersion: admission.k8s.io/v1`, `kind: AdmissionReview` is decided.
+
+/// The rule every envelope 400 ends with.
+const ENVELOPE_RULE: &str =
+    "send admission.k8s.io/v1 AdmissionReview (the webhook's admissionReviewVersions is [\"v1\"])";
+
+#[tokio::test]
+async fn v1beta1_review_is_400_naming_the_api_version_and_the_rule() {
+    // Answered 200 before, echoing v1beta1: an API server registered with another
+    // admissionReviewVersions would have got a decision in a version it did not ask the chart for.
+    let r = review("create-v1beta1.json");
+    assert_eq!(r["apiVersion"], "admission.k8s.io/v1beta1");
+    let want = format!("apiVersion \"admission.k8s.io/v1beta1\" is not supported: {ENVELOPE_RULE}");
+    assert_400_counted(
+        serde_json::to_vec(&r).expect("JSON"),
+        Some("application/json"),
+        &[&want],
+        "unsupported-envelope",
+    )
+    .await;
+    let answer = post_review(default_state(), &r).await;
+    assert_eq!(answer.text(), want, "the whole reason is the envelope's");
+}
+
+#[tokio::test]
+async fn wrong_kind_is_400_naming_the_kind_and_the_rule() {
+    let mut r = review("create-valid.json");
+    r["kind"] = json!("AdmissionRequest");
+    let want = format!("kind \"AdmissionRequest\" is not supported: {ENVELOPE_RULE}");
+    assert_400_counted(
+        serde_json::to_vec(&r).expect("JSON"),
+        Some("application/json"),
+        &[&want],
+        "unsupported-envelope",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn missing_api_version_and_kind_is_400_naming_both() {
+    let mut r = review("create-valid.json");
+    let top = r.as_object_mut().expect("a review is an object");
+    top.remove("apiVersion");
+    top.remove("kind");
+    let want = format!("apiVersion is missing; kind is missing: {ENVELOPE_RULE}");
+    assert_400_counted(
+        serde_json::to_vec(&r).expect("JSON"),
+        Some("application/json"),
+        &[&want],
+        "unsupported-envelope",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn every_wrong_envelope_field_is_named_even_when_the_request_does_not_parse() {
+    // The envelope is the reason even when the rest is shaped for another version; a non-string
+    // value is quoted as JSON.
+    let body = json!({"apiVersion": 1, "kind": "AdmissionReview/v1", "request": {"operation": "PATCH"}});
+    let want = format!("apiVersion 1 is not supported; kind \"AdmissionReview/v1\" is not supported: {ENVELOPE_RULE}");
+    assert_400_counted(
+        serde_json::to_vec(&body).expect("JSON"),
+        Some("application/json"),
+        &[&want],
+        "unsupported-envelope",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn valid_v1_envelope_is_decided_and_answered_in_v1() {
+    let st = default_state();
+    let m = st.metrics.clone();
+    let r = review("create-valid.json");
+    assert_eq!((&r["apiVersion"], &r["kind"]), (&json!("admission.k8s.io/v1"), &json!("AdmissionReview")));
+    // response_for checks the answer's envelope is v1 AdmissionReview too.
+    assert_allowed(&decide(st, &r).await);
+    assert_eq!(metric(&m, "EndpointPolicy", "allowed"), 1, "{}", m.encode());
+    assert_eq!(metric(&m, "none", "unsupported-envelope"), 0, "{}", m.encode());
 }
 
 #[tokio::test]
@@ -541,6 +634,8 @@ async fn decisions_are_counted_by_kind_and_result() {
     assert_eq!(metric(&m, "EndpointPolicy", "allowed"), 2, "{}", m.encode());
     assert_eq!(metric(&m, "EndpointPolicy", "denied"), 1);
     assert_eq!(metric(&m, "other", "allowed"), 1, "kinds other than EndpointPolicy share one label value");
+    assert_eq!(metric(&m, "none", "unsupported-envelope"), 1, "`{{}}` has no envelope");
+    send(app(st.clone()), post(Some("application/json"), "[]")).await;
     assert_eq!(metric(&m, "none", "malformed"), 1);
     assert!(m.encode().contains("aether_admission_duration_seconds_count 4"), "{}", m.encode());
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use aether_controller::webhook::MIN_MAX_BODY_BYTES;
 use aether_crds::udspath::{
     Budget, DEFAULT_PODS_DIR, FIXED_BYTES, MAX_PODS_DIR_BYTES, MIN_VALUE_BYTES, SUN_PATH_MAX, SocketError,
 };
@@ -474,6 +475,65 @@ fn schema_refuses_bad_values() {
     }
 }
 
+/// The schema's `controller.maxBodyBytes` bounds are the binary's own: `minimum` is
+/// `aether_controller::webhook::MIN_MAX_BODY_BYTES` (what `run --max-body-bytes` refuses below,
+/// so a value the schema lets through can no longer crash-loop the controller) and there is no
+/// `maximum` (the binary has none). helm refuses one byte below the bound and renders the bound
+/// itself into the flag.
+#[test]
+fn schema_max_body_bytes_bounds_are_the_binarys() {
+    let text = std::fs::read_to_string(chart("aether").join("values.schema.json")).expect("values.schema.json");
+    let schema: Value = serde_json::from_str(&text).expect("the schema is JSON");
+    let field = &schema["properties"]["controller"]["properties"]["maxBodyBytes"];
+    assert_eq!(field["minimum"].as_u64(), Some(MIN_MAX_BODY_BYTES as u64), "{field}");
+    assert!(field.get("maximum").is_none() && field.get("exclusiveMinimum").is_none(), "{field}");
+    let description = field["description"].as_str().expect("a description");
+    assert!(description.contains(&format!("at least {MIN_MAX_BODY_BYTES}")), "{description}");
+
+    let below = format!("controller.maxBodyBytes={}", MIN_MAX_BODY_BYTES - 1);
+    match try_render(&[below.as_str()]) {
+        Ok(_) => panic!("{below} rendered; the schema should refuse it"),
+        Err(e) => assert!(e.contains("maxBodyBytes") && e.contains("minimum"), "{below}: {e}"),
+    }
+    let exact = format!("controller.maxBodyBytes={MIN_MAX_BODY_BYTES}");
+    let docs = try_render(&[exact.as_str()]).unwrap_or_else(|e| panic!("{exact} refused: {e}"));
+    let c = container(&find(&docs, "Deployment", "aether-controller")["spec"]["template"]["spec"], "aether-controller");
+    assert_eq!(flag(c, "--max-body-bytes"), Some(MIN_MAX_BODY_BYTES.to_string()));
+}
+
+/// A PodDisruptionBudget with `minAvailable: 1` over a single replica forbids every eviction
+/// (node drains block forever): it is rendered only with more than one replica, and a
+/// `minAvailable` not below `replicas` is refused naming both values.
+#[test]
+fn pdb_is_rendered_only_when_a_replica_can_be_evicted() {
+    let single = render(&["controller.replicas=1"]);
+    assert_eq!(find(&single, "Deployment", "aether-controller")["spec"]["replicas"], 1);
+    assert!(!has(&single, "PodDisruptionBudget"), "a PDB over 1 replica blocks drains");
+
+    for replicas in [2, 3] {
+        let set = format!("controller.replicas={replicas}");
+        let docs = render(&[set.as_str()]);
+        let dep = find(&docs, "Deployment", "aether-controller");
+        assert_eq!(dep["spec"]["replicas"], replicas);
+        let pdb = find(&docs, "PodDisruptionBudget", "aether-controller");
+        assert_eq!(pdb["spec"]["minAvailable"], 1, "{set}");
+        assert_eq!(pdb["spec"]["selector"]["matchLabels"], dep["spec"]["selector"]["matchLabels"]);
+    }
+    assert!(!has(&render(&["controller.podDisruptionBudget.enabled=false"]), "PodDisruptionBudget"));
+
+    match try_render(&["controller.podDisruptionBudget.minAvailable=2"]) {
+        Ok(_) => panic!("minAvailable 2 of 2 replicas rendered; it blocks every eviction"),
+        Err(e) => assert!(
+            e.contains("controller.podDisruptionBudget.minAvailable (2) must be less than controller.replicas (2)"),
+            "{e}"
+        ),
+    }
+    let docs = render(&["controller.replicas=3", "controller.podDisruptionBudget.minAvailable=2"]);
+    assert_eq!(find(&docs, "PodDisruptionBudget", "aether-controller")["spec"]["minAvailable"], 2);
+    let docs = render(&["controller.podDisruptionBudget.minAvailable=50%"]);
+    assert_eq!(find(&docs, "PodDisruptionBudget", "aether-controller")["spec"]["minAvailable"], "50%");
+}
+
 /// A mount path of `len` bytes (`/` and `len - 1` letters).
 fn mount_path_of(len: usize) -> String {
     format!("/{}", "p".repeat(len - 1))
@@ -547,6 +607,32 @@ fn notes_show_the_budget_the_contract_crate_computes() {
             .unwrap_or_else(|| panic!("no sample udsSocket in the NOTES for {mount}"));
         assert_eq!(sample.len(), budget.bytes() + 1, "{mount}: sample {sample:?}");
         assert!(matches!(budget.check(sample), Err(SocketError::TooLong { .. })), "{mount}: sample {sample:?}");
+    }
+}
+
+/// NOTES.txt says how many controller replicas to expect (the value, not a fixed "2"), and with
+/// one replica that no PodDisruptionBudget protects it.
+#[test]
+fn notes_show_the_replica_count() {
+    let cp = ControlPlane::start().expect("control plane");
+    for (replicas, count) in [(1, "1 replica)"), (2, "2 replicas)"), (3, "3 replicas)")] {
+        let out = Command::new(helm())
+            .args(["install", RELEASE])
+            .arg(chart("aether"))
+            .args(["--namespace", NS, "--dry-run=client", "--kubeconfig"])
+            .arg(cp.kubeconfig())
+            .args(["--set", &format!("controller.replicas={replicas}")])
+            .stdin(Stdio::null())
+            .output()
+            .expect("running helm");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "helm install --dry-run {replicas}: {}", String::from_utf8_lossy(&out.stderr));
+        let notes =
+            text.split_once("\nNOTES:\n").map(|(_, n)| n).unwrap_or_else(|| panic!("no NOTES for {replicas}: {text}"));
+        let line = format!("2. The controller is ready ({count} and answers /readyz");
+        assert!(notes.contains(&line), "NOTES for {replicas} replicas lack {line:?}:\n{notes}");
+        let no_pdb = "With 1 replica no PodDisruptionBudget is rendered";
+        assert_eq!(notes.contains(no_pdb), replicas == 1, "{replicas} replicas:\n{notes}");
     }
 }
 
