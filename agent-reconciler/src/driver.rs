@@ -24,7 +24,7 @@ use crate::fold;
 use crate::fscheck::{self, Refusal};
 use crate::index::{Change, Index};
 use crate::pod_events::{self, Ledger};
-use crate::record::{PodKey, PodRecord, PolicyRecord};
+use crate::record::{self, PodKey, PodRecord, PolicyRecord};
 use crate::recorder::NoticeSender;
 use crate::render::{self, Effective};
 use crate::runtime::{NetnsLookup, NetnsUpdate};
@@ -35,11 +35,13 @@ use crate::xds::server::ChangeClock;
 /// What the watch drivers tell the loop.
 #[derive(Debug)]
 pub enum Event {
-    /// A pod on this node was added or changed.
+    /// A pod on this node was added or changed. A pod that is no longer managed, or has finished
+    /// (phase `Succeeded`/`Failed`), is removed as if deleted.
     PodApplied(Box<Pod>),
     /// A pod on this node was deleted.
     PodDeleted(Box<Pod>),
     /// A complete list of this node's managed pods (start-up, or a relist after 410 Gone).
+    /// Finished pods in it count as absent: they and their state-dir records are pruned.
     PodsListed(Vec<Pod>),
     /// An EndpointPolicy was added or changed (already parsed; malformed ones never get here).
     PolicyApplied(Box<EndpointPolicy>),
@@ -407,6 +409,10 @@ impl Driver {
             tracing::warn!(pod = %pod_name(pod), error = %e, "cannot remove the pod record");
         }
         let change = self.index.delete_pod(uid);
+        if !change.removed.is_empty() && record::is_finished(pod) {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
+            tracing::info!(pod = %pod_name(pod), phase, "the pod finished; removing its clusters");
+        }
         self.after(change, false);
     }
 
@@ -741,6 +747,146 @@ mod tests {
         fresh.boot();
         fresh.handle(Event::PodsListed(vec![pod("a", UID_A)]));
         assert_eq!(records(dir.path()), [format!("{UID_A}.json")]);
+    }
+
+    /// `p` with `status.phase` set (e.g. `Succeeded`: finished).
+    fn in_phase(mut p: Pod, phase: &str) -> Pod {
+        p.status.get_or_insert_default().phase = Some(phase.to_owned());
+        p
+    }
+
+    /// `p` running with IP 10.1.2.3 (so a TCP-delivered pod gets clusters, not "waiting").
+    fn running(mut p: Pod) -> Pod {
+        p.status = Some(
+            serde_json::from_value(
+                serde_json::json!({"phase": "Running", "podIP": "10.1.2.3", "podIPs": [{"ip": "10.1.2.3"}]}),
+            )
+            .unwrap(),
+        );
+        p
+    }
+
+    /// `p` being deleted (a `deletionTimestamp`): kubelet is stopping it.
+    fn draining(mut p: Pod) -> Pod {
+        p.metadata.deletion_timestamp =
+            Some(serde_json::from_value(serde_json::json!("2030-01-01T00:00:00Z")).unwrap());
+        p.metadata.deletion_grace_period_seconds = Some(30);
+        p
+    }
+
+    /// The cluster names of the last published snapshot, sorted.
+    fn cluster_names(rx: &watch::Receiver<Arc<Snapshot>>) -> Vec<String> {
+        let mut names: Vec<String> = rx.borrow().clusters.iter().map(|c| c.name.clone()).collect();
+        names.sort();
+        names
+    }
+
+    /// A driver whose [`Status`] (what `aether_agent_pods` reports) the test can read.
+    fn driver_with_status(
+        state: &std::path::Path,
+    ) -> (Driver, watch::Receiver<Arc<Snapshot>>, watch::Receiver<Status>) {
+        let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (status_tx, status) = watch::channel(Status::default());
+        let index = Index::new(Settings::new("/var/lib/kubelet/pods", true));
+        let d = Driver::new(index, Some(StateStore::open(state).unwrap()), CniRecords::default(), tx, status_tx);
+        (d, rx, status)
+    }
+
+    fn counted(status: &watch::Receiver<Status>) -> usize {
+        status.borrow().pods.values().sum()
+    }
+
+    const B_CLUSTERS: [&str; 2] = ["app_shop_b_8080", "health_shop_b"];
+
+    #[test]
+    fn a_served_pod_that_turns_succeeded_loses_its_clusters_record_and_ledger_entry_on_that_event() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, rx, status) = driver_with_status(dir.path());
+        let (mut d, mut events) = with_notices(d);
+        // Pod a has a ledger entry (an over-budget socket) so the test sees it handled too.
+        let a = running(with_socket(pod("a", UID_A), Some(LONG)));
+        d.handle(Event::PodsListed(vec![a.clone(), pod("b", UID_B)]));
+        assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
+        assert_eq!(cluster_names(&rx).len(), 4);
+        assert_eq!(counted(&status), 2);
+
+        d.handle(Event::PodApplied(Box::new(in_phase(a.clone(), "Succeeded"))));
+        assert_eq!(cluster_names(&rx), B_CLUSTERS, "the finished pod keeps clusters");
+        assert_eq!(counted(&status), 1, "the finished pod is still counted");
+        assert_eq!(records(dir.path()), [format!("{UID_B}.json")]);
+        assert!(d.ledger().get(UID_A).is_none(), "the ledger still holds the finished pod");
+        assert_eq!(status.borrow().fallbacks.get("path-too-long"), Some(&0));
+        assert_eq!(drain(&mut events), Vec::<&str>::new(), "finishing is not a delivery change to report");
+
+        // Resyncs of the finished pod and its final delete change nothing.
+        d.handle(Event::PodApplied(Box::new(in_phase(a.clone(), "Succeeded"))));
+        d.handle(Event::PodDeleted(Box::new(in_phase(a, "Succeeded"))));
+        assert_eq!(cluster_names(&rx), B_CLUSTERS);
+        assert_eq!(drain(&mut events), Vec::<&str>::new());
+
+        // A restart does not resurrect it from the state dir.
+        drop(d);
+        let (mut again, rx2) = driver(dir.path());
+        again.boot();
+        assert_eq!(cluster_names(&rx2), B_CLUSTERS);
+        assert!(again.ledger().is_empty());
+    }
+
+    #[test]
+    fn a_failed_pod_gets_no_clusters_from_its_first_event() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut d, rx, status) = driver_with_status(dir.path());
+        d.handle(Event::PodsListed(vec![pod("b", UID_B)]));
+        d.handle(Event::PodApplied(Box::new(in_phase(pod("a", UID_A), "Failed"))));
+        assert_eq!(cluster_names(&rx), B_CLUSTERS);
+        assert_eq!(counted(&status), 1);
+        assert_eq!(records(dir.path()), [format!("{UID_B}.json")]);
+    }
+
+    #[test]
+    fn a_relist_with_a_served_pod_now_finished_prunes_it_and_its_state_dir_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, _rx) = driver(dir.path());
+        let (mut d, mut events) = with_notices(d);
+        let a = running(with_socket(pod("a", UID_A), Some(LONG)));
+        d.handle(Event::PodsListed(vec![a.clone(), pod("b", UID_B)]));
+        assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
+        drop(d);
+        // The pod finished while the agent was down: the boot serves it from the state dir, the
+        // first list (where it is Failed) drops it, its record and its ledger entry.
+        let (again, rx, status) = driver_with_status(dir.path());
+        let (mut again, mut events) = with_notices(again);
+        again.boot();
+        assert_eq!(cluster_names(&rx).len(), 4);
+        again.handle(Event::PodsListed(vec![in_phase(a, "Failed"), pod("b", UID_B)]));
+        assert_eq!(cluster_names(&rx), B_CLUSTERS);
+        assert_eq!(counted(&status), 1);
+        assert_eq!(records(dir.path()), [format!("{UID_B}.json")]);
+        assert!(again.ledger().is_empty());
+        assert_eq!(drain(&mut events), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_draining_pod_keeps_its_clusters_until_it_finishes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut d, mut rx, status) = driver_with_status(dir.path());
+        let a = running(pod("a", UID_A));
+        d.handle(Event::PodsListed(vec![a.clone(), pod("b", UID_B)]));
+        let served = cluster_names(&rx);
+        assert_eq!(served.len(), 4);
+        rx.mark_unchanged();
+
+        d.handle(Event::PodApplied(Box::new(draining(a.clone()))));
+        d.handle(Event::PodsListed(vec![draining(a.clone()), pod("b", UID_B)]));
+        assert!(!rx.has_changed().unwrap(), "a deletionTimestamp alone changed the snapshot");
+        assert_eq!(cluster_names(&rx), served);
+        assert_eq!(counted(&status), 2);
+        assert_eq!(records(dir.path()), [format!("{UID_A}.json"), format!("{UID_B}.json")]);
+
+        d.handle(Event::PodApplied(Box::new(in_phase(draining(a), "Succeeded"))));
+        assert_eq!(cluster_names(&rx), B_CLUSTERS);
+        assert_eq!(counted(&status), 1);
+        assert_eq!(records(dir.path()), [format!("{UID_B}.json")]);
     }
 
     #[test]

@@ -220,6 +220,13 @@ impl PodRecord {
     /// `aether.io/managed` is not exactly `"true"`): unmanaged pods are ignored and their
     /// annotations are inert (spec Phase 1).
     ///
+    /// A finished pod ([`is_finished`]: phase `Succeeded` or `Failed`) also has no record: its
+    /// containers are gone and kubelet removes its sockets, so it gets no clusters, exactly like a
+    /// deleted pod (the driver treats `None` for a known pod as a delete). A pod with a
+    /// `deletionTimestamp` that has not finished is *draining* (kubelet is stopping it; requests
+    /// in flight finish): it keeps its record, and its clusters, until it turns terminal or leaves
+    /// the API.
+    ///
     /// Bad endpoint annotations do not fail: each falls back to its default (port `8080/http1`,
     /// health path `/`, HTTP health check) and is listed in [`PodRecord::defects`]. When both
     /// `ports` and `port` are set, `ports` is used and `port` must be one of its ports.
@@ -231,7 +238,7 @@ impl PodRecord {
     pub fn from_pod(pod: &Pod) -> Result<Option<PodRecord>, RecordError> {
         let meta = &pod.metadata;
         let label = meta.labels.as_ref().and_then(|l| l.get(MANAGED_LABEL));
-        if label.map(String::as_str) != Some(MANAGED_VALUE) {
+        if label.map(String::as_str) != Some(MANAGED_VALUE) || is_finished(pod) {
             return Ok(None);
         }
         let required = |value: &Option<String>, field| {
@@ -365,6 +372,19 @@ impl PodRecord {
     pub fn primary_port(&self) -> PortSpec {
         self.ports.first().copied().unwrap_or(PortSpec { port: DEFAULT_PORT, protocol: AppProtocol::Http1 })
     }
+}
+
+/// The pod phases after which no container of a pod runs again (`restartPolicy` is done with
+/// it): kubelet has stopped the pod and cleans up its volumes, sockets included.
+pub const FINISHED_PHASES: [&str; 2] = ["Succeeded", "Failed"];
+
+/// True when the pod has finished: `status.phase` is `Succeeded` or `Failed` ([`FINISHED_PHASES`]).
+/// A finished pod gets no clusters, whatever its labels and annotations say. A `deletionTimestamp`
+/// alone does not finish a pod (it is draining until kubelet reports a terminal phase or the pod
+/// leaves the API).
+pub fn is_finished(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    phase.is_some_and(|p| FINISHED_PHASES.contains(&p))
 }
 
 /// True when `s` is a DNS-1123 subdomain (pod names): at most 253 bytes of dot-separated parts,

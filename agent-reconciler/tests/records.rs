@@ -27,6 +27,45 @@ fn unmanaged_pods_are_ignored_even_with_a_socket_annotation() {
 }
 
 #[test]
+fn a_succeeded_pod_gets_no_record_so_no_clusters() {
+    let api = api_pod("shop", "job-1", UID, "cart").annotation_socket("sockets/a.sock").phase("Succeeded").build();
+    assert_eq!(PodRecord::from_pod(&api), Ok(None));
+}
+
+#[test]
+fn a_failed_pod_gets_no_record_so_no_clusters() {
+    let api = api_pod("shop", "job-1", UID, "cart").annotation_socket("sockets/a.sock").phase("Failed").build();
+    assert_eq!(PodRecord::from_pod(&api), Ok(None));
+}
+
+#[test]
+fn a_finished_pod_gets_no_record_even_while_it_is_being_deleted() {
+    for phase in ["Succeeded", "Failed"] {
+        let api = api_pod("shop", "job-1", UID, "cart").phase(phase).deleting("2030-01-01T00:00:00Z").build();
+        assert_eq!(PodRecord::from_pod(&api), Ok(None), "{phase}");
+    }
+}
+
+#[test]
+fn a_running_pod_with_a_deletion_timestamp_is_draining_and_keeps_its_record() {
+    let running = api_pod("shop", "cart-1", UID, "cart").annotation_socket("sockets/a.sock").phase("Running");
+    let draining = running.clone().deleting("2030-01-01T00:00:00Z").build();
+    assert_eq!(record(&draining), record(&running.build()), "deletion alone changes nothing the fold sees");
+}
+
+#[test]
+fn pods_in_a_live_or_unknown_phase_keep_their_record() {
+    for phase in [None, Some("Pending"), Some("Running"), Some("Unknown")] {
+        let p = api_pod("shop", "cart-1", UID, "cart");
+        let api = match phase {
+            None => p.build(),
+            Some(phase) => p.phase(phase).build(),
+        };
+        assert!(matches!(PodRecord::from_pod(&api), Ok(Some(_))), "phase {phase:?}");
+    }
+}
+
+#[test]
 fn managed_pod_without_endpoint_annotations_gets_the_defaults() {
     let pod = pod("shop", "cart-1", UID, "cart");
     assert_eq!((pod.uid.as_str(), pod.namespace.as_str(), pod.name.as_str()), (UID, "shop", "cart-1"));

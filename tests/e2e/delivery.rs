@@ -5,6 +5,9 @@
 //! Trials run one at a time in the order listed: the first installs the CRD after the agent
 //! started, the last restarts the agent and Envoy with the API server stopped.
 //!
+//! Finished pods (phase `Succeeded`/`Failed`, written by the test as kubelet would) lose their
+//! clusters and leave the metrics; a pod being deleted keeps its clusters until it finishes.
+//!
 //! Pod Events and metrics: an over-budget annotation gets exactly one Warning Event however often
 //! the pod is resynced (label patches, a policy change, an agent restart, an API-server outage),
 //! and the agent's `/metrics` parses as Prometheus text with its counters moving.
@@ -404,7 +407,67 @@ fn i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move(e
     Ok(())
 }
 
-/// Runs last: agent and Envoy restart while the API server is down.
+/// Finished pods get nothing, like deleted ones; a pod being deleted drains (keeps its clusters)
+/// until it finishes. No kubelet runs here, so the test writes the phases kubelet would.
+fn j_a_finished_pod_loses_its_clusters_and_is_not_counted_while_a_draining_pod_keeps_them(
+    env: &Env,
+) -> anyhow::Result<()> {
+    let admin = env.agent_admin()?;
+    let counted = || -> anyhow::Result<f64> { Ok(Scrape::get(admin)?.value("aether_agent_pods", &[])) };
+    let mut sockets = Vec::new();
+    for name in ["fin-1", "fin-2"] {
+        let uid = env.pod(NS, name, "fin", Some("s/app.sock"))?;
+        sockets.push(env.serve(&uid, "s", "app.sock", name)?);
+    }
+    for (name, socket) in ["fin-1", "fin-2"].iter().zip(&sockets) {
+        let cluster = format!("app_e2e_{name}_8080");
+        env.wait_pipe(&cluster, socket)?;
+        env.wait_served(&cluster, name)?;
+    }
+    let before = counted()?;
+    let gone = |name: &str| -> anyhow::Result<()> {
+        let (app, health) = (format!("app_e2e_{name}_8080"), format!("health_e2e_{name}"));
+        eventually(&format!("Envoy to drop {app} and {health}"), WAIT, || {
+            env.envoy(|e| {
+                let clusters = e.clusters()?;
+                Ok(!clusters.contains_key(&app) && !clusters.contains_key(&health))
+            })
+        })?;
+        ensure!(env.health(&health)? != 200, "the health gateway still promotes {health}");
+        Ok(())
+    };
+    let finish = |name: &str, phase: &str| -> anyhow::Result<()> {
+        let patch = format!(r#"{{"status":{{"phase":"{phase}"}}}}"#);
+        env.cp.kubectl_ok(&["patch", "pod", "-n", NS, name, "--subresource=status", "--type=merge", "-p", &patch])?;
+        Ok(())
+    };
+
+    // fin-2 is deleted: with a node name and a grace period the API server keeps it, with a
+    // deletionTimestamp, until kubelet reports it stopped. It drains: still served.
+    env.cp.kubectl_ok(&["delete", "pod", "-n", NS, "fin-2", "--wait=false"])?;
+    let deleting =
+        env.cp.kubectl_ok(&["get", "pod", "-n", NS, "fin-2", "-o", "jsonpath={.metadata.deletionTimestamp}"])?;
+    ensure!(!deleting.is_empty(), "fin-2 has no deletionTimestamp");
+    // fin-1 finishes. Its event comes after fin-2's on the same watch, so once fin-1 is gone
+    // the agent has seen fin-2 draining too.
+    finish("fin-1", "Succeeded")?;
+    gone("fin-1")?;
+    env.log_has("the pod finished; removing its clusters")?;
+    env.wait_pipe("app_e2e_fin-2_8080", &sockets[1]).context("a draining pod keeps its clusters")?;
+    env.wait_served("app_e2e_fin-2_8080", "fin-2").context("a draining pod is still served")?;
+    eventually("aether_agent_pods to stop counting fin-1", WAIT, || Ok(counted()? == before - 1.0))?;
+
+    // kubelet would now report fin-2 stopped: it loses its clusters before it leaves the API.
+    finish("fin-2", "Failed")?;
+    gone("fin-2")?;
+    eventually("aether_agent_pods to stop counting fin-2", WAIT, || Ok(counted()? == before - 2.0))?;
+    // Play kubelet's final delete; fin-1 stays in the API (finished) for the next trial's restart.
+    env.cp.kubectl_ok(&["delete", "pod", "-n", NS, "fin-2", "--grace-period=0", "--force", "--wait=true"])?;
+    Ok(())
+}
+
+/// Runs last: agent and Envoy restart while the API server is down. A finished pod (fin-1,
+/// still in the API) is not resurrected from the state dir: the clusters compare equal.
 fn f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server(
     env: &Env,
 ) -> anyhow::Result<()> {
@@ -466,7 +529,7 @@ fn setup() -> anyhow::Result<Env> {
     for ns in [NS, NS_B] {
         cp.kubectl_ok(&["create", "namespace", ns])?;
     }
-    for sa in ["late", "ann", "pol", "prec", "drift", "sym", "twin", "over"] {
+    for sa in ["late", "ann", "pol", "prec", "drift", "sym", "twin", "over", "fin"] {
         cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, sa])?;
     }
     cp.kubectl_ok(&["create", "serviceaccount", "-n", NS_B, "twin"])?;
@@ -501,6 +564,10 @@ fn main() {
             suite::case(
                 "i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move",
                 i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move,
+            ),
+            suite::case(
+                "j_a_finished_pod_loses_its_clusters_and_is_not_counted_while_a_draining_pod_keeps_them",
+                j_a_finished_pod_loses_its_clusters_and_is_not_counted_while_a_draining_pod_keeps_them,
             ),
             suite::case(
                 "f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server",
