@@ -164,6 +164,26 @@ const MATRIX: &[Case] = &[
     },
 ];
 
+/// SELinux nodes: the node pod runs as spc_t by default (else a confined agent cannot read other
+/// pods' emptyDirs), options are the user's to set, and `enabled=false` leaves labelling to the
+/// runtime. No SELinux host here: the real-node suite runs the default label on a node without
+/// SELinux, where the runtime ignores it.
+#[test]
+fn the_node_pod_runs_as_spc_t_unless_selinux_labelling_is_turned_off() {
+    let pod_security = |sets: &[&str]| {
+        let docs = render(sets);
+        find(&docs, "DaemonSet", "aether-node")["spec"]["template"]["spec"]["securityContext"].clone()
+    };
+    assert_eq!(pod_security(&[])["seLinuxOptions"], serde_json::json!({"type": "spc_t"}));
+    assert_eq!(
+        pod_security(&["daemonset.seLinux.options.level=s0"])["seLinuxOptions"],
+        serde_json::json!({"type": "spc_t", "level": "s0"})
+    );
+    assert!(pod_security(&["daemonset.seLinux.enabled=false"]).get("seLinuxOptions").is_none());
+    let bad = try_render(&["daemonset.seLinux.options.kind=x"]);
+    assert!(bad.is_err_and(|e| e.contains("kind")), "the schema refuses unknown seLinuxOptions fields");
+}
+
 #[test]
 fn helm_lint_passes_for_both_charts() {
     for name in ["aether", "aether-crds"] {
