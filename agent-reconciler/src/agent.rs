@@ -114,8 +114,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(mut updates) = netns_updates {
         let tx = tx.clone();
         tokio::spawn(async move {
-            while let Some(update) = updates.recv().await {
-                if tx.send(Event::Netns(update)).await.is_err() {
+            // Whatever has arrived goes to the driver as one event (one publish).
+            while let Some(first) = updates.recv().await {
+                let mut batch = vec![first];
+                while let Ok(more) = updates.try_recv() {
+                    batch.push(more);
+                }
+                if tx.send(Event::Netns(batch)).await.is_err() {
                     return;
                 }
             }

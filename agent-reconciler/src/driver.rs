@@ -59,9 +59,10 @@ pub enum Event {
     /// Re-run the on-disk checks of every pipe, and ask the container runtime again for the
     /// netns of pods it has not answered for.
     Recheck,
-    /// The container runtime's answer for one pod's network namespace
-    /// ([`crate::runtime::NetnsLookup`]).
-    Netns(NetnsUpdate),
+    /// The container runtime's answers for pods' network namespaces
+    /// ([`crate::runtime::NetnsLookup`]), as many as had arrived: one publish for all of them
+    /// (at start-up every pod gets an answer; one publish each would be O(pods²)).
+    Netns(Vec<NetnsUpdate>),
 }
 
 /// What the loop reports to the admin endpoints.
@@ -382,9 +383,14 @@ impl Driver {
                 self.status.send_modify(|s| s.crd_installed = Some(false));
                 self.after(change, true);
             }
-            Event::Netns(update) => {
-                let live = self.index.pods().any(|p| p.uid == update.0);
-                if self.netns.update(update, live) {
+            Event::Netns(updates) => {
+                let live: HashSet<&str> = self.index.pods().map(|p| p.uid.as_str()).collect();
+                let mut changed = false;
+                for update in updates {
+                    let is_live = live.contains(update.0.as_str());
+                    changed |= self.netns.update(update, is_live);
+                }
+                if changed {
                     self.publish();
                 }
             }
@@ -697,7 +703,7 @@ mod tests {
 
         let dirs = NetnsDirs::new(std::path::Path::new("/run/netns"), None).unwrap();
         let netns = |f: &str| dirs.translate(&format!("/var/run/netns/{f}")).unwrap();
-        d.handle(Event::Netns((UID_A.into(), Ok(Some(netns("cni-1"))))));
+        d.handle(Event::Netns(vec![(UID_A.into(), Ok(Some(netns("cni-1"))))]));
         let inside =
             Endpoint::Tcp { address: "127.0.0.1".parse().unwrap(), port: 8080, netns: Some("/run/netns/cni-1".into()) };
         assert_eq!(app_endpoint(&rx, "a"), inside);
@@ -708,15 +714,15 @@ mod tests {
             call: "ListPodSandbox",
             after: std::time::Duration::from_secs(2),
         };
-        d.handle(Event::Netns((UID_A.into(), Err(timeout))));
-        d.handle(Event::Netns((UID_B.into(), Ok(Some(netns("cni-2"))))));
+        d.handle(Event::Netns(vec![(UID_A.into(), Err(timeout))]));
+        d.handle(Event::Netns(vec![(UID_B.into(), Ok(Some(netns("cni-2"))))]));
         assert_eq!(app_endpoint(&rx, "a"), inside);
         assert!(!d.netns.known.contains_key(UID_B));
 
         // No sandbox netns any more (e.g. host network): back to the pod IP. A delete forgets.
-        d.handle(Event::Netns((UID_A.into(), Ok(None))));
+        d.handle(Event::Netns(vec![(UID_A.into(), Ok(None))]));
         assert_eq!(app_endpoint(&rx, "a"), by_ip);
-        d.handle(Event::Netns((UID_A.into(), Ok(Some(netns("cni-3"))))));
+        d.handle(Event::Netns(vec![(UID_A.into(), Ok(Some(netns("cni-3"))))]));
         d.handle(Event::PodDeleted(Box::new(p)));
         assert!(d.netns.known.is_empty() && d.netns.asked.is_empty());
     }
