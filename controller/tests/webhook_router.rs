@@ -349,6 +349,13 @@ async fn assert_400(body: impl Into<Body>, content_type: Option<&str>, reason: &
     assert_400_counted(body, content_type, reason, "malformed").await;
 }
 
+/// A JSON review with a wrong envelope: 400 whose body holds `want`, counted
+/// `result="unsupported-envelope"`.
+async fn assert_unsupported_envelope(review: &serde_json::Value, want: &str) {
+    let body = serde_json::to_vec(review).expect("JSON");
+    assert_400_counted(body, Some("application/json"), &[want], "unsupported-envelope").await;
+}
+
 /// A 400 whose reason holds each of `reason`, counted once as `{kind="none",result=label}`.
 async fn assert_400_counted(body: impl Into<Body>, content_type: Option<&str>, reason: &[&str], label: &str) {
     let st = default_state();
@@ -419,13 +426,7 @@ async fn v1beta1_review_is_400_naming_the_api_version_and_the_rule() {
     let r = review("create-v1beta1.json");
     assert_eq!(r["apiVersion"], "admission.k8s.io/v1beta1");
     let want = format!("apiVersion \"admission.k8s.io/v1beta1\" is not supported: {ENVELOPE_RULE}");
-    assert_400_counted(
-        serde_json::to_vec(&r).expect("JSON"),
-        Some("application/json"),
-        &[&want],
-        "unsupported-envelope",
-    )
-    .await;
+    assert_unsupported_envelope(&r, &want).await;
     let answer = post_review(default_state(), &r).await;
     assert_eq!(answer.text(), want, "the whole reason is the envelope's");
 }
@@ -435,13 +436,7 @@ async fn wrong_kind_is_400_naming_the_kind_and_the_rule() {
     let mut r = review("create-valid.json");
     r["kind"] = json!("AdmissionRequest");
     let want = format!("kind \"AdmissionRequest\" is not supported: {ENVELOPE_RULE}");
-    assert_400_counted(
-        serde_json::to_vec(&r).expect("JSON"),
-        Some("application/json"),
-        &[&want],
-        "unsupported-envelope",
-    )
-    .await;
+    assert_unsupported_envelope(&r, &want).await;
 }
 
 #[tokio::test]
@@ -451,13 +446,7 @@ async fn missing_api_version_and_kind_is_400_naming_both() {
     top.remove("apiVersion");
     top.remove("kind");
     let want = format!("apiVersion is missing; kind is missing: {ENVELOPE_RULE}");
-    assert_400_counted(
-        serde_json::to_vec(&r).expect("JSON"),
-        Some("application/json"),
-        &[&want],
-        "unsupported-envelope",
-    )
-    .await;
+    assert_unsupported_envelope(&r, &want).await;
 }
 
 #[tokio::test]
@@ -466,13 +455,7 @@ async fn every_wrong_envelope_field_is_named_even_when_the_request_does_not_pars
     // value is quoted as JSON.
     let body = json!({"apiVersion": 1, "kind": "AdmissionReview/v1", "request": {"operation": "PATCH"}});
     let want = format!("apiVersion 1 is not supported; kind \"AdmissionReview/v1\" is not supported: {ENVELOPE_RULE}");
-    assert_400_counted(
-        serde_json::to_vec(&body).expect("JSON"),
-        Some("application/json"),
-        &[&want],
-        "unsupported-envelope",
-    )
-    .await;
+    assert_unsupported_envelope(&body, &want).await;
 }
 
 #[tokio::test]
