@@ -40,10 +40,11 @@ test-node: root tools build ## The real-node suite alone (root: kubelet + contai
 test: tools build ## Everything: unit, property, TLS, real-control-plane and real-node tests
 	$(CARGO) test --workspace
 
-lint: ## rustfmt check, clippy with warnings as errors, shell syntax
+lint: ## rustfmt check, clippy with warnings as errors, shell syntax, the agent core's dependency tree
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	bash -n tests/harness/*.sh tests/bench/*.sh scripts/*.sh .ci/run
+	scripts/check-core-deps.sh
 	@echo lint: ok
 
 root: # The real node needs root: say so before building anything

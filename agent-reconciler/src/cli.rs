@@ -84,6 +84,7 @@ pub struct RunArgs {
     pub admin_addr: SocketAddr,
     /// Folder of the CNI plugin's <pod uid>.json records ({"netns": "/var/run/netns/..."}): TCP
     /// delivery then dials 127.0.0.1:<port> inside the pod's network namespace instead of its IP.
+    /// A pod's record is read on the pod's events and on every --recheck-seconds, not per update.
     #[arg(long, env = "AETHER_CNI_RECORDS_DIR")]
     pub cni_records_dir: Option<PathBuf>,
     /// The container runtime's CRI socket (containerd; CRI-O: unix:///var/run/crio/crio.sock),

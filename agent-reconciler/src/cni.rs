@@ -2,7 +2,8 @@
 //!
 //! The netns path is not in the Kubernetes API; the CNI plugin knows it. With
 //! `--cni-records-dir DIR`, the agent reads `DIR/<pod uid>.json` = `{"netns": "/var/run/netns/..."}`
-//! when it renders a TCP delivery, and dials `127.0.0.1:<port>` inside that namespace. Without a
+//! on the pod's events and on each periodic re-check (the driver stores the answer in the index,
+//! so render does no I/O), and dials `127.0.0.1:<port>` inside that namespace. Without a
 //! record it dials the pod IP. A record whose netns is not an absolute path is ignored (logged).
 
 use std::path::PathBuf;

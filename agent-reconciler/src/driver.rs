@@ -65,25 +65,7 @@ pub enum Event {
     Netns(Vec<NetnsUpdate>),
 }
 
-/// What the loop reports to the admin endpoints.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Status {
-    /// Managed pods by effective delivery: `pipe`, `tcp`, `waiting`.
-    pub pods: HashMap<&'static str, usize>,
-    /// `Some(true)` once policies are watched, `Some(false)` while the CRD is absent, `None`
-    /// before the API server answered.
-    pub crd_installed: Option<bool>,
-    /// True once the first complete pod list arrived from the API server.
-    pub pods_synced: bool,
-    /// Open policy conflicts.
-    pub conflicts: usize,
-    /// Managed pods by `(delivery, source)`: delivery `pipe`/`tcp`/`waiting`, source
-    /// `annotation`/`policy`/`none` (where the socket request came from).
-    pub by_source: BTreeMap<(&'static str, &'static str), usize>,
-    /// Pods that asked for a socket and are delivered over TCP, by cause label
-    /// ([`crate::TcpReason::label`]); every cause listed.
-    pub fallbacks: BTreeMap<&'static str, usize>,
-}
+pub use aether_agent_core::status::Status;
 
 /// What the state dir keeps for pod Events (`pod-events.json`).
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -291,10 +273,11 @@ impl Driver {
                 Ok(Some(rec)) => {
                     let uid = rec.uid.clone();
                     self.netns.ask(&rec);
-                    let change = self.index.apply_pod(rec.clone());
+                    let mut change = self.index.apply_pod(rec.clone());
                     if !change.rerendered.is_empty() {
                         self.save_pod(&uid, &rec);
                     }
+                    merge(&mut change, self.refresh_netns([uid.as_str()]));
                     self.after(change, false);
                 }
                 Ok(None) => self.delete_pod(&pod),
@@ -317,7 +300,7 @@ impl Driver {
                 let gone: Vec<String> = self.netns.asked.keys().filter(|u| !keep.contains(*u)).cloned().collect();
                 gone.iter().for_each(|u| self.netns.forget(u));
                 let by_uid: HashMap<String, PodRecord> = records.iter().map(|r| (r.uid.clone(), r.clone())).collect();
-                let change = self.index.reset_pods(records);
+                let mut change = self.index.reset_pods(records);
                 if let Some(store) = &self.store {
                     // Only what the relist changed is written; a relist of the same state writes nothing.
                     for key in &change.rerendered {
@@ -332,6 +315,7 @@ impl Driver {
                     }
                 }
                 self.status.send_modify(|s| s.pods_synced = true);
+                merge(&mut change, self.refresh_netns(keep.iter().map(String::as_str)));
                 self.after(change, false);
                 self.send_deferred(&keep);
             }
@@ -384,26 +368,49 @@ impl Driver {
                 self.after(change, true);
             }
             Event::Netns(updates) => {
-                let live: HashSet<&str> = self.index.pods().map(|p| p.uid.as_str()).collect();
-                let mut changed = false;
+                let live: HashSet<String> = self.index.pods().map(|p| p.uid.clone()).collect();
+                let mut changed = Vec::new();
                 for update in updates {
-                    let is_live = live.contains(update.0.as_str());
-                    changed |= self.netns.update(update, is_live);
+                    let uid = update.0.clone();
+                    if self.netns.update(update, live.contains(&uid)) {
+                        changed.push(uid);
+                    }
                 }
-                if changed {
+                if self.refresh_netns(changed.iter().map(String::as_str)).map_changed {
                     self.publish();
                 }
             }
             Event::Recheck => {
                 self.netns.ask_unknown(self.index.pods());
                 let all: Vec<PodKey> = self.index.snapshot().iter().map(|(k, _)| k.clone()).collect();
+                // CNI records written since the pod's last event are picked up here.
+                let uids: Vec<String> = all.iter().map(|k| k.uid.clone()).collect();
+                let netns_moved = self.refresh_netns(uids.iter().map(String::as_str)).map_changed;
                 let changed = self.check_pipes(&all);
                 if !changed.is_empty() {
                     self.observe(&changed);
+                }
+                if !changed.is_empty() || netns_moved {
                     self.publish();
                 }
             }
         }
+    }
+
+    /// Gathers the netns fact of each pod in `uids` (the runtime's answer first, then a CNI
+    /// record under `--cni-records-dir`, else none: the pod IP is dialed) and stores it in the
+    /// index, so render does no I/O. Runs on the pod's events, the runtime's answers and the
+    /// periodic re-check; a CNI record is read there, never per publish.
+    fn refresh_netns<'a>(&mut self, uids: impl IntoIterator<Item = &'a str>) -> Change {
+        let mut change = Change::default();
+        for uid in uids {
+            let fact = self.netns.known.get(uid).cloned().or_else(|| self.cni.netns(uid));
+            let one = self.index.set_netns(uid, fact);
+            change.rerendered.extend(one.rerendered);
+            change.map_changed |= one.map_changed;
+        }
+        change.rerendered.sort();
+        change
     }
 
     fn delete_pod(&mut self, pod: &Pod) {
@@ -582,9 +589,7 @@ impl Driver {
 
     fn publish(&mut self) {
         let map = self.index.snapshot();
-        let (cni, known) = (&self.cni, &self.netns.known);
-        // The runtime's answer first, then a CNI record (--cni-records-dir), else the pod IP.
-        let rendered = render::render(&map, &|uid| known.get(uid).cloned().or_else(|| cni.netns(uid)), &self.refused);
+        let rendered = render::render(&map, &self.refused);
         let mut pods: HashMap<&'static str, usize> = HashMap::new();
         let mut by_source: BTreeMap<(&'static str, &'static str), usize> = BTreeMap::new();
         for (key, e) in &rendered.effective {
@@ -725,6 +730,35 @@ mod tests {
         d.handle(Event::Netns(vec![(UID_A.into(), Ok(Some(netns("cni-3"))))]));
         d.handle(Event::PodDeleted(Box::new(p)));
         assert!(d.netns.known.is_empty() && d.netns.asked.is_empty());
+    }
+
+    #[test]
+    fn a_cni_record_is_read_on_the_pods_events_and_the_recheck_never_per_publish() {
+        use crate::xds::resources::Endpoint;
+        let (state, records) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (status, _) = watch::channel(Status::default());
+        let cni = CniRecords::new(Some(records.path().to_owned()));
+        let settings = Settings::new("/var/lib/kubelet/pods", true);
+        let mut d = Driver::new(Index::new(settings), Some(StateStore::open(state.path()).unwrap()), cni, tx, status);
+        let mut p = with_socket(pod("a", UID_A), None);
+        p.status = Some(serde_json::from_value(serde_json::json!({"podIPs": [{"ip": "10.1.2.3"}]})).unwrap());
+        d.handle(Event::PodApplied(Box::new(p.clone())));
+        let by_ip = Endpoint::Tcp { address: "10.1.2.3".parse().unwrap(), port: 8080, netns: None };
+        assert_eq!(app_endpoint(&rx, "a"), by_ip);
+
+        // Written after the pod's event: another pod's event (a publish) does not read it ...
+        std::fs::write(records.path().join(format!("{UID_A}.json")), br#"{"netns": "/var/run/netns/cni-1"}"#).unwrap();
+        d.handle(Event::PodApplied(Box::new(with_socket(pod("b", UID_B), None))));
+        assert_eq!(app_endpoint(&rx, "a"), by_ip);
+        // ... the periodic re-check does.
+        d.handle(Event::Recheck);
+        let inside = Endpoint::Tcp {
+            address: "127.0.0.1".parse().unwrap(),
+            port: 8080,
+            netns: Some("/var/run/netns/cni-1".into()),
+        };
+        assert_eq!(app_endpoint(&rx, "a"), inside);
     }
 
     #[test]

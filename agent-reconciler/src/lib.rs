@@ -1,32 +1,33 @@
 //! aether's node reconciler, embedded in `aether-agent` (proposal 034 Phases 1 and 1b, agent
 //! side; DESIGN.md "What runs where").
 //!
+//! Two layers (issue 11):
+//! - the **pure core**, crate `aether-agent-core` (re-exported here under the same paths):
+//!   [`record`], [`settings`](aether_agent_core::settings), [`fold`], [`index`] (which also keeps
+//!   the per-pod node facts the shell gathers, e.g. the netns), [`names`], [`model`] (the xDS
+//!   layer's input), [`render`], [`refusal`](aether_agent_core::refusal), [`fallback`],
+//!   [`pod_events`], [`status`], and the pure half of [`plan`]. No tokio, hyper, tonic or kube
+//!   client in its dependency tree (`make lint` checks it).
+//! - this crate, the **I/O shell**, which feeds the core facts and serves what it returns.
+//!
 //! ```text
-//! watch (Pods on this node, CRD-gated EndpointPolicies)
-//!   └─► driver: Event ─► Index (record ─► fold) ─► fscheck (lstat) ─► render ─► Snapshot
-//!                          │ store (--state-dir)                                  │
+//! watch (Pods on this node, CRD-gated EndpointPolicies)   runtime / cni (pod netns)
+//!   └─► driver: Event ─► core Index (record ─► fold, + netns facts) ─► fscheck (lstat)
+//!                          │ store (--state-dir)          core render ─► model::Snapshot
 //!                          ▼                                                      ▼
-//!                  replay at boot                          xds: Renderer ─► ADS server ─► Envoy
+//!                  replay at boot                xds: encoder (resources) ─► ADS server ─► Envoy
 //! ```
 //!
-//! Pure (no I/O, no async): [`record`] (the only fields the fold needs, extracted from API
-//! objects), [`fold`] (per-pod precedence: annotation, even invalid, over policy over TCP; the
-//! tie-break), [`index`] (incremental: a pod event re-renders one pod, a policy event only its
-//! service's pods, a resync nothing, a relist equals a fresh build), [`names`] (namespace-qualified
-//! Envoy names), [`render`] (delivery map to xDS input), [`plan`] (offline `aether-agent plan`; only
-//! its `read_yaml` and `command` read files and print),
-//! [`xds::resources`] (Envoy protos, content-hash versions), [`fallback`] (the one vocabulary of
-//! TCP-fallback reasons: label, Event reason, note detail, remedy), [`pod_events`] (which pod gets
-//! a fallback Event, once per cause).
-//!
-//! I/O: [`fscheck`] (symlink refusal), [`store`] (state dir), [`cni`] (netns records),
-//! [`runtime`] (pod netns from the container runtime over CRI),
-//! [`watch`] (kube-runtime watchers), [`driver`] (the reconcile loop), [`xds::server`] (ADS,
-//! ACK/NACK tracking, connected streams), [`xds::readiness`] (is Envoy caught up: pure),
-//! [`recorder`] (the pod Event task), [`metrics`] and [`admin`] (`/healthz`, `/readyz`,
-//! `/metrics`), [`shutdown`] (which socket files to remove at exit: pure decisions, then
-//! `lstat`/unlink), [`agent`] (`run`), [`startup`] (`run` from its flags: the tokio runtime, the
-//! exit code), [`cli`] (the command line, and [`cli::dispatch`] to the subcommand), [`logging`].
+//! I/O: [`fscheck`] (symlink refusal), [`store`] (state dir), [`cni`] (netns records, read on a
+//! pod's events and the periodic re-check), [`runtime`] (pod netns from the container runtime over
+//! CRI), [`watch`] (kube-runtime watchers), [`driver`] (the reconcile loop), [`xds::resources`]
+//! (the encoder: Envoy protos, content-hash versions), [`xds::server`] (ADS, ACK/NACK tracking,
+//! connected streams), [`xds::readiness`] (is Envoy caught up: pure), [`recorder`] (the pod Event
+//! task), [`metrics`] and [`admin`] (`/healthz`, `/readyz`, `/metrics`), [`shutdown`] (which
+//! socket files to remove at exit: pure decisions, then `lstat`/unlink), [`agent`] (`run`),
+//! [`startup`] (`run` from its flags: the tokio runtime, the exit code), [`cli`] (the command
+//! line, and [`cli::dispatch`] to the subcommand), [`plan`] (`aether-agent plan`: reads and
+//! prints), [`logging`].
 
 #![forbid(unsafe_code)]
 
@@ -35,18 +36,11 @@ pub mod agent;
 pub mod cli;
 pub mod cni;
 pub mod driver;
-pub mod fallback;
-pub mod fold;
 pub mod fscheck;
-pub mod index;
 pub mod logging;
 pub mod metrics;
-pub mod names;
 pub mod plan;
-pub mod pod_events;
-pub mod record;
 pub mod recorder;
-pub mod render;
 pub mod runtime;
 pub mod shutdown;
 pub mod startup;
@@ -54,7 +48,8 @@ pub mod store;
 pub mod watch;
 pub mod xds;
 
-pub use fallback::TcpReason;
-pub use fold::{Delivery, Settings, Source};
-pub use index::{Change, Conflict, DeliveryMap, Index, PodDelivery};
-pub use record::{PodKey, PodRecord, PolicyRecord, RecordError};
+// The pure core, re-exported under its old paths (`aether_agent_reconciler::fold::...`).
+pub use aether_agent_core::{
+    Change, Conflict, Delivery, DeliveryMap, Index, PodDelivery, PodKey, PodRecord, PolicyRecord, RecordError,
+    Settings, Source, TcpReason, fallback, fold, index, model, names, pod_events, record, render, status,
+};

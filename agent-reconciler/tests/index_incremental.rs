@@ -252,3 +252,28 @@ fn uninstalling_the_crd_reverts_policy_pods_to_tcp_and_keeps_annotation_pods() {
     assert_eq!(source_of(&index, &by_policy), Source::NoSocketDeclared);
     assert_eq!(source_of(&index, &by_annotation), Source::Annotation);
 }
+
+#[test]
+fn a_netns_fact_rerenders_its_pod_only_survives_a_refold_and_goes_with_the_pod() {
+    let (mut index, pods) = three_services();
+    let (a, b) = (&pods[0], &pods[1]);
+    let netns_of = |index: &Index, p: &PodRecord| index.snapshot().get(&p.key()).unwrap().netns.clone();
+
+    let change = index.set_netns(&a.uid, Some("/run/netns/cni-a".into()));
+    assert_eq!(change.rerendered, [a.key()]);
+    assert!(change.map_changed);
+    assert!(index.set_netns(&a.uid, Some("/run/netns/cni-a".into())).is_empty(), "an equal fact changes nothing");
+    assert!(index.set_netns(&uid(99_999), Some("/run/netns/x".into())).is_empty(), "no fact for an unknown pod");
+
+    // A policy change re-folds the pod; its netns fact stays.
+    index.apply_policy(policy("shop", "cart-uds", "cart", "sockets/q.sock"));
+    assert_eq!(netns_of(&index, a).as_deref(), Some("/run/netns/cni-a"));
+    assert_eq!(netns_of(&index, b), None);
+
+    // Deleted and re-added under the same UID: the old fact is gone with it.
+    index.delete_pod(&a.uid);
+    index.apply_pod(a.clone());
+    assert_eq!(netns_of(&index, a), None);
+    let change = index.set_netns(&a.uid, None);
+    assert!(change.is_empty());
+}

@@ -76,10 +76,6 @@ pub fn settings() -> Settings {
     Settings::new(PODS_DIR, true)
 }
 
-fn no_netns(_: &str) -> Option<String> {
-    None
-}
-
 /// The agent's state for one node: the index, the last snapshot and the xDS renderer's cache.
 pub struct Node {
     pub index: Index,
@@ -98,7 +94,7 @@ impl Node {
         index.reset_policies(policies);
         index.reset_pods(pods);
         let refused = HashMap::new();
-        let snapshot = render::render(&index.snapshot(), &no_netns, &refused).snapshot;
+        let snapshot = render::render(&index.snapshot(), &refused).snapshot;
         let mut renderer = Renderer::new(RenderOptions::default());
         let resources = renderer.render(&snapshot);
         Node { index, renderer, snapshot, resources, refused }
@@ -106,7 +102,7 @@ impl Node {
 
     /// `render::render` of the current delivery map (cluster specs, no encoding).
     pub fn render_specs(&self) -> Snapshot {
-        render::render(&self.index.snapshot(), &no_netns, &self.refused).snapshot
+        render::render(&self.index.snapshot(), &self.refused).snapshot
     }
 
     /// What the agent does after one index mutation (driver `after` + xDS renderer): when the
@@ -114,7 +110,7 @@ impl Node {
     /// clusters whose spec changed.
     pub fn publish(&mut self, change: &Change) {
         if change.map_changed {
-            self.snapshot = render::render(&self.index.snapshot(), &no_netns, &self.refused).snapshot;
+            self.snapshot = render::render(&self.index.snapshot(), &self.refused).snapshot;
             self.resources = self.renderer.render(&self.snapshot);
         }
     }
@@ -137,7 +133,7 @@ impl Node {
         index.reset_policies((0..n_policies).map(|k| policy(k, false)));
         index.reset_pods((0..n_pods).map(|i| pod(i, false)));
         let refused = HashMap::new();
-        let snapshot = render::render(&index.snapshot(), &no_netns, &refused).snapshot;
+        let snapshot = render::render(&index.snapshot(), &refused).snapshot;
         let mut renderer = Renderer::new(RenderOptions::default());
         let resources = renderer.render(&snapshot);
         Node { index, renderer, snapshot, resources, refused }

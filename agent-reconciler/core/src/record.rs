@@ -26,7 +26,7 @@ use aether_crds::udspath::is_dns1123_label;
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
-use crate::fold::Settings;
+use crate::settings::Settings;
 
 /// The ServiceAccount a pod runs as when `spec.serviceAccountName` is unset or empty (the API
 /// server's ServiceAccount admission plugin defaults it to this name).

@@ -17,7 +17,7 @@
 //! my pod stay on TCP?") is checked against this list by a test.
 //!
 //! Adding a reason: one entry in the list below, the rule that produces it (the fold in
-//! [`crate::fold::deliver`], an on-disk [`crate::fscheck::Refusal`], or
+//! [`crate::fold::deliver`], an on-disk [`crate::refusal::Refusal`], or
 //! [`crate::pod_events::classify`]), and the row the docs test prints.
 //!
 //! Plain TCP (no socket declared) is not a fallback and has no reason here: it is
@@ -36,7 +36,7 @@ pub enum Detail {
     /// Decided by the fold against the byte budget; the note adds the budget arithmetic
     /// (`107 - len(pods dir) - 70 = N bytes`) when the node has a budget.
     FoldWithBudget,
-    /// Decided by the on-disk check ([`crate::fscheck`]); the note adds the refusal.
+    /// Decided by the on-disk check (the on-disk check (`aether_agent_reconciler::fscheck`)); the note adds the refusal.
     Refusal,
     /// Decided from the CRD's absence; the note names the policy that governed the pod's service
     /// key when the EndpointPolicy CRD went away.
@@ -327,7 +327,7 @@ mod tests {
 
     #[test]
     fn the_detail_matches_where_each_reason_is_decided() {
-        use crate::fscheck::Refusal;
+        use crate::refusal::Refusal;
         let refusals = [
             Refusal::Symlink { path: "/p".into() },
             Refusal::NotDirectory { path: "/p".into() },
@@ -346,7 +346,7 @@ mod tests {
     /// The operator table of `docs/workload-requirements.md` lists every reason as declared here.
     #[test]
     fn the_operator_docs_list_every_reason() {
-        let doc = include_str!("../../docs/workload-requirements.md");
+        let doc = include_str!("../../../docs/workload-requirements.md");
         let mut missing = Vec::new();
         for r in TcpReason::ALL.iter().copied() {
             let meaning = r.meaning().split_whitespace().collect::<Vec<_>>().join(" ");

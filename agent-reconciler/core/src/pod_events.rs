@@ -32,9 +32,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::fallback::{Detail, TcpReason};
 use crate::fold::{Delivery, Source};
-use crate::fscheck::Refusal;
 use crate::index::PodDelivery;
 use crate::record::PodKey;
+use crate::refusal::Refusal;
 
 /// The Event reason of the one `Normal` event: a reported pod is delivered over its socket again.
 pub const DELIVERED_REASON: &str = "UdsSocketDelivered";

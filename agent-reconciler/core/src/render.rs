@@ -7,18 +7,19 @@
 //!
 //! The endpoint is the pipe for a pod delivered over its socket, unless the on-disk check refused
 //! it (then TCP, with the refusal as the reason). TCP is `127.0.0.1:<port>` inside the pod's network
-//! namespace when the CNI record gives one, else `<pod IP>:<port>`. A TCP pod with neither yet gets
+//! namespace when the index holds one for the pod (the container runtime's answer, else a CNI
+//! record), else `<pod IP>:<port>`. A TCP pod with neither yet gets
 //! no cluster until it has one ("rendered once they have what their delivery needs"), but its
 //! health cluster name is listed, so the health gateway reports it unhealthy (503), not unknown.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 
-use crate::fscheck::Refusal;
 use crate::index::DeliveryMap;
+use crate::model::{self as xds, ClusterSpec, Endpoint, Snapshot};
 use crate::names;
 use crate::record::{AppProtocol, HealthCheck, PodKey, PodRecord};
-use crate::xds::resources::{self as xds, ClusterSpec, Endpoint, Snapshot};
+use crate::refusal::Refusal;
 
 /// Where a rendered pod is actually delivered, after the on-disk check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,21 +48,18 @@ fn tcp_endpoint(pod: &PodRecord, port: u16, netns: Option<&str>) -> Option<Endpo
     }
 }
 
-/// Renders `map` into clusters. `netns(uid)` gives a pod's network-namespace path from the CNI
-/// records (or `None`); `refused` holds the pods whose pipe the on-disk check refused.
-pub fn render(
-    map: &DeliveryMap,
-    netns: &dyn Fn(&str) -> Option<String>,
-    refused: &HashMap<PodKey, Refusal>,
-) -> Rendered {
+/// Renders `map` into clusters: pure, no I/O. Each entry's [`crate::PodDelivery::netns`] (a node
+/// fact the shell stored in the index) says where TCP is dialed; `refused` holds the pods whose
+/// pipe the on-disk check refused.
+pub fn render(map: &DeliveryMap, refused: &HashMap<PodKey, Refusal>) -> Rendered {
     let mut out = Rendered::default();
     for (key, entry) in map.iter() {
         let pod = &entry.pod;
         let pipe = entry.delivery.path.as_ref().filter(|_| !refused.contains_key(key)).map(|p| p.as_str().to_owned());
-        let ns = netns(&pod.uid);
+        let ns = entry.netns.as_deref();
         let endpoint_for = |port: u16| match &pipe {
             Some(path) => Some(Endpoint::Pipe { path: path.clone() }),
-            None => tcp_endpoint(pod, port, ns.as_deref()),
+            None => tcp_endpoint(pod, port, ns),
         };
         let primary = pod.primary_port();
         let health_name = names::health_cluster(&pod.namespace, &pod.name);
@@ -127,18 +125,21 @@ mod tests {
     }
 
     fn map_of(p: PodRecord) -> DeliveryMap {
-        let mut index = Index::new(Settings::new("/var/lib/kubelet/pods", true));
-        index.apply_pod(p);
-        (*index.snapshot()).clone()
+        map_in_netns(p, None)
     }
 
-    fn no_netns(_: &str) -> Option<String> {
-        None
+    /// The map of one pod whose netns fact the shell set to `netns`.
+    fn map_in_netns(p: PodRecord, netns: Option<&str>) -> DeliveryMap {
+        let mut index = Index::new(Settings::new("/var/lib/kubelet/pods", true));
+        let uid = p.uid.clone();
+        index.apply_pod(p);
+        index.set_netns(&uid, netns.map(str::to_owned));
+        (*index.snapshot()).clone()
     }
 
     #[test]
     fn a_pipe_pod_gets_one_app_cluster_per_port_and_a_health_cluster_all_on_the_socket() {
-        let r = render(&map_of(pod(Some("s/app.sock"), &[])), &no_netns, &HashMap::new());
+        let r = render(&map_of(pod(Some("s/app.sock"), &[])), &HashMap::new());
         let names: Vec<&str> = r.snapshot.clusters.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["app_shop_cart-1_8080", "app_shop_cart-1_9090", "health_shop_cart-1"]);
         let path = format!("/var/lib/kubelet/pods/{UID}/volumes/kubernetes.io~empty-dir/s/app.sock");
@@ -150,11 +151,10 @@ mod tests {
 
     #[test]
     fn a_refused_pipe_falls_back_to_tcp_in_the_pods_netns() {
-        let map = map_of(pod(Some("s/app.sock"), &["10.1.2.3"]));
+        let map = map_in_netns(pod(Some("s/app.sock"), &["10.1.2.3"]), Some("/var/run/netns/cni-1"));
         let key = map.iter().next().unwrap().0.clone();
         let refused = HashMap::from([(key.clone(), Refusal::Symlink { path: "/x".into() })]);
-        let netns = |_: &str| Some("/var/run/netns/cni-1".to_owned());
-        let r = render(&map, &netns, &refused);
+        let r = render(&map, &refused);
         assert_eq!(
             r.snapshot.clusters[0].endpoint,
             Endpoint::Tcp {
@@ -168,12 +168,12 @@ mod tests {
 
     #[test]
     fn a_tcp_pod_without_netns_uses_its_ip_and_waits_without_one() {
-        let r = render(&map_of(pod(None, &["10.1.2.3"])), &no_netns, &HashMap::new());
+        let r = render(&map_of(pod(None, &["10.1.2.3"])), &HashMap::new());
         assert_eq!(
             r.snapshot.clusters[0].endpoint,
             Endpoint::Tcp { address: "10.1.2.3".parse().unwrap(), port: 8080, netns: None }
         );
-        let r = render(&map_of(pod(None, &[])), &no_netns, &HashMap::new());
+        let r = render(&map_of(pod(None, &[])), &HashMap::new());
         assert!(r.snapshot.clusters.is_empty());
         assert_eq!(r.snapshot.health_clusters, ["health_shop_cart-1"], "the gateway answers 503 for a waiting pod");
         assert_eq!(r.effective.values().next(), Some(&Effective::Waiting));

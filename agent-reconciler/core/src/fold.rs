@@ -20,55 +20,14 @@
 //! A failure degrades that one pod to TCP with a [`TcpReason`] (the one fallback vocabulary,
 //! [`crate::fallback`]) and a human message; it never affects another pod.
 
-use aether_crds::Rules;
 use aether_crds::pod::UDS_SOCKET_ANNOTATION;
 use aether_crds::tiebreak::{self, Resolution};
-use aether_crds::udspath::{Budget, PodDirId, PodsDirError, SocketError, SocketPath, UID_BYTES};
+use aether_crds::udspath::{PodDirId, SocketError, SocketPath, UID_BYTES};
 
 use crate::fallback::TcpReason;
 use crate::record::{PodRecord, PolicyRecord};
 
-/// The node's configuration the fold depends on. Fixed for the life of an index: changing it
-/// means building a new one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
-    uds_workloads: bool,
-    rules: Rules,
-}
-
-impl Settings {
-    /// Settings for the kubelet pods dir *as the proxy sees it* (`--kubelet-pods-dir`) and the
-    /// `--uds-workloads` switch: [`Settings::with_rules`] of [`Rules::new`]`(pods_dir)`.
-    pub fn new(pods_dir: &str, uds_workloads: bool) -> Self {
-        Settings::with_rules(Rules::new(pods_dir), uds_workloads)
-    }
-
-    /// Settings from the node's [`Rules`] (built once at start-up) and the `--uds-workloads`
-    /// switch. Rules without a usable budget are kept as they are: every pod is then delivered
-    /// over TCP with [`TcpReason::BudgetConfig`] (field report F02); the binary also reports it
-    /// loudly at start-up.
-    pub fn with_rules(rules: Rules, uds_workloads: bool) -> Self {
-        Settings { uds_workloads, rules }
-    }
-
-    /// The rules policies and socket values are judged by.
-    pub fn rules(&self) -> &Rules {
-        &self.rules
-    }
-
-    /// Whether pipes may be rendered at all (`--uds-workloads`).
-    pub fn uds_workloads(&self) -> bool {
-        self.uds_workloads
-    }
-
-    /// The socket budget of the pods dir, or why there is none.
-    ///
-    /// # Errors
-    /// The [`PodsDirError`] of [`Budget::new`] for the configured pods dir.
-    pub fn budget(&self) -> Result<&Budget, &PodsDirError> {
-        self.rules.budget()
-    }
-}
+pub use crate::settings::Settings;
 
 /// Where a pod's delivery comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -20,14 +20,18 @@ use aether_crds::tiebreak::{Resolution, ServiceKey};
 use crate::fold::{self, Delivery, Settings};
 use crate::record::{PodKey, PodRecord, PolicyRecord};
 
-/// One pod's entry in the [`DeliveryMap`]: its record (ports, health, IPs for rendering) and
-/// its delivery.
+/// One pod's entry in the [`DeliveryMap`]: its record (ports, health, IPs for rendering), its
+/// delivery, and the node facts render needs that the API does not hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodDelivery {
     /// The pod as last reported.
     pub pod: Arc<PodRecord>,
     /// What the fold decided for it.
     pub delivery: Delivery,
+    /// The pod's network-namespace file as the proxy sees it (absolute path), when the shell
+    /// has learnt it (container runtime, else a CNI record) via [`Index::set_netns`]; TCP is then
+    /// dialed at `127.0.0.1` inside it. `None` = dial the pod IP.
+    pub netns: Option<String>,
 }
 
 /// Every managed pod on the node and its delivery, ordered by [`PodKey`]. Entries are shared
@@ -107,6 +111,9 @@ pub struct Index {
     pods_by_service: HashMap<ServiceKey, BTreeSet<String>>,
     policies_by_service: HashMap<ServiceKey, BTreeSet<PolicyId>>,
     conflicts: BTreeMap<ServiceKey, Conflict>,
+    /// Pod UID → netns path: node facts gathered by the shell when the pod changes, kept here so
+    /// render does no I/O.
+    netns: HashMap<String, String>,
     map: Arc<DeliveryMap>,
 }
 
@@ -120,6 +127,7 @@ impl Index {
             pods_by_service: HashMap::new(),
             policies_by_service: HashMap::new(),
             conflicts: BTreeMap::new(),
+            netns: HashMap::new(),
             map: Arc::default(),
         }
     }
@@ -171,6 +179,24 @@ impl Index {
         self.edit_pods(listed.chain(gone.into_iter().map(|uid| (uid, None))))
     }
 
+    /// Sets (or, with `None`, clears) the network-namespace path of pod `uid`, a fact the shell
+    /// gathers from the container runtime or a CNI record when the pod changes (and on the periodic
+    /// re-check). Re-renders that pod when the value changed and the pod is known; a fact for an
+    /// unknown UID is not kept (the pod's first event asks again). Nothing for an equal value.
+    pub fn set_netns(&mut self, uid: &str, netns: Option<String>) -> Change {
+        let mut change = Change::default();
+        if self.netns.get(uid) == netns.as_ref() {
+            return change;
+        }
+        let Some(pod) = self.pods.get(uid).cloned() else { return change };
+        match netns {
+            Some(path) => self.netns.insert(uid.to_owned(), path),
+            None => self.netns.remove(uid),
+        };
+        self.render(pod, &mut change);
+        change
+    }
+
     /// A policy was added or modified. Re-renders the pods of its service key (and of its old
     /// key if the target moved) when the winner there changed; nothing otherwise.
     pub fn apply_policy(&mut self, policy: PolicyRecord) -> Change {
@@ -204,6 +230,9 @@ impl Index {
             let new_key = new.as_ref().map(PodRecord::key);
             if let Some(old) = self.pods.remove(&uid) {
                 unlink(&mut self.pods_by_service, &old.service_key(), &uid);
+                if new.is_none() {
+                    self.netns.remove(&uid);
+                }
                 let old_key = old.key();
                 if new_key.as_ref() != Some(&old_key) {
                     Arc::make_mut(&mut self.map).entries.remove(&old_key);
@@ -300,7 +329,8 @@ impl Index {
     fn render(&mut self, pod: Arc<PodRecord>, change: &mut Change) {
         let key = pod.key();
         let delivery = fold::deliver(&pod, self.winner(&pod.service_key()), &self.settings);
-        let entry = PodDelivery { pod, delivery };
+        let netns = self.netns.get(&pod.uid).cloned();
+        let entry = PodDelivery { pod, delivery, netns };
         if self.map.entries.get(&key).map(Arc::as_ref) != Some(&entry) {
             Arc::make_mut(&mut self.map).entries.insert(key.clone(), Arc::new(entry));
             change.map_changed = true;
