@@ -102,7 +102,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let server = XdsServer::new(resources.clone())
         .with_metrics(metrics.xds.clone())
         .with_shutdown_wait(Duration::from_secs(args.shutdown_wait_seconds));
-    let envoy = EnvoyView { tracker: server.tracker(), resources, required: args.readyz_requires_envoy };
+    let tracker = server.tracker();
+    let envoy = EnvoyView { tracker: tracker.clone(), resources, required: args.readyz_requires_envoy };
     let xds_task = tokio::spawn(xds::serve_listener(listener, server, stopped(stop.clone())));
 
     tracing::info!(addr = %args.admin_addr, "admin endpoints (/healthz, /readyz, /metrics) listening");
@@ -121,6 +122,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     batch.push(more);
                 }
                 if tx.send(Event::Netns(batch)).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    if let Some(admin) = args.envoy_admin {
+        let (failed_tx, mut failed) = mpsc::channel(16);
+        crate::xds::bind_failures::spawn_watch(tracker, admin, failed_tx);
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(list) = failed.recv().await {
+                if tx.send(Event::InboundBindFailed(list)).await.is_err() {
                     return;
                 }
             }

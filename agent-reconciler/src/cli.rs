@@ -30,7 +30,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Watch pods and policies and serve xDS to the node's Envoy until SIGTERM or SIGINT.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Offline: what each managed pod in a Pod manifest file would get, and why.
     Plan(PlanArgs),
 }
@@ -39,7 +39,7 @@ pub enum Command {
 /// [`crate::plan::command`]. Returns the process exit code.
 pub fn dispatch(command: Command) -> ExitCode {
     match command {
-        Command::Run(args) => crate::startup::run(args),
+        Command::Run(args) => crate::startup::run(*args),
         Command::Plan(args) => crate::plan::command(&args),
     }
 }
@@ -127,6 +127,12 @@ pub struct RunArgs {
         env = "AETHER_READYZ_REQUIRES_ENVOY"
     )]
     pub readyz_requires_envoy: bool,
+    /// Envoy's admin address (plain HTTP, e.g. 127.0.0.1:9901 in the node pod). After an LDS
+    /// NACK the agent reads /config_dump there to learn which inbound listener (one per pod port,
+    /// bound in the pod's netns) Envoy could not bind, stops offering it and puts a Warning Event
+    /// on the pod. Unset: a listener that cannot bind keeps LDS NACKed until its pod changes.
+    #[arg(long, env = "AETHER_ENVOY_ADMIN")]
+    pub envoy_admin: Option<SocketAddr>,
     /// Seconds to wait on SIGTERM/SIGINT, after the xDS server stops accepting, for every Envoy
     /// to close its ADS stream. If they all do (Envoy went away too: pod deletion, uninstall),
     /// the --health-socket file is removed as well; if an Envoy is still connected when the
@@ -191,7 +197,7 @@ mod tests {
     fn run_args(extra: &[&str]) -> RunArgs {
         let args = ["aether-agent", "run", "--node-name", "n1"].iter().chain(extra);
         match Cli::try_parse_from(args).unwrap().command {
-            Command::Run(r) => r,
+            Command::Run(r) => *r,
             Command::Plan(_) => unreachable!(),
         }
     }

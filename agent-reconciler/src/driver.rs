@@ -63,6 +63,9 @@ pub enum Event {
     /// ([`crate::runtime::NetnsLookup`]), as many as had arrived: one publish for all of them
     /// (at start-up every pod gets an answer; one publish each would be O(pods²)).
     Netns(Vec<NetnsUpdate>),
+    /// Inbound listeners Envoy could not bind, read from its config dump after an LDS NACK
+    /// ([`crate::xds::bind_failures`]): each is no longer offered, its pod gets a Warning Event.
+    InboundBindFailed(Vec<crate::xds::bind_failures::BindFailure>),
 }
 
 pub use aether_agent_core::status::Status;
@@ -380,6 +383,7 @@ impl Driver {
                     self.publish();
                 }
             }
+            Event::InboundBindFailed(failures) => self.inbound_bind_failed(failures),
             Event::Recheck => {
                 self.netns.ask_unknown(self.index.pods());
                 let all: Vec<PodKey> = self.index.snapshot().iter().map(|(k, _)| k.clone()).collect();
@@ -394,6 +398,40 @@ impl Driver {
                     self.publish();
                 }
             }
+        }
+    }
+
+    /// Stops offering each inbound listener Envoy could not bind, and tells the pod why.
+    fn inbound_bind_failed(&mut self, failures: Vec<crate::xds::bind_failures::BindFailure>) {
+        let map = self.index.snapshot();
+        let mut changed = false;
+        for f in failures {
+            let found = map.iter().find(|(k, _)| k.namespace == f.namespace && k.name == f.pod);
+            let Some((key, _)) = found else { continue };
+            if !self.index.mark_inbound_failed(&key.uid, f.port).map_changed {
+                continue;
+            }
+            changed = true;
+            let note = format!(
+                "the node proxy could not listen on port {} in the pod's network namespace ({}); \
+                 is the app also listening on it? Traffic to this port through its Service does not \
+                 reach the socket. The listener is tried again when the pod is re-created",
+                f.port, f.details
+            );
+            tracing::warn!(pod = %key, port = f.port, details = %f.details, "inbound listener failed to bind; no longer offered");
+            if let Some(tx) = &self.notices {
+                tx.send(pod_events::Notice {
+                    pod: key.clone(),
+                    severity: pod_events::Severity::Warning,
+                    reason: pod_events::INBOUND_BIND_FAILED_REASON,
+                    label: pod_events::INBOUND_BIND_FAILED_LABEL,
+                    action: "ListenInPodNetns",
+                    note: pod_events::clip_note(note),
+                });
+            }
+        }
+        if changed {
+            self.publish();
         }
     }
 
@@ -759,6 +797,40 @@ mod tests {
             netns: Some("/var/run/netns/cni-1".into()),
         };
         assert_eq!(app_endpoint(&rx, "a"), inside);
+    }
+
+    #[test]
+    fn a_listener_envoy_could_not_bind_is_withdrawn_alone_and_its_pod_gets_one_warning() {
+        use crate::xds::bind_failures::BindFailure;
+        let dir = tempfile::tempdir().unwrap();
+        let (d, rx) = driver(dir.path());
+        let (mut d, mut events) = with_notices(d);
+        let mut p = pod("a", UID_A);
+        p.status = Some(serde_json::from_value(serde_json::json!({"podIPs": [{"ip": "10.1.2.3"}]})).unwrap());
+        d.handle(Event::PodsListed(vec![p]));
+        let dirs = crate::runtime::NetnsDirs::new(std::path::Path::new("/run/netns"), None).unwrap();
+        let netns = dirs.translate("/var/run/netns/cni-1").unwrap();
+        d.handle(Event::Netns(vec![(UID_A.into(), Ok(Some(netns)))]));
+        let listeners = |rx: &watch::Receiver<Arc<Snapshot>>| -> Vec<String> {
+            rx.borrow().listeners.iter().map(|l| l.name.clone()).collect()
+        };
+        assert_eq!(listeners(&rx), ["inbound_shop_a_8080"]);
+        drain(&mut events);
+
+        let failure = |pod: &str| BindFailure {
+            namespace: "shop".into(),
+            pod: pod.into(),
+            port: 8080,
+            details: "cannot bind '0.0.0.0:8080': Address already in use".into(),
+        };
+        d.handle(Event::InboundBindFailed(vec![failure("a"), failure("not-on-this-node")]));
+        assert!(listeners(&rx).is_empty());
+        assert!(cluster_names(&rx).contains(&"app_shop_a_8080".to_owned()), "its clusters stay");
+        let reasons = drain(&mut events);
+        assert_eq!(reasons, [pod_events::INBOUND_BIND_FAILED_REASON]);
+        // Envoy reporting the same failure again changes nothing and says nothing.
+        d.handle(Event::InboundBindFailed(vec![failure("a")]));
+        assert!(drain(&mut events).is_empty());
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use aether_agent_reconciler::xds::bind_failures::failed_inbound;
 use aether_agent_reconciler::xds::{
     AckTracker, CLUSTER_TYPE_URL, ClusterSpec, Drained, Endpoint, HealthCheck, HealthTiming, LISTENER_TYPE_URL,
     RenderError, RenderOptions, Renderer, Resources, ServeError, Snapshot, XdsAddr, XdsListener, XdsMetrics, XdsServer,
@@ -129,6 +130,7 @@ fn test_options(dir: &Path) -> RenderOptions {
         },
         health_socket: Some(dir.join("health.sock").to_str().unwrap().to_owned()),
         health_socket_mode: 0o666,
+        ..Default::default()
     }
 }
 
@@ -340,7 +342,11 @@ async fn a_pipe_cluster_delivers_http_through_the_pods_socket() {
     let f = Fixture::with_snapshot("node-a", Snapshot::default()).await;
     let socket = pod_socket(&f, "uid-a", "app.sock");
     let _echo = start_echo(&socket, "echo-a");
-    f.push(Snapshot { clusters: vec![pipe_cluster("app_ns_pod_8080", &socket, None)], health_clusters: vec![] });
+    f.push(Snapshot {
+        clusters: vec![pipe_cluster("app_ns_pod_8080", &socket, None)],
+        health_clusters: vec![],
+        ..Default::default()
+    });
     f.wait_acked().await;
     assert_eq!(f.envoy.cluster_names().unwrap(), vec!["aether_xds", "app_ns_pod_8080"]);
 
@@ -366,6 +372,7 @@ async fn an_unhealthy_host_gets_no_traffic_because_panic_mode_is_off() {
     f.push(Snapshot {
         clusters: vec![pipe_cluster("app_ns_p_8080", &socket, http_check("/unhealthy"))],
         health_clusters: vec![],
+        ..Default::default()
     });
     f.wait_acked().await;
     f.eventually("no healthy upstream", (503, "no healthy upstream".to_owned()), || async {
@@ -394,6 +401,7 @@ async fn the_health_gateway_answers_200_for_healthy_503_for_unhealthy_404_otherw
             // Listed but no such cluster (e.g. it was rejected): unhealthy, not unknown.
             "health_ns_missing".to_owned(),
         ],
+        ..Default::default()
     });
     f.wait_acked().await;
     assert!(f.path("health.sock").exists(), "LDS created the gateway socket");
@@ -423,6 +431,7 @@ async fn an_overlong_pipe_path_is_rejected_before_rendering_and_envoy_never_nack
             pipe_cluster("app_ns_long_8080", Path::new(&long), None),
         ],
         health_clusters: vec![],
+        ..Default::default()
     });
     f.wait_acked().await;
 
@@ -446,6 +455,7 @@ async fn the_same_snapshot_twice_sends_nothing_and_a_burst_is_one_push() {
     let snap = |n: usize| Snapshot {
         clusters: (0..n).map(|i| pipe_cluster(&format!("app_ns_d{i}_8080"), &socket, None)).collect(),
         health_clusters: vec!["health_ns_d".to_owned()],
+        ..Default::default()
     };
     f.push(snap(1));
     f.wait_acked().await;
@@ -559,7 +569,11 @@ async fn metrics_count_pushes_acks_and_nacks_and_time_each_change_to_its_ack() {
     let _echo = start_echo(&socket, "echo-m");
     let changed_at = Instant::now();
     m.clock.changed(changed_at);
-    f.push(Snapshot { clusters: vec![pipe_cluster("app_ns_m_8080", &socket, None)], health_clusters: vec![] });
+    f.push(Snapshot {
+        clusters: vec![pipe_cluster("app_ns_m_8080", &socket, None)],
+        health_clusters: vec![],
+        ..Default::default()
+    });
     f.wait_acked().await;
     let bound = changed_at.elapsed().as_secs_f64();
     assert_eq!(sample(&m, "aether_xds_pushes_total{type=\"cluster\"}"), pushes + 1.0);
@@ -588,7 +602,11 @@ async fn http2_upstreams_get_h2_for_traffic_and_health_checks() {
     let mut app = pipe_cluster("app_ns_h2_9090", &socket, None);
     app.http2 = true;
     let health = pipe_cluster("health_ns_h2", &socket, Some(HealthCheck::Http { path: "/".to_owned(), h2: true }));
-    f.push(Snapshot { clusters: vec![app, health], health_clusters: vec!["health_ns_h2".to_owned()] });
+    f.push(Snapshot {
+        clusters: vec![app, health],
+        health_clusters: vec!["health_ns_h2".to_owned()],
+        ..Default::default()
+    });
     f.wait_acked().await;
     let (status, body) = f.via_inbound("app_ns_h2_9090", "/svc.Echo/Call").await;
     assert_eq!((status, body.as_str()), (200, "echo-h2 HTTP/2.0 GET /svc.Echo/Call"));
@@ -661,6 +679,7 @@ async fn a_tcp_cluster_with_netns_connects_to_loopback_inside_the_pods_namespace
             ClusterSpec { name: "app_ns_hostns_18080".to_owned(), endpoint: tcp(None), health: None, http2: false },
         ],
         health_clusters: vec![],
+        ..Default::default()
     });
     f.wait_acked().await;
     f.eventually("served from the pod netns", 200, || async { f.via_inbound("app_ns_tcp_18080", "/pod.txt").await.0 })
@@ -676,7 +695,11 @@ async fn envoy_keeps_serving_while_the_agent_restarts_and_gets_the_same_version_
     let mut f = Fixture::with_snapshot("node-r", Snapshot::default()).await;
     let socket = pod_socket(&f, "uid-r", "app.sock");
     let _echo = start_echo(&socket, "echo-r");
-    f.push(Snapshot { clusters: vec![pipe_cluster("app_ns_r_8080", &socket, None)], health_clusters: vec![] });
+    f.push(Snapshot {
+        clusters: vec![pipe_cluster("app_ns_r_8080", &socket, None)],
+        health_clusters: vec![],
+        ..Default::default()
+    });
     f.wait_acked().await;
     let before = f.tracker.acked_version("node-r", CLUSTER_TYPE_URL).unwrap();
 
@@ -696,4 +719,140 @@ async fn envoy_keeps_serving_while_the_agent_restarts_and_gets_the_same_version_
     assert_eq!(f.tracker.acked_version("node-r", CLUSTER_TYPE_URL), Some(before));
     assert_eq!(f.tracker.nack_count("node-r", CLUSTER_TYPE_URL), 0);
     assert_eq!(f.via_inbound("app_ns_r_8080", "/again").await.0, 200);
+}
+
+/// A fresh network namespace with loopback up, deleted on drop (test runs as root).
+fn netns_with_lo(tag: &str) -> Netns {
+    let name = format!("aether-{tag}-{}", std::process::id());
+    let status = Command::new("ip").args(["netns", "add", &name]).status().expect("run `ip` (iproute2)");
+    assert!(status.success(), "`ip netns add {name}` failed: this test needs root and iproute2 (the CI runs as root)");
+    let ns = Netns(name);
+    assert!(ns.exec(&["ip", "link", "set", "lo", "up"]).status().unwrap().success());
+    ns
+}
+
+impl Netns {
+    /// `ip netns exec <ns> <args>`.
+    fn exec(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.0]).args(args);
+        cmd
+    }
+
+    /// The path Envoy opens (`network_namespace_filepath`).
+    fn path(&self) -> String {
+        format!("/var/run/netns/{}", self.0)
+    }
+
+    /// GET `http://127.0.0.1:<port><path>` from inside the namespace (a client in the pod):
+    /// `Ok(body)` on 200, `Err(why)` otherwise.
+    fn get(&self, port: u16, path: &str) -> Result<String, String> {
+        let script = format!(
+            "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}{path}', timeout=3).read().decode(), end='')"
+        );
+        let out = self.exec(&["python3", "-c", &script]).output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default().to_owned())
+        }
+    }
+}
+
+fn inbound_listener(name: &str, netns: &Netns, port: u16, cluster: &str) -> aether_agent_reconciler::xds::ListenerSpec {
+    aether_agent_reconciler::xds::ListenerSpec {
+        name: name.to_owned(),
+        netns: netns.path(),
+        port,
+        ipv6: false,
+        cluster: cluster.to_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbound_listener_in_the_pods_netns_delivers_a_clients_request_to_the_apps_socket() {
+    let pod = netns_with_lo("inb");
+    let f = Fixture::with_snapshot("node-in", Snapshot::default()).await;
+    let socket = pod_socket(&f, "uid-in", "app.sock");
+    let _echo = start_echo(&socket, "uds-app");
+    // Nothing listens on the port inside the pod before the listener exists.
+    assert!(pod.get(8080, "/hello").is_err());
+    let snapshot = Snapshot {
+        clusters: vec![pipe_cluster("app_ns_in_8080", &socket, None)],
+        listeners: vec![inbound_listener("inbound_ns_in_8080", &pod, 8080, "app_ns_in_8080")],
+        health_clusters: vec![],
+    };
+    f.push(snapshot.clone());
+    f.wait_acked().await;
+    assert_eq!(pod.get(8080, "/hello").as_deref(), Ok("uds-app HTTP/1.1 GET /hello"));
+    // The host's own loopback has no such listener: it is bound in the pod's namespace only.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", 8080)).is_err());
+
+    // The pod switches to TCP: its listener goes and the port is free in the pod again.
+    f.push(Snapshot { listeners: vec![], ..snapshot });
+    f.wait_acked().await;
+    // SO_REUSEADDR as any server sets it: a TIME_WAIT pair of the last request does not count,
+    // a socket still listening does.
+    let bind = "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); \
+                s.bind(('0.0.0.0', 8080)); s.listen(); print('bound', end='')";
+    f.eventually("the app can bind its port in the pod again", "bound".to_owned(), || async {
+        String::from_utf8_lossy(&pod.exec(&["python3", "-c", bind]).output().unwrap().stdout).into_owned()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_the_app_already_holds_fails_only_its_listener_and_config_dump_names_it() {
+    let (ok_pod, busy_pod) = (netns_with_lo("ok"), netns_with_lo("busy"));
+    // The "app" of busy_pod also listens on TCP 8081 (plain bind, no SO_REUSEPORT).
+    let _app = Proc(
+        busy_pod
+            .exec(&["python3", "-m", "http.server", "8081", "--bind", "0.0.0.0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + WAIT;
+    while busy_pod.get(8081, "/").is_err() {
+        assert!(Instant::now() < deadline, "the app in the busy pod never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let f = Fixture::with_snapshot("node-busy", Snapshot::default()).await;
+    let socket = pod_socket(&f, "uid-ok", "app.sock");
+    let _echo = start_echo(&socket, "uds-ok");
+    f.push(Snapshot {
+        clusters: vec![pipe_cluster("app_ns_ok_8081", &socket, None), pipe_cluster("app_ns_busy_8081", &socket, None)],
+        listeners: vec![
+            inbound_listener("inbound_ns_ok_8081", &ok_pod, 8081, "app_ns_ok_8081"),
+            inbound_listener("inbound_ns_busy_8081", &busy_pod, 8081, "app_ns_busy_8081"),
+        ],
+        health_clusters: vec![],
+    });
+    assert!(
+        f.tracker.wait_for(WAIT, |t| t.nack_count("node-busy", LISTENER_TYPE_URL) >= 1).await,
+        "no LDS NACK: {:?}\n{}",
+        f.tracker.get("node-busy", LISTENER_TYPE_URL),
+        f.envoy.log_tail()
+    );
+    // The other pod's listener was applied and serves.
+    f.eventually("the healthy pod's listener serves", Ok("uds-ok HTTP/1.1 GET /x".to_owned()), || async {
+        ok_pod.get(8081, "/x")
+    })
+    .await;
+    // The app keeps its port: Envoy did not bind beside it.
+    assert!(busy_pod.get(8081, "/").is_ok());
+    // The agent's reading of Envoy's structured state names exactly the failed listener.
+    let dump = f.envoy.admin_json("/config_dump?resource=dynamic_listeners").unwrap();
+    let failed = failed_inbound(&dump);
+    assert_eq!(failed.len(), 1, "{dump:#}");
+    assert_eq!((failed[0].namespace.as_str(), failed[0].pod.as_str(), failed[0].port), ("ns", "busy", 8081));
+    assert!(failed[0].details.contains("Address already in use"), "{:?}", failed[0]);
+    // Not offered any more: the next LDS response is ACKed, the other pod keeps serving.
+    let mut next = f.served_snapshot();
+    next.listeners.retain(|l| l.name != "inbound_ns_busy_8081");
+    f.push(next);
+    f.wait_acked().await;
+    assert_eq!(ok_pod.get(8081, "/y").as_deref(), Ok("uds-ok HTTP/1.1 GET /y"));
+    assert!(busy_pod.get(8081, "/").is_ok());
 }

@@ -32,6 +32,10 @@ pub struct PodDelivery {
     /// has learnt it (container runtime, else a CNI record) via [`Index::set_netns`]; TCP is then
     /// dialed at `127.0.0.1` inside it. `None` = dial the pod IP.
     pub netns: Option<String>,
+    /// Declared ports whose inbound listener Envoy could not bind in that netns (e.g. the app
+    /// also listens on the port), via [`Index::mark_inbound_failed`]: no listener is offered for
+    /// them until the pod's netns changes or the pod is re-created.
+    pub inbound_failed: BTreeSet<u16>,
 }
 
 /// Every managed pod on the node and its delivery, ordered by [`PodKey`]. Entries are shared
@@ -114,6 +118,8 @@ pub struct Index {
     /// Pod UID → netns path: node facts gathered by the shell when the pod changes, kept here so
     /// render does no I/O.
     netns: HashMap<String, String>,
+    /// Pod UID → ports whose inbound listener failed to bind (a node fact from Envoy).
+    inbound_failed: HashMap<String, BTreeSet<u16>>,
     map: Arc<DeliveryMap>,
 }
 
@@ -128,6 +134,7 @@ impl Index {
             policies_by_service: HashMap::new(),
             conflicts: BTreeMap::new(),
             netns: HashMap::new(),
+            inbound_failed: HashMap::new(),
             map: Arc::default(),
         }
     }
@@ -193,6 +200,22 @@ impl Index {
             Some(path) => self.netns.insert(uid.to_owned(), path),
             None => self.netns.remove(uid),
         };
+        // A new namespace is a new sandbox: ports that failed to bind in the old one are tried again.
+        self.inbound_failed.remove(uid);
+        self.render(pod, &mut change);
+        change
+    }
+
+    /// Records that Envoy could not bind the inbound listener of `port` for pod `uid` (a node fact
+    /// the shell learns from Envoy after an LDS NACK). Re-renders that pod without the listener,
+    /// so the node's next LDS update is accepted; the other ports and pods keep theirs. Nothing
+    /// for an unknown pod or a port already marked.
+    pub fn mark_inbound_failed(&mut self, uid: &str, port: u16) -> Change {
+        let mut change = Change::default();
+        let Some(pod) = self.pods.get(uid).cloned() else { return change };
+        if !self.inbound_failed.entry(uid.to_owned()).or_default().insert(port) {
+            return change;
+        }
         self.render(pod, &mut change);
         change
     }
@@ -232,6 +255,7 @@ impl Index {
                 unlink(&mut self.pods_by_service, &old.service_key(), &uid);
                 if new.is_none() {
                     self.netns.remove(&uid);
+                    self.inbound_failed.remove(&uid);
                 }
                 let old_key = old.key();
                 if new_key.as_ref() != Some(&old_key) {
@@ -330,7 +354,8 @@ impl Index {
         let key = pod.key();
         let delivery = fold::deliver(&pod, self.winner(&pod.service_key()), &self.settings);
         let netns = self.netns.get(&pod.uid).cloned();
-        let entry = PodDelivery { pod, delivery, netns };
+        let inbound_failed = self.inbound_failed.get(&pod.uid).cloned().unwrap_or_default();
+        let entry = PodDelivery { pod, delivery, netns, inbound_failed };
         if self.map.entries.get(&key).map(Arc::as_ref) != Some(&entry) {
             Arc::make_mut(&mut self.map).entries.insert(key.clone(), Arc::new(entry));
             change.map_changed = true;

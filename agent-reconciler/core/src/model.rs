@@ -184,11 +184,51 @@ impl ClusterSpec {
     }
 }
 
+/// One inbound listener (proposal 034 "inbound": the listener is bound inside the pod's network
+/// namespace, so registry endpoints stay `<pod IP>:<port>` and clients are unaffected): Envoy
+/// listens on `0.0.0.0:<port>` (and `[::]:<port>` when `ipv6`) in `netns`, without
+/// `SO_REUSEPORT`, and hands every connection to `cluster` (TCP proxy), which dials the app's
+/// socket. Plain data; [`ListenerSpec::validate`] says whether Envoy would accept it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ListenerSpec {
+    /// Envoy listener name, unique on the node: `inbound_<ns>_<pod>_<port>`
+    /// (`crate::names::inbound_listener`).
+    pub name: String,
+    /// Absolute path of the pod's network-namespace file, as the proxy sees it.
+    pub netns: String,
+    /// The declared TCP port, 1..=65535.
+    pub port: u16,
+    /// Also listen on `[::]:<port>` (IPv6 only, `IPV6_V6ONLY`): the pod has an IPv6 address.
+    pub ipv6: bool,
+    /// The delivery cluster connections go to: `app_<ns>_<pod>_<port>`.
+    pub cluster: String,
+}
+
+impl ListenerSpec {
+    /// Checks what Envoy would refuse before anything is rendered: the name and cluster name
+    /// charset, an absolute netns path without NUL, a non-zero port.
+    ///
+    /// # Errors
+    /// The first problem found, as a [`RenderError`].
+    pub fn validate(&self) -> Result<(), RenderError> {
+        validate_name(&self.name)?;
+        validate_name(&self.cluster)?;
+        validate_abs_path(&self.netns)?;
+        if self.port == 0 {
+            return Err(RenderError::ZeroPort);
+        }
+        Ok(())
+    }
+}
+
 /// Everything the node's Envoy should have from us, before rendering.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
     /// Delivery and health clusters, in any order; names must be unique.
     pub clusters: Vec<ClusterSpec>,
+    /// Inbound listeners, one per declared port of each pod delivered over its socket whose
+    /// netns is known; names must be unique.
+    pub listeners: Vec<ListenerSpec>,
     /// Names of the clusters the health gateway answers for at `/healthz/<name>`: 200 when all
     /// of that cluster's hosts pass their active health check, 503 otherwise, including when the
     /// cluster is missing (rejected or not yet known to Envoy).

@@ -1,5 +1,7 @@
-//! Envoy resource names for delivery clusters (DESIGN.md "Envoy resources", field report F10):
-//! `app_<ns>_<pod>_<port>` per declared port and `health_<ns>_<pod>` per pod.
+//! Envoy resource names (DESIGN.md "Envoy resources", field report F10): delivery clusters
+//! `app_<ns>_<pod>_<port>` per declared port, `health_<ns>_<pod>` per pod, and, for a pod
+//! delivered over its socket, the inbound listener `inbound_<ns>_<pod>_<port>` per declared port
+//! (bound in the pod's netns, handing connections to the `app_` cluster of the same port).
 //!
 //! The spec's `app_<pod>_<port>` collides across namespaces, so names are namespace-qualified.
 //! They are never truncated or hashed: a name is a pure function of namespace, pod name and
@@ -11,7 +13,7 @@
 //! [`crate::record::PodRecord::from_pod`] rejects any record that would break this. So a name
 //! splits on `_` into exactly its parts ([`ClusterName::parse`] is the inverse), and two
 //! distinct `(namespace, pod, port)` triples always give distinct names. The longest name is
-//! `app_` + 63 + `_` + 253 + `_` + 5 = 327 bytes.
+//! `inbound_` + 63 + `_` + 253 + `_` + 5 = 331 bytes.
 
 use std::fmt;
 
@@ -19,6 +21,14 @@ use std::fmt;
 pub const APP_PREFIX: &str = "app";
 /// The prefix of per-pod health-probe clusters.
 pub const HEALTH_PREFIX: &str = "health";
+
+/// The prefix of per-port inbound listeners.
+pub const INBOUND_PREFIX: &str = "inbound";
+
+/// The name of the inbound listener of one declared port: `inbound_<ns>_<pod>_<port>`.
+pub fn inbound_listener(namespace: &str, pod: &str, port: u16) -> String {
+    ClusterName::Inbound { namespace: namespace.to_owned(), pod: pod.to_owned(), port }.to_string()
+}
 
 /// The name of the delivery cluster of one declared port: `app_<ns>_<pod>_<port>`.
 pub fn app_cluster(namespace: &str, pod: &str, port: u16) -> String {
@@ -31,12 +41,22 @@ pub fn health_cluster(namespace: &str, pod: &str) -> String {
     ClusterName::Health { namespace: namespace.to_owned(), pod: pod.to_owned() }.to_string()
 }
 
-/// A delivery cluster name, parsed. `Display` prints the Envoy name; [`ClusterName::parse`]
-/// reads one back (e.g. to map an xDS NACK to its pod).
+/// A per-pod Envoy resource name (delivery or health cluster, or inbound listener), parsed.
+/// `Display` prints the Envoy name; [`ClusterName::parse`] reads one back (e.g. to map a
+/// listener Envoy failed to bind back to its pod and port).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ClusterName {
     /// `app_<namespace>_<pod>_<port>`.
     App {
+        /// The pod's namespace.
+        namespace: String,
+        /// The pod's name.
+        pod: String,
+        /// The declared port.
+        port: u16,
+    },
+    /// `inbound_<namespace>_<pod>_<port>`: a listener, not a cluster.
+    Inbound {
         /// The pod's namespace.
         namespace: String,
         /// The pod's name.
@@ -54,7 +74,7 @@ pub enum ClusterName {
 }
 
 impl ClusterName {
-    /// Reads a name made by [`app_cluster`] or [`health_cluster`]. `None` for anything else:
+    /// Reads a name made by [`app_cluster`], [`health_cluster`] or [`inbound_listener`]. `None` for anything else:
     /// another prefix, an empty part, a part holding `_`, or a port that is not the canonical
     /// decimal of 1–65535.
     pub fn parse(name: &str) -> Option<ClusterName> {
@@ -63,9 +83,14 @@ impl ClusterName {
             return None;
         }
         match parts.as_slice() {
-            [APP_PREFIX, namespace, pod, port] => {
+            [prefix @ (APP_PREFIX | INBOUND_PREFIX), namespace, pod, port] => {
                 let port: u16 = port.parse().ok().filter(|p: &u16| *p != 0 && p.to_string() == *port)?;
-                Some(ClusterName::App { namespace: (*namespace).to_owned(), pod: (*pod).to_owned(), port })
+                let (namespace, pod) = ((*namespace).to_owned(), (*pod).to_owned());
+                Some(if *prefix == APP_PREFIX {
+                    ClusterName::App { namespace, pod, port }
+                } else {
+                    ClusterName::Inbound { namespace, pod, port }
+                })
             }
             [HEALTH_PREFIX, namespace, pod] => {
                 Some(ClusterName::Health { namespace: (*namespace).to_owned(), pod: (*pod).to_owned() })
@@ -79,6 +104,7 @@ impl fmt::Display for ClusterName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ClusterName::App { namespace, pod, port } => write!(f, "{APP_PREFIX}_{namespace}_{pod}_{port}"),
+            ClusterName::Inbound { namespace, pod, port } => write!(f, "{INBOUND_PREFIX}_{namespace}_{pod}_{port}"),
             ClusterName::Health { namespace, pod } => write!(f, "{HEALTH_PREFIX}_{namespace}_{pod}"),
         }
     }

@@ -46,6 +46,16 @@ pub const FALLBACK_ACTION: &str = "DeliverOverTcp";
 pub const DELIVERED_ACTION: &str = "DeliverOverSocket";
 /// Longest Event note the API server accepts (`note` is at most 1 kB).
 pub const NOTE_MAX_BYTES: usize = 1024;
+/// Event reason when the node proxy could not bind a pod's inbound listener (issue 12): the pod is
+/// delivered over its socket, but traffic to that port through its Service does not reach it.
+pub const INBOUND_BIND_FAILED_REASON: &str = "UdsInboundListenerFailed";
+/// The metric label of [`INBOUND_BIND_FAILED_REASON`].
+pub const INBOUND_BIND_FAILED_LABEL: &str = "inbound-listener-failed";
+
+/// `note` cut to at most [`NOTE_MAX_BYTES`] at a character boundary, ending in `…` when cut.
+pub fn clip_note(note: String) -> String {
+    truncate(note, NOTE_MAX_BYTES)
+}
 
 /// The cause of one pod's TCP delivery, if it asked for a socket (see the module docs).
 ///

@@ -5,6 +5,11 @@
 //! - one `health_<ns>_<pod>` cluster with the pod's active health check (HTTP on its health path,
 //!   HTTP/2 codec when the primary port is `h2`, or connect-only), answered by the health gateway.
 //!
+//! - for a pod delivered over its socket whose netns is known, one `inbound_<ns>_<pod>_<port>`
+//!   listener per declared port, bound in the pod's netns, to the `app_` cluster of that port
+//!   (not for ports whose listener Envoy could not bind: [`crate::PodDelivery::inbound_failed`]).
+//!   A TCP-delivered pod gets none: its app owns the port.
+//!
 //! The endpoint is the pipe for a pod delivered over its socket, unless the on-disk check refused
 //! it (then TCP, with the refusal as the reason). TCP is `127.0.0.1:<port>` inside the pod's network
 //! namespace when the index holds one for the pod (the container runtime's answer, else a CNI
@@ -16,7 +21,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::index::DeliveryMap;
-use crate::model::{self as xds, ClusterSpec, Endpoint, Snapshot};
+use crate::model::{self as xds, ClusterSpec, Endpoint, ListenerSpec, Snapshot};
 use crate::names;
 use crate::record::{AppProtocol, HealthCheck, PodKey, PodRecord};
 use crate::refusal::Refusal;
@@ -77,6 +82,18 @@ pub fn render(map: &DeliveryMap, refused: &HashMap<PodKey, Refusal>) -> Rendered
                 health: None,
                 http2: p.protocol == AppProtocol::H2,
             });
+        }
+        if let (Some(_), Some(netns)) = (&pipe, ns) {
+            let ipv6 = pod.pod_ips.iter().any(IpAddr::is_ipv6);
+            for p in pod.ports.iter().filter(|p| !entry.inbound_failed.contains(&p.port)) {
+                out.snapshot.listeners.push(ListenerSpec {
+                    name: names::inbound_listener(&pod.namespace, &pod.name, p.port),
+                    netns: netns.to_owned(),
+                    port: p.port,
+                    ipv6,
+                    cluster: names::app_cluster(&pod.namespace, &pod.name, p.port),
+                });
+            }
         }
         let h2 = primary.protocol == AppProtocol::H2;
         let health = match &pod.health {
@@ -177,5 +194,48 @@ mod tests {
         assert!(r.snapshot.clusters.is_empty());
         assert_eq!(r.snapshot.health_clusters, ["health_shop_cart-1"], "the gateway answers 503 for a waiting pod");
         assert_eq!(r.effective.values().next(), Some(&Effective::Waiting));
+    }
+
+    fn listener_names(r: &Rendered) -> Vec<&str> {
+        r.snapshot.listeners.iter().map(|l| l.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_pipe_pod_with_a_known_netns_gets_one_inbound_listener_per_port_to_its_app_cluster() {
+        let r =
+            render(&map_in_netns(pod(Some("s/app.sock"), &["10.1.2.3"]), Some("/run/netns/cni-1")), &HashMap::new());
+        assert_eq!(listener_names(&r), ["inbound_shop_cart-1_8080", "inbound_shop_cart-1_9090"]);
+        let l = &r.snapshot.listeners[1];
+        assert_eq!((l.port, l.netns.as_str(), l.cluster.as_str()), (9090, "/run/netns/cni-1", "app_shop_cart-1_9090"));
+        assert!(!l.ipv6, "no [::] listener for a pod without an IPv6 address");
+        let dual = map_in_netns(pod(Some("s/app.sock"), &["10.1.2.3", "fd00::3"]), Some("/run/netns/cni-1"));
+        assert!(render(&dual, &HashMap::new()).snapshot.listeners.iter().all(|l| l.ipv6));
+    }
+
+    #[test]
+    fn no_inbound_listener_without_a_netns_for_a_tcp_pod_or_a_refused_pipe() {
+        let unknown_netns = render(&map_of(pod(Some("s/app.sock"), &["10.1.2.3"])), &HashMap::new());
+        assert!(unknown_netns.snapshot.listeners.is_empty());
+        let tcp = render(&map_in_netns(pod(None, &["10.1.2.3"]), Some("/run/netns/cni-1")), &HashMap::new());
+        assert!(tcp.snapshot.listeners.is_empty(), "a TCP pod's app owns its port");
+        let map = map_in_netns(pod(Some("s/app.sock"), &["10.1.2.3"]), Some("/run/netns/cni-1"));
+        let key = map.iter().next().unwrap().0.clone();
+        let refused = HashMap::from([(key, Refusal::Symlink { path: "/x".into() })]);
+        assert!(render(&map, &refused).snapshot.listeners.is_empty());
+    }
+
+    #[test]
+    fn a_port_envoy_could_not_bind_loses_only_its_listener_until_the_netns_changes() {
+        let mut index = Index::new(Settings::new("/var/lib/kubelet/pods", true));
+        index.apply_pod(pod(Some("s/app.sock"), &["10.1.2.3"]));
+        index.set_netns(UID, Some("/run/netns/cni-1".into()));
+        assert!(index.mark_inbound_failed(UID, 8080).map_changed);
+        assert!(index.mark_inbound_failed(UID, 8080).is_empty(), "marking twice changes nothing");
+        let r = render(&index.snapshot(), &HashMap::new());
+        assert_eq!(listener_names(&r), ["inbound_shop_cart-1_9090"]);
+        assert_eq!(r.snapshot.clusters.len(), 3, "its clusters stay");
+        index.set_netns(UID, Some("/run/netns/cni-2".into()));
+        let r = render(&index.snapshot(), &HashMap::new());
+        assert_eq!(listener_names(&r), ["inbound_shop_cart-1_8080", "inbound_shop_cart-1_9090"]);
     }
 }

@@ -18,15 +18,16 @@
 //! field appeared in 2025; it needs `CAP_NET_ADMIN`), so the netns variant needs a recent
 //! Envoy. Everything here is tested against Envoy 1.40 (`tests/xds_envoy.rs`).
 
+pub mod bind_failures;
 pub mod readiness;
 pub mod resources;
 pub mod server;
 
 pub use readiness::{Connected, EnvoyReadiness, TypeProgress, assess};
 pub use resources::{
-    CLUSTER_TYPE_URL, ClusterSpec, Endpoint, HealthCheck, HealthTiming, LISTENER_TYPE_URL, NamedResource, Rejected,
-    RenderError, RenderOptions, Renderer, Resources, Snapshot, TypedResources, render, render_cluster,
-    render_health_listener,
+    CLUSTER_TYPE_URL, ClusterSpec, DEFAULT_INBOUND_MAX_CONNECTIONS, Endpoint, HealthCheck, HealthTiming,
+    LISTENER_TYPE_URL, ListenerSpec, NamedResource, Rejected, RenderError, RenderOptions, Renderer, Resources,
+    Snapshot, TypedResources, render, render_cluster, render_health_listener, render_inbound_listener,
 };
 pub use server::{
     AckTracker, ChangeClock, Drained, Nack, ServeError, StreamState, TypeState, XdsAddr, XdsListener, XdsMetrics,

@@ -17,7 +17,9 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-pub use aether_agent_core::model::{ClusterSpec, Endpoint, HealthCheck, RenderError, Snapshot, validate_pipe_path};
+pub use aether_agent_core::model::{
+    ClusterSpec, Endpoint, HealthCheck, ListenerSpec, RenderError, Snapshot, validate_pipe_path,
+};
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster,
     cluster::{ClusterDiscoveryType, CommonLbConfig, DiscoveryType},
@@ -31,28 +33,33 @@ use envoy_types::pb::envoy::config::core::v3::{
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
 };
-use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::config::listener::v3::{AdditionalAddress, Filter, FilterChain, Listener, filter};
 use envoy_types::pb::envoy::config::route::v3::{
     DirectResponseAction, HeaderMatcher, Route, RouteConfiguration, RouteMatch, VirtualHost,
     header_matcher::HeaderMatchSpecifier, route, route_match::PathSpecifier,
 };
 use envoy_types::pb::envoy::extensions::filters::http::health_check::v3::HealthCheck as HealthCheckFilter;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::connection_limit::v3::ConnectionLimit;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter,
     http_connection_manager::{CodecType, RouteSpecifier},
     http_filter,
 };
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy::ClusterSpecifier};
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions,
     http_protocol_options::{ExplicitHttpConfig, UpstreamProtocolOptions, explicit_http_config::ProtocolConfig},
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
 use envoy_types::pb::envoy::r#type::v3::{CodecClientType, Percent};
-use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration as PbDuration, UInt32Value};
+use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration as PbDuration, UInt32Value, UInt64Value};
 use envoy_types::util::pack_any;
 use prost::Name;
 use sha2::{Digest, Sha256};
+
+/// Default cap on concurrent connections per inbound listener (one pod port).
+pub const DEFAULT_INBOUND_MAX_CONNECTIONS: u64 = 16_384;
 
 /// Type URL of an Envoy v3 `Cluster` (CDS).
 pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -103,17 +110,27 @@ pub struct RenderOptions {
     pub health_socket: Option<String>,
     /// File mode of the health-gateway socket (e.g. `0o666`).
     pub health_socket_mode: u32,
+    /// Cap on concurrent connections of each inbound listener (Envoy's `connection_limit`
+    /// network filter: a connection past it is closed at once and counted in the filter's
+    /// `limited_connections` stat).
+    pub inbound_max_connections: u64,
+    /// TCP proxy idle timeout of inbound connections: closed after this long with no bytes
+    /// either way (Envoy's default is 1 h; the same value is kept, explicitly).
+    pub inbound_idle_timeout: Duration,
 }
 
 impl Default for RenderOptions {
     /// 1 s connect timeout, default health timing, health socket `/run/aether/health.sock`
-    /// with mode `0o666`.
+    /// with mode `0o666`, inbound listeners capped at [`DEFAULT_INBOUND_MAX_CONNECTIONS`] with a
+    /// 1 h idle timeout.
     fn default() -> Self {
         RenderOptions {
             connect_timeout: Duration::from_secs(1),
             health: HealthTiming::default(),
             health_socket: Some("/run/aether/health.sock".to_owned()),
             health_socket_mode: 0o666,
+            inbound_max_connections: DEFAULT_INBOUND_MAX_CONNECTIONS,
+            inbound_idle_timeout: Duration::from_secs(3600),
         }
     }
 }
@@ -180,10 +197,10 @@ impl TypedResources {
     }
 }
 
-/// A cluster or the gateway left out of the rendered resources, with the reason.
+/// A cluster or listener left out of the rendered resources, with the reason.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejected {
-    /// Cluster name (or [`HEALTH_LISTENER_NAME`] for the gateway).
+    /// Cluster or listener name ([`HEALTH_LISTENER_NAME`] for the gateway).
     pub name: String,
     /// Why.
     pub error: RenderError,
@@ -194,7 +211,8 @@ pub struct Rejected {
 pub struct Resources {
     /// `Cluster`s ([`CLUSTER_TYPE_URL`]).
     pub clusters: TypedResources,
-    /// `Listener`s ([`LISTENER_TYPE_URL`]): the health gateway, if configured.
+    /// `Listener`s ([`LISTENER_TYPE_URL`]): the health gateway, if configured, and the inbound
+    /// listeners.
     pub listeners: TypedResources,
     /// Specs that failed validation and are not in `clusters`/`listeners`.
     pub rejected: Vec<Rejected>,
@@ -437,6 +455,58 @@ pub fn render_health_listener(socket: &str, mode: u32, health_clusters: &[String
     })
 }
 
+/// Renders one inbound listener: `0.0.0.0:<port>` (plus `[::]:<port>`, IPv6 only, when the spec
+/// says so) with `network_namespace_filepath` = the pod's netns, `enable_reuse_port: false` (an
+/// app that holds the port with `SO_REUSEPORT` must make the bind fail, not share its
+/// connections), and one filter chain: `envoy.filters.network.connection_limit` (the cap of
+/// `opts`), then `envoy.filters.network.tcp_proxy` to the spec's cluster with the idle timeout of
+/// `opts`. The stat prefix is the listener name.
+///
+/// # Errors
+/// What [`ListenerSpec::validate`] returns; nothing is rendered then.
+pub fn render_inbound_listener(spec: &ListenerSpec, opts: &RenderOptions) -> Result<Listener, RenderError> {
+    spec.validate()?;
+    let on = |ip: IpAddr| Address {
+        address: Some(address::Address::SocketAddress(socket_address(ip, spec.port, Some(&spec.netns)))),
+    };
+    let additional_addresses = if spec.ipv6 {
+        vec![AdditionalAddress { address: Some(on(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED))), ..Default::default() }]
+    } else {
+        Vec::new()
+    };
+    let limit = ConnectionLimit {
+        stat_prefix: spec.name.clone(),
+        max_connections: Some(UInt64Value { value: opts.inbound_max_connections }),
+        ..Default::default()
+    };
+    let proxy = TcpProxy {
+        stat_prefix: spec.name.clone(),
+        cluster_specifier: Some(ClusterSpecifier::Cluster(spec.cluster.clone())),
+        idle_timeout: Some(pb_duration(opts.inbound_idle_timeout)),
+        ..Default::default()
+    };
+    Ok(Listener {
+        name: spec.name.clone(),
+        address: Some(on(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))),
+        additional_addresses,
+        enable_reuse_port: Some(BoolValue { value: false }),
+        filter_chains: vec![FilterChain {
+            filters: vec![
+                Filter {
+                    name: "envoy.filters.network.connection_limit".to_owned(),
+                    config_type: Some(filter::ConfigType::TypedConfig(pack_any(limit))),
+                },
+                Filter {
+                    name: "envoy.filters.network.tcp_proxy".to_owned(),
+                    config_type: Some(filter::ConfigType::TypedConfig(pack_any(proxy))),
+                },
+            ],
+            ..Default::default()
+        }],
+        ..Default::default()
+    })
+}
+
 /// Renders snapshots, re-rendering only the clusters whose spec changed since the last call
 /// (a 10,000-pod node re-encodes one cluster when one pod changes), with each resource's digest
 /// cached beside it, and the health gateway re-rendered only when its list of clusters changes.
@@ -444,6 +514,8 @@ pub fn render_health_listener(socket: &str, mode: u32, health_clusters: &[String
 pub struct Renderer {
     opts: RenderOptions,
     cache: HashMap<String, Cached>,
+    /// Rendered inbound listeners by name, with the spec each came from.
+    inbound: HashMap<String, (ListenerSpec, Digested)>,
     /// The gateway listener for the last `health_clusters` list.
     gateway: Option<(Vec<String>, Result<Digested, RenderError>)>,
 }
@@ -462,7 +534,7 @@ struct Cached {
 impl Renderer {
     /// A renderer with these node-wide options and an empty cache.
     pub fn new(opts: RenderOptions) -> Self {
-        Renderer { opts, cache: HashMap::new(), gateway: None }
+        Renderer { opts, cache: HashMap::new(), inbound: HashMap::new(), gateway: None }
     }
 
     /// The options this renderer uses.
@@ -504,7 +576,34 @@ impl Renderer {
         }
         self.cache = cache;
 
-        let mut listeners = Vec::new();
+        let mut listeners = Vec::with_capacity(snapshot.listeners.len() + 1);
+        let mut inbound = HashMap::with_capacity(snapshot.listeners.len());
+        let mut seen = HashSet::new();
+        for spec in &snapshot.listeners {
+            if spec.name == HEALTH_LISTENER_NAME || !seen.insert(spec.name.as_str()) {
+                rejected.push(Rejected {
+                    name: spec.name.clone(),
+                    error: RenderError::DuplicateName { name: spec.name.clone() },
+                });
+                continue;
+            }
+            let digested = match self.inbound.remove(&spec.name) {
+                Some((old, d)) if old == *spec => d,
+                _ => match render_inbound_listener(spec, &self.opts) {
+                    Ok(l) => {
+                        let r = NamedResource { name: spec.name.clone(), resource: pack_any(l) };
+                        (resource_digest(&r), r)
+                    }
+                    Err(error) => {
+                        rejected.push(Rejected { name: spec.name.clone(), error });
+                        continue;
+                    }
+                },
+            };
+            listeners.push(digested.clone());
+            inbound.insert(spec.name.clone(), (spec.clone(), digested));
+        }
+        self.inbound = inbound;
         if let Some(socket) = &self.opts.health_socket {
             let fresh = self.gateway.as_ref().is_some_and(|(names, _)| *names == snapshot.health_clusters);
             if !fresh {
@@ -644,6 +743,7 @@ mod tests {
         let snap = Snapshot {
             clusters: vec![pipe("b", "/b"), pipe("a", "/a"), h2_with_netns("c"), h2_with_netns("d")],
             health_clusters: vec!["b".to_owned(), "a".to_owned(), "zz".to_owned()],
+            ..Default::default()
         };
         let one = render(&snap, &opts);
         // Order of input does not matter; fresh HashMaps each time must not either.
@@ -666,29 +766,85 @@ mod tests {
     #[test]
     fn the_cache_reuses_unchanged_clusters_and_drops_removed_ones() {
         let mut r = Renderer::new(RenderOptions::default());
-        let snap = Snapshot { clusters: vec![pipe("a", "/a"), pipe("b", "/b")], health_clusters: vec![] };
+        let snap = Snapshot {
+            clusters: vec![pipe("a", "/a"), pipe("b", "/b")],
+            health_clusters: vec![],
+            ..Default::default()
+        };
         let first = r.render(&snap);
         let fresh = render(&snap, r.options());
         assert_eq!(first, fresh);
-        let smaller = Snapshot { clusters: vec![pipe("b", "/b")], health_clusters: vec![] };
+        let smaller = Snapshot { clusters: vec![pipe("b", "/b")], health_clusters: vec![], ..Default::default() };
         assert_eq!(r.render(&smaller).clusters.names(), vec!["b"]);
         assert_eq!(r.cache.len(), 1);
     }
 
     #[test]
-    fn a_cached_render_equals_a_fresh_one_as_clusters_and_the_health_list_change() {
+    fn a_cached_render_equals_a_fresh_one_as_clusters_listeners_and_the_health_list_change() {
         let opts = RenderOptions { health_socket: Some("/run/aether/health.sock".to_owned()), ..Default::default() };
         let mut r = Renderer::new(opts.clone());
-        let mut snap = Snapshot { clusters: vec![pipe("a", "/a"), pipe("b", "/b")], health_clusters: vec!["a".into()] };
-        for step in 0..4 {
+        let mut snap = Snapshot {
+            clusters: vec![pipe("a", "/a"), pipe("b", "/b")],
+            health_clusters: vec!["a".into()],
+            ..Default::default()
+        };
+        for step in 0..8 {
             match step {
                 1 => snap.clusters[0] = pipe("a", "/a2"),
                 2 => snap.health_clusters.push("b".into()),
                 3 => snap.clusters.push(pipe("c", "/c")),
+                4 => snap.listeners.push(inbound("inbound_ns_a_8080", 8080)),
+                5 => snap.listeners[0].netns = "/run/netns/cni-2".into(),
+                6 => snap.listeners.push(inbound("inbound_ns_a_9090", 9090)),
+                7 => {
+                    snap.listeners.remove(0);
+                }
                 _ => {}
             }
             assert_eq!(r.render(&snap), render(&snap, &opts), "step {step}");
         }
+        assert_eq!(r.inbound.len(), 1, "a removed listener leaves the cache");
+    }
+
+    fn inbound(name: &str, port: u16) -> ListenerSpec {
+        ListenerSpec {
+            name: name.to_owned(),
+            netns: "/run/netns/cni-1".to_owned(),
+            port,
+            ipv6: false,
+            cluster: format!("app_ns_a_{port}"),
+        }
+    }
+
+    #[test]
+    fn an_inbound_listener_binds_in_the_pods_netns_without_reuse_port_and_proxies_to_its_cluster() {
+        use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
+        let opts = RenderOptions::default();
+        let mut spec = inbound("inbound_ns_a_8080", 8080);
+        let l = render_inbound_listener(&spec, &opts).unwrap();
+        let Some(address::Address::SocketAddress(sa)) = l.address.and_then(|a| a.address) else { panic!("no address") };
+        assert_eq!((sa.address.as_str(), sa.network_namespace_filepath.as_str()), ("0.0.0.0", "/run/netns/cni-1"));
+        assert_eq!(sa.port_specifier, Some(PortSpecifier::PortValue(8080)));
+        assert_eq!(l.enable_reuse_port, Some(BoolValue { value: false }));
+        assert!(l.additional_addresses.is_empty());
+        let filters = &l.filter_chains[0].filters;
+        let names: Vec<&str> = filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["envoy.filters.network.connection_limit", "envoy.filters.network.tcp_proxy"]);
+        let Some(ConfigType::TypedConfig(any)) = &filters[1].config_type else { panic!("typed config") };
+        let proxy = TcpProxy::decode(any.value.as_slice()).unwrap();
+        assert_eq!(proxy.cluster_specifier, Some(ClusterSpecifier::Cluster("app_ns_a_8080".into())));
+        let Some(ConfigType::TypedConfig(any)) = &filters[0].config_type else { panic!("typed config") };
+        let limit = ConnectionLimit::decode(any.value.as_slice()).unwrap();
+        assert_eq!(limit.max_connections, Some(UInt64Value { value: DEFAULT_INBOUND_MAX_CONNECTIONS }));
+
+        spec.ipv6 = true;
+        let l = render_inbound_listener(&spec, &opts).unwrap();
+        let extra = l.additional_addresses[0].address.clone().and_then(|a| a.address);
+        let Some(address::Address::SocketAddress(sa)) = extra else { panic!("no [::] address") };
+        assert_eq!((sa.address.as_str(), sa.network_namespace_filepath.as_str()), ("::", "/run/netns/cni-1"));
+
+        spec.netns = "relative/netns".into();
+        assert!(matches!(render_inbound_listener(&spec, &opts), Err(RenderError::InvalidPath { .. })));
     }
 
     #[test]
@@ -697,6 +853,7 @@ mod tests {
         let snap = Snapshot {
             clusters: vec![pipe("good", "/g"), pipe("bad", &long), pipe("good", "/dup")],
             health_clusters: vec!["good".to_owned()],
+            ..Default::default()
         };
         let r = render(&snap, &RenderOptions::default());
         assert_eq!(r.clusters.names(), vec!["good"]);

@@ -1,0 +1,162 @@
+//! Which inbound listeners Envoy could not bind (issue 12): read from Envoy's own structured
+//! state, never from the text of a NACK.
+//!
+//! A listener bound in a pod's netns fails when something there already holds the port (the app
+//! also listens on TCP). Envoy then rejects that one listener, applies the others of the same
+//! LDS response, and NACKs the response (measured with Envoy 1.40). The NACK's message is free
+//! text and its `resource_names` is the subscription, not the culprit; Envoy's admin
+//! `/config_dump?resource=dynamic_listeners` instead lists each rejected listener by name with an
+//! `error_state` (`details`: e.g. `cannot bind '0.0.0.0:8080': Address already in use`). After
+//! every new LDS NACK the agent reads that dump ([`fetch`]), keeps the failed `inbound_*` names
+//! ([`failed_inbound`], pure) and the driver stops offering those listeners, so the next LDS
+//! response is ACKed and every other pod keeps its listeners.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::resources::LISTENER_TYPE_URL;
+use super::server::AckTracker;
+use crate::names::ClusterName;
+
+/// One inbound listener Envoy rejected: its name (`inbound_<ns>_<pod>_<port>`, parsed) and
+/// Envoy's `error_state.details`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindFailure {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod: String,
+    /// The declared port whose listener failed.
+    pub port: u16,
+    /// Envoy's reason, as it wrote it (at most 512 bytes kept).
+    pub details: String,
+}
+
+/// The most of Envoy's `details` kept per failure (bytes).
+pub const DETAILS_MAX_BYTES: usize = 512;
+
+/// The failed inbound listeners in a `/config_dump?resource=dynamic_listeners` answer: every
+/// `DynamicListener` with an `error_state` whose name (the entry's `name`, else the failed
+/// configuration's) parses as an inbound listener name. Other names (the health gateway, another
+/// control plane's) are ignored. Sorted, without duplicates (Envoy may list one twice).
+pub fn failed_inbound(dump: &Value) -> Vec<BindFailure> {
+    let mut out: Vec<BindFailure> = dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| {
+            let error = l.get("error_state")?;
+            let name = l["name"].as_str().or_else(|| error["failed_configuration"]["name"].as_str())?;
+            let ClusterName::Inbound { namespace, pod, port } = ClusterName::parse(name)? else { return None };
+            let mut details = error["details"].as_str().unwrap_or_default().to_owned();
+            if details.len() > DETAILS_MAX_BYTES {
+                let cut = (0..=DETAILS_MAX_BYTES).rev().find(|i| details.is_char_boundary(*i)).unwrap_or(0);
+                details.truncate(cut);
+            }
+            Some(BindFailure { namespace, pod, port, details })
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.namespace, &a.pod, a.port).cmp(&(&b.namespace, &b.pod, b.port)));
+    out.dedup_by(|a, b| (&a.namespace, &a.pod, a.port) == (&b.namespace, &b.pod, b.port));
+    out
+}
+
+/// Why the dump could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// No answer, or not HTTP 200.
+    #[error("GET http://{addr}/config_dump from Envoy's admin failed: {reason}")]
+    Request {
+        /// The admin address (`--envoy-admin`).
+        addr: SocketAddr,
+        /// The HTTP or connection error.
+        reason: String,
+    },
+}
+
+/// The most of a config dump read (bytes): a node with many pods has many listeners.
+pub const DUMP_MAX_BYTES: usize = 64 << 20;
+
+/// Reads `/config_dump?resource=dynamic_listeners` from Envoy's admin at `addr` (plain HTTP on
+/// loopback in the node pod), within `timeout`.
+///
+/// # Errors
+/// [`AdminError::Request`] for no answer in time, a status other than 200, a body over
+/// [`DUMP_MAX_BYTES`] or one that is not JSON.
+pub async fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Value, AdminError> {
+    let err = |reason: String| AdminError::Request { addr, reason };
+    let client = reqwest::Client::builder().no_proxy().timeout(timeout).build().map_err(|e| err(e.to_string()))?;
+    let resp = client
+        .get(format!("http://{addr}/config_dump?resource=dynamic_listeners"))
+        .send()
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    if resp.status() != reqwest::StatusCode::OK {
+        return Err(err(format!("HTTP {}", resp.status())));
+    }
+    if resp.content_length().is_some_and(|n| n > DUMP_MAX_BYTES as u64) {
+        return Err(err(format!("the dump is over {DUMP_MAX_BYTES} bytes")));
+    }
+    let body = resp.bytes().await.map_err(|e| err(e.to_string()))?;
+    if body.len() > DUMP_MAX_BYTES {
+        return Err(err(format!("the dump is over {DUMP_MAX_BYTES} bytes")));
+    }
+    serde_json::from_slice(&body).map_err(|e| err(format!("not JSON: {e}")))
+}
+
+/// Watches `tracker`; after each new LDS NACK (from any node's stream) reads the dump from
+/// `admin` and sends the failed inbound listeners to `tx` (only when there are some). Ends when
+/// `tx` closes. A dump that cannot be read is logged and retried at the next NACK.
+pub fn spawn_watch(tracker: AckTracker, admin: SocketAddr, tx: mpsc::Sender<Vec<BindFailure>>) {
+    tokio::spawn(async move {
+        let mut seen = 0u64;
+        loop {
+            let total = |t: &AckTracker| t.nodes().iter().map(|n| t.nack_count(n, LISTENER_TYPE_URL)).sum::<u64>();
+            if !tracker.wait_for(Duration::from_secs(3600), |t| total(t) > seen).await {
+                if tx.is_closed() {
+                    return;
+                }
+                continue;
+            }
+            seen = total(&tracker);
+            match fetch(admin, Duration::from_secs(5)).await {
+                Ok(dump) => {
+                    let failed = failed_inbound(&dump);
+                    if !failed.is_empty() && tx.send(failed).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "LDS NACKed; cannot read which inbound listener failed"),
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_inbound_listeners_with_an_error_state_count_once_each() {
+        let dump = serde_json::json!({"configs": [
+            {"name": "aether_health", "active_state": {}},
+            {"name": "inbound_shop_cart-1_8080", "active_state": {}},
+            {"name": "inbound_shop_cart-2_8080", "error_state": {"details": "cannot bind '0.0.0.0:8080': Address already in use"}},
+            {"error_state": {"details": "cannot bind '0.0.0.0:8080': Address already in use",
+                             "failed_configuration": {"name": "inbound_shop_cart-2_8080"}}},
+            {"name": "aether_health", "error_state": {"details": "x"}},
+            {"name": "inbound_bad", "error_state": {"details": "x"}},
+            {"name": "inbound_shop_cart-3_9090", "error_state": {"details": "é".repeat(400)}}
+        ]});
+        let failed = failed_inbound(&dump);
+        assert_eq!(failed.len(), 2);
+        assert_eq!((failed[0].pod.as_str(), failed[0].port), ("cart-2", 8080));
+        assert_eq!(failed[0].details, "cannot bind '0.0.0.0:8080': Address already in use");
+        assert_eq!((failed[1].pod.as_str(), failed[1].port), ("cart-3", 9090));
+        assert!(failed[1].details.len() <= DETAILS_MAX_BYTES);
+        assert!(failed_inbound(&serde_json::json!({})).is_empty());
+    }
+}
