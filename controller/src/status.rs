@@ -179,24 +179,15 @@ pub fn status_for(current_status: Option<&EndpointPolicyStatus>, desired: &Desir
 mod tests {
     use super::*;
     use aether_crds::udspath::DEFAULT_PODS_DIR;
-    use aether_crds::{EndpointPolicySpec, TargetRef};
     use k8s_openapi::jiff::Timestamp;
 
     fn budget() -> Rules {
         Rules::new(DEFAULT_PODS_DIR)
     }
 
+    /// Policy `ns/name` on Service `target` over `socket`, at generation 3.
     fn pol(ns: &str, name: &str, target: &str, socket: &str) -> EndpointPolicy {
-        let mut p = EndpointPolicy::new(
-            name,
-            EndpointPolicySpec {
-                target_ref: TargetRef { group: String::new(), kind: "Service".into(), name: target.into() },
-                uds_socket: socket.into(),
-            },
-        );
-        p.metadata.namespace = Some(ns.into());
-        p.metadata.generation = Some(3);
-        p
+        aether_fixtures::policy(ns, name).target(target).socket(socket).generation(3).build()
     }
 
     fn ts(secs: i64) -> Time {

@@ -147,14 +147,11 @@ pub fn for_allowed_policy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aether_crds::TargetRef;
     use aether_crds::udspath::DEFAULT_PODS_DIR;
 
+    /// The spec of a policy on Service `target` over `socket`.
     fn spec(target: &str, socket: &str) -> EndpointPolicySpec {
-        EndpointPolicySpec {
-            target_ref: TargetRef { group: String::new(), kind: "Service".into(), name: target.into() },
-            uds_socket: socket.into(),
-        }
+        aether_fixtures::policy("shop", "p").target(target).socket(socket).build().spec
     }
 
     fn budget() -> Budget {

@@ -13,11 +13,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use aether_agent_reconciler::fold::select_policy;
 use aether_agent_reconciler::{Index, PodRecord, PolicyRecord, Settings};
 use aether_controller::status::{self, Reason};
-use aether_crds::policy::{EndpointPolicy, EndpointPolicySpec, TargetRef};
+use aether_crds::Rules;
+use aether_crds::policy::EndpointPolicy;
 use aether_crds::tiebreak::ServiceKey;
-use aether_crds::{Rules, pod};
-use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Pod, PodSpec, Volume};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use proptest::prelude::*;
 
 const NAMESPACES: &[&str] = &["shop", "bank"];
@@ -29,17 +27,6 @@ const SOCKETS: &[&str] = &["s/app.sock", "sockets/app.sock", "sockets/applicatio
 /// Mostly the right kind; `service` is invalid (case-sensitive).
 const KINDS: &[&str] = &["Service", "Service", "Service", "service"];
 
-fn policy(namespace: &str, name: &str, target: &str, socket: &str, kind: &str) -> EndpointPolicy {
-    let spec = EndpointPolicySpec {
-        target_ref: TargetRef { group: String::new(), kind: kind.to_owned(), name: target.to_owned() },
-        uds_socket: socket.to_owned(),
-    };
-    let mut p = EndpointPolicy::new(name, spec);
-    p.metadata.namespace = Some(namespace.to_owned());
-    p.metadata.generation = Some(1);
-    p
-}
-
 /// Policies with names unique per namespace (as the API server keeps them), in random order.
 fn policy_sets() -> impl Strategy<Value = Vec<EndpointPolicy>> {
     let id = (0..NAMESPACES.len(), "[a-c0-9][a-c0-9.-]{0,4}");
@@ -48,35 +35,17 @@ fn policy_sets() -> impl Strategy<Value = Vec<EndpointPolicy>> {
         .prop_map(|drawn| {
             drawn
                 .into_iter()
-                .map(|((ns, name), (t, s, k))| policy(NAMESPACES[ns], &name, TARGETS[t], SOCKETS[s], KINDS[k]))
+                .map(|((ns, name), (t, s, k))| {
+                    aether_fixtures::policy(NAMESPACES[ns], &name)
+                        .target(TARGETS[t])
+                        .target_kind(KINDS[k])
+                        .socket(SOCKETS[s])
+                        .generation(1)
+                        .build()
+                })
                 .collect::<Vec<_>>()
         })
         .prop_shuffle()
-}
-
-/// A managed pod of `key` without a socket annotation: its delivery comes from the policy.
-fn pod_of(key: &ServiceKey, n: usize) -> PodRecord {
-    let volume = |name: &str| Volume {
-        name: name.to_owned(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
-        ..Volume::default()
-    };
-    let api = Pod {
-        metadata: ObjectMeta {
-            name: Some(format!("pod-{n}")),
-            namespace: Some(key.namespace.clone()),
-            uid: Some(format!("00000000-0000-4000-8000-{n:012x}")),
-            labels: Some(BTreeMap::from([(pod::MANAGED_LABEL.to_owned(), pod::MANAGED_VALUE.to_owned())])),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            service_account_name: Some(key.name.clone()),
-            volumes: Some(vec![volume("s"), volume("sockets")]),
-            ..PodSpec::default()
-        }),
-        status: None,
-    };
-    PodRecord::from_pod(&api).expect("a well-formed pod").expect("a managed pod")
 }
 
 /// The agent's view of one key: the policy its fold applied, the winner of `select_policy`,
@@ -94,7 +63,20 @@ fn agent_view(policies: &[EndpointPolicy], pods_dir: &str, keys: &BTreeSet<Servi
         policies.iter().map(|p| PolicyRecord::from_policy(p, &settings).expect("named policy")).collect();
     let mut index = Index::new(settings);
     index.reset_policies(records.clone());
-    let pods: Vec<PodRecord> = keys.iter().enumerate().map(|(n, k)| pod_of(k, n)).collect();
+    // A managed pod per key without a socket annotation: its delivery comes from the policy.
+    let pods: Vec<PodRecord> = keys
+        .iter()
+        .enumerate()
+        .map(|(n, key)| {
+            let api = aether_fixtures::pod(&key.namespace, &format!("pod-{n}"))
+                .uid(&aether_fixtures::uid(n))
+                .sa(&key.name)
+                .emptydir("s")
+                .emptydir("sockets")
+                .build();
+            PodRecord::from_pod(&api).expect("a well-formed pod").expect("a managed pod")
+        })
+        .collect();
     index.reset_pods(pods.clone());
     let snapshot = index.snapshot();
     let conflicts: BTreeMap<&ServiceKey, _> = index.conflicts().map(|c| (&c.key, c)).collect();

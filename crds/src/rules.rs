@@ -60,6 +60,7 @@ mod tests {
     use crate::policy::{EndpointPolicy, TargetRef};
     use crate::udspath::DEFAULT_PODS_DIR;
 
+    // Not aether_fixtures::policy: fixtures depends on this crate, so here its EndpointPolicy would be another type.
     fn policy(socket: &str) -> EndpointPolicy {
         let target_ref = TargetRef { group: String::new(), kind: "Service".into(), name: "echo".into() };
         EndpointPolicy::new("p", EndpointPolicySpec { target_ref, uds_socket: socket.into() })

@@ -284,38 +284,26 @@ mod tests {
     use crate::index::Index;
     use crate::record::{PodRecord, PolicyRecord};
 
-    const UID_A: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+    const UID_A: &str = aether_fixtures::UID;
     const UID_B: &str = "11111111-2222-4333-8444-555555555555";
     const PODS: &str = "/var/lib/kubelet/pods";
 
+    /// Managed pod `shop/<name>` of service account `cart` on node `n`, with an emptyDir `s`, IP
+    /// 10.0.0.7, `labels` and, when given, the `uds-socket` annotation.
     fn record(name: &str, uid: &str, socket: Option<&str>, labels: &[(&str, &str)]) -> PodRecord {
-        let mut annotations = serde_json::Map::new();
+        let mut pod = aether_fixtures::pod("shop", name).uid(uid).node("n").sa("cart").emptydir("s").ip("10.0.0.7");
         if let Some(s) = socket {
-            annotations.insert("endpoint.aether.io/uds-socket".into(), s.into());
+            pod = pod.annotation_socket(s);
         }
-        let mut l = serde_json::Map::new();
-        l.insert("aether.io/managed".into(), "true".into());
         for (k, v) in labels {
-            l.insert((*k).into(), (*v).into());
+            pod = pod.label(k, v);
         }
-        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "shop", "uid": uid, "labels": l, "annotations": annotations},
-            "spec": {"nodeName": "n", "serviceAccountName": "cart", "containers": [{"name": "c"}],
-                     "volumes": [{"name": "s", "emptyDir": {}}]},
-            "status": {"podIP": "10.0.0.7"}
-        }))
-        .unwrap();
-        PodRecord::from_pod(&pod).unwrap().unwrap()
+        PodRecord::from_pod(&pod.build()).unwrap().unwrap()
     }
 
+    /// Policy `shop/<name>` on Service `cart` over `socket`.
     fn policy(name: &str, socket: &str) -> PolicyRecord {
-        let p: aether_crds::EndpointPolicy = serde_json::from_value(serde_json::json!({
-            "apiVersion": "config.aether.io/v1", "kind": "EndpointPolicy",
-            "metadata": {"name": name, "namespace": "shop"},
-            "spec": {"targetRef": {"kind": "Service", "name": "cart"}, "udsSocket": socket}
-        }))
-        .unwrap();
+        let p = aether_fixtures::policy("shop", name).target("cart").socket(socket).build();
         PolicyRecord::from_policy(&p, &Settings::new(PODS, true)).unwrap()
     }
 
