@@ -684,22 +684,27 @@ fn pod_name(pod: &Pod) -> String {
 
 #[cfg(test)]
 mod tests {
+    use aether_fixtures::PodBuilder;
+
     use super::*;
     use crate::fold::Settings;
 
-    const UID_A: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+    const UID_A: &str = aether_fixtures::UID;
     const UID_B: &str = "11111111-2222-4333-8444-555555555555";
 
+    /// Managed pod shop/<name> of ServiceAccount cart (the Service [`cart_policy`] targets), with
+    /// one container and emptyDir `s`; no socket annotation and no status (no IP) yet.
+    fn cart(name: &str, uid: &str) -> PodBuilder {
+        aether_fixtures::pod("shop", name)
+            .uid(uid)
+            .sa("cart")
+            .container("app", "registry.example/uds-echo:test")
+            .emptydir("s")
+    }
+
+    /// [`cart`] annotated with socket [`SOCKET`].
     fn pod(name: &str, uid: &str) -> Pod {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "shop", "uid": uid,
-                "labels": {"aether.io/managed": "true"},
-                "annotations": {"endpoint.aether.io/uds-socket": "s/app.sock"}},
-            "spec": {"serviceAccountName": "cart", "containers": [{"name": "app"}],
-                "volumes": [{"name": "s", "emptyDir": {}}]}
-        }))
-        .unwrap()
+        cart(name, uid).annotation_socket(SOCKET).build()
     }
 
     fn driver(state: &std::path::Path) -> (Driver, watch::Receiver<Arc<Snapshot>>) {
@@ -736,10 +741,7 @@ mod tests {
         use crate::xds::resources::Endpoint;
         let dir = tempfile::tempdir().unwrap();
         let (mut d, rx) = driver(dir.path());
-        let mut p = with_socket(pod("a", UID_A), None);
-        p.status = Some(
-            serde_json::from_value(serde_json::json!({"podIP": "10.1.2.3", "podIPs": [{"ip": "10.1.2.3"}]})).unwrap(),
-        );
+        let p = cart("a", UID_A).ip("10.1.2.3").build();
         d.handle(Event::PodsListed(vec![p.clone()]));
         let by_ip = Endpoint::Tcp { address: "10.1.2.3".parse().unwrap(), port: 8080, netns: None };
         assert_eq!(app_endpoint(&rx, "a"), by_ip);
@@ -779,15 +781,14 @@ mod tests {
         let cni = CniRecords::new(Some(records.path().to_owned()));
         let settings = Settings::new("/var/lib/kubelet/pods", true);
         let mut d = Driver::new(Index::new(settings), Some(StateStore::open(state.path()).unwrap()), cni, tx, status);
-        let mut p = with_socket(pod("a", UID_A), None);
-        p.status = Some(serde_json::from_value(serde_json::json!({"podIPs": [{"ip": "10.1.2.3"}]})).unwrap());
+        let p = cart("a", UID_A).ip("10.1.2.3").build();
         d.handle(Event::PodApplied(Box::new(p.clone())));
         let by_ip = Endpoint::Tcp { address: "10.1.2.3".parse().unwrap(), port: 8080, netns: None };
         assert_eq!(app_endpoint(&rx, "a"), by_ip);
 
         // Written after the pod's event: another pod's event (a publish) does not read it ...
         std::fs::write(records.path().join(format!("{UID_A}.json")), br#"{"netns": "/var/run/netns/cni-1"}"#).unwrap();
-        d.handle(Event::PodApplied(Box::new(with_socket(pod("b", UID_B), None))));
+        d.handle(Event::PodApplied(Box::new(cart("b", UID_B).build())));
         assert_eq!(app_endpoint(&rx, "a"), by_ip);
         // ... the periodic re-check does.
         d.handle(Event::Recheck);
@@ -805,8 +806,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (d, rx) = driver(dir.path());
         let (mut d, mut events) = with_notices(d);
-        let mut p = pod("a", UID_A);
-        p.status = Some(serde_json::from_value(serde_json::json!({"podIPs": [{"ip": "10.1.2.3"}]})).unwrap());
+        let p = cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build();
         d.handle(Event::PodsListed(vec![p]));
         let dirs = crate::runtime::NetnsDirs::new(std::path::Path::new("/run/netns"), None).unwrap();
         let netns = dirs.translate("/var/run/netns/cni-1").unwrap();
@@ -861,31 +861,6 @@ mod tests {
         assert_eq!(records(dir.path()), [format!("{UID_A}.json")]);
     }
 
-    /// `p` with `status.phase` set (e.g. `Succeeded`: finished).
-    fn in_phase(mut p: Pod, phase: &str) -> Pod {
-        p.status.get_or_insert_default().phase = Some(phase.to_owned());
-        p
-    }
-
-    /// `p` running with IP 10.1.2.3 (so a TCP-delivered pod gets clusters, not "waiting").
-    fn running(mut p: Pod) -> Pod {
-        p.status = Some(
-            serde_json::from_value(
-                serde_json::json!({"phase": "Running", "podIP": "10.1.2.3", "podIPs": [{"ip": "10.1.2.3"}]}),
-            )
-            .unwrap(),
-        );
-        p
-    }
-
-    /// `p` being deleted (a `deletionTimestamp`): kubelet is stopping it.
-    fn draining(mut p: Pod) -> Pod {
-        p.metadata.deletion_timestamp =
-            Some(serde_json::from_value(serde_json::json!("2030-01-01T00:00:00Z")).unwrap());
-        p.metadata.deletion_grace_period_seconds = Some(30);
-        p
-    }
-
     /// The cluster names of the last published snapshot, sorted.
     fn cluster_names(rx: &watch::Receiver<Arc<Snapshot>>) -> Vec<String> {
         let mut names: Vec<String> = rx.borrow().clusters.iter().map(|c| c.name.clone()).collect();
@@ -916,13 +891,15 @@ mod tests {
         let (d, rx, status) = driver_with_status(dir.path());
         let (mut d, mut events) = with_notices(d);
         // Pod a has a ledger entry (an over-budget socket) so the test sees it handled too.
-        let a = running(with_socket(pod("a", UID_A), Some(LONG)));
-        d.handle(Event::PodsListed(vec![a.clone(), pod("b", UID_B)]));
+        // Running with an IP, so a TCP-delivered pod gets clusters, not "waiting".
+        let a = cart("a", UID_A).annotation_socket(LONG).phase("Running").ip("10.1.2.3");
+        d.handle(Event::PodsListed(vec![a.clone().build(), pod("b", UID_B)]));
         assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
         assert_eq!(cluster_names(&rx).len(), 4);
         assert_eq!(counted(&status), 2);
 
-        d.handle(Event::PodApplied(Box::new(in_phase(a.clone(), "Succeeded"))));
+        let finished = a.phase("Succeeded").build();
+        d.handle(Event::PodApplied(Box::new(finished.clone())));
         assert_eq!(cluster_names(&rx), B_CLUSTERS, "the finished pod keeps clusters");
         assert_eq!(counted(&status), 1, "the finished pod is still counted");
         assert_eq!(records(dir.path()), [format!("{UID_B}.json")]);
@@ -931,8 +908,8 @@ mod tests {
         assert_eq!(drain(&mut events), Vec::<&str>::new(), "finishing is not a delivery change to report");
 
         // Resyncs of the finished pod and its final delete change nothing.
-        d.handle(Event::PodApplied(Box::new(in_phase(a.clone(), "Succeeded"))));
-        d.handle(Event::PodDeleted(Box::new(in_phase(a, "Succeeded"))));
+        d.handle(Event::PodApplied(Box::new(finished.clone())));
+        d.handle(Event::PodDeleted(Box::new(finished)));
         assert_eq!(cluster_names(&rx), B_CLUSTERS);
         assert_eq!(drain(&mut events), Vec::<&str>::new());
 
@@ -949,7 +926,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut d, rx, status) = driver_with_status(dir.path());
         d.handle(Event::PodsListed(vec![pod("b", UID_B)]));
-        d.handle(Event::PodApplied(Box::new(in_phase(pod("a", UID_A), "Failed"))));
+        d.handle(Event::PodApplied(Box::new(cart("a", UID_A).annotation_socket(SOCKET).phase("Failed").build())));
         assert_eq!(cluster_names(&rx), B_CLUSTERS);
         assert_eq!(counted(&status), 1);
         assert_eq!(records(dir.path()), [format!("{UID_B}.json")]);
@@ -960,8 +937,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (d, _rx) = driver(dir.path());
         let (mut d, mut events) = with_notices(d);
-        let a = running(with_socket(pod("a", UID_A), Some(LONG)));
-        d.handle(Event::PodsListed(vec![a.clone(), pod("b", UID_B)]));
+        let a = cart("a", UID_A).annotation_socket(LONG).phase("Running").ip("10.1.2.3");
+        d.handle(Event::PodsListed(vec![a.clone().build(), pod("b", UID_B)]));
         assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
         drop(d);
         // The pod finished while the agent was down: the boot serves it from the state dir, the
@@ -970,7 +947,7 @@ mod tests {
         let (mut again, mut events) = with_notices(again);
         again.boot();
         assert_eq!(cluster_names(&rx).len(), 4);
-        again.handle(Event::PodsListed(vec![in_phase(a, "Failed"), pod("b", UID_B)]));
+        again.handle(Event::PodsListed(vec![a.phase("Failed").build(), pod("b", UID_B)]));
         assert_eq!(cluster_names(&rx), B_CLUSTERS);
         assert_eq!(counted(&status), 1);
         assert_eq!(records(dir.path()), [format!("{UID_B}.json")]);
@@ -982,20 +959,22 @@ mod tests {
     fn a_draining_pod_keeps_its_clusters_until_it_finishes() {
         let dir = tempfile::tempdir().unwrap();
         let (mut d, mut rx, status) = driver_with_status(dir.path());
-        let a = running(pod("a", UID_A));
-        d.handle(Event::PodsListed(vec![a.clone(), pod("b", UID_B)]));
+        let a = cart("a", UID_A).annotation_socket(SOCKET).phase("Running").ip("10.1.2.3");
+        d.handle(Event::PodsListed(vec![a.clone().build(), pod("b", UID_B)]));
         let served = cluster_names(&rx);
         assert_eq!(served.len(), 4);
         rx.mark_unchanged();
 
-        d.handle(Event::PodApplied(Box::new(draining(a.clone()))));
-        d.handle(Event::PodsListed(vec![draining(a.clone()), pod("b", UID_B)]));
+        // Being deleted (a `deletionTimestamp`): kubelet is stopping it.
+        let draining = a.deleting("2030-01-01T00:00:00Z");
+        d.handle(Event::PodApplied(Box::new(draining.clone().build())));
+        d.handle(Event::PodsListed(vec![draining.clone().build(), pod("b", UID_B)]));
         assert!(!rx.has_changed().unwrap(), "a deletionTimestamp alone changed the snapshot");
         assert_eq!(cluster_names(&rx), served);
         assert_eq!(counted(&status), 2);
         assert_eq!(records(dir.path()), [format!("{UID_A}.json"), format!("{UID_B}.json")]);
 
-        d.handle(Event::PodApplied(Box::new(in_phase(draining(a), "Succeeded"))));
+        d.handle(Event::PodApplied(Box::new(draining.phase("Succeeded").build())));
         assert_eq!(cluster_names(&rx), B_CLUSTERS);
         assert_eq!(counted(&status), 1);
         assert_eq!(records(dir.path()), [format!("{UID_B}.json")]);
@@ -1015,15 +994,6 @@ mod tests {
         assert!(!rx.has_changed().unwrap(), "a snapshot was published for a no-op relist");
     }
 
-    fn with_socket(mut p: Pod, socket: Option<&str>) -> Pod {
-        let ann = p.metadata.annotations.get_or_insert_default();
-        match socket {
-            Some(s) => ann.insert("endpoint.aether.io/uds-socket".into(), s.into()),
-            None => ann.remove("endpoint.aether.io/uds-socket"),
-        };
-        p
-    }
-
     fn with_notices(d: Driver) -> (Driver, tokio::sync::mpsc::Receiver<pod_events::Notice>) {
         let (tx, rx) = NoticeSender::channel(Arc::new(crate::metrics::Metrics::new()));
         (d.with_notices(tx), rx)
@@ -1033,16 +1003,14 @@ mod tests {
         std::iter::from_fn(|| rx.try_recv().ok()).map(|n| n.reason).collect()
     }
 
+    /// The socket [`pod`] declares and [`cart_policy`] names.
+    const SOCKET: &str = "s/app.sock";
+
     const LONG: &str = "sockets/app1234567890.sock";
 
-    /// Policy shop/cart-uds: Service cart (the fixture pods' ServiceAccount) over s/app.sock.
+    /// Policy shop/cart-uds: Service cart (the fixture pods' ServiceAccount) over [`SOCKET`].
     fn cart_policy() -> EndpointPolicy {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "config.aether.io/v1", "kind": "EndpointPolicy",
-            "metadata": {"name": "cart-uds", "namespace": "shop"},
-            "spec": {"targetRef": {"kind": "Service", "name": "cart"}, "udsSocket": "s/app.sock"}
-        }))
-        .unwrap()
+        aether_fixtures::policy("shop", "cart-uds").target("cart").socket(SOCKET).build()
     }
 
     #[test]
@@ -1050,7 +1018,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (d, _rx) = driver(dir.path());
         let (mut d, mut events) = with_notices(d);
-        let long = with_socket(pod("a", UID_A), Some(LONG));
+        let long = cart("a", UID_A).annotation_socket(LONG).build();
         d.handle(Event::PodsListed(vec![long.clone(), pod("b", UID_B)]));
         assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
         d.handle(Event::PodApplied(Box::new(long.clone())));
@@ -1066,7 +1034,7 @@ mod tests {
         assert_eq!(drain(&mut events), Vec::<&str>::new());
         assert_eq!(again.ledger().get(UID_A), Some(crate::TcpReason::PathTooLong));
         // Fixed: one Normal event; deleted while away: forgotten by the relist.
-        again.handle(Event::PodApplied(Box::new(with_socket(pod("a", UID_A), Some("s/app.sock")))));
+        again.handle(Event::PodApplied(Box::new(cart("a", UID_A).annotation_socket(SOCKET).build())));
         assert_eq!(drain(&mut events), [pod_events::DELIVERED_REASON]);
         again.handle(Event::PodApplied(Box::new(long.clone())));
         again.handle(Event::PodsListed(vec![pod("b", UID_B)]));
@@ -1110,14 +1078,14 @@ mod tests {
         );
         let (mut d, mut events) = with_notices(d);
         d.handle(Event::PoliciesListed(vec![cart_policy()]));
-        d.handle(Event::PodsListed(vec![with_socket(pod("a", UID_A), None)]));
+        d.handle(Event::PodsListed(vec![cart("a", UID_A).build()]));
         assert_eq!(drain(&mut events), Vec::<&str>::new());
         assert_eq!(status.borrow().by_source.get(&("pipe", "policy")), Some(&1));
         d.handle(Event::CrdAbsent);
         assert_eq!(drain(&mut events), ["UdsPolicyCrdMissing"]);
         assert_eq!(status.borrow().fallbacks.get("policy-crd-missing"), Some(&1));
         d.handle(Event::CrdAbsent);
-        d.handle(Event::PodsListed(vec![with_socket(pod("a", UID_A), None)]));
+        d.handle(Event::PodsListed(vec![cart("a", UID_A).build()]));
         assert_eq!(drain(&mut events), Vec::<&str>::new());
         // Served again (CRD re-installed, its objects gone): the cause ends without an event.
         d.handle(Event::PoliciesListed(vec![]));
@@ -1132,7 +1100,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut d, _rx) = driver(dir.path());
         d.handle(Event::PoliciesListed(vec![cart_policy()]));
-        d.handle(Event::PodsListed(vec![with_socket(pod("a", UID_A), None)]));
+        d.handle(Event::PodsListed(vec![cart("a", UID_A).build()]));
         let key = |d: &Driver| d.index.snapshot().iter().next().map(|(_, e)| e.delivery.policy.clone()).unwrap();
         assert_eq!(key(&d), Some("cart-uds".to_owned()));
         drop(d);

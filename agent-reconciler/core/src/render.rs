@@ -113,32 +113,29 @@ pub fn render(map: &DeliveryMap, refused: &HashMap<PodKey, Refusal>) -> Rendered
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
-
     use super::*;
     use crate::fold::Settings;
     use crate::index::Index;
-    use crate::record::PortSpec;
 
-    const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+    const UID: &str = aether_fixtures::UID;
 
+    /// The record of managed pod shop/cart-1 (ServiceAccount cart, emptyDir `s`) declaring ports
+    /// 8080 (HTTP/1.1) and 9090 (h2) and health path /ready, with `socket` as its socket
+    /// annotation and `ips` as its pod IPs.
     fn pod(socket: Option<&str>, ips: &[&str]) -> PodRecord {
-        PodRecord {
-            uid: UID.into(),
-            namespace: "shop".into(),
-            name: "cart-1".into(),
-            service_account: "cart".into(),
-            ports: vec![
-                PortSpec { port: 8080, protocol: AppProtocol::Http1 },
-                PortSpec { port: 9090, protocol: AppProtocol::H2 },
-            ],
-            health: HealthCheck::Http { path: "/ready".into() },
-            uds_socket: socket.map(str::to_owned),
-            pod_ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
-            empty_dirs: BTreeSet::from(["s".to_owned()]),
-            static_pod: None,
-            defects: vec![],
+        let mut p = aether_fixtures::pod("shop", "cart-1")
+            .uid(UID)
+            .sa("cart")
+            .emptydir("s")
+            .annotation_ports("8080,9090=h2")
+            .annotation_health_path("/ready");
+        if let Some(socket) = socket {
+            p = p.annotation_socket(socket);
         }
+        for ip in ips {
+            p = p.ip(ip);
+        }
+        PodRecord::from_pod(&p.build()).unwrap().unwrap()
     }
 
     fn map_of(p: PodRecord) -> DeliveryMap {
