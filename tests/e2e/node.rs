@@ -226,6 +226,88 @@ fn pod_name(pod: &Value) -> &str {
     pod["metadata"]["name"].as_str().unwrap_or("?")
 }
 
+/// A UDS-only app (`uds-echo` on `/s/app.sock`, annotated, no TCP listener of its own) behind
+/// Service `name` port 8080, with kubelet's httpGet readiness probe on port 8080: the probe can
+/// only pass through the inbound listener Envoy binds in the pod's netns.
+fn uds_only_app_yaml(name: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {name}, namespace: default}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  selector: {{app: {name}}}
+  ports: [{{port: 8080, targetPort: 8080}}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+  labels: {{app: {name}, aether.io/managed: "true"}}
+  annotations: {{endpoint.aether.io/uds-socket: s/app.sock}}
+spec:
+  serviceAccountName: {name}
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: localhost/aether/uds-echo:dev
+    imagePullPolicy: Never
+    args: [--socket, /s/app.sock, --name, {name}]
+    volumeMounts: [{{name: s, mountPath: /s}}]
+    readinessProbe:
+      httpGet: {{path: /ready, port: 8080}}
+      periodSeconds: 1
+      failureThreshold: 1
+  volumes: [{{name: s, emptyDir: {{}}}}]
+"#
+    )
+}
+
+/// The active dynamic listener `name` in Envoy's config dump: its `network_namespace_filepath`.
+fn active_listener_netns(name: &str) -> anyhow::Result<Option<String>> {
+    let (_, body) = http_get(ENVOY_ADMIN, "/config_dump?resource=dynamic_listeners", &[])?;
+    let dump: Value = serde_json::from_str(&body).context("config_dump is JSON")?;
+    let found = dump["configs"].as_array().into_iter().flatten().find(|l| l["name"] == name);
+    Ok(found.and_then(|l| {
+        l["active_state"]["listener"]["address"]["socket_address"]["network_namespace_filepath"]
+            .as_str()
+            .map(str::to_owned)
+    }))
+}
+
+impl Env {
+    /// `kubectl run <name>` of `uds-echo --get <url>` (restartPolicy Never); waits until the pod
+    /// ends and returns (succeeded, its log).
+    fn client_get(&self, name: &str, url: &str) -> anyhow::Result<(bool, String)> {
+        let image = "--image=localhost/aether/uds-echo:dev";
+        self.kube().ok(&[
+            "run",
+            name,
+            "-n",
+            "default",
+            image,
+            "--image-pull-policy=Never",
+            "--restart=Never",
+            "--",
+            "--get",
+            url,
+        ])?;
+        let mut phase = String::new();
+        eventually(&format!("client pod {name} ends"), WAIT, || {
+            phase = self.pod_json("default", name)?["status"]["phase"].as_str().unwrap_or_default().to_owned();
+            Ok(phase == "Succeeded" || phase == "Failed")
+        })?;
+        let log = self.kube().ok(&["logs", "-n", "default", name])?;
+        self.kube().ok(&["delete", "pod", "-n", "default", name, "--wait=false"])?;
+        Ok((phase == "Succeeded", log))
+    }
+}
+
 // --- trials ------------------------------------------------------------------------------------
 
 fn install_brings_every_release_pod_ready(env: &Env) -> anyhow::Result<()> {
@@ -294,9 +376,67 @@ fn policy_switches_delivery_to_the_socket_and_delete_switches_back(env: &Env) ->
     )?;
     let path = env.socket_path(&uid(&pod)?, "s", "app.sock").to_string_lossy().into_owned();
     env.wait_healthy_at("app_default_both_8080", &path, |a| a.ends_with(&path))?;
+    // Its app also holds TCP 8080: Envoy cannot bind the inbound listener there; the agent reads
+    // that from Envoy's config dump, withdraws that listener and tells the pod.
+    let mut events = String::new();
+    eventually("a UdsInboundListenerFailed Event on pod both", WAIT, || {
+        events = env.kube().ok(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            "involvedObject.name=both,reason=UdsInboundListenerFailed",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])?;
+        Ok(events.contains("port 8080"))
+    })?;
+    println!("Event on pod both: {events}");
+    eventually("the failed listener is not offered", WAIT, || {
+        Ok(active_listener_netns("inbound_default_both_8080")?.is_none())
+    })?;
     env.kube().ok(&["delete", "endpointpolicy", "-n", "default", "both-uds"])?;
     env.wait_healthy_at("app_default_both_8080", &tcp, |a| a == tcp)?;
     env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "both", "--wait=true"])?;
+    Ok(())
+}
+
+fn a_client_pod_reaches_a_uds_only_app_through_its_service_ip(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&uds_only_app_yaml("inb"))?;
+    // Ready means kubelet's httpGet probe on pod IP:8080 passed: through the netns-bound listener.
+    env.wait_pod_ready("default", "inb")?;
+    let mut netns = None;
+    eventually("Envoy's inbound_default_inb_8080 listener is active", WAIT, || {
+        netns = active_listener_netns("inbound_default_inb_8080")?;
+        Ok(netns.is_some())
+    })?;
+    let netns = netns.context("listener netns")?;
+    ensure!(netns.starts_with("/run/netns/cni-"), "listener bound in the pod's netns from the runtime: {netns}");
+    let ip = env.kube().ok(&["get", "service", "-n", "default", "inb", "-o", "jsonpath={.spec.clusterIP}"])?;
+    let url = format!("http://{}:8080/hello", ip.trim());
+    let (ok, body) = env.client_get("client-uds", &url)?;
+    println!("client pod: uds-echo --get {url}\n{body}");
+    ensure!(ok && body.contains("inb over unix:/s/app.sock: GET /hello"), "through the Service: {body}");
+    println!("listener inbound_default_inb_8080 in Envoy's config_dump, bound in {netns}");
+
+    // Back to TCP: the listener goes, the port is free in the pod, a UDS-only app is unreachable.
+    env.kube().ok(&["annotate", "pod", "-n", "default", "inb", "endpoint.aether.io/uds-socket-"])?;
+    eventually("the inbound listener is withdrawn", WAIT, || {
+        Ok(active_listener_netns("inbound_default_inb_8080")?.is_none())
+    })?;
+    eventually("nothing listens on 8080 in the pod's netns", WAIT, || {
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--net={netns}"))
+            .args(["ss", "-Htln", "sport = :8080"])
+            .output()
+            .context("nsenter ss")?;
+        ensure!(out.status.success(), "nsenter: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(out.stdout.iter().all(u8::is_ascii_whitespace))
+    })?;
+    let (ok, body) = env.client_get("client-tcp", &url)?;
+    ensure!(!ok, "a UDS-only app delivered over TCP has nothing on its port, yet: {body}");
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "inb", "--wait=true"])?;
     Ok(())
 }
 
@@ -539,6 +679,10 @@ fn main() {
             suite::case(
                 "policy_switches_delivery_to_the_socket_and_delete_switches_back",
                 policy_switches_delivery_to_the_socket_and_delete_switches_back,
+            ),
+            suite::case(
+                "a_client_pod_reaches_a_uds_only_app_through_its_service_ip",
+                a_client_pod_reaches_a_uds_only_app_through_its_service_ip,
             ),
             suite::case("memory_emptydir_socket_is_reached", memory_emptydir_socket_is_reached),
             suite::case(

@@ -88,7 +88,10 @@ pub const DUMP_MAX_BYTES: usize = 64 << 20;
 /// [`DUMP_MAX_BYTES`] or one that is not JSON.
 pub async fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Value, AdminError> {
     let err = |reason: String| AdminError::Request { addr, reason };
-    let client = reqwest::Client::builder().no_proxy().timeout(timeout).build().map_err(|e| err(e.to_string()))?;
+    // Plain HTTP on loopback: no root certificates (the agent's image has none, and loading the
+    // platform's would fail the builder).
+    let builder = reqwest::Client::builder().no_proxy().tls_certs_only(Vec::new());
+    let client = builder.timeout(timeout).build().map_err(|e| err(e.to_string()))?;
     let resp = client
         .get(format!("http://{addr}/config_dump?resource=dynamic_listeners"))
         .send()
@@ -107,9 +110,13 @@ pub async fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Value, AdminEr
     serde_json::from_slice(&body).map_err(|e| err(format!("not JSON: {e}")))
 }
 
+/// Reads of the dump after one NACK before giving up until the next one (2 s apart).
+pub const FETCH_ATTEMPTS: u32 = 5;
+
 /// Watches `tracker`; after each new LDS NACK (from any node's stream) reads the dump from
 /// `admin` and sends the failed inbound listeners to `tx` (only when there are some). Ends when
-/// `tx` closes. A dump that cannot be read is logged and retried at the next NACK.
+/// `tx` closes. A dump that cannot be read is logged and read again up to [`FETCH_ATTEMPTS`]
+/// times.
 pub fn spawn_watch(tracker: AckTracker, admin: SocketAddr, tx: mpsc::Sender<Vec<BindFailure>>) {
     tokio::spawn(async move {
         let mut seen = 0u64;
@@ -122,14 +129,22 @@ pub fn spawn_watch(tracker: AckTracker, admin: SocketAddr, tx: mpsc::Sender<Vec<
                 continue;
             }
             seen = total(&tracker);
-            match fetch(admin, Duration::from_secs(5)).await {
-                Ok(dump) => {
-                    let failed = failed_inbound(&dump);
-                    if !failed.is_empty() && tx.send(failed).await.is_err() {
-                        return;
+            // Envoy NACKs once per response: a dump that cannot be read is retried a few times,
+            // since no new NACK may come to trigger another read.
+            for attempt in 1..=FETCH_ATTEMPTS {
+                match fetch(admin, Duration::from_secs(5)).await {
+                    Ok(dump) => {
+                        let failed = failed_inbound(&dump);
+                        if !failed.is_empty() && tx.send(failed).await.is_err() {
+                            return;
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, attempt, of = FETCH_ATTEMPTS, "LDS NACKed; cannot read which inbound listener failed");
+                        tokio::time::sleep(Duration::from_secs(2)).await;
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "LDS NACKed; cannot read which inbound listener failed"),
             }
         }
     });

@@ -5,6 +5,10 @@
 //!
 //! `uds-echo --tcp ADDR [--name NAME]` serves the same router on a TCP address instead (the
 //! TCP-loopback side of `make bench`'s data-plane comparison: same server code, other socket).
+//!
+//! `uds-echo --get URL` is the client: one plain-HTTP GET (5 s timeout), the body on standard
+//! output, exit 0 on 200 and 1 otherwise (a client pod calling a Service in the real-node tests;
+//! the images have no shell or curl).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -19,10 +23,38 @@ async fn echo(State(who): State<Who>, req: Request) -> String {
     format!("{} {} {}\n", who.0, req.method(), req.uri())
 }
 
+/// GETs `url`; prints the body (or the error) and returns the exit code: 0 on 200, else 1.
+async fn fetch(url: &str) -> i32 {
+    // reqwest is built without a default TLS provider; plain HTTP still needs one installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // Plain HTTP only: no root certificates (the image has none; loading the platform's would fail).
+    let builder = reqwest::Client::builder().no_proxy().tls_certs_only(Vec::new());
+    let client = match builder.timeout(std::time::Duration::from_secs(5)).build() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("uds-echo --get: {e}");
+            return 1;
+        }
+    };
+    match client.get(url).send().await {
+        Ok(resp) => {
+            let status = resp.status();
+            print!("{}", resp.text().await.unwrap_or_default());
+            eprintln!("uds-echo --get {url}: HTTP {status}");
+            i32::from(status != reqwest::StatusCode::OK)
+        }
+        Err(e) => {
+            eprintln!("uds-echo --get {url}: {e}");
+            1
+        }
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::io::Result<()> {
     let mut socket: Option<PathBuf> = None;
     let mut tcp: Option<String> = None;
+    let mut get: Option<String> = None;
     let mut name = String::from("uds-echo");
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -30,11 +62,15 @@ async fn main() -> std::io::Result<()> {
             "--socket" => socket = args.next().map(PathBuf::from),
             "--name" => name = args.next().unwrap_or(name),
             "--tcp" => tcp = args.next(),
+            "--get" => get = args.next(),
             _ => {
-                eprintln!("usage: uds-echo --socket PATH | --tcp ADDR [--name NAME]");
+                eprintln!("usage: uds-echo --socket PATH | --tcp ADDR [--name NAME] | --get URL");
                 std::process::exit(2);
             }
         }
+    }
+    if let Some(url) = get {
+        std::process::exit(fetch(&url).await);
     }
     if let (Some(addr), None) = (&tcp, &socket) {
         let listener = tokio::net::TcpListener::bind(addr).await?;
