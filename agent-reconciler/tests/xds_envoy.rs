@@ -747,8 +747,13 @@ impl Netns {
     /// GET `http://127.0.0.1:<port><path>` from inside the namespace (a client in the pod):
     /// `Ok(body)` on 200, `Err(why)` otherwise.
     fn get(&self, port: u16, path: &str) -> Result<String, String> {
+        self.get_at("127.0.0.1", port, path)
+    }
+
+    /// Like [`Netns::get`] to `host` (`127.0.0.1`, `[::1]`).
+    fn get_at(&self, host: &str, port: u16, path: &str) -> Result<String, String> {
         let script = format!(
-            "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}{path}', timeout=3).read().decode(), end='')"
+            "import urllib.request; print(urllib.request.urlopen('http://{host}:{port}{path}', timeout=3).read().decode(), end='')"
         );
         let out = self.exec(&["python3", "-c", &script]).output().map_err(|e| e.to_string())?;
         if out.status.success() {
@@ -785,8 +790,30 @@ async fn an_inbound_listener_in_the_pods_netns_delivers_a_clients_request_to_the
     f.push(snapshot.clone());
     f.wait_acked().await;
     assert_eq!(pod.get(8080, "/hello").as_deref(), Ok("uds-app HTTP/1.1 GET /hello"));
+    assert!(pod.get_at("[::1]", 8080, "/v6").is_err(), "no [::] address for a pod without IPv6");
     // The host's own loopback has no such listener: it is bound in the pod's namespace only.
     assert!(std::net::TcpStream::connect(("127.0.0.1", 8080)).is_err());
+
+    // The pod gets a new sandbox (a new netns): the listener is updated in place, and serves there.
+    let sandbox2 = netns_with_lo("inb2");
+    let mut moved = snapshot.clone();
+    moved.listeners[0].netns = sandbox2.path();
+    f.push(moved);
+    f.wait_acked().await;
+    assert_eq!(sandbox2.get(8080, "/moved").as_deref(), Ok("uds-app HTTP/1.1 GET /moved"));
+    // A sandbox with an IPv6 address: the listener also takes [::]:8080 (v6-only) there. (Its
+    // address set is fixed for a sandbox's life: the agent renders a listener only once the pod has
+    // its IPs, because Envoy refuses to change the addresses of a listener in the same netns.)
+    let sandbox3 = netns_with_lo("inb3");
+    let mut dual = snapshot.clone();
+    dual.listeners[0].netns = sandbox3.path();
+    dual.listeners[0].ipv6 = true;
+    f.push(dual);
+    f.wait_acked().await;
+    assert_eq!(sandbox3.get_at("[::1]", 8080, "/v6").as_deref(), Ok("uds-app HTTP/1.1 GET /v6"));
+    assert_eq!(sandbox3.get(8080, "/v4").as_deref(), Ok("uds-app HTTP/1.1 GET /v4"));
+    f.push(snapshot.clone());
+    f.wait_acked().await;
 
     // The pod switches to TCP: its listener goes and the port is free in the pod again.
     f.push(Snapshot { listeners: vec![], ..snapshot });

@@ -5,7 +5,7 @@
 //! - one `health_<ns>_<pod>` cluster with the pod's active health check (HTTP on its health path,
 //!   HTTP/2 codec when the primary port is `h2`, or connect-only), answered by the health gateway.
 //!
-//! - for a pod delivered over its socket whose netns is known, one `inbound_<ns>_<pod>_<port>`
+//! - for a pod delivered over its socket whose netns and IPs are known, one `inbound_<ns>_<pod>_<port>`
 //!   listener per declared port, bound in the pod's netns, to the `app_` cluster of that port
 //!   (not for ports whose listener Envoy could not bind: [`crate::PodDelivery::inbound_failed`]).
 //!   A TCP-delivered pod gets none: its app owns the port.
@@ -83,7 +83,9 @@ pub fn render(map: &DeliveryMap, refused: &HashMap<PodKey, Refusal>) -> Rendered
                 http2: p.protocol == AppProtocol::H2,
             });
         }
-        if let (Some(_), Some(netns)) = (&pipe, ns) {
+        // Only once the pod has its IPs: Envoy refuses to change a listener's addresses in place in
+        // the same netns, so the IPv6 address must be known before the listener is first offered.
+        if let (Some(_), Some(netns), false) = (&pipe, ns, pod.pod_ips.is_empty()) {
             let ipv6 = pod.pod_ips.iter().any(IpAddr::is_ipv6);
             for p in pod.ports.iter().filter(|p| !entry.inbound_failed.contains(&p.port)) {
                 out.snapshot.listeners.push(ListenerSpec {
@@ -210,9 +212,11 @@ mod tests {
     }
 
     #[test]
-    fn no_inbound_listener_without_a_netns_for_a_tcp_pod_or_a_refused_pipe() {
+    fn no_inbound_listener_without_a_netns_or_ips_for_a_tcp_pod_or_a_refused_pipe() {
         let unknown_netns = render(&map_of(pod(Some("s/app.sock"), &["10.1.2.3"])), &HashMap::new());
         assert!(unknown_netns.snapshot.listeners.is_empty());
+        let no_ips = render(&map_in_netns(pod(Some("s/app.sock"), &[]), Some("/run/netns/cni-1")), &HashMap::new());
+        assert!(no_ips.snapshot.listeners.is_empty(), "the address set must be known before the first offer");
         let tcp = render(&map_in_netns(pod(None, &["10.1.2.3"]), Some("/run/netns/cni-1")), &HashMap::new());
         assert!(tcp.snapshot.listeners.is_empty(), "a TCP pod's app owns its port");
         let map = map_in_netns(pod(Some("s/app.sock"), &["10.1.2.3"]), Some("/run/netns/cni-1"));
