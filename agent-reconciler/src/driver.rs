@@ -101,6 +101,8 @@ pub struct Driver {
     deferred: Vec<pod_events::Notice>,
     /// Pod network namespaces from the container runtime (when `--cri-endpoint` is set).
     netns: RuntimeNetns,
+    /// Pods told (once) that the runtime reports no netns for them, so no inbound listener.
+    no_netns_told: HashSet<String>,
 }
 
 /// What the driver knows of pods' network namespaces from the container runtime: asked when a
@@ -184,6 +186,7 @@ impl Driver {
             stranded: BTreeMap::new(),
             notices: None,
             netns: RuntimeNetns::default(),
+            no_netns_told: HashSet::new(),
             clock: None,
             event_at: None,
             booting: false,
@@ -373,12 +376,17 @@ impl Driver {
             Event::Netns(updates) => {
                 let live: HashSet<String> = self.index.pods().map(|p| p.uid.clone()).collect();
                 let mut changed = Vec::new();
+                let mut without = Vec::new();
                 for update in updates {
                     let uid = update.0.clone();
+                    if matches!(update.1, Ok(None)) && live.contains(&uid) {
+                        without.push(uid.clone());
+                    }
                     if self.netns.update(update, live.contains(&uid)) {
                         changed.push(uid);
                     }
                 }
+                self.tell_no_netns(&without);
                 if self.refresh_netns(changed.iter().map(String::as_str)).map_changed {
                     self.publish();
                 }
@@ -397,6 +405,34 @@ impl Driver {
                 if !changed.is_empty() || netns_moved {
                     self.publish();
                 }
+            }
+        }
+    }
+
+    /// Tells each pod in `uids` delivered over its socket, once, that the runtime reports no
+    /// network namespace for it (a host-network pod), so it gets no inbound listener.
+    fn tell_no_netns(&mut self, uids: &[String]) {
+        if uids.is_empty() {
+            return;
+        }
+        let map = self.index.snapshot();
+        for (key, entry) in map.iter().filter(|(k, _)| uids.contains(&k.uid)) {
+            if !entry.delivery.is_pipe() || !self.no_netns_told.insert(key.uid.clone()) {
+                continue;
+            }
+            let note = "the container runtime reports no network namespace of its own for the pod (host \
+                        network?): the node proxy cannot listen on its ports inside it, so traffic to them \
+                        through its Service does not reach the socket";
+            tracing::warn!(pod = %key, "no pod network namespace; no inbound listener");
+            if let Some(tx) = &self.notices {
+                tx.send(pod_events::Notice {
+                    pod: key.clone(),
+                    severity: pod_events::Severity::Warning,
+                    reason: pod_events::INBOUND_NO_NETNS_REASON,
+                    label: pod_events::INBOUND_NO_NETNS_LABEL,
+                    action: "ListenInPodNetns",
+                    note: note.to_owned(),
+                });
             }
         }
     }
@@ -454,6 +490,7 @@ impl Driver {
     fn delete_pod(&mut self, pod: &Pod) {
         let Some(uid) = pod.metadata.uid.as_deref() else { return };
         self.netns.forget(uid);
+        self.no_netns_told.remove(uid);
         if let Some(store) = &self.store
             && let Err(e) = store.remove_pod(uid)
         {
@@ -831,6 +868,21 @@ mod tests {
         // Envoy reporting the same failure again changes nothing and says nothing.
         d.handle(Event::InboundBindFailed(vec![failure("a")]));
         assert!(drain(&mut events).is_empty());
+    }
+
+    #[test]
+    fn a_socket_pod_without_a_netns_of_its_own_is_told_once_and_gets_no_listener() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, rx) = driver(dir.path());
+        let (mut d, mut events) = with_notices(d);
+        let tcp_pod = cart("t", UID_B).ip("10.1.2.4").build();
+        d.handle(Event::PodsListed(vec![cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build(), tcp_pod]));
+        drain(&mut events);
+        for _ in 0..2 {
+            d.handle(Event::Netns(vec![(UID_A.into(), Ok(None)), (UID_B.into(), Ok(None))]));
+        }
+        assert_eq!(drain(&mut events), [pod_events::INBOUND_NO_NETNS_REASON], "once, and not for the TCP pod");
+        assert!(rx.borrow().listeners.is_empty());
     }
 
     #[test]

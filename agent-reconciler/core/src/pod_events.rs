@@ -51,6 +51,11 @@ pub const NOTE_MAX_BYTES: usize = 1024;
 pub const INBOUND_BIND_FAILED_REASON: &str = "UdsInboundListenerFailed";
 /// The metric label of [`INBOUND_BIND_FAILED_REASON`].
 pub const INBOUND_BIND_FAILED_LABEL: &str = "inbound-listener-failed";
+/// Event reason when the container runtime reports no network namespace of the pod's own (a
+/// host-network pod): no inbound listener, so traffic through its Service does not reach the socket.
+pub const INBOUND_NO_NETNS_REASON: &str = "UdsInboundNoNetns";
+/// The metric label of [`INBOUND_NO_NETNS_REASON`].
+pub const INBOUND_NO_NETNS_LABEL: &str = "inbound-no-netns";
 
 /// `note` cut to at most [`NOTE_MAX_BYTES`] at a character boundary, ending in `…` when cut.
 pub fn clip_note(note: String) -> String {
