@@ -90,7 +90,7 @@ kind: Pod
 metadata:
   name: $1
   namespace: default
-  labels: {aether.io/managed: "true"}
+  labels: {aether.io/managed: "true", app: $1}
   annotations: {$2}
 spec:
   serviceAccountName: $1
@@ -119,6 +119,19 @@ health() { curl -s -o /dev/null -w '%{http_code}' --unix-socket /run/aether/heal
 for _ in $(seq 1 100); do [ "$(health health_default_web)" = 200 ] && break; sleep 0.2; done
 echo "  \$ curl --unix-socket /run/aether/health.sock http://localhost/healthz/health_default_web"
 echo "    HTTP $(health health_default_web)"
+
+step "a client pod calls Service web: ClusterIP -> pod IP:8080 (Envoy's listener in the pod's netns) -> the socket"
+kubectl create service clusterip web --tcp=8080 | indent
+for _ in $(seq 1 150); do curl -s http://127.0.0.1:9901/listeners | grep -q '^inbound_default_web_8080::' && break; sleep 0.2; done
+echo "  Envoy's listeners (\$ curl 127.0.0.1:9901/listeners):"
+curl -s http://127.0.0.1:9901/listeners | indent
+cip=$(kubectl get service web -o jsonpath='{.spec.clusterIP}')
+echo "  \$ kubectl run client --image=localhost/aether/uds-echo:dev --restart=Never -- --get http://$cip:8080/hello"
+kubectl run client --image=localhost/aether/uds-echo:dev --image-pull-policy=Never --restart=Never -- --get "http://$cip:8080/hello" >/dev/null
+for _ in $(seq 1 150); do
+  case "$(kubectl get pod client -o jsonpath='{.status.phase}')" in Succeeded|Failed) break ;; esac; sleep 0.2
+done
+kubectl logs client | indent
 
 step "a policy switches pod shop (app on TCP :8080 and on s/app.sock) to its socket, and back"
 app shop "" tcp | kubectl apply -f - >/dev/null
@@ -152,7 +165,7 @@ for cip in $(kubectl get pods -n $NS -l app.kubernetes.io/component=controller -
 done
 
 step "helm uninstall aether: no release object, nothing of ours on the host"
-kubectl delete pod web shop long --wait=true >/dev/null
+kubectl delete pod web shop long client --wait=true >/dev/null
 ls -l /run/aether | indent
 helm uninstall aether -n $NS --wait | indent
 kubectl get all,secrets,leases -n $NS 2>&1 | indent

@@ -36,7 +36,7 @@ pub enum Detail {
     /// Decided by the fold against the byte budget; the note adds the budget arithmetic
     /// (`107 - len(pods dir) - 70 = N bytes`) when the node has a budget.
     FoldWithBudget,
-    /// Decided by the on-disk check (the on-disk check (`aether_agent_reconciler::fscheck`)); the note adds the refusal.
+    /// Decided by the on-disk check (`aether_agent_reconciler::fscheck`); the note adds the refusal.
     Refusal,
     /// Decided from the CRD's absence; the note names the policy that governed the pod's service
     /// key when the EndpointPolicy CRD went away.
