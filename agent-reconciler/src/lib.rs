@@ -41,6 +41,7 @@ pub mod logging;
 pub mod metrics;
 pub mod plan;
 pub mod recorder;
+pub mod pin;
 pub mod runtime;
 pub mod shutdown;
 pub mod startup;

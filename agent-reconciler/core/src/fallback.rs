@@ -258,6 +258,14 @@ vocabulary! {
         detail: Refusal,
         remedy: "let the app create a real socket in a real emptyDir",
     }
+    /// The socket file has more than one hard link: another name (possibly another pod's) reaches
+    /// the same socket, so it is not this pod's own.
+    HardLink {
+        label: "hard-link",
+        event: "UdsHardLinkRefused",
+        detail: Refusal,
+        remedy: "let the app create a real socket in a real emptyDir",
+    }
     /// The on-disk check could not `lstat` a component of the socket path.
     Unreadable {
         label: "unreadable",
@@ -332,6 +340,7 @@ mod tests {
             Refusal::Symlink { path: "/p".into() },
             Refusal::NotDirectory { path: "/p".into() },
             Refusal::NotSocket { path: "/p".into(), found: "regular file" },
+            Refusal::HardLink { path: "/p".into(), links: 2 },
             Refusal::Unreadable { path: "/p".into(), error: "EACCES".into() },
         ];
         let from_disk: HashSet<TcpReason> = refusals.iter().map(Refusal::tcp_reason).collect();

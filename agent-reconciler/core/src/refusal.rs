@@ -27,6 +27,14 @@ pub enum Refusal {
         /// What it is instead: `regular file`, `directory`, ...
         found: &'static str,
     },
+    /// The socket has more than one hard link (another name, possibly another pod's, reaches it).
+    #[error("{path} has {links} hard links; a pipe is only rendered to a socket with one name")]
+    HardLink {
+        /// The socket path.
+        path: String,
+        /// Its link count.
+        links: u64,
+    },
     /// `lstat` failed for another reason than "not found".
     #[error("cannot inspect {path}: {error}")]
     Unreadable {
@@ -44,6 +52,7 @@ impl Refusal {
             Refusal::Symlink { .. } => TcpReason::Symlink,
             Refusal::NotDirectory { .. } => TcpReason::NotADirectory,
             Refusal::NotSocket { .. } => TcpReason::NotASocket,
+            Refusal::HardLink { .. } => TcpReason::HardLink,
             Refusal::Unreadable { .. } => TcpReason::Unreadable,
         }
     }
