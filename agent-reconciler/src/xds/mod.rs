@@ -1,11 +1,17 @@
 //! The xDS layer: what the node's Envoy receives from the agent.
 //!
-//! - [`resources`]: the pure input model ([`Snapshot`] of [`ClusterSpec`]s, independent of
-//!   Kubernetes), validation before rendering, rendering to Envoy `Cluster`s and the
-//!   health-gateway `Listener`, content-hash versions.
-//! - [`server`]: the ADS gRPC server (state of the world, CDS + LDS) with debounced pushes, an
-//!   [`AckTracker`] of what each node applied or rejected and which streams are open now, and a
-//!   shutdown that waits for Envoy to close its streams ([`Drained`]).
+//! - [`resources`]: the encoder: the core's model ([`Snapshot`] of [`ClusterSpec`]s and
+//!   [`ListenerSpec`]s, re-exported) rendered to Envoy `Cluster`s, the health-gateway and inbound
+//!   `Listener`s, content-hash versions.
+//! - [`server`]: the ADS gRPC server (state of the world, CDS + LDS), [`serve`] and a shutdown
+//!   that waits for Envoy to close its streams ([`Drained`]); re-exports the parts below.
+//! - `stream` (private): one ADS stream's request/response loop, nonces, debounced pushes.
+//! - [`acks`]: the [`AckTracker`]: what each node applied or rejected, which streams are open.
+//! - [`metrics`]: Prometheus metrics ([`XdsMetrics`]), the change-to-ACK [`ChangeClock`].
+//! - [`publish`]: [`spawn_renderer`], snapshots to rendered resources with a debounce.
+//! - [`listen`]: where the server listens ([`XdsAddr`], [`XdsListener`], [`ServeError`]).
+//! - [`bind_failures`]: after an LDS NACK, which inbound listeners Envoy could not bind (its
+//!   config dump's `error_state`).
 //! - [`readiness`]: whether Envoy has applied what the server would send now (the `/readyz`
 //!   line, [`EnvoyReadiness`]).
 //!
@@ -15,21 +21,28 @@
 //! Envoy features used: `pipe` addresses (cluster endpoints and listeners), the `health_check`
 //! HTTP filter with `cluster_min_healthy_percentages`, typed `HttpProtocolOptions` for upstream
 //! HTTP/2, all long-standing; `SocketAddress.network_namespace_filepath` is recent (the API
-//! field appeared in 2025; it needs `CAP_NET_ADMIN`), so the netns variant needs a recent
+//! field appeared in 2025; `setns(2)` into the netns file needs `CAP_SYS_ADMIN`), so the netns
+//! variants (TCP delivery's upstream bind, the inbound listeners) need a recent
 //! Envoy. Everything here is tested against Envoy 1.40 (`tests/xds_envoy.rs`).
 
+pub mod acks;
 pub mod bind_failures;
+pub mod listen;
+pub mod metrics;
+pub mod publish;
 pub mod readiness;
 pub mod resources;
 pub mod server;
+mod stream;
 
+pub use acks::{AckTracker, Nack, StreamState, TypeState};
+pub use listen::{ServeError, XdsAddr, XdsListener};
+pub use metrics::{ChangeClock, XdsMetrics};
+pub use publish::{spawn_renderer, spawn_renderer_with_clock};
 pub use readiness::{Connected, EnvoyReadiness, TypeProgress, assess};
 pub use resources::{
     CLUSTER_TYPE_URL, ClusterSpec, DEFAULT_INBOUND_MAX_CONNECTIONS, Endpoint, HealthCheck, HealthTiming,
     LISTENER_TYPE_URL, ListenerSpec, NamedResource, Rejected, RenderError, RenderOptions, Renderer, Resources,
     Snapshot, TypedResources, render, render_cluster, render_health_listener, render_inbound_listener,
 };
-pub use server::{
-    AckTracker, ChangeClock, Drained, Nack, ServeError, StreamState, TypeState, XdsAddr, XdsListener, XdsMetrics,
-    XdsServer, serve, serve_listener, spawn_renderer, spawn_renderer_with_clock,
-};
+pub use server::{Drained, XdsServer, serve, serve_listener};

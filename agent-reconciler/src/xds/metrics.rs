@@ -1,0 +1,230 @@
+//! The xDS server's Prometheus metrics ([`XdsMetrics`]) and the [`ChangeClock`] behind its
+//! change-to-ACK histogram.
+//!
+//! Counted: responses sent, ACKs and NACKs per resource type ([`type_label`]), the streams open
+//! now, and the time from a change (stamped on a [`ChangeClock`] by whoever publishes snapshots)
+//! to Envoy's ACK of the version that change produced.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::resources::Resources;
+
+/// The metric label of a type URL: `cluster`, `listener`, or `other` (bounded).
+pub fn type_label(type_url: &str) -> &'static str {
+    match type_url {
+        super::resources::CLUSTER_TYPE_URL => "cluster",
+        super::resources::LISTENER_TYPE_URL => "listener",
+        _ => "other",
+    }
+}
+
+/// Label set `{type}` of the xDS counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabel {
+    /// `cluster` (CDS), `listener` (LDS), `other`.
+    pub r#type: &'static str,
+}
+
+/// Carries the time of the earliest change not yet acknowledged from the snapshot publisher
+/// (the reconcile loop) through the debounced renderer to the ACK of the version it produced.
+///
+/// - [`ChangeClock::changed`]: a published snapshot differs; keeps the earliest such instant
+///   until the renderer takes it.
+/// - the renderer ([`spawn_renderer_with_clock`]) stamps each type whose version changed with
+///   that instant, or with the instant already pending on that type if it is earlier (a version
+///   superseded before its ACK hands its start on: Envoy may never ACK it).
+/// - [`ChangeClock::acked`]: the first ACK of a stamped version ends it.
+///
+/// Memory is bounded: one pending instant, and one stamped version per type URL.
+///
+/// [`spawn_renderer_with_clock`]: super::publish::spawn_renderer_with_clock
+#[derive(Clone, Debug, Default)]
+pub struct ChangeClock {
+    state: Arc<Mutex<ClockState>>,
+}
+
+#[derive(Debug, Default)]
+struct ClockState {
+    unrendered: Option<Instant>,
+    stamped: HashMap<String, (String, Instant)>,
+}
+
+impl ChangeClock {
+    /// A clock with nothing pending.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ClockState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A snapshot that differs from the last one was published; `at` is when the change that
+    /// caused it was seen (a watch event's arrival). The earliest unrendered instant is kept.
+    pub fn changed(&self, at: Instant) {
+        let mut s = self.lock();
+        s.unrendered = Some(s.unrendered.map_or(at, |t| t.min(at)));
+    }
+
+    /// The renderer published new resources: stamp every type whose version differs from
+    /// `previous` with the earliest pending change. Types with an unchanged version keep what
+    /// they had; a change that produced no new version is dropped.
+    pub fn rendered(&self, previous: &Resources, next: &Resources) {
+        let mut s = self.lock();
+        let since = s.unrendered.take();
+        for type_url in next.type_urls() {
+            let (Some(new), old) = (next.get(type_url), previous.get(type_url)) else { continue };
+            if old.is_some_and(|o| o.version == new.version) {
+                continue;
+            }
+            let carried = s.stamped.get(type_url).map(|(_, t)| *t);
+            let start = match (since, carried) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if let Some(start) = start {
+                s.stamped.insert(type_url.to_owned(), (new.version.clone(), start));
+            }
+        }
+    }
+
+    /// Forgets an unrendered change without stamping anything (the initial render: its versions
+    /// are what a restarted agent serves anyway, not the effect of a change).
+    pub fn discard_unrendered(&self) {
+        self.lock().unrendered = None;
+    }
+
+    /// Envoy ACKed `version` of `type_url`: the time since the change that produced it, once
+    /// per stamped version (later ACKs of it, from other streams or re-subscriptions, get `None`).
+    pub fn acked(&self, type_url: &str, version: &str) -> Option<Duration> {
+        let mut s = self.lock();
+        match s.stamped.get(type_url) {
+            Some((v, at)) if v == version => {
+                let elapsed = at.elapsed();
+                s.stamped.remove(type_url);
+                Some(elapsed)
+            }
+            _ => None,
+        }
+    }
+
+    /// Number of versions waiting for their ACK (at most one per type URL).
+    pub fn pending(&self) -> usize {
+        self.lock().stamped.len()
+    }
+}
+
+/// The xDS server's Prometheus metrics; cheap to clone (the metrics are shared).
+#[derive(Clone, Debug)]
+pub struct XdsMetrics {
+    /// `aether_xds_pushes_total{type}`: DiscoveryResponses sent (one per subscription plus one
+    /// per version change, per stream).
+    pub pushes: Family<TypeLabel, Counter>,
+    /// `aether_xds_acks_total{type}`: ACKs received (a request acknowledging the last response).
+    pub acks: Family<TypeLabel, Counter>,
+    /// `aether_xds_nacks_total{type}`: NACKs received (a request with `error_detail`).
+    pub nacks: Family<TypeLabel, Counter>,
+    /// `aether_xds_change_to_ack_seconds`: seconds from the watch event whose effect produced a
+    /// new resource version to Envoy's first ACK of that version (see [`ChangeClock`]).
+    pub change_to_ack: Histogram,
+    /// `aether_xds_connected_streams`: ADS streams open now, all nodes together (a stream counts
+    /// from its first request that carries a node until it ends).
+    pub connected: Gauge,
+    /// The clock the publisher, the renderer and the server share.
+    pub clock: ChangeClock,
+}
+
+impl Default for XdsMetrics {
+    fn default() -> Self {
+        XdsMetrics {
+            pushes: Family::default(),
+            acks: Family::default(),
+            nacks: Family::default(),
+            // 5 ms .. ~41 s: a debounce (20 ms) plus Envoy applying a config is tens of ms.
+            change_to_ack: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            connected: Gauge::default(),
+            clock: ChangeClock::new(),
+        }
+    }
+}
+
+impl XdsMetrics {
+    /// Fresh metrics with their own clock.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers the metrics (names in the field docs; counters get `_total` on encoding). The
+    /// counters of both served types exist from the start, at zero.
+    pub fn register(&self, registry: &mut Registry) {
+        for type_url in [super::resources::CLUSTER_TYPE_URL, super::resources::LISTENER_TYPE_URL] {
+            for family in [&self.pushes, &self.acks, &self.nacks] {
+                family.get_or_create(&TypeLabel { r#type: type_label(type_url) }).inc_by(0);
+            }
+        }
+        registry.register("aether_xds_pushes", "xDS responses sent to Envoy, by resource type", self.pushes.clone());
+        registry.register("aether_xds_acks", "xDS ACKs received from Envoy, by resource type", self.acks.clone());
+        registry.register("aether_xds_nacks", "xDS NACKs received from Envoy, by resource type", self.nacks.clone());
+        registry.register(
+            "aether_xds_change_to_ack_seconds",
+            "Seconds from a pod or policy change to Envoy's ACK of the xDS version it produced",
+            self.change_to_ack.clone(),
+        );
+        registry.register(
+            "aether_xds_connected_streams",
+            "ADS streams from Envoy open now (counted from the first request that names a node)",
+            self.connected.clone(),
+        );
+    }
+
+    pub(super) fn inc(family: &Family<TypeLabel, Counter>, type_url: &str) {
+        family.get_or_create(&TypeLabel { r#type: type_label(type_url) }).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xds::resources::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL};
+
+    fn resources(cds: &str, lds: &str) -> Resources {
+        let mut r = Resources::default();
+        r.clusters.version = cds.to_owned();
+        r.listeners.version = lds.to_owned();
+        r
+    }
+
+    #[test]
+    fn the_clock_measures_from_the_earliest_unacknowledged_change_once_per_version() {
+        let clock = ChangeClock::new();
+        let t0 = Instant::now() - Duration::from_secs(3);
+        clock.changed(t0 + Duration::from_secs(1));
+        clock.changed(t0);
+        // Only CDS changed: LDS gets no stamp, and the unrendered instant is consumed.
+        clock.rendered(&resources("c1", "l1"), &resources("c2", "l1"));
+        assert_eq!(clock.pending(), 1);
+        assert_eq!(clock.acked(LISTENER_TYPE_URL, "l1"), None);
+        // c2 is superseded by c3 before its ACK: c3 inherits the earlier start.
+        clock.changed(Instant::now());
+        clock.rendered(&resources("c2", "l1"), &resources("c3", "l1"));
+        assert_eq!(clock.acked(CLUSTER_TYPE_URL, "c2"), None, "an ACK of a superseded version is not observed");
+        let took = clock.acked(CLUSTER_TYPE_URL, "c3").expect("c3 was stamped");
+        assert!(took >= Duration::from_secs(3), "{took:?}");
+        assert_eq!(clock.acked(CLUSTER_TYPE_URL, "c3"), None, "observed once per version");
+        assert_eq!(clock.pending(), 0);
+        // A change that renders to the same versions leaves nothing behind.
+        clock.changed(Instant::now());
+        clock.rendered(&resources("c3", "l1"), &resources("c3", "l1"));
+        clock.rendered(&resources("c3", "l1"), &resources("c4", "l1"));
+        assert_eq!(clock.pending(), 0);
+    }
+}
