@@ -57,7 +57,8 @@ fn netns_lookup(
 /// # Errors
 /// When the state dir, the xDS address or the admin address cannot be used; the error names it.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let settings = Settings::new(&args.delivery.kubelet_pods_dir, args.delivery.uds_workloads);
+    let pin_dir = args.pin_dir.as_ref().map(|d| d.to_string_lossy().into_owned());
+    let settings = Settings::new(&args.delivery.kubelet_pods_dir, args.delivery.uds_workloads).with_pin_dir(pin_dir);
     log_budget(&settings);
     let stop = stop_on_signal()?;
     let store =
@@ -75,6 +76,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .with_notices(notices)
     .with_change_clock(metrics.xds.clock.clone());
+    if let Some(dir) = &args.pin_dir {
+        let pinner = crate::pin::Pinner::new(&args.delivery.kubelet_pods_dir, dir)
+            .with_context(|| format!("--pin-dir {}", dir.display()))?;
+        tracing::info!(pin_dir = %dir.display(), "pinning verified sockets; Envoy dials <pin-dir>/<pod uid>.sock");
+        driver = driver.with_pinner(pinner);
+    }
     let netns_updates = match netns_lookup(&args)? {
         Some((lookup, updates)) => {
             driver = driver.with_netns_lookup(lookup);

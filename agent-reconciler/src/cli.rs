@@ -26,6 +26,23 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// `--pin-dir`: absolute, UTF-8, and short enough that `<dir>/<uid>.sock` (dir + 42 bytes) fits
+/// the 107-byte sun_path.
+fn parse_pin_dir(s: &str) -> Result<PathBuf, String> {
+    let max = aether_crds::udspath::SUN_PATH_MAX - 42;
+    if !s.starts_with('/') {
+        return Err(format!("{s:?} must be an absolute path"));
+    }
+    let trimmed = s.trim_end_matches('/');
+    if trimmed.len() > max {
+        return Err(format!(
+            "{s:?} is {} bytes; at most {max}, so that <dir>/<pod uid>.sock fits the 107-byte sun_path",
+            trimmed.len()
+        ));
+    }
+    Ok(PathBuf::from(trimmed))
+}
+
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -104,6 +121,13 @@ pub struct RunArgs {
     /// (the chart mounts it at the same path).
     #[arg(long, env = "AETHER_NETNS_PROXY_DIR", value_parser = parse_netns_dir)]
     pub netns_proxy_dir: Option<PathBuf>,
+    /// Socket pinning (issue 13): a directory only the agent writes, seen at the same path by
+    /// Envoy. Each verified socket inode (opened with openat2, no link followed) is bind-mounted
+    /// on <DIR>/<pod uid>.sock and Envoy dials that, so a pod swapping its socket for a link
+    /// between two checks reaches nothing but its own socket. Needs CAP_SYS_ADMIN and mount
+    /// propagation to Envoy. At most 65 bytes, absolute. Unset: the lstat check only.
+    #[arg(long, env = "AETHER_PIN_DIR", value_parser = parse_pin_dir)]
+    pub pin_dir: Option<PathBuf>,
     /// Seconds between re-checks, with lstat, that no pod's socket path has become a symlink.
     #[arg(long, default_value_t = 10, env = "AETHER_RECHECK_SECONDS")]
     pub recheck_seconds: u64,
@@ -200,6 +224,17 @@ mod tests {
             Command::Run(r) => *r,
             Command::Plan(_) => unreachable!(),
         }
+    }
+
+    #[test]
+    fn pin_dir_is_absolute_and_leaves_room_for_the_pin_name_in_sun_path() {
+        assert_eq!(run_args(&[]).pin_dir, None);
+        assert_eq!(run_args(&["--pin-dir", "/run/aether/pins/"]).pin_dir, Some(PathBuf::from("/run/aether/pins")));
+        let ok = format!("/{}", "p".repeat(64));
+        assert!(parse_pin_dir(&ok).is_ok(), "65 bytes + 42 = 107");
+        let err = parse_pin_dir(&format!("{ok}q")).unwrap_err();
+        assert!(err.contains("66 bytes; at most 65"), "{err}");
+        assert!(parse_pin_dir("run/pins").unwrap_err().contains("absolute"));
     }
 
     #[test]

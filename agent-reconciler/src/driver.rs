@@ -101,6 +101,8 @@ pub struct Driver {
     deferred: Vec<pod_events::Notice>,
     /// Pod network namespaces from the container runtime (when `--cri-endpoint` is set).
     netns: RuntimeNetns,
+    /// Socket pinning (`--pin-dir`): pins each verified socket inode where Envoy dials it.
+    pinner: Option<crate::pin::Pinner>,
     /// Pods told (once) that the runtime reports no netns for them, so no inbound listener.
     no_netns_told: HashSet<String>,
 }
@@ -187,11 +189,19 @@ impl Driver {
             notices: None,
             netns: RuntimeNetns::default(),
             no_netns_told: HashSet::new(),
+            pinner: None,
             clock: None,
             event_at: None,
             booting: false,
             deferred: Vec::new(),
         }
+    }
+
+    /// Same loop, pinning each pod's verified socket with `pinner` (the index's settings must
+    /// carry the same pin dir, so render dials the pins).
+    pub fn with_pinner(mut self, pinner: crate::pin::Pinner) -> Self {
+        self.pinner = Some(pinner);
+        self
     }
 
     /// Same loop, queueing pod Events to `notices` (without it, decisions are only logged).
@@ -307,6 +317,12 @@ impl Driver {
                 gone.iter().for_each(|u| self.netns.forget(u));
                 let by_uid: HashMap<String, PodRecord> = records.iter().map(|r| (r.uid.clone(), r.clone())).collect();
                 let mut change = self.index.reset_pods(records);
+                if let Some(pinner) = &self.pinner {
+                    match pinner.retain(&keep) {
+                        0 => {}
+                        n => tracing::info!(removed = n, "removed pins of pods no longer on this node"),
+                    }
+                }
                 if let Some(store) = &self.store {
                     // Only what the relist changed is written; a relist of the same state writes nothing.
                     for key in &change.rerendered {
@@ -519,8 +535,16 @@ impl Driver {
         let pods_dir = self.index.settings().budget().map(|b| b.pods_dir().to_owned()).unwrap_or_default();
         let mut changed = Vec::new();
         for key in keys {
-            let verdict =
-                map.get(key).and_then(|e| e.delivery.path.as_ref()).and_then(|p| fscheck::check(&pods_dir, p).err());
+            let socket = map.get(key).and_then(|e| e.delivery.path.as_ref());
+            let verdict = match (&self.pinner, socket) {
+                (Some(pinner), Some(p)) => pin_verdict(pinner, key, p),
+                (Some(pinner), None) => {
+                    pinner.unpin(&key.uid);
+                    None
+                }
+                (None, Some(p)) => fscheck::check(&pods_dir, p).err(),
+                (None, None) => None,
+            };
             let before = self.refused.get(key);
             if before != verdict.as_ref() {
                 changed.push(key.clone());
@@ -546,6 +570,9 @@ impl Driver {
             tracing::info!(service = %key, "EndpointPolicy conflict resolved");
         }
         for key in &change.removed {
+            if let Some(pinner) = &self.pinner {
+                pinner.unpin(&key.uid);
+            }
             self.refused.remove(key);
             self.logged.remove(key);
             if self.ledger.forget(&key.uid) {
@@ -702,6 +729,20 @@ impl Driver {
                 true
             }
         });
+    }
+}
+
+/// Pins `key`'s socket; the refusal, if any. A socket that does not exist yet is no refusal (the
+/// pin path reaches nothing: unhealthy, like a port not listening yet); a failed mount is logged
+/// and is no refusal of the pod either (the pin path reaches nothing until a re-check succeeds).
+fn pin_verdict(pinner: &crate::pin::Pinner, key: &PodKey, socket: &aether_crds::SocketPath) -> Option<Refusal> {
+    match pinner.pin(&key.uid, socket) {
+        Ok(_) | Err(crate::pin::PinError::NotYet { .. }) => None,
+        Err(crate::pin::PinError::Refused(r)) => Some(r),
+        Err(e @ crate::pin::PinError::Mount { .. }) => {
+            tracing::error!(pod = %key, error = %e, "cannot pin the pod's socket; its pipe reaches nothing until a re-check succeeds");
+            None
+        }
     }
 }
 

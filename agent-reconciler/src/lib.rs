@@ -18,11 +18,14 @@
 //!                  replay at boot                xds: encoder (resources) ─► ADS server ─► Envoy
 //! ```
 //!
-//! I/O: [`fscheck`] (symlink refusal), [`store`] (state dir), [`cni`] (netns records, read on a
+//! I/O: [`fscheck`] (symlink refusal), [`pin`] (`--pin-dir`: the verified socket inode mounted
+//! on an agent-owned path Envoy dials), [`store`] (state dir), [`cni`] (netns records, read on a
 //! pod's events and the periodic re-check), [`runtime`] (pod netns from the container runtime over
 //! CRI), [`watch`] (kube-runtime watchers), [`driver`] (the reconcile loop), [`xds::resources`]
-//! (the encoder: Envoy protos, content-hash versions), [`xds::server`] (ADS, ACK/NACK tracking,
-//! connected streams), [`xds::readiness`] (is Envoy caught up: pure), [`recorder`] (the pod Event
+//! (the encoder: Envoy protos, content-hash versions), [`xds::server`] with `xds::stream`,
+//! [`xds::acks`], [`xds::metrics`], [`xds::publish`], [`xds::listen`] (ADS, ACK/NACK tracking,
+//! connected streams), [`xds::bind_failures`] (which inbound listener Envoy could not bind),
+//! [`xds::readiness`] (is Envoy caught up: pure), [`recorder`] (the pod Event
 //! task), [`metrics`] and [`admin`] (`/healthz`, `/readyz`, `/metrics`), [`shutdown`] (which
 //! socket files to remove at exit: pure decisions, then `lstat`/unlink), [`agent`] (`run`),
 //! [`startup`] (`run` from its flags: the tokio runtime, the exit code), [`cli`] (the command
@@ -39,9 +42,9 @@ pub mod driver;
 pub mod fscheck;
 pub mod logging;
 pub mod metrics;
+pub mod pin;
 pub mod plan;
 pub mod recorder;
-pub mod pin;
 pub mod runtime;
 pub mod shutdown;
 pub mod startup;

@@ -77,10 +77,7 @@ pub struct Pinner {
     pin_dir: PathBuf,
 }
 
-/// The pin path of pod `uid` under `pin_dir`: `<pin_dir>/<uid>.sock` (pure; the same in render).
-pub fn pin_path(pin_dir: &str, uid: &str) -> String {
-    format!("{}/{uid}.sock", pin_dir.trim_end_matches('/'))
-}
+pub use crate::names::pin_path;
 
 fn errno_refusal(path: &str, e: rustix::io::Errno) -> PinError {
     match e {
@@ -148,8 +145,9 @@ impl Pinner {
         let pods = rfs::open(&self.pods_dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| errno_refusal(pods_dir, e))?;
         let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let vol = rfs::openat2(&pods, rel_dir, dir_flags, Mode::empty(), ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH)
-            .map_err(|e| classify(volume_dir, e))?;
+        let vol =
+            rfs::openat2(&pods, rel_dir, dir_flags, Mode::empty(), ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH)
+                .map_err(|e| classify(volume_dir, e))?;
         let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH | ResolveFlags::NO_XDEV;
         let fd = rfs::openat2(&vol, file, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty(), resolve)
             .map_err(|e| classify(full, e))?;

@@ -52,6 +52,16 @@ impl Env {
     fn pods_dir(&self) -> PathBuf {
         self.path("pods")
     }
+    /// `--pin-dir`: Envoy dials `<pins>/<uid>.sock`, where the agent mounts the verified socket.
+    fn pins_dir(&self) -> PathBuf {
+        self.path("run/pins")
+    }
+    /// The path Envoy dials for the socket at `socket` (`<pods>/<uid>/volumes/...`): its pin.
+    fn dialed(&self, socket: &Path) -> String {
+        let rel = socket.strip_prefix(self.pods_dir()).expect("a socket under the pods dir");
+        let uid = rel.components().next().expect("the pod uid").as_os_str().to_string_lossy();
+        format!("{}/{uid}.sock", self.pins_dir().display())
+    }
     fn volume_dir(&self, uid: &str, volume: &str) -> PathBuf {
         self.pods_dir().join(uid).join("volumes/kubernetes.io~empty-dir").join(volume)
     }
@@ -59,6 +69,7 @@ impl Env {
     fn start_agent(&self) -> anyhow::Result<()> {
         let xds = format!("unix://{}", self.path("run/xds.sock").display());
         let (pods, state, health) = (self.pods_dir(), self.path("state"), self.path("run/health.sock"));
+        let pins = self.pins_dir();
         let args = [
             "--node-name",
             NODE,
@@ -72,6 +83,8 @@ impl Env {
             health.to_str().unwrap(),
             "--recheck-seconds",
             "1",
+            "--pin-dir",
+            pins.to_str().unwrap(),
         ];
         let agent = Agent::start(&self.cp.kubeconfig(), &args, &self.path("agent.log"))?;
         *self.agent.lock().unwrap() = Some(agent);
@@ -133,9 +146,9 @@ impl Env {
         self.cp.kubectl_ok(&["delete", "epol", "-n", NS, name, "--wait=true"]).map(|_| ())
     }
 
-    /// Waits until Envoy's cluster `name` dials the pipe `path`.
+    /// Waits until Envoy's cluster `name` dials the pipe of the socket at `path` (its pin).
     fn wait_pipe(&self, cluster: &str, path: &Path) -> anyhow::Result<()> {
-        let want = path.to_str().unwrap().to_owned();
+        let want = self.dialed(path);
         eventually(&format!("{cluster} dialing pipe {want}"), WAIT, || {
             self.envoy(|e| Ok(e.clusters()?.get(cluster).is_some_and(|a| a.contains("\"pipe\"") && a.contains(&want))))
         })
@@ -321,6 +334,58 @@ fn g_symlinked_socket_or_volume_dir_is_refused(env: &Env) -> anyhow::Result<()> 
     env.wait_served("app_e2e_sym-1_8080", "sym-1")
 }
 
+/// The toggle attack (issue 13): pod atk-1 keeps swapping its socket for a symlink to ann-1's
+/// socket and back, ~every 2 ms, for 10 s, against the agent's 1 s re-check, while requests go to
+/// atk-1's cluster through Envoy. Envoy dials atk-1's pin, the inode the agent verified, so no
+/// request may reach ann-1 (without pinning: 272 of 325 did).
+fn k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &Env) -> anyhow::Result<()> {
+    let victim_uid = env.cp.kubectl_ok(&["get", "pod", "-n", NS, "ann-1", "-o", "jsonpath={.metadata.uid}"])?;
+    let victim = env.volume_dir(&victim_uid, "s").join("app.sock");
+    let uid = env.pod(NS, "atk-1", "atk", Some("s/app.sock"))?;
+    let socket = env.serve(&uid, "s", "app.sock", "atk-1")?;
+    env.wait_pipe("app_e2e_atk-1_8080", &socket)?;
+    env.wait_served("app_e2e_atk-1_8080", "atk-1")?;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let toggler = {
+        let (stop, socket, real) = (stop.clone(), socket.clone(), socket.with_file_name("real.sock"));
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Link for ~2 ms, the real socket for ~2 ms.
+                if std::fs::rename(&socket, &real).is_ok() && std::os::unix::fs::symlink(&victim, &socket).is_ok() {
+                    swaps += 1;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                let _ = std::fs::remove_file(&socket);
+                let _ = std::fs::rename(&real, &socket);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            swaps
+        })
+    };
+    let (mut attacker, mut victim_hits, mut other) = (0u32, 0u32, 0u32);
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < until {
+        match env.envoy(|e| e.via("app_e2e_atk-1_8080", "/steal")) {
+            Ok((200, body)) if body.contains("ann-1") => victim_hits += 1,
+            Ok((200, body)) if body.contains("atk-1") => attacker += 1,
+            _ => other += 1,
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = toggler.join().map_err(|_| anyhow::anyhow!("toggler panicked"))?;
+    println!(
+        "toggle attack, 10 s, re-check 1 s: {swaps} swaps; {} requests: {attacker} to atk-1, {victim_hits} to the \
+         victim ann-1, {other} refused/unhealthy",
+        attacker + victim_hits + other
+    );
+    ensure!(swaps > 100, "the toggler barely ran ({swaps} swaps)");
+    ensure!(victim_hits == 0, "{victim_hits} requests for atk-1 were delivered to ann-1's socket");
+    ensure!(attacker > 0, "no request reached the attacker's own socket either");
+    Ok(())
+}
+
 fn h_cluster_names_are_unique_across_namespaces(env: &Env) -> anyhow::Result<()> {
     let a = env.pod(NS, "twin", "twin", Some("s/app.sock"))?;
     let b = env.pod(NS_B, "twin", "twin", Some("s/app.sock"))?;
@@ -489,7 +554,7 @@ fn f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_ap
     let socket = env.serve(&uid, "s", "app.sock", "after-1")?;
     let cluster = "app_e2e_after-1_8080";
     eventually("the restarted watch to deliver the new pod", Duration::from_secs(90), || {
-        env.envoy(|e| Ok(e.clusters()?.get(cluster).is_some_and(|a| a.contains(socket.to_str().unwrap()))))
+        env.envoy(|e| Ok(e.clusters()?.get(cluster).is_some_and(|a| a.contains(&env.dialed(&socket)))))
     })?;
     env.wait_served(cluster, "after-1")?;
     // The outage and the fresh list after it did not repeat the over-budget pod's Event.
@@ -529,7 +594,7 @@ fn setup() -> anyhow::Result<Env> {
     for ns in [NS, NS_B] {
         cp.kubectl_ok(&["create", "namespace", ns])?;
     }
-    for sa in ["late", "ann", "pol", "prec", "drift", "sym", "twin", "over", "fin"] {
+    for sa in ["late", "ann", "pol", "prec", "drift", "sym", "atk", "twin", "over", "fin"] {
         cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, sa])?;
     }
     cp.kubectl_ok(&["create", "serviceaccount", "-n", NS_B, "twin"])?;
@@ -560,6 +625,10 @@ fn main() {
                 d_drifted_policy_unpromotes_only_its_service_and_envoy_never_nacks,
             ),
             suite::case("g_symlinked_socket_or_volume_dir_is_refused", g_symlinked_socket_or_volume_dir_is_refused),
+            suite::case(
+                "k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic",
+                k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic,
+            ),
             suite::case("h_cluster_names_are_unique_across_namespaces", h_cluster_names_are_unique_across_namespaces),
             suite::case(
                 "i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move",

@@ -28,6 +28,9 @@ pub struct PodDelivery {
     pub pod: Arc<PodRecord>,
     /// What the fold decided for it.
     pub delivery: Delivery,
+    /// For a pipe, the path Envoy dials: the pin path (`<pin-dir>/<uid>.sock`) when pinning is on,
+    /// else the socket path itself ([`Delivery::path`]). `None` for TCP.
+    pub dial: Option<String>,
     /// The pod's network-namespace file as the proxy sees it (absolute path), when the shell
     /// has learnt it (container runtime, else a CNI record) via [`Index::set_netns`]; TCP is then
     /// dialed at `127.0.0.1` inside it. `None` = dial the pod IP.
@@ -355,7 +358,11 @@ impl Index {
         let delivery = fold::deliver(&pod, self.winner(&pod.service_key()), &self.settings);
         let netns = self.netns.get(&pod.uid).cloned();
         let inbound_failed = self.inbound_failed.get(&pod.uid).cloned().unwrap_or_default();
-        let entry = PodDelivery { pod, delivery, netns, inbound_failed };
+        let dial = delivery.path.as_ref().map(|p| match self.settings.pin_dir() {
+            Some(dir) => crate::names::pin_path(dir, &pod.uid),
+            None => p.as_str().to_owned(),
+        });
+        let entry = PodDelivery { pod, delivery, dial, netns, inbound_failed };
         if self.map.entries.get(&key).map(Arc::as_ref) != Some(&entry) {
             Arc::make_mut(&mut self.map).entries.insert(key.clone(), Arc::new(entry));
             change.map_changed = true;

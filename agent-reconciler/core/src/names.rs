@@ -22,6 +22,13 @@ pub const APP_PREFIX: &str = "app";
 /// The prefix of per-pod health-probe clusters.
 pub const HEALTH_PREFIX: &str = "health";
 
+/// The pin path of pod `uid` under the agent's pin dir: `<pin_dir>/<uid>.sock`, the path Envoy
+/// dials for a pod delivered over its socket when pinning is on (issue 13): an agent-owned file on
+/// which the agent mounts the socket inode it verified. At most `len(pin_dir) + 42` bytes.
+pub fn pin_path(pin_dir: &str, uid: &str) -> String {
+    format!("{}/{uid}.sock", pin_dir.trim_end_matches('/'))
+}
+
 /// The prefix of per-port inbound listeners.
 pub const INBOUND_PREFIX: &str = "inbound";
 

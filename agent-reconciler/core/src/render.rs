@@ -60,7 +60,7 @@ pub fn render(map: &DeliveryMap, refused: &HashMap<PodKey, Refusal>) -> Rendered
     let mut out = Rendered::default();
     for (key, entry) in map.iter() {
         let pod = &entry.pod;
-        let pipe = entry.delivery.path.as_ref().filter(|_| !refused.contains_key(key)).map(|p| p.as_str().to_owned());
+        let pipe = entry.dial.clone().filter(|_| !refused.contains_key(key));
         let ns = entry.netns.as_deref();
         let endpoint_for = |port: u16| match &pipe {
             Some(path) => Some(Endpoint::Pipe { path: path.clone() }),
@@ -238,5 +238,19 @@ mod tests {
         index.set_netns(UID, Some("/run/netns/cni-2".into()));
         let r = render(&index.snapshot(), &HashMap::new());
         assert_eq!(listener_names(&r), ["inbound_shop_cart-1_8080", "inbound_shop_cart-1_9090"]);
+    }
+
+    #[test]
+    fn with_pinning_envoy_dials_the_pods_pin_never_its_own_path() {
+        let settings = Settings::new("/var/lib/kubelet/pods", true).with_pin_dir(Some("/run/aether/pins".into()));
+        let mut index = Index::new(settings);
+        index.apply_pod(pod(Some("s/app.sock"), &["10.1.2.3"]));
+        let r = render(&index.snapshot(), &HashMap::new());
+        let pin = format!("/run/aether/pins/{UID}.sock");
+        assert!(r.snapshot.clusters.iter().all(|c| c.endpoint == Endpoint::Pipe { path: pin.clone() }));
+        assert_eq!(r.effective.values().next(), Some(&Effective::Pipe(pin)));
+        let entry = index.snapshot();
+        let d = &entry.iter().next().unwrap().1.delivery;
+        assert!(d.path.as_ref().unwrap().as_str().ends_with("/s/app.sock"), "the delivery still names the socket");
     }
 }

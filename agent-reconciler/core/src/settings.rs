@@ -10,6 +10,7 @@ use aether_crds::udspath::{Budget, PodsDirError};
 pub struct Settings {
     uds_workloads: bool,
     rules: Rules,
+    pin_dir: Option<String>,
 }
 
 impl Settings {
@@ -24,7 +25,20 @@ impl Settings {
     /// over TCP with [`TcpReason::BudgetConfig`] (field report F02); the binary also reports it
     /// loudly at start-up.
     pub fn with_rules(rules: Rules, uds_workloads: bool) -> Self {
-        Settings { uds_workloads, rules }
+        Settings { uds_workloads, rules, pin_dir: None }
+    }
+
+    /// With socket pinning (`--pin-dir`, issue 13): Envoy dials `<pin_dir>/<uid>.sock`
+    /// ([`crate::names::pin_path`]), on which the agent mounts the socket it verified, instead of
+    /// the pod's own path.
+    pub fn with_pin_dir(mut self, pin_dir: Option<String>) -> Self {
+        self.pin_dir = pin_dir;
+        self
+    }
+
+    /// The pin dir, when pinning is on.
+    pub fn pin_dir(&self) -> Option<&str> {
+        self.pin_dir.as_deref()
     }
 
     /// The rules policies and socket values are judged by.
