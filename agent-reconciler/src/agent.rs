@@ -76,11 +76,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .with_notices(notices)
     .with_change_clock(metrics.xds.clock.clone());
-    if let Some(dir) = &args.pin_dir {
-        let pinner = crate::pin::Pinner::new(&args.delivery.kubelet_pods_dir, dir)
-            .with_context(|| format!("--pin-dir {}", dir.display()))?;
-        tracing::info!(pin_dir = %dir.display(), "pinning verified sockets; Envoy dials <pin-dir>/<pod uid>.sock");
-        driver = driver.with_pinner(pinner);
+    let pinner = match &args.pin_dir {
+        Some(dir) => Some(
+            crate::pin::Pinner::new(&args.delivery.kubelet_pods_dir, dir)
+                .with_context(|| format!("--pin-dir {}", dir.display()))?,
+        ),
+        None => None,
+    };
+    if let Some(pinner) = &pinner {
+        tracing::info!(pin_dir = %pinner.dir().display(), "pinning verified sockets; Envoy dials <pin-dir>/<pod uid>.sock");
+        driver = driver.with_pinner(pinner.clone());
     }
     let netns_updates = match netns_lookup(&args)? {
         Some((lookup, updates)) => {
@@ -169,6 +174,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     loop_task.abort();
     let drained = result.context("xDS server task")?.context("xDS server")?;
     shutdown::remove_health_socket(Path::new(&args.health_socket), drained.clients_gone());
+    // Pins are mounts on the host: they stay for an Envoy still serving (only the agent
+    // restarts), and go with it (pod deletion, helm uninstall).
+    if let Some(pinner) = pinner {
+        if drained.clients_gone() {
+            let n = pinner.retain(&std::collections::HashSet::new());
+            tracing::info!(pin_dir = %pinner.dir().display(), removed = n, "Envoy is gone: removed every socket pin");
+        } else {
+            tracing::info!(pin_dir = %pinner.dir().display(), "Envoy is still connected: socket pins stay for it");
+        }
+    }
     Ok(())
 }
 

@@ -105,6 +105,14 @@ const MATRIX: &[Case] = &[
         mode: "selfSigned",
     },
     Case {
+        name: "pinning off",
+        sets: &["agent.pinning.enabled=false"],
+        uds: true,
+        host_dir: "/var/lib/kubelet/pods",
+        mount: "/var/lib/kubelet/pods",
+        mode: "selfSigned",
+    },
+    Case {
         name: "uds disabled",
         sets: &["proxy.udsWorkloads.enabled=false"],
         uds: false,
@@ -299,8 +307,24 @@ fn check_node(case: &Case, docs: &[Value]) {
     let envoy = container(pod, "envoy");
     assert_eq!(envoy["securityContext"]["privileged"], true, "the proxy is privileged");
     assert_eq!(envoy["securityContext"]["readOnlyRootFilesystem"], true);
-    assert_eq!(agent["securityContext"]["capabilities"]["drop"], serde_json::json!(["ALL"]));
-    assert_eq!(agent["securityContext"]["allowPrivilegeEscalation"], false);
+    // Socket pinning (default on) mounts: the agent is privileged, its pin dir Bidirectional and
+    // Envoy's HostToContainer (read-only); off, the agent keeps only DAC_READ_SEARCH.
+    let pin_mount =
+        |c: &Value| c["volumeMounts"].as_array().into_iter().flatten().find(|m| m["name"] == "pins").cloned();
+    if flag(agent, "--pin-dir").is_some() {
+        assert_eq!(flag(agent, "--pin-dir").as_deref(), Some("/run/aether-pins"));
+        assert_eq!(agent["securityContext"]["privileged"], true, "mounting pins needs a privileged agent");
+        let (a, e) = (pin_mount(agent).expect("agent pin mount"), pin_mount(envoy).expect("envoy pin mount"));
+        assert_eq!(
+            (a["mountPath"].as_str(), a["mountPropagation"].as_str()),
+            (Some("/run/aether-pins"), Some("Bidirectional"))
+        );
+        assert_eq!((e["mountPropagation"].as_str(), e["readOnly"].as_bool()), (Some("HostToContainer"), Some(true)));
+    } else {
+        assert_eq!(agent["securityContext"]["capabilities"]["drop"], serde_json::json!(["ALL"]));
+        assert_eq!(agent["securityContext"]["allowPrivilegeEscalation"], false);
+        assert!(pin_mount(agent).is_none() && pin_mount(envoy).is_none());
+    }
 
     // xDS and health sockets in the shared /run/aether, and Envoy's ADS pointing at the agent.
     assert_eq!(flag(agent, "--xds-address").as_deref(), Some("unix:///run/aether/xds.sock"));

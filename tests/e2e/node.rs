@@ -32,6 +32,8 @@ const HEALTH_SOCKET: &str = "/run/aether/health.sock";
 /// Envoy's admin port (the chart default, 127.0.0.1 on the host network).
 const ENVOY_ADMIN: u16 = 9901;
 const WAIT: Duration = Duration::from_secs(90);
+/// The chart's default `agent.pinning.hostPath`: Envoy dials `<PINS>/<pod uid>.sock`.
+const PINS: &str = "/run/aether-pins";
 
 /// The shared environment: the node, and when the chart was installed.
 struct Env {
@@ -99,6 +101,18 @@ impl Env {
                 .as_str()
                 .map(str::to_owned)
         }))
+    }
+
+    /// Waits until `cluster` dials pod `uid`'s pin, healthy, and the pin (as the host sees it,
+    /// through the agent's Bidirectional mount) is the very socket inode at `socket`.
+    fn wait_pinned(&self, cluster: &str, uid: &str, socket: &Path) -> anyhow::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let pin = format!("{PINS}/{uid}.sock");
+        self.wait_healthy_at(cluster, &pin, |a| a == pin)?;
+        eventually(&format!("{pin} holds the inode of {}", socket.display()), WAIT, || {
+            let (p, s) = (std::fs::metadata(&pin)?, std::fs::symlink_metadata(socket)?);
+            Ok((p.dev(), p.ino()) == (s.dev(), s.ino()))
+        })
     }
 
     /// Waits until `cluster`'s endpoint address satisfies `addr_ok` and is healthy.
@@ -355,8 +369,7 @@ fn annotated_pod_is_served_over_the_kubelets_emptydir_socket(env: &Env) -> anyho
     eventually("the app's socket at the kubelet's emptyDir path", WAIT, || {
         Ok(std::fs::symlink_metadata(&path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())))
     })?;
-    let want = path.to_string_lossy().into_owned();
-    env.wait_healthy_at("app_default_web_8080", &want, |a| a.ends_with(&want))?;
+    env.wait_pinned("app_default_web_8080", &uid(&pod)?, &path)?;
     eventually("health gateway 200 for health_default_web", WAIT, || Ok(env.health("health_default_web")? == 200))?;
     Ok(())
 }
@@ -374,8 +387,8 @@ fn policy_switches_delivery_to_the_socket_and_delete_switches_back(env: &Env) ->
         "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata: {name: both-uds, namespace: default}\n\
          spec: {targetRef: {kind: Service, name: both}, udsSocket: s/app.sock}\n",
     )?;
-    let path = env.socket_path(&uid(&pod)?, "s", "app.sock").to_string_lossy().into_owned();
-    env.wait_healthy_at("app_default_both_8080", &path, |a| a.ends_with(&path))?;
+    let path = env.socket_path(&uid(&pod)?, "s", "app.sock");
+    env.wait_pinned("app_default_both_8080", &uid(&pod)?, &path)?;
     // Its app also holds TCP 8080: Envoy cannot bind the inbound listener there; the agent reads
     // that from Envoy's config dump, withdraws that listener and tells the pod.
     let mut events = String::new();
@@ -440,16 +453,54 @@ fn a_client_pod_reaches_a_uds_only_app_through_its_service_ip(env: &Env) -> anyh
     Ok(())
 }
 
+/// The toggle attack between two real pods (issue 13): pod atk's app keeps swapping its socket
+/// for a symlink to pod vic's socket (the path Envoy would resolve) every ~2 ms; requests to atk's
+/// pod IP:8080 (its inbound listener) for 10 s. Envoy dials atk's pin, so none reaches vic.
+fn a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&app_yaml("vic", "s", "", true, false))?;
+    let vic_uid = uid(&env.wait_pod_ready("default", "vic")?)?;
+    let vic_socket = env.socket_path(&vic_uid, "s", "app.sock");
+    let attacker = app_yaml("atk", "s", "", true, false).replace(
+        "args: [--socket, /s/app.sock, --name, atk]",
+        &format!("args: [--socket, /s/app.sock, --name, atk, --swap-link, '{}']", vic_socket.display()),
+    );
+    ensure!(attacker.contains("--swap-link"), "attacker manifest: {attacker}");
+    env.kube().apply(&attacker)?;
+    let atk = env.wait_pod_ready("default", "atk")?;
+    let ip = atk["status"]["podIP"].as_str().context("atk's pod IP")?.to_owned();
+    eventually("atk's inbound listener serves", WAIT, || {
+        Ok(active_listener_netns("inbound_default_atk_8080")?.is_some())
+    })?;
+    let client = reqwest::blocking::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build()?;
+    let (mut own, mut victim, mut other) = (0u32, 0u32, 0u32);
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        match client.get(format!("http://{ip}:8080/steal")).send().and_then(|r| r.text()) {
+            Ok(body) if body.contains("vic over unix") => victim += 1,
+            Ok(body) if body.contains("atk over unix") => own += 1,
+            _ => other += 1,
+        }
+    }
+    println!(
+        "toggle attack on the real node, 10 s: {} requests to atk's pod IP: {own} to atk, {victim} to vic, {other} \
+         refused/unhealthy",
+        own + victim + other
+    );
+    ensure!(victim == 0, "{victim} requests for atk were delivered to vic's socket");
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "atk", "vic", "--wait=true"])?;
+    Ok(())
+}
+
 fn memory_emptydir_socket_is_reached(env: &Env) -> anyhow::Result<()> {
     env.kube().apply(&app_yaml("mem", "m", "Memory", true, false))?;
     let pod = env.wait_pod_ready("default", "mem")?;
     let pod_uid = uid(&pod)?;
-    let path = env.socket_path(&pod_uid, "m", "app.sock").to_string_lossy().into_owned();
+    let path = env.socket_path(&pod_uid, "m", "app.sock");
     // The tmpfs was mounted after the node pod started: HostToContainer propagation shows it.
     let volume = format!("{pod_uid}/volumes/kubernetes.io~empty-dir/m ");
     let mounted = std::fs::read_to_string("/proc/self/mountinfo")?.lines().any(|l| l.contains(&volume));
     ensure!(mounted, "the Memory emptyDir of pod mem is not a mount on the host");
-    env.wait_healthy_at("app_default_mem_8080", &path, |a| a.ends_with(&path))?;
+    env.wait_pinned("app_default_mem_8080", &pod_uid, &path)?;
     Ok(())
 }
 
@@ -472,8 +523,8 @@ fn app_container_restart_recovers_without_an_agent_restart(env: &Env) -> anyhow:
     eventually("the app to re-create its socket", WAIT, || {
         Ok(std::fs::symlink_metadata(&path).is_ok_and(|m| ctime(&m) > killed_at))
     })?;
-    let want = path.to_string_lossy().into_owned();
-    env.wait_healthy_at("app_default_web_8080", &want, |a| a.ends_with(&want))?;
+    // The new socket is a new inode: the agent re-pins it.
+    env.wait_pinned("app_default_web_8080", &uid(&before)?, &path)?;
     eventually("health gateway 200 again", WAIT, || Ok(env.health("health_default_web")? == 200))?;
     let node_after = env.node_pod()?;
     ensure!(uid(&node_after)? == uid(&node_before)?, "the node pod was replaced");
@@ -549,8 +600,8 @@ fn helm_upgrade_runs_every_chart_variant(env: &Env) -> anyhow::Result<()> {
         ],
     )?;
     check_release_settled(env)?;
-    let short = format!("/k/{web_uid}/volumes/kubernetes.io~empty-dir/s/app.sock");
-    env.wait_healthy_at("app_default_web_8080", &short, |a| a == short)?;
+    // The agent reads the pods dir at /k; Envoy still dials the pin.
+    env.wait_pinned("app_default_web_8080", &web_uid, &env.socket_path(&web_uid, "s", "app.sock"))?;
 
     env.helm_aether("upgrade", &["proxy.udsWorkloads.enabled=false"])?;
     check_release_settled(env)?;
@@ -560,8 +611,7 @@ fn helm_upgrade_runs_every_chart_variant(env: &Env) -> anyhow::Result<()> {
 
     env.helm_aether("upgrade", &[])?;
     check_release_settled(env)?;
-    let path = env.socket_path(&web_uid, "s", "app.sock").to_string_lossy().into_owned();
-    env.wait_healthy_at("app_default_web_8080", &path, |a| a.ends_with(&path))?;
+    env.wait_pinned("app_default_web_8080", &web_uid, &env.socket_path(&web_uid, "s", "app.sock"))?;
     Ok(())
 }
 
@@ -608,13 +658,19 @@ fn uninstall_leaves_no_release_object_and_nothing_on_the_host(env: &Env) -> anyh
     let run: Vec<_> =
         std::fs::read_dir("/run/aether").map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     ensure!(run.is_empty(), "left in /run/aether: {run:?}");
+    // No socket pins: the agent removed them when Envoy went (only the harness's shared bind
+    // mount of the dir itself stays, until `node.sh down`).
+    let pins: Vec<_> = std::fs::read_dir(PINS).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    ensure!(pins.is_empty(), "left in {PINS}: {pins:?}");
     let root = env.node.facts().kubelet_root.join("pods");
     eventually("the release pods' dirs removed by the kubelet", WAIT, || {
         Ok(uids.iter().all(|u| !root.join(u).exists()))
     })?;
     let mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")?
         .lines()
-        .filter(|l| uids.iter().any(|u| l.contains(u.as_str())) || l.contains("/run/aether"))
+        .filter(|l| {
+            uids.iter().any(|u| l.contains(u.as_str())) || l.contains("/run/aether/") || l.contains(&format!("{PINS}/"))
+        })
         .map(str::to_owned)
         .collect();
     ensure!(mounts.is_empty(), "mounts left: {mounts:#?}");
@@ -683,6 +739,10 @@ fn main() {
             suite::case(
                 "a_client_pod_reaches_a_uds_only_app_through_its_service_ip",
                 a_client_pod_reaches_a_uds_only_app_through_its_service_ip,
+            ),
+            suite::case(
+                "a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic",
+                a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic,
             ),
             suite::case("memory_emptydir_socket_is_reached", memory_emptydir_socket_is_reached),
             suite::case(

@@ -21,7 +21,8 @@
 #     before `up`), the sysctls they and this script set (net.ipv4.ip_forward, kernel.panic,
 #     vm.overcommit_memory, ...: the values before `up` are saved in DIR/sysctl-before.txt);
 #   - /run/netns made a shared mount (containerd keeps pod network namespaces there; the chart's
-#     proxy mounts it with HostToContainer propagation), the kubelet's mounts under
+#     proxy mounts it with HostToContainer propagation), /run/aether-pins likewise (the agent's
+#     socket pins, mounted Bidirectional), the kubelet's mounts under
 #     /var/lib/kubelet, the host dirs that did not exist before (/var/lib/kubelet, /var/log/pods,
 #     /run/aether, /var/lib/aether, ...), and empty cgroups made by kubelet and runc.
 # Only processes whose PIDs `up` recorded in DIR are stopped (and containerd shims whose
@@ -41,7 +42,7 @@ guard=AETHER-NODE
 containerd_sock=/run/containerd/containerd.sock
 # Host paths this node may create (removed by `down` only if `up` created them).
 host_dirs=("$kubelet_root" /var/lib/cni /var/log/pods /var/log/containers /run/containerd /run/netns
-  /run/aether /run/aether-cni /var/lib/aether /var/lib/kube-proxy /etc/kubernetes)
+  /run/aether /run/aether-cni /run/aether-pins /var/lib/aether /var/lib/kube-proxy /etc/kubernetes)
 # Sysctls kubelet (vm/kernel), kube-proxy (conntrack, route_localnet) and this script (forwarding)
 # may change.
 sysctls=(net/ipv4/ip_forward net/ipv4/conf/all/route_localnet net/bridge/bridge-nf-call-iptables
@@ -113,6 +114,14 @@ network_up() {
     echo /run/netns >"$d/netns-mount.created"
   fi
   mount --make-shared /run/netns
+  # The chart's socket pins (agent.pinning.hostPath): the agent's Bidirectional mount needs a
+  # shared source (on systemd hosts / is shared; here it is private).
+  mkdir -p /run/aether-pins
+  if ! mountpoint -q /run/aether-pins; then
+    mount --bind /run/aether-pins /run/aether-pins
+    echo /run/aether-pins >"$d/pins-mount.created"
+  fi
+  mount --make-shared /run/aether-pins
   mkdir -p "$d/cni/net.d" "$d/cni/ipam"
   cat >"$d/cni/net.d/10-aether.conflist" <<CNI
 {"cniVersion": "1.0.0", "name": "aether-node", "plugins": [
@@ -355,6 +364,9 @@ down() {
     done
   fi
   if [ -f "$d/netns-mount.created" ]; then umount /run/netns 2>/dev/null || umount -l /run/netns; rm -f "$d/netns-mount.created"; fi
+  # Pins the agent left (it removes them when Envoy goes), then the shared bind mount itself.
+  for m in $(findmnt -rn -o TARGET | grep -E "^/run/aether-pins/" | sort -r); do umount "$m" 2>/dev/null || umount -l "$m"; done
+  if [ -f "$d/pins-mount.created" ]; then umount /run/aether-pins 2>/dev/null || umount -l /run/aether-pins; rm -f "$d/pins-mount.created"; fi
   log "mounts left under $kubelet_root and $d: $(findmnt -rn -o TARGET | grep -cE "^($kubelet_root|$d)(/|$)")"
   # 5. Network: bridge (its routes go with it), guard chain, chains kubelet/kube-proxy added.
   if [ -f "$d/bridge.created" ]; then ip link del "$bridge" 2>/dev/null; rm -f "$d/bridge.created"; fi

@@ -6,6 +6,11 @@
 //! `uds-echo --tcp ADDR [--name NAME]` serves the same router on a TCP address instead (the
 //! TCP-loopback side of `make bench`'s data-plane comparison: same server code, other socket).
 //!
+//! `uds-echo --socket PATH --swap-link TARGET` is the attacker of the socket-pinning tests: it
+//! serves like the plain mode and, every ~2 ms, renames its socket aside and puts a symlink to
+//! TARGET (another pod's socket, as the node's Envoy sees it) in its place, then puts its socket
+//! back; forever.
+//!
 //! `uds-echo --get URL` is the client: one plain-HTTP GET (5 s timeout), the body on standard
 //! output, exit 0 on 200 and 1 otherwise (a client pod calling a Service in the real-node tests;
 //! the images have no shell or curl).
@@ -55,6 +60,7 @@ async fn main() -> std::io::Result<()> {
     let mut socket: Option<PathBuf> = None;
     let mut tcp: Option<String> = None;
     let mut get: Option<String> = None;
+    let mut swap_link: Option<PathBuf> = None;
     let mut name = String::from("uds-echo");
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -63,8 +69,9 @@ async fn main() -> std::io::Result<()> {
             "--name" => name = args.next().unwrap_or(name),
             "--tcp" => tcp = args.next(),
             "--get" => get = args.next(),
+            "--swap-link" => swap_link = args.next().map(PathBuf::from),
             _ => {
-                eprintln!("usage: uds-echo --socket PATH | --tcp ADDR [--name NAME] | --get URL");
+                eprintln!("usage: uds-echo --socket PATH [--swap-link TARGET] | --tcp ADDR [--name NAME] | --get URL");
                 std::process::exit(2);
             }
         }
@@ -89,5 +96,20 @@ async fn main() -> std::io::Result<()> {
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o660))?;
     let who = Who(format!("{name} over unix:{}:", socket.display()));
     eprintln!("uds-echo {name} listening on {}", socket.display());
+    if let Some(target) = swap_link {
+        let (link, aside) = (socket.clone(), socket.with_extension("real"));
+        eprintln!("uds-echo {name}: swapping {} for a link to {} every 2 ms", link.display(), target.display());
+        std::thread::spawn(move || {
+            loop {
+                if std::fs::rename(&link, &aside).is_ok() {
+                    let _ = std::os::unix::fs::symlink(&target, &link);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                let _ = std::fs::remove_file(&link);
+                let _ = std::fs::rename(&aside, &link);
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        });
+    }
     axum::serve(listener, Router::new().fallback(echo).with_state(who)).await
 }
