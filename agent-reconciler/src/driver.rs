@@ -78,6 +78,9 @@ struct EventState {
     /// `(namespace, service, policy)`: service keys whose winning policy was known when the CRD
     /// was reported absent, while it still is.
     stranded: Vec<(String, String, String)>,
+    /// Pod UID → `(label, path, links)` of a link refusal, which sticks until the pod is gone.
+    #[serde(default)]
+    link_refused: BTreeMap<String, (String, String, u64)>,
 }
 
 /// The loop's state.
@@ -103,6 +106,10 @@ pub struct Driver {
     netns: RuntimeNetns,
     /// Socket pinning (`--pin-dir`): pins each verified socket inode where Envoy dials it.
     pinner: Option<crate::pin::Pinner>,
+    /// Pods whose socket path ever held a link (symlink anywhere, or a second hard link): the
+    /// refusal sticks until the pod is gone (issue 13: otherwise the pod could retry the swap
+    /// after every clean check). Kept in the state dir.
+    link_refused: HashMap<String, Refusal>,
     /// Pods told (once) that the runtime reports no netns for them, so no inbound listener.
     no_netns_told: HashSet<String>,
 }
@@ -189,6 +196,7 @@ impl Driver {
             notices: None,
             netns: RuntimeNetns::default(),
             no_netns_told: HashSet::new(),
+            link_refused: HashMap::new(),
             pinner: None,
             clock: None,
             event_at: None,
@@ -244,6 +252,15 @@ impl Driver {
                 self.ledger = state.ledger;
                 self.stranded =
                     state.stranded.into_iter().map(|(ns, name, policy)| (ServiceKey::new(ns, name), policy)).collect();
+                self.link_refused = state
+                    .link_refused
+                    .into_iter()
+                    .filter_map(|(uid, (label, path, links))| match label.as_str() {
+                        "symlink" => Some((uid, Refusal::Symlink { path })),
+                        "hard-link" => Some((uid, Refusal::HardLink { path, links })),
+                        _ => None,
+                    })
+                    .collect();
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "skipping the pod Event records in the state dir"),
@@ -534,9 +551,12 @@ impl Driver {
         let map = self.index.snapshot();
         let pods_dir = self.index.settings().budget().map(|b| b.pods_dir().to_owned()).unwrap_or_default();
         let mut changed = Vec::new();
+        let mut stuck = false;
         for key in keys {
             let socket = map.get(key).and_then(|e| e.delivery.path.as_ref());
+            let sticky = socket.and_then(|_| self.link_refused.get(&key.uid).cloned());
             let verdict = match (&self.pinner, socket) {
+                _ if sticky.is_some() => sticky,
                 (Some(pinner), Some(p)) => pin_verdict(pinner, key, p),
                 (Some(pinner), None) => {
                     pinner.unpin(&key.uid);
@@ -545,6 +565,16 @@ impl Driver {
                 (None, Some(p)) => fscheck::check(&pods_dir, p).err(),
                 (None, None) => None,
             };
+            if let Some(r @ (Refusal::Symlink { .. } | Refusal::HardLink { .. })) = &verdict
+                && !self.link_refused.contains_key(&key.uid)
+            {
+                tracing::warn!(pod = %key, reason = r.label(), detail = %r, "the pod's socket path held a link: TCP until the pod is re-created");
+                if let Some(pinner) = &self.pinner {
+                    pinner.unpin(&key.uid);
+                }
+                self.link_refused.insert(key.uid.clone(), r.clone());
+                stuck = true;
+            }
             let before = self.refused.get(key);
             if before != verdict.as_ref() {
                 changed.push(key.clone());
@@ -559,6 +589,9 @@ impl Driver {
                 }
             }
         }
+        if stuck {
+            self.save_events();
+        }
         changed
     }
 
@@ -572,6 +605,9 @@ impl Driver {
         for key in &change.removed {
             if let Some(pinner) = &self.pinner {
                 pinner.unpin(&key.uid);
+            }
+            if self.link_refused.remove(&key.uid).is_some() {
+                self.save_events();
             }
             self.refused.remove(key);
             self.logged.remove(key);
@@ -645,6 +681,17 @@ impl Driver {
             let state = EventState {
                 ledger: self.ledger.clone(),
                 stranded: self.stranded.iter().map(|(k, p)| (k.namespace.clone(), k.name.clone(), p.clone())).collect(),
+                link_refused: self
+                    .link_refused
+                    .iter()
+                    .filter_map(|(uid, r)| match r {
+                        Refusal::Symlink { path } => Some((uid.clone(), ("symlink".into(), path.clone(), 1))),
+                        Refusal::HardLink { path, links } => {
+                            Some((uid.clone(), ("hard-link".into(), path.clone(), *links)))
+                        }
+                        _ => None,
+                    })
+                    .collect(),
             };
             if let Err(e) = store.save_pod_events(&state) {
                 tracing::warn!(error = %e, "cannot persist the pod Event records");
@@ -924,6 +971,39 @@ mod tests {
         }
         assert_eq!(drain(&mut events), [pod_events::INBOUND_NO_NETNS_REASON], "once, and not for the TCP pod");
         assert!(rx.borrow().listeners.is_empty());
+    }
+
+    #[test]
+    fn a_socket_path_that_held_a_link_stays_refused_until_the_pod_is_gone_across_a_restart() {
+        let (state, pods) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let settings = || Settings::new(pods.path().to_str().unwrap(), true);
+        let volume = pods.path().join(UID_A).join("volumes/kubernetes.io~empty-dir/s");
+        std::fs::create_dir_all(&volume).unwrap();
+        std::os::unix::fs::symlink("/elsewhere/app.sock", volume.join("app.sock")).unwrap();
+        let app_is_pipe = |rx: &watch::Receiver<Arc<Snapshot>>| {
+            rx.borrow().clusters.iter().any(|c| {
+                c.name == "app_shop_a_8080" && matches!(c.endpoint, crate::xds::resources::Endpoint::Pipe { .. })
+            })
+        };
+        let p = cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build();
+        let (mut d, rx) = driver_with(state.path(), settings());
+        d.handle(Event::PodsListed(vec![p.clone()]));
+        assert!(!app_is_pipe(&rx), "a symlinked socket is refused");
+        // The pod puts a real socket back: still refused, at every re-check.
+        std::fs::remove_file(volume.join("app.sock")).unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(volume.join("app.sock")).unwrap();
+        d.handle(Event::Recheck);
+        assert!(!app_is_pipe(&rx), "the refusal sticks");
+        // ... and across an agent restart (the state dir remembers it).
+        drop(d);
+        let (mut again, rx) = driver_with(state.path(), settings());
+        again.boot();
+        again.handle(Event::PodsListed(vec![p.clone()]));
+        again.handle(Event::Recheck);
+        assert!(!app_is_pipe(&rx), "the refusal sticks across a restart");
+        // The pod is gone: forgotten; a pod re-created (new UID) starts clean.
+        again.handle(Event::PodDeleted(Box::new(p)));
+        assert!(again.link_refused.is_empty());
     }
 
     #[test]

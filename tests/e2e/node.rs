@@ -244,42 +244,11 @@ fn pod_name(pod: &Value) -> &str {
 /// Service `name` port 8080, with kubelet's httpGet readiness probe on port 8080: the probe can
 /// only pass through the inbound listener Envoy binds in the pod's netns.
 fn uds_only_app_yaml(name: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: ServiceAccount
-metadata: {{name: {name}, namespace: default}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: default}}
-spec:
-  selector: {{app: {name}}}
-  ports: [{{port: 8080, targetPort: 8080}}]
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: default
-  labels: {{app: {name}, aether.io/managed: "true"}}
-  annotations: {{endpoint.aether.io/uds-socket: s/app.sock}}
-spec:
-  serviceAccountName: {name}
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: app
-    image: localhost/aether/uds-echo:dev
-    imagePullPolicy: Never
-    args: [--socket, /s/app.sock, --name, {name}]
-    volumeMounts: [{{name: s, mountPath: /s}}]
-    readinessProbe:
-      httpGet: {{path: /ready, port: 8080}}
-      periodSeconds: 1
-      failureThreshold: 1
-  volumes: [{{name: s, emptyDir: {{}}}}]
-"#
-    )
+    let mounts = "    volumeMounts: [{name: s, mountPath: /s}]\n";
+    let probe = "    readinessProbe:\n      httpGet: {path: /ready, port: 8080}\n      periodSeconds: 1\n      failureThreshold: 1\n";
+    let yaml = app_yaml(name, "s", "", true, false);
+    assert!(yaml.contains(mounts), "app_yaml changed shape: {yaml}");
+    yaml.replace(mounts, &format!("{mounts}{probe}"))
 }
 
 /// The active dynamic listener `name` in Envoy's config dump: its `network_namespace_filepath`.

@@ -240,7 +240,7 @@ vocabulary! {
         label: "symlink",
         event: "UdsSymlinkRefused",
         detail: Refusal,
-        remedy: "let the app create a real socket in a real emptyDir",
+        remedy: "let the app create a real socket in a real emptyDir, then re-create the pod (a link refusal lasts the pod's life)",
     }
     /// The on-disk `lstat` check found something other than a directory where a directory must be
     /// (pod dir, `volumes`, `kubernetes.io~empty-dir`, the volume dir).
@@ -264,7 +264,7 @@ vocabulary! {
         label: "hard-link",
         event: "UdsHardLinkRefused",
         detail: Refusal,
-        remedy: "let the app create a real socket in a real emptyDir",
+        remedy: "let the app create a real socket in a real emptyDir, then re-create the pod (a link refusal lasts the pod's life)",
     }
     /// The on-disk check could not `lstat` a component of the socket path.
     Unreadable {
