@@ -412,8 +412,12 @@ impl Driver {
                 let mut without = Vec::new();
                 for update in updates {
                     let uid = update.0.clone();
-                    if matches!(update.1, Ok(None)) && live.contains(&uid) {
-                        without.push(uid.clone());
+                    if live.contains(&uid) && !self.netns.known.contains_key(&uid) {
+                        match &update.1 {
+                            Ok(None) => without.push((uid.clone(), None)),
+                            Err(e) => without.push((uid.clone(), Some(e.to_string()))),
+                            Ok(Some(_)) => {}
+                        }
                     }
                     if self.netns.update(update, live.contains(&uid)) {
                         changed.push(uid);
@@ -442,21 +446,29 @@ impl Driver {
         }
     }
 
-    /// Tells each pod in `uids` delivered over its socket, once, that the runtime reports no
-    /// network namespace for it (a host-network pod), so it gets no inbound listener.
-    fn tell_no_netns(&mut self, uids: &[String]) {
-        if uids.is_empty() {
+    /// Tells each pod in `answers` delivered over its socket, once while it lives, that its network
+    /// namespace is not known: the runtime reports none of its own (`None`: a host-network pod) or
+    /// could not be asked (`Some(error)`), so it gets no inbound listener until it is known.
+    fn tell_no_netns(&mut self, answers: &[(String, Option<String>)]) {
+        if answers.is_empty() {
             return;
         }
         let map = self.index.snapshot();
-        for (key, entry) in map.iter().filter(|(k, _)| uids.contains(&k.uid)) {
+        for (key, entry) in map.iter() {
+            let Some((_, error)) = answers.iter().find(|(uid, _)| *uid == key.uid) else { continue };
             if !entry.delivery.is_pipe() || !self.no_netns_told.insert(key.uid.clone()) {
                 continue;
             }
-            let note = "the container runtime reports no network namespace of its own for the pod (host \
-                        network?): the node proxy cannot listen on its ports inside it, so traffic to them \
-                        through its Service does not reach the socket";
-            tracing::warn!(pod = %key, "no pod network namespace; no inbound listener");
+            let why = match error {
+                None => "the container runtime reports no network namespace of its own for the pod (host network?)"
+                    .to_owned(),
+                Some(e) => format!("the container runtime could not say where the pod's network namespace is ({e})"),
+            };
+            let note = format!(
+                "{why}: the node proxy cannot listen on its ports inside it, so traffic to them through its \
+                 Service does not reach the socket until the namespace is known"
+            );
+            tracing::warn!(pod = %key, reason = %why, "pod network namespace not known; no inbound listener");
             if let Some(tx) = &self.notices {
                 tx.send(pod_events::Notice {
                     pod: key.clone(),
@@ -464,7 +476,7 @@ impl Driver {
                     reason: pod_events::INBOUND_NO_NETNS_REASON,
                     label: pod_events::INBOUND_NO_NETNS_LABEL,
                     action: "ListenInPodNetns",
-                    note: note.to_owned(),
+                    note: pod_events::clip_note(note),
                 });
             }
         }
@@ -971,6 +983,26 @@ mod tests {
         }
         assert_eq!(drain(&mut events), [pod_events::INBOUND_NO_NETNS_REASON], "once, and not for the TCP pod");
         assert!(rx.borrow().listeners.is_empty());
+
+        // A runtime that cannot be asked: the same Event, once, naming the error.
+        let (d2, _rx2) = driver(tempfile::tempdir().unwrap().path());
+        let (mut d2, mut events2) = with_notices(d2);
+        d2.handle(Event::PodsListed(vec![cart("b", UID_B).annotation_socket(SOCKET).ip("10.1.2.5").build()]));
+        drain(&mut events2);
+        let timeout = || crate::runtime::RuntimeError::Timeout {
+            endpoint: "unix:///x".into(),
+            call: "ListPodSandbox",
+            after: std::time::Duration::from_secs(2),
+        };
+        d2.handle(Event::Netns(vec![(UID_B.into(), Err(timeout()))]));
+        d2.handle(Event::Netns(vec![(UID_B.into(), Err(timeout()))]));
+        let notes: Vec<pod_events::Notice> = std::iter::from_fn(|| events2.try_recv().ok()).collect();
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0].note.contains("could not say") && notes[0].note.contains("ListPodSandbox"),
+            "{}",
+            notes[0].note
+        );
     }
 
     #[test]
