@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CRD_CHART_COPY := charts/aether-crds/templates/endpointpolicy-crd.yaml
 
-.PHONY: all build tools images crds rbac-report test test-unit test-e2e test-node lint demo bench clean help
+.PHONY: all build tools images crds rbac-report test test-unit test-e2e test-node lint demo bench attack clean help
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ root: # The real node needs root: say so before building anything
 
 demo: root tools build ## Real node (root): helm install both charts, the webhook via its Service, a UDS-only pod, a policy switch, an Event, metrics, helm uninstall
 	scripts/demo.sh
+
+attack: root tools build ## The socket-swap attack for AETHER_ATTACK_SECS (60) against the real agent and Envoy: 0 requests may reach the victim (not in CI)
+	AETHER_ATTACK_SECS=$${AETHER_ATTACK_SECS:-60} $(CARGO) test -p aether-tests --test e2e_delivery -- --nocapture k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic
 
 bench: tools ## Measure agent scale, webhook, convergence, data plane (release; ~10 min); writes docs/benchmarks.md
 	tests/bench/run.sh

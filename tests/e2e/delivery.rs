@@ -359,14 +359,17 @@ fn g_symlinked_socket_or_volume_dir_is_refused(env: &Env) -> anyhow::Result<()> 
     env.wait_served("app_e2e_sym-1_8080", "sym-1")
 }
 
-/// The toggle attack (issue 13): pod atk-1 keeps swapping its socket for a symlink to ann-1's
-/// socket and back, ~every 2 ms, for 10 s, against the agent's 1 s re-check, while requests go to
-/// atk-1's cluster through Envoy. Envoy dials atk-1's pin, the inode the agent verified, so no
-/// request may reach ann-1 (without pinning: 2656 did here); once a check sees the link, atk-1
-/// stays on TCP until it is re-created.
+/// The toggle attack (issue 13): pod atk-1 keeps swapping its socket for a symlink to vic-1's
+/// socket and back, ~every 2 ms, for `AETHER_ATTACK_SECS` (10; `make attack`: 60), against the
+/// agent's 1 s re-check, while requests go to atk-1's cluster through Envoy. Envoy dials atk-1's
+/// pin, the inode the agent verified, so no request may reach vic-1 (without pinning: 2656 did
+/// here); once a check sees the link, atk-1 stays on TCP until it is re-created.
 fn k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &Env) -> anyhow::Result<()> {
-    let victim_uid = env.cp.kubectl_ok(&["get", "pod", "-n", NS, "ann-1", "-o", "jsonpath={.metadata.uid}"])?;
-    let victim = env.volume_dir(&victim_uid, "s").join("app.sock");
+    // Its own victim, so `make attack` can run this trial alone.
+    let victim_uid = env.pod(NS, "vic-1", "vic", Some("s/app.sock"))?;
+    let victim = env.serve(&victim_uid, "s", "app.sock", "vic-1")?;
+    env.wait_served("app_e2e_vic-1_8080", "vic-1")?;
+    let secs: u64 = std::env::var("AETHER_ATTACK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     let uid = env.pod(NS, "atk-1", "atk", Some("s/app.sock"))?;
     let socket = env.serve(&uid, "s", "app.sock", "atk-1")?;
     env.wait_pipe("app_e2e_atk-1_8080", &socket)?;
@@ -391,10 +394,10 @@ fn k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &
         })
     };
     let (mut attacker, mut victim_hits, mut other) = (0u32, 0u32, 0u32);
-    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let until = std::time::Instant::now() + Duration::from_secs(secs);
     while std::time::Instant::now() < until {
         match env.envoy(|e| e.via("app_e2e_atk-1_8080", "/steal")) {
-            Ok((200, body)) if body.contains("ann-1") => victim_hits += 1,
+            Ok((200, body)) if body.contains("vic-1") => victim_hits += 1,
             Ok((200, body)) if body.contains("atk-1") => attacker += 1,
             _ => other += 1,
         }
@@ -402,12 +405,12 @@ fn k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let swaps = toggler.join().map_err(|_| anyhow::anyhow!("toggler panicked"))?;
     println!(
-        "toggle attack, 10 s, re-check 1 s: {swaps} swaps; {} requests: {attacker} to atk-1, {victim_hits} to the \
-         victim ann-1, {other} refused/unhealthy",
+        "toggle attack, {secs} s, re-check 1 s: {swaps} swaps; {} requests: {attacker} to atk-1, {victim_hits} to \
+         the victim vic-1, {other} refused/unhealthy",
         attacker + victim_hits + other
     );
     ensure!(swaps > 100, "the toggler barely ran ({swaps} swaps)");
-    ensure!(victim_hits == 0, "{victim_hits} requests for atk-1 were delivered to ann-1's socket");
+    ensure!(victim_hits == 0, "{victim_hits} requests for atk-1 were delivered to vic-1's socket");
     // Once a check catches the link, the pod stays on TCP until it is re-created.
     env.log_has("held a link: TCP until the pod is re-created")?;
     env.wait_not_pipe("app_e2e_atk-1_8080")?;
@@ -559,6 +562,63 @@ fn j_a_finished_pod_loses_its_clusters_and_is_not_counted_while_a_draining_pod_k
     Ok(())
 }
 
+/// The agent alone crashes (SIGKILL) and comes back while Envoy keeps running: the pins are mounts,
+/// so every new connection during the outage still reaches the verified socket, and the restarted
+/// agent keeps the same pins (same inode: no re-pin) and serves the same clusters.
+fn l_new_connections_keep_working_while_the_agent_restarts(env: &Env) -> anyhow::Result<()> {
+    let before = env.envoy(|e| e.clusters())?;
+    env.wait_served("app_e2e_ann-1_8080", "ann-1")?;
+    let uid = env.cp.kubectl_ok(&["get", "pod", "-n", NS, "ann-1", "-o", "jsonpath={.metadata.uid}"])?;
+    let pin = format!("{}/{uid}.sock", env.pins_dir().display());
+    let inode = |p: &str| std::fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let pinned = inode(&pin)?;
+    let killed = std::time::Instant::now();
+    *env.agent.lock().unwrap() = None;
+    // Through Envoy (its pooled upstream connections), and new connections to the pin itself,
+    // which is what Envoy's next upstream connect does.
+    let fresh = || -> anyhow::Result<bool> {
+        use std::io::{Read, Write};
+        let mut c = std::os::unix::net::UnixStream::connect(&pin)?;
+        c.write_all(b"GET /fresh HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+        let mut reply = String::new();
+        c.read_to_string(&mut reply)?;
+        Ok(reply.contains("ann-1 over unix:"))
+    };
+    let (mut ok, mut failed, mut new_ok, mut new_failed) = (0u32, 0u32, 0u32, 0u32);
+    while killed.elapsed() < Duration::from_secs(2) {
+        match env.envoy(|e| e.via("app_e2e_ann-1_8080", "/during")) {
+            Ok((200, body)) if body.contains("ann-1 over unix:") => ok += 1,
+            _ => failed += 1,
+        }
+        if fresh().unwrap_or(false) {
+            new_ok += 1;
+        } else {
+            new_failed += 1;
+        }
+    }
+    env.start_agent()?;
+    let back = killed.elapsed();
+    let (mut ok_after, mut failed_after) = (0u32, 0u32);
+    for _ in 0..200 {
+        match env.envoy(|e| e.via("app_e2e_ann-1_8080", "/after")) {
+            Ok((200, body)) if body.contains("ann-1 over unix:") => ok_after += 1,
+            _ => failed_after += 1,
+        }
+    }
+    println!(
+        "agent killed, Envoy kept: during the 2 s outage {ok} of {} requests through Envoy and {new_ok} of {} new \
+         connections to the pin served; agent ready again {:.1} s after the kill; then {ok_after} of 200 served",
+        ok + failed,
+        new_ok + new_failed,
+        back.as_secs_f64()
+    );
+    ensure!(failed == 0 && ok > 0, "{failed} requests failed while the agent was down");
+    ensure!(new_failed == 0 && new_ok > 0, "{new_failed} new connections to the pin failed while the agent was down");
+    ensure!(failed_after == 0, "{failed_after} requests failed after the restart");
+    ensure!(inode(&pin)? == pinned, "the restarted agent replaced a pin that still held the same socket");
+    eventually("the restarted agent serves the same clusters", WAIT, || Ok(env.envoy(|e| e.clusters())? == before))
+}
+
 /// Runs last: agent and Envoy restart while the API server is down. A finished pod (fin-1,
 /// still in the API) is not resurrected from the state dir: the clusters compare equal.
 fn f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server(
@@ -622,7 +682,7 @@ fn setup() -> anyhow::Result<Env> {
     for ns in [NS, NS_B] {
         cp.kubectl_ok(&["create", "namespace", ns])?;
     }
-    for sa in ["late", "ann", "pol", "prec", "drift", "sym", "atk", "twin", "over", "fin"] {
+    for sa in ["late", "ann", "pol", "prec", "drift", "sym", "atk", "vic", "twin", "over", "fin"] {
         cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, sa])?;
     }
     cp.kubectl_ok(&["create", "serviceaccount", "-n", NS_B, "twin"])?;
@@ -665,6 +725,10 @@ fn main() {
             suite::case(
                 "j_a_finished_pod_loses_its_clusters_and_is_not_counted_while_a_draining_pod_keeps_them",
                 j_a_finished_pod_loses_its_clusters_and_is_not_counted_while_a_draining_pod_keeps_them,
+            ),
+            suite::case(
+                "l_new_connections_keep_working_while_the_agent_restarts",
+                l_new_connections_keep_working_while_the_agent_restarts,
             ),
             suite::case(
                 "f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server",
