@@ -83,9 +83,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let mut socket_events = None;
     if let Some(pinner) = &pinner {
         tracing::info!(pin_dir = %pinner.dir().display(), "pinning verified sockets; Envoy dials <pin-dir>/<pod uid>.sock");
         driver = driver.with_pinner(pinner.clone());
+        if args.socket_watch_max > 0 {
+            let (tx, rx) = mpsc::channel(64);
+            match crate::socket_watch::SocketWatch::spawn(args.socket_watch_max, tx) {
+                Ok(w) => {
+                    driver = driver.with_socket_watch(w);
+                    socket_events = Some(rx);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "no inotify instance; sockets are re-pinned at each re-check only")
+                }
+            }
+        }
     }
     let netns_updates = match netns_lookup(&args)? {
         Some((lookup, updates)) => {
@@ -134,6 +147,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     batch.push(more);
                 }
                 if tx.send(Event::Netns(batch)).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    if let Some(mut changed) = socket_events {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(uids) = changed.recv().await {
+                if tx.send(Event::SocketsChanged(uids)).await.is_err() {
                     return;
                 }
             }

@@ -128,6 +128,11 @@ pub struct RunArgs {
     /// propagation to Envoy. At most 65 bytes, absolute. Unset: the lstat check only.
     #[arg(long, env = "AETHER_PIN_DIR", value_parser = parse_pin_dir)]
     pub pin_dir: Option<PathBuf>,
+    /// With --pin-dir: how many pods' volume dirs inotify watches, so a re-created socket is
+    /// re-pinned at once; pods past it are re-pinned at the next --recheck-seconds. Each watch
+    /// counts against the node's fs.inotify.max_user_watches. 0: no watches.
+    #[arg(long, default_value_t = crate::socket_watch::DEFAULT_MAX_WATCHES, env = "AETHER_SOCKET_WATCH_MAX")]
+    pub socket_watch_max: usize,
     /// Seconds between re-checks, with lstat, that no pod's socket path has become a symlink.
     #[arg(long, default_value_t = 10, env = "AETHER_RECHECK_SECONDS")]
     pub recheck_seconds: u64,

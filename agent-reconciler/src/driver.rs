@@ -66,6 +66,9 @@ pub enum Event {
     /// Inbound listeners Envoy could not bind, read from its config dump after an LDS NACK
     /// ([`crate::xds::bind_failures`]): each is no longer offered, its pod gets a Warning Event.
     InboundBindFailed(Vec<crate::xds::bind_failures::BindFailure>),
+    /// Something was created, removed or renamed in these pods' volume dirs
+    /// ([`crate::socket_watch`]): re-verify (and re-pin) them now.
+    SocketsChanged(Vec<String>),
 }
 
 pub use aether_agent_core::status::Status;
@@ -106,6 +109,8 @@ pub struct Driver {
     netns: RuntimeNetns,
     /// Socket pinning (`--pin-dir`): pins each verified socket inode where Envoy dials it.
     pinner: Option<crate::pin::Pinner>,
+    /// inotify on pinned pods' volume dirs, for prompt re-pins.
+    socket_watch: Option<crate::socket_watch::SocketWatch>,
     /// Pods whose socket path ever held a link (symlink anywhere, or a second hard link): the
     /// refusal sticks until the pod is gone (issue 13: otherwise the pod could retry the swap
     /// after every clean check). Kept in the state dir.
@@ -198,6 +203,7 @@ impl Driver {
             no_netns_told: HashSet::new(),
             link_refused: HashMap::new(),
             pinner: None,
+            socket_watch: None,
             clock: None,
             event_at: None,
             booting: false,
@@ -209,6 +215,12 @@ impl Driver {
     /// carry the same pin dir, so render dials the pins).
     pub fn with_pinner(mut self, pinner: crate::pin::Pinner) -> Self {
         self.pinner = Some(pinner);
+        self
+    }
+
+    /// Same loop, watching pinned pods' volume dirs with `watch` ([`Event::SocketsChanged`]).
+    pub fn with_socket_watch(mut self, watch: crate::socket_watch::SocketWatch) -> Self {
+        self.socket_watch = Some(watch);
         self
     }
 
@@ -429,6 +441,20 @@ impl Driver {
                 }
             }
             Event::InboundBindFailed(failures) => self.inbound_bind_failed(failures),
+            Event::SocketsChanged(uids) => {
+                let keys: Vec<PodKey> = self
+                    .index
+                    .snapshot()
+                    .iter()
+                    .filter(|(k, _)| uids.contains(&k.uid))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                let changed = self.check_pipes(&keys);
+                if !changed.is_empty() {
+                    self.observe(&changed);
+                    self.publish();
+                }
+            }
             Event::Recheck => {
                 self.netns.ask_unknown(self.index.pods());
                 let all: Vec<PodKey> = self.index.snapshot().iter().map(|(k, _)| k.clone()).collect();
@@ -569,9 +595,22 @@ impl Driver {
             let sticky = socket.and_then(|_| self.link_refused.get(&key.uid).cloned());
             let verdict = match (&self.pinner, socket) {
                 _ if sticky.is_some() => sticky,
-                (Some(pinner), Some(p)) => pin_verdict(pinner, key, p),
+                (Some(pinner), Some(p)) => {
+                    let verdict = pin_verdict(pinner, key, p);
+                    if let Some(w) = &self.socket_watch {
+                        if verdict.is_none() {
+                            w.watch(&key.uid, std::path::Path::new(p.volume_dir()));
+                        } else {
+                            w.unwatch(&key.uid);
+                        }
+                    }
+                    verdict
+                }
                 (Some(pinner), None) => {
                     pinner.unpin(&key.uid);
+                    if let Some(w) = &self.socket_watch {
+                        w.unwatch(&key.uid);
+                    }
                     None
                 }
                 (None, Some(p)) => fscheck::check(&pods_dir, p).err(),
@@ -617,6 +656,9 @@ impl Driver {
         for key in &change.removed {
             if let Some(pinner) = &self.pinner {
                 pinner.unpin(&key.uid);
+            }
+            if let Some(w) = &self.socket_watch {
+                w.unwatch(&key.uid);
             }
             if self.link_refused.remove(&key.uid).is_some() {
                 self.save_events();

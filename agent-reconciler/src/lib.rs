@@ -47,6 +47,7 @@ pub mod plan;
 pub mod recorder;
 pub mod runtime;
 pub mod shutdown;
+pub mod socket_watch;
 pub mod startup;
 pub mod store;
 pub mod watch;

@@ -212,3 +212,52 @@ impl Drop for Unmount {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+#[test]
+fn the_socket_watch_names_the_pod_whose_socket_was_re_created_and_follows_a_tmpfs_mounted_later() {
+    use aether_agent_reconciler::socket_watch::SocketWatch;
+    use std::time::Duration;
+    let node = Node::new();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let watch = SocketWatch::spawn(1, tx).unwrap();
+    let dir = node.volume_dir(ATTACKER);
+    std::fs::create_dir_all(&dir).unwrap();
+    assert!(watch.watch(ATTACKER, &dir));
+    let next = |rx: &mut tokio::sync::mpsc::Receiver<Vec<String>>| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(uids) = rx.try_recv() {
+                return Some(uids);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let app = node.app(ATTACKER, "first");
+    assert_eq!(next(&mut rx), Some(vec![ATTACKER.to_owned()]), "the socket's creation is seen");
+    drop(app);
+    let _again = node.app(ATTACKER, "second");
+    assert_eq!(next(&mut rx), Some(vec![ATTACKER.to_owned()]), "its re-creation too");
+    while rx.try_recv().is_ok() {}
+
+    // The cap: a second pod is not watched (it relies on the periodic re-check).
+    std::fs::create_dir_all(node.volume_dir(VICTIM)).unwrap();
+    assert!(!watch.watch(VICTIM, &node.volume_dir(VICTIM)));
+    assert_eq!(watch.len(), 1);
+
+    // A tmpfs mounted over the dir after the watch: re-watching moves the watch onto it.
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "aether-test", dir.to_str().unwrap()]).status().unwrap();
+    assert!(mounted.success(), "mount tmpfs (needs root)");
+    let _unmount = Unmount(dir.clone());
+    while rx.try_recv().is_ok() {}
+    assert!(watch.watch(ATTACKER, &dir));
+    let _on_tmpfs = node.app(ATTACKER, "tmpfs");
+    assert_eq!(next(&mut rx), Some(vec![ATTACKER.to_owned()]), "events inside the tmpfs are seen");
+
+    watch.unwatch(ATTACKER);
+    assert!(watch.is_empty());
+    std::fs::write(dir.join("other"), b"x").unwrap();
+    assert_eq!(next(&mut rx), None, "no events after unwatch");
+}
