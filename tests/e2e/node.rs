@@ -299,14 +299,21 @@ fn install_brings_every_release_pod_ready(env: &Env) -> anyhow::Result<()> {
         pods.iter().filter_map(|p| p["metadata"]["labels"]["app.kubernetes.io/component"].as_str()).collect();
     kinds.sort();
     ensure!(kinds == ["controller", "controller", "node"], "release pods by component: {kinds:?}");
-    for p in &pods {
-        let ready = p["status"]["conditions"]
+    // helm --wait is not enough for the DaemonSet: with maxUnavailable 1 on a one-node cluster it
+    // accepts 0 Ready node pods. So wait (bounded) until every release pod is Ready.
+    let ready = |p: &Value| {
+        p["status"]["conditions"]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        ensure!(ready, "pod {} not Ready: {}", pod_name(p), p["status"]);
-    }
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    };
+    let mut not_ready = Vec::new();
+    eventually("every release pod Ready", WAIT, || {
+        not_ready = env.release_pods()?.iter().filter(|p| !ready(p)).map(|p| pod_name(p).to_owned()).collect();
+        Ok(not_ready.is_empty())
+    })
+    .with_context(|| format!("not Ready: {not_ready:?}"))?;
     println!(
         "kubectl get pods -A -o wide after helm install:\n{}",
         env.kube().ok(&["get", "pods", "-A", "-o", "wide"])?
@@ -437,8 +444,15 @@ fn a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &En
     env.kube().apply(&attacker)?;
     let atk = env.wait_pod_ready("default", "atk")?;
     let ip = atk["status"]["podIP"].as_str().context("atk's pod IP")?.to_owned();
-    eventually("atk's inbound listener serves", WAIT, || {
-        Ok(active_listener_netns("inbound_default_atk_8080")?.is_some())
+    // Either Envoy serves atk through its pin, or (inotify makes a swap visible at once, and a link
+    // refusal lasts the pod's life) the agent has already put atk on TCP: then nothing listens.
+    let refused = || -> anyhow::Result<bool> {
+        let field = "involvedObject.name=atk,reason=UdsSymlinkRefused";
+        let events = env.kube().ok(&["get", "events", "-n", "default", "--field-selector", field, "-o", "name"])?;
+        Ok(!events.trim().is_empty())
+    };
+    eventually("atk served through its pin, or refused", WAIT, || {
+        Ok(active_listener_netns("inbound_default_atk_8080")?.is_some() || refused()?)
     })?;
     let client = reqwest::blocking::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build()?;
     let (mut own, mut victim, mut other) = (0u32, 0u32, 0u32);
@@ -452,8 +466,9 @@ fn a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &En
     }
     println!(
         "toggle attack on the real node, 10 s: {} requests to atk's pod IP: {own} to atk, {victim} to vic, {other} \
-         refused/unhealthy",
-        own + victim + other
+         refused/unhealthy; atk refused (UdsSymlinkRefused Event): {}",
+        own + victim + other,
+        refused()?
     );
     ensure!(victim == 0, "{victim} requests for atk were delivered to vic's socket");
     env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "atk", "vic", "--wait=true"])?;
