@@ -442,6 +442,7 @@ impl Driver {
             }
             Event::InboundBindFailed(failures) => self.inbound_bind_failed(failures),
             Event::SocketsChanged(uids) => {
+                let uids: HashSet<String> = uids.into_iter().collect();
                 let keys: Vec<PodKey> = self
                     .index
                     .snapshot()
@@ -479,9 +480,11 @@ impl Driver {
         if answers.is_empty() {
             return;
         }
+        // One pass over the map: at start-up with the runtime down every pod has an answer.
+        let by_uid: HashMap<&str, &Option<String>> = answers.iter().map(|(uid, e)| (uid.as_str(), e)).collect();
         let map = self.index.snapshot();
         for (key, entry) in map.iter() {
-            let Some((_, error)) = answers.iter().find(|(uid, _)| *uid == key.uid) else { continue };
+            let Some(error) = by_uid.get(key.uid.as_str()) else { continue };
             if !entry.delivery.is_pipe() || !self.no_netns_told.insert(key.uid.clone()) {
                 continue;
             }

@@ -61,28 +61,21 @@ impl SocketWatch {
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
         let mut reader = inotify::Reader::new(self.fd.as_ref(), &mut buf);
         loop {
-            let mut uids = Vec::new();
-            match reader.next() {
-                Ok(event) => {
-                    if let Some(uid) = self.lock().by_wd.get(&event.wd()) {
-                        uids.push(uid.clone());
-                    }
-                }
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "socket watch stopped; the periodic re-check remains");
-                    return;
-                }
-            }
-            // The rest of what one read returned, as one batch.
-            while !reader.is_buffer_empty() {
+            // One blocking read, then the rest of what it returned, as one batch.
+            let (mut uids, mut first) = (Vec::new(), true);
+            loop {
                 match reader.next() {
-                    Ok(event) => {
-                        if let Some(uid) = self.lock().by_wd.get(&event.wd()) {
-                            uids.push(uid.clone());
-                        }
+                    Ok(event) => uids.extend(self.lock().by_wd.get(&event.wd()).cloned()),
+                    Err(rustix::io::Errno::INTR) if first => continue,
+                    Err(e) if first => {
+                        tracing::warn!(error = %e, "socket watch stopped; the periodic re-check remains");
+                        return;
                     }
                     Err(_) => break,
+                }
+                first = false;
+                if reader.is_buffer_empty() {
+                    break;
                 }
             }
             uids.sort();
