@@ -684,23 +684,37 @@ fn setup() -> anyhow::Result<Env> {
     Ok(Env { installed_at: Instant::now(), ..env })
 }
 
+/// What a failed install needs to be understood, most telling last (CI shows an output's tail):
+/// component log tails (without the scheduler's and controller-manager's every-20-s
+/// `configmap_cafile_content` noise), the node pod's logs, the node's conditions and taints, the
+/// release namespace's pods that are not Running described (events included), all pods, and the
+/// newest events.
 fn context(env: &Env) -> String {
-    let pods =
-        env.kube().run(&["get", "pods", "-A", "-o", "wide"]).map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-    let events = env
-        .kube()
-        .run(&["get", "events", "-A", "--sort-by=.lastTimestamp"])
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().rev().take(25).collect::<Vec<_>>().join("\n"));
-    let logs = env
-        .kube()
-        .run(&["logs", "-n", NS, "-l", "app.kubernetes.io/component=node", "--all-containers", "--tail=15"])
-        .map(|o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)));
+    let text = |args: &[&str]| match env.kube().run(args) {
+        Ok(o) => format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+        Err(e) => format!("(kubectl {}: {e:#})", args.join(" ")),
+    };
+    let tails: String = env
+        .node
+        .log_tails(15)
+        .lines()
+        .filter(|l| !l.contains("configmap_cafile_content"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let node = text(&[
+        "get",
+        "node",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} taints={.spec.taints}{range .status.conditions[*]}\n  {.type}={.status} {.reason}: {.message}{end}{end}",
+    ]);
+    let events = text(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
+    let events: Vec<&str> = events.lines().rev().take(25).collect();
     format!(
-        "\n--- kubectl get pods -A\n{}\n--- recent events (newest first)\n{}\n--- node pod logs\n{}{}",
-        pods.unwrap_or_default(),
-        events.unwrap_or_default(),
-        logs.unwrap_or_default(),
-        env.node.log_tails(15)
+        "{tails}\n--- node pod logs\n{}\n--- node conditions\n{node}\n--- kubectl describe pods -n {NS} (not Running)\n{}\n--- kubectl get pods -A\n{}\n--- recent events (newest first)\n{}",
+        text(&["logs", "-n", NS, "-l", "app.kubernetes.io/component=node", "--all-containers", "--tail=15"]),
+        text(&["describe", "pods", "-n", NS, "--field-selector=status.phase!=Running"]),
+        text(&["get", "pods", "-A", "-o", "wide"]),
+        events.join("\n"),
     )
 }
 

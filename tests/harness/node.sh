@@ -75,6 +75,12 @@ preflight() {
     [ -x "$tools/bin/$p" ] || die "$tools/bin/$p missing: run tests/harness/build-tools.sh (make tools)"
   done
   [ -d /sys/fs/cgroup ] || die "no /sys/fs/cgroup"
+  # Images, pod dirs and logs need room; below the kubelet's eviction threshold (256 MiB) pods
+  # would stay Pending under a DiskPressure taint.
+  local free_mib
+  free_mib=$(df -Pm /var/lib | awk 'NR == 2 {print $4}')
+  log "free disk on /var/lib's filesystem: ${free_mib} MiB"
+  [ "$free_mib" -ge 1024 ] || die "only ${free_mib} MiB free on /var/lib's filesystem (kubelet, containerd): need 1024 MiB"
   [ ! -e "$kubelet_root" ] || die "$kubelet_root exists: another kubelet, or a node that was not torn down (node.sh down DIR)"
   ip link show "$bridge" >/dev/null 2>&1 && die "bridge $bridge exists: a node already runs (node.sh down DIR)"
   [ ! -e "$containerd_sock" ] || die "$containerd_sock exists: another containerd runs on this host"
@@ -247,7 +253,9 @@ authorization: {mode: Webhook}
 resolvConf: ""                 # no cluster DNS: pods get no nameserver
 rotateCertificates: false
 failSwapOn: false
-evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}
+# Absolute, small thresholds: on a shared CI disk 2% of 252 GiB (5 GiB) free is normal, and a
+# DiskPressure taint would leave every pod (the chart's hook Job first) Pending with no error.
+evictionHard: {memory.available: 100Mi, nodefs.available: 256Mi, imagefs.available: 256Mi}
 imageGCHighThresholdPercent: 100   # images imported here have no registry: never collect them
 imageGCLowThresholdPercent: 99
 YAML
@@ -278,6 +286,15 @@ YAML
     sleep 0.5
   done
   log "node $node Ready $((SECONDS - t0)) s after kubelet start"
+  # Pods reach kube-apiserver through the `kubernetes` Service (10.96.0.1): wait until kube-proxy
+  # has programmed it, so the first pod (the chart's hook Job) does not start into a crash-loop
+  # back-off.
+  until iptables -w -t nat -S KUBE-SERVICES 2>/dev/null | grep -q -- '-d 10.96.0.1/32'; do
+    kill -0 "$(cat "$d/kube-proxy.pid")" 2>/dev/null || { tail -n 30 "$d/logs/kube-proxy.log" >&2; die "kube-proxy exited"; }
+    [ $((SECONDS - t0)) -lt 120 ] || { tail -n 30 "$d/logs/kube-proxy.log" >&2; die "kube-proxy programmed no rule for Service 10.96.0.1 in 120 s"; }
+    sleep 0.5
+  done
+  log "kube-proxy serves Service 10.96.0.1 $((SECONDS - t0)) s after kubelet start"
   # What controller-manager makes for every namespace: the default ServiceAccount and kube-root-ca.crt.
   until "${k[@]}" get serviceaccount/default configmap/kube-root-ca.crt -n default >/dev/null 2>&1; do
     [ $((SECONDS - t0)) -lt 120 ] || die "controller-manager made no default ServiceAccount / kube-root-ca.crt in 120 s"
