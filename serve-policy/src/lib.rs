@@ -1,0 +1,54 @@
+//! The connection policy of every listener aether's binaries open — the controller's webhook
+//! (TLS) and admin port, the agent's admin port and xDS server — so that connections that never
+//! speak cannot exhaust the process's file descriptors (issue 14).
+//!
+//! A listener's [`ConnectionPolicy`] has
+//! - a cap on concurrent connections ([`Gate`]): over it a connection is accepted and closed at
+//!   once, and counted;
+//! - a first-byte timeout, from accept to the client's first byte (on the webhook: the TLS
+//!   handshake and the first request byte), that evicts connections that never speak;
+//! - after that, an idle timeout on request/response ports, or HTTP/2 keepalive (PINGs, no idle
+//!   timeout) on the xDS port, whose stream is legitimately quiet between pushes;
+//! - metrics ([`ListenerMetrics`]): `aether_listener_connections{listener}`,
+//!   `aether_listener_max_connections{listener}`,
+//!   `aether_listener_connections_refused_total{listener}`,
+//!   `aether_listener_connections_evicted_total{listener,reason}`.
+//!
+//! Serving through it:
+//! - plain HTTP (axum): `axum::serve(GatedListener::new(tcp, gate), router)`;
+//! - TLS (axum-server, feature `tls`): `axum_server::from_tcp(l)?.acceptor(gate.tls_acceptor(cfg))`;
+//! - gRPC (tonic, feature `grpc`): `serve_with_incoming_shutdown(GatedListener::new(l, gate).incoming(), ..)`
+//!   with the tonic builder's `http2_keepalive_*` from [`ConnectionPolicy::keepalive`].
+//!
+//! Timeouts are enforced on the bytes ([`GatedIo`]), below HTTP, so they hold in every state
+//! (protocol detection, an HTTP/2 connection without streams, keep-alive between requests).
+//! [`open_files::check`] compares the caps with `RLIMIT_NOFILE` at start-up. Flags:
+//! [`cli`]. The written policy: `docs/listeners.md`.
+//!
+//! This crate depends on neither binary.
+
+#![forbid(unsafe_code)]
+
+pub mod cli;
+mod gate;
+#[cfg(feature = "grpc")]
+mod grpc;
+mod io;
+mod listener;
+mod metrics;
+pub mod open_files;
+mod policy;
+#[cfg(feature = "tls")]
+mod tls;
+
+pub use gate::{Gate, REFUSAL_LOG_INTERVAL, Slot};
+pub use io::GatedIo;
+pub use listener::GatedListener;
+pub use metrics::{EvictionLabels, ListenerLabel, ListenerMetrics};
+pub use policy::{
+    ADMIN_FIRST_BYTE_TIMEOUT, ADMIN_IDLE_TIMEOUT, ADMIN_MAX_CONNECTIONS, ConnectionPolicy, Eviction, KeepAlive,
+    ListenerKind, Liveness, Quiet, WEBHOOK_HANDSHAKE_TIMEOUT, WEBHOOK_IDLE_TIMEOUT, WEBHOOK_MAX_CONNECTIONS,
+    XDS_FIRST_BYTE_TIMEOUT, XDS_KEEPALIVE_INTERVAL, XDS_KEEPALIVE_TIMEOUT, XDS_MAX_CONNECTIONS,
+};
+#[cfg(feature = "tls")]
+pub use tls::GatedAcceptor;
