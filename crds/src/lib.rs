@@ -3,9 +3,11 @@
 //! Kubernetes client.
 //!
 //! - [`policy`]: the `EndpointPolicy` CRD types (`config.aether.io/v1`).
-//! - [`udspath`]: socket value grammar, the sun_path budget, and the host path resolver.
+//! - [`udspath`]: socket value grammar, the socket limits (sun_path budget or file system), and the
+//!   host path resolver.
 //! - [`validate`]: the one decision every component uses for a policy.
-//! - [`rules`]: that decision bound to the configured pods dir, built once at start-up.
+//! - [`rules`]: that decision bound to the configured pods dir and socket limit, built once at
+//!   start-up.
 //! - [`tiebreak`]: the one-policy-per-Service rule ([`tiebreak::resolve`]) and the mesh service key.
 //! - [`pod`]: pod label and annotation keys.
 //! - [`manifests`]: multi-document YAML text to JSON values (`List` expanded), for the offline tools.
@@ -21,7 +23,7 @@ pub mod validate;
 
 pub use policy::{EndpointPolicy, EndpointPolicySpec, EndpointPolicyStatus, TargetRef};
 pub use rules::Rules;
-pub use udspath::{Budget, PodDirId, SocketError, SocketPath};
+pub use udspath::{Budget, PodDirId, SocketError, SocketLimit, SocketPath};
 pub use validate::{FieldViolation, Verdict, review};
 
 /// The CustomResourceDefinition as YAML, exactly as `crdgen` and `aether-controller crd` print it.

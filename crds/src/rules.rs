@@ -1,15 +1,16 @@
-//! The rules one process decides with, built once at start-up from its configured pods dir.
+//! The rules one process decides with, built once at start-up from its configured pods dir and
+//! socket limit.
 //!
 //! The webhook, `aether-controller validate`, the status writer and the agent all judge socket
-//! values and policies against the sun_path budget of one pods dir (DESIGN.md "Socket value and
-//! path"). A pods dir that leaves no budget is a configuration error that each of them reports
-//! in its own words, so [`Rules`] keeps either the [`Budget`] or that [`PodsDirError`], and every
-//! check hands the error back instead of deciding.
+//! values and policies against the budget of one pods dir under one [`SocketLimit`] (DESIGN.md
+//! "Socket value and path"; `--socket-limit`). A pods dir that leaves no budget is a
+//! configuration error that each of them reports in its own words, so [`Rules`] keeps either the
+//! [`Budget`] or that [`PodsDirError`], and every check hands the error back instead of deciding.
 
 use serde_json::Value;
 
 use crate::policy::EndpointPolicySpec;
-use crate::udspath::{Budget, PodsDirError};
+use crate::udspath::{Budget, PodsDirError, SocketLimit};
 use crate::validate::{self, Verdict};
 
 /// The budget of the configured pods dir, or why it has none. Cheap to clone; build it once with
@@ -17,14 +18,26 @@ use crate::validate::{self, Verdict};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rules {
     budget: Result<Budget, PodsDirError>,
+    limit: SocketLimit,
 }
 
 impl Rules {
-    /// The rules for `pods_dir`, the kubelet pods dir *as the proxy sees it*
-    /// (`--kubelet-pods-dir`). A pods dir without a usable budget is kept as its error (see
-    /// [`Budget::new`]): callers report it at start-up and refuse every socket with it.
+    /// The sun_path rules for `pods_dir`: [`Rules::with_limit`] under [`SocketLimit::SunPath`].
     pub fn new(pods_dir: &str) -> Self {
-        Rules { budget: Budget::new(pods_dir) }
+        Rules::with_limit(pods_dir, SocketLimit::SunPath)
+    }
+
+    /// The rules for `pods_dir`, the kubelet pods dir *as the proxy sees it*
+    /// (`--kubelet-pods-dir`), under `limit` (`--socket-limit`). A pods dir without a usable
+    /// budget is kept as its error (see [`Budget::with_limit`]): callers report it at start-up
+    /// and refuse every socket with it.
+    pub fn with_limit(pods_dir: &str, limit: SocketLimit) -> Self {
+        Rules { budget: Budget::with_limit(pods_dir, limit), limit }
+    }
+
+    /// The socket limit the rules were built under (also when the pods dir has no budget).
+    pub fn limit(&self) -> SocketLimit {
+        self.limit
     }
 
     /// The socket budget.
@@ -84,5 +97,18 @@ mod tests {
         assert!(matches!(err, PodsDirError::BudgetTooSmall { budget: -9, .. }), "{err}");
         assert_eq!(rules.review_spec(&policy("s/a").spec), Err(&err));
         assert_eq!(rules.review(&serde_json::to_value(policy("s/a")).unwrap()), Err(&err));
+        assert_eq!(rules.limit(), SocketLimit::SunPath);
+    }
+
+    #[test]
+    fn the_same_pods_dir_decides_under_the_file_system_limit_when_asked() {
+        let rules = Rules::with_limit("/var/snap/microk8s/common/var/lib/kubelet/pods", SocketLimit::Filesystem);
+        assert_eq!(rules.limit(), SocketLimit::Filesystem);
+        assert_eq!(rules.budget().map(Budget::limit), Ok(SocketLimit::Filesystem));
+        let forty = format!("sockets/{}.sock", "a".repeat(27));
+        assert_eq!(forty.len(), 40);
+        assert!(rules.review_spec(&policy(&forty).spec).unwrap().allowed());
+        let verdict = Rules::new(DEFAULT_PODS_DIR).review_spec(&policy(&forty).spec).unwrap();
+        assert!(!verdict.allowed(), "under sun-path 40 bytes exceed the 16-byte budget");
     }
 }

@@ -1,14 +1,22 @@
-//! Socket value grammar, the sun_path budget, and the host path resolver.
+//! Socket value grammar, the socket limits (sun_path budget or file system), and the host path
+//! resolver.
 //!
 //! A socket value is `<volume>/<file>` (spec Phase 1, "Annotation"; DESIGN.md "Socket value and
 //! path"). It resolves to
-//! `<pods-dir>/<pod-dir-id>/volumes/kubernetes.io~empty-dir/<volume>/<file>`, which must fit in
-//! `sun_path`: 108 bytes including the terminating NUL, so at most [`SUN_PATH_MAX`] = 107 bytes of
-//! path (unix(7)). Every length here is counted in **bytes**, never characters.
+//! `<pods-dir>/<pod-dir-id>/volumes/kubernetes.io~empty-dir/<volume>/<file>`. Every length here is
+//! counted in **bytes**, never characters. What bounds the value's length is the
+//! [`SocketLimit`] the node runs with (`--socket-limit`):
 //!
-//! The budget for the value is `107 − len(pods-dir) − 70`, where 70 bytes are `/`, a 36-byte pod
-//! UID and `/volumes/kubernetes.io~empty-dir/`. With the default pods dir `/var/lib/kubelet/pods`
-//! (21 bytes) the budget is 16 bytes.
+//! - [`SocketLimit::SunPath`] (the default): Envoy dials that path, so it must fit in `sun_path`:
+//!   108 bytes including the terminating NUL, so at most [`SUN_PATH_MAX`] = 107 bytes of path
+//!   (unix(7)). The budget for the value is `107 − len(pods-dir) − 70`, where 70 bytes are `/`, a
+//!   36-byte pod UID and `/volumes/kubernetes.io~empty-dir/`. With the default pods dir
+//!   `/var/lib/kubelet/pods` (21 bytes) the budget is 16 bytes.
+//! - [`SocketLimit::Filesystem`]: every node's agent pins sockets (`--pin-dir`, issue 13), so
+//!   Envoy dials only the short pin path and the 107 bytes apply to that, not to the pod's path.
+//!   The value is then bounded by the file system: the volume by its grammar (a DNS-1123 label,
+//!   at most [`VOLUME_NAME_MAX`] = 63 bytes) and the file by [`NAME_MAX`] = 255 bytes, so at most
+//!   [`FILESYSTEM_VALUE_MAX`] = 319 bytes in all, whatever the pods dir.
 
 use std::fmt;
 
@@ -45,9 +53,61 @@ pub const VOLUME_NAME_MAX: usize = 63;
 pub const MAX_PODS_DIR_BYTES: usize = SUN_PATH_MAX - FIXED_BYTES - MIN_VALUE_BYTES;
 
 /// The widest budget any pods dir can give (the shortest absolute pods dir is one byte, `/`):
-/// no socket value longer than this can ever fit, whatever the configuration. The CRD schema uses
-/// it as the static `maxLength` of `spec.udsSocket`.
+/// no socket value longer than this can ever fit under [`SocketLimit::SunPath`], whatever the
+/// configuration. The CRD schema uses it as the static `maxLength` of `spec.udsSocket` (the CRD
+/// chart's default, `socketLimit: sunPath`).
 pub const WIDEST_BUDGET: usize = SUN_PATH_MAX - 1 - FIXED_BYTES;
+
+/// The longest file name a Linux file system takes, in bytes: `NAME_MAX` of `<linux/limits.h>`
+/// (ext4, xfs, btrfs and tmpfs, which backs `medium: Memory` emptyDirs, all hold 255). Under
+/// [`SocketLimit::Filesystem`] it bounds the file part of a socket value.
+pub const NAME_MAX: usize = 255;
+
+/// The longest socket value under [`SocketLimit::Filesystem`], in bytes: a [`VOLUME_NAME_MAX`]
+/// volume, `/` and a [`NAME_MAX`] file, 63 + 1 + 255 = 319. The CRD chart's `spec.udsSocket`
+/// `maxLength` with `socketLimit: filesystem`.
+pub const FILESYSTEM_VALUE_MAX: usize = VOLUME_NAME_MAX + 1 + NAME_MAX;
+
+/// What bounds the length of a socket value (`--socket-limit` of the controller and the agent;
+/// the charts' `socketLimit`). The grammar is the same under both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SocketLimit {
+    /// Envoy dials the pod's own socket path, which must fit in `sun_path`: the value gets the
+    /// budget `107 − len(pods-dir) − 70` bytes (16 with `/var/lib/kubelet/pods`). The default.
+    #[default]
+    SunPath,
+    /// Envoy dials only the agent's pin of the socket (`--pin-dir`, at most 107 bytes whatever
+    /// the pod's path), so the value is limited by the file system alone: the volume a DNS-1123
+    /// label (at most 63 bytes), the file at most [`NAME_MAX`] (255) bytes. The pods dir's length
+    /// no longer matters. Correct only when every node's agent pins sockets.
+    Filesystem,
+}
+
+impl SocketLimit {
+    /// The value of `--socket-limit` that selects this limit: `sun-path` or `filesystem`.
+    pub const fn flag_value(self) -> &'static str {
+        match self {
+            SocketLimit::SunPath => "sun-path",
+            SocketLimit::Filesystem => "filesystem",
+        }
+    }
+
+    /// The longest socket value this limit can ever admit, whatever the pods dir, in bytes:
+    /// [`WIDEST_BUDGET`] (36) or [`FILESYSTEM_VALUE_MAX`] (319). The CRD's `maxLength` of
+    /// `spec.udsSocket` for this limit.
+    pub const fn longest_value(self) -> usize {
+        match self {
+            SocketLimit::SunPath => WIDEST_BUDGET,
+            SocketLimit::Filesystem => FILESYSTEM_VALUE_MAX,
+        }
+    }
+}
+
+impl fmt::Display for SocketLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.flag_value())
+    }
+}
 
 /// Why a socket value is rejected. The `Display` text states the rule; callers put the field
 /// name and the quoted value in front of it (e.g. `spec.udsSocket "a/b/c" must ...`).
@@ -80,7 +140,17 @@ pub enum SocketError {
         /// The offending file part.
         file: String,
     },
-    /// The value is longer than the budget the pods dir leaves in `sun_path`.
+    /// Under [`SocketLimit::Filesystem`]: the file part is longer than [`NAME_MAX`] bytes, so no
+    /// file system could hold the socket.
+    #[error(
+        "names a file of {file_bytes} bytes, over the {NAME_MAX}-byte limit of a file name (NAME_MAX, the file system's name limit; --socket-limit filesystem)"
+    )]
+    FileTooLong {
+        /// Length of the file part in bytes.
+        file_bytes: usize,
+    },
+    /// Under [`SocketLimit::SunPath`]: the value is longer than the budget the pods dir leaves in
+    /// `sun_path`.
     #[error(
         "is {value_bytes} bytes; the budget is {budget} bytes with pods dir {pods_dir} (sun_path holds {SUN_PATH_MAX})"
     )]
@@ -101,6 +171,7 @@ impl SocketError {
             SocketError::Empty | SocketError::Slashes { .. } => "socket-shape",
             SocketError::Volume { .. } => "socket-volume-name",
             SocketError::File { .. } => "socket-file-name",
+            SocketError::FileTooLong { .. } => "socket-file-too-long",
             SocketError::TooLong { .. } => "socket-path-too-long",
         }
     }
@@ -133,7 +204,8 @@ fn is_file_name(s: &str) -> bool {
         && s.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
 }
 
-/// Checks the grammar of a socket value (not its length; see [`Budget::check`]).
+/// Checks the grammar of a socket value (not its length beyond the volume's 63 bytes; see
+/// [`Budget::check`]).
 ///
 /// # Errors
 /// [`SocketError::Empty`], [`SocketError::Slashes`], [`SocketError::Volume`] or
@@ -165,7 +237,7 @@ pub enum PodsDirError {
     NotClean(String),
     /// The pods dir leaves fewer than [`MIN_VALUE_BYTES`] for the socket value.
     #[error(
-        "pods dir {pods_dir} ({len} bytes) leaves a socket budget of {budget} bytes ({SUN_PATH_MAX} - {len} - {FIXED_BYTES}); at least {MIN_VALUE_BYTES} are needed for the shortest value \"a/b\", so no pod can be delivered over a Unix socket: mount the kubelet pods dir at a shorter path"
+        "pods dir {pods_dir} ({len} bytes) leaves a socket budget of {budget} bytes ({SUN_PATH_MAX} - {len} - {FIXED_BYTES}); at least {MIN_VALUE_BYTES} are needed for the shortest value \"a/b\", so no pod can be delivered over a Unix socket: mount the kubelet pods dir at a shorter path (or, when every node's agent pins sockets, use --socket-limit filesystem)"
     )]
     BudgetTooSmall {
         /// The pods dir as configured.
@@ -177,23 +249,37 @@ pub enum PodsDirError {
     },
 }
 
-/// The socket-value budget that one pods dir leaves in `sun_path`.
+/// The socket-value budget of one pods dir under one [`SocketLimit`]: what `sun_path` leaves
+/// for the value, or the file system's limits.
 ///
-/// Built once from the configured `--kubelet-pods-dir` (the path as the proxy sees it) by both
-/// the webhook and the agent, so the two always agree.
+/// Built once from the configured `--kubelet-pods-dir` (the path as the proxy sees it) and
+/// `--socket-limit` by both the webhook and the agent, so the two always agree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Budget {
     pods_dir: String,
     bytes: usize,
+    limit: SocketLimit,
 }
 
 impl Budget {
-    /// Computes the budget for `pods_dir`. A single trailing `/` is tolerated and dropped.
+    /// The sun_path budget for `pods_dir`: [`Budget::with_limit`] under [`SocketLimit::SunPath`].
     ///
     /// # Errors
-    /// [`PodsDirError::NotClean`] for a relative or unclean path;
-    /// [`PodsDirError::BudgetTooSmall`] when fewer than [`MIN_VALUE_BYTES`] bytes remain.
+    /// As [`Budget::with_limit`].
     pub fn new(pods_dir: &str) -> Result<Self, PodsDirError> {
+        Budget::with_limit(pods_dir, SocketLimit::SunPath)
+    }
+
+    /// The budget for `pods_dir` under `limit`. A single trailing `/` is tolerated and dropped.
+    /// Under [`SocketLimit::SunPath`] it is `107 − len(pods-dir) − 70` bytes; under
+    /// [`SocketLimit::Filesystem`] [`FILESYSTEM_VALUE_MAX`] bytes whatever the pods dir's length
+    /// (the file part also at most [`NAME_MAX`]).
+    ///
+    /// # Errors
+    /// [`PodsDirError::NotClean`] for a relative or unclean path (under either limit);
+    /// [`PodsDirError::BudgetTooSmall`] under [`SocketLimit::SunPath`] when fewer than
+    /// [`MIN_VALUE_BYTES`] bytes remain.
+    pub fn with_limit(pods_dir: &str, limit: SocketLimit) -> Result<Self, PodsDirError> {
         let trimmed = if pods_dir.len() > 1 { pods_dir.strip_suffix('/').unwrap_or(pods_dir) } else { pods_dir };
         let clean = trimmed.starts_with('/')
             && !trimmed.contains('\0')
@@ -201,17 +287,27 @@ impl Budget {
         if !clean {
             return Err(PodsDirError::NotClean(pods_dir.to_owned()));
         }
+        let pods_dir = trimmed.to_owned();
+        if limit == SocketLimit::Filesystem {
+            return Ok(Budget { pods_dir, bytes: FILESYSTEM_VALUE_MAX, limit });
+        }
         let len = trimmed.len();
         let budget = SUN_PATH_MAX as i64 - len as i64 - FIXED_BYTES as i64;
         if budget < MIN_VALUE_BYTES as i64 {
-            return Err(PodsDirError::BudgetTooSmall { pods_dir: trimmed.to_owned(), len, budget });
+            return Err(PodsDirError::BudgetTooSmall { pods_dir, len, budget });
         }
-        Ok(Budget { pods_dir: trimmed.to_owned(), bytes: budget as usize })
+        Ok(Budget { pods_dir, bytes: budget as usize, limit })
     }
 
-    /// The budget in bytes for a `<volume>/<file>` value.
+    /// The longest `<volume>/<file>` value admitted, in bytes: the sun_path budget under
+    /// [`SocketLimit::SunPath`], [`FILESYSTEM_VALUE_MAX`] under [`SocketLimit::Filesystem`].
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// The limit this budget was computed under.
+    pub fn limit(&self) -> SocketLimit {
+        self.limit
     }
 
     /// The pods dir this budget was computed for (no trailing `/`).
@@ -222,9 +318,18 @@ impl Budget {
     /// Checks grammar and length of a socket value.
     ///
     /// # Errors
-    /// Any [`SocketError`]; grammar errors come before [`SocketError::TooLong`].
+    /// Any [`SocketError`]; grammar errors come before the length errors
+    /// ([`SocketError::TooLong`] under [`SocketLimit::SunPath`], [`SocketError::FileTooLong`]
+    /// under [`SocketLimit::Filesystem`]).
     pub fn check<'a>(&self, value: &'a str) -> Result<SocketRef<'a>, SocketError> {
         let parsed = parse(value)?;
+        if self.limit == SocketLimit::Filesystem {
+            // The grammar bounds the volume to 63 bytes, so the value is at most 319 bytes.
+            if parsed.file.len() > NAME_MAX {
+                return Err(SocketError::FileTooLong { file_bytes: parsed.file.len() });
+            }
+            return Ok(parsed);
+        }
         if value.len() > self.bytes {
             return Err(SocketError::TooLong {
                 value_bytes: value.len(),
@@ -237,7 +342,8 @@ impl Budget {
 
     /// Resolves a socket value for one pod to the host path of its socket:
     /// `<pods-dir>/<pod-dir-id>/volumes/kubernetes.io~empty-dir/<volume>/<file>`, at most
-    /// [`SUN_PATH_MAX`] bytes.
+    /// [`SUN_PATH_MAX`] bytes under [`SocketLimit::SunPath`] (under [`SocketLimit::Filesystem`]
+    /// it may be longer: only its pin is dialed).
     ///
     /// # Errors
     /// Any [`SocketError`] of [`Budget::check`].
@@ -245,12 +351,16 @@ impl Budget {
         let s = self.check(value)?;
         let volume_dir = format!("{}/{}/volumes/{EMPTY_DIR_PLUGIN}/{}", self.pods_dir, pod_dir.as_str(), s.volume);
         let path = format!("{volume_dir}/{}", s.file);
-        debug_assert!(path.len() <= SUN_PATH_MAX, "budget arithmetic must bound the path");
+        debug_assert!(
+            self.limit != SocketLimit::SunPath || path.len() <= SUN_PATH_MAX,
+            "the sun_path budget arithmetic must bound the path"
+        );
         Ok(SocketPath { volume_dir_len: volume_dir.len(), path })
     }
 }
 
-/// A resolved socket path on the host (as the proxy sees it); at most [`SUN_PATH_MAX`] bytes.
+/// A resolved socket path on the host (as the proxy sees it); at most [`SUN_PATH_MAX`] bytes
+/// under [`SocketLimit::SunPath`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SocketPath {
     path: String,

@@ -3,14 +3,15 @@
 //!
 //! [`review`] takes the object as JSON (what an AdmissionReview or a YAML file holds), checks its
 //! shape the way the API server's schema and strict field validation would, then the spec rules
-//! (garde, with the [`Budget`] as context). Every violation names the wire field and the rule.
+//! (garde, with the [`Budget`] as context: the pods dir and its [`udspath::SocketLimit`]). Every
+//! violation names the wire field and the rule.
 
 use std::fmt;
 
 use serde_json::Value;
 
 use crate::policy::{EndpointPolicy, EndpointPolicySpec};
-use crate::udspath::{self, Budget};
+use crate::udspath::{self, Budget, SocketLimit};
 
 /// One broken rule: the wire path of the field (e.g. `spec.targetRef.kind`) and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,16 +65,24 @@ fn shown(value: &str) -> String {
 }
 
 pub(crate) fn socket_rule(value: &str, budget: &Budget) -> garde::Result {
-    if value.len() > SHOWN_BYTES {
+    let longest = budget.limit().longest_value();
+    if value.len() > longest.max(SHOWN_BYTES) {
+        let why = match budget.limit() {
+            SocketLimit::SunPath => {
+                format!("the budget here is {} bytes with pods dir {}", budget.bytes(), budget.pods_dir())
+            }
+            SocketLimit::Filesystem => format!(
+                "a {}-byte volume, '/' and a {}-byte file: the file system's limits; --socket-limit filesystem",
+                udspath::VOLUME_NAME_MAX,
+                udspath::NAME_MAX
+            ),
+        };
         return Err(garde::Error::new(format!(
-            "{} is too long: no socket value can exceed {} bytes (the budget here is {} bytes with pods dir {})",
-            shown(value),
-            udspath::WIDEST_BUDGET,
-            budget.bytes(),
-            budget.pods_dir()
+            "{} is too long: no socket value can exceed {longest} bytes ({why})",
+            shown(value)
         )));
     }
-    budget.check(value).map(|_| ()).map_err(|e| garde::Error::new(format!("{value:?} {e}")))
+    budget.check(value).map(|_| ()).map_err(|e| garde::Error::new(format!("{} {e}", shown(value))))
 }
 
 pub(crate) fn group_rule(value: &str, _: &Budget) -> garde::Result {
@@ -212,5 +221,18 @@ mod tests {
         assert!(msg.contains("(2500000 bytes)") && msg.contains("36 bytes"), "{msg}");
         let msg = kind_rule(&"é".repeat(100), &budget).unwrap_err().to_string();
         assert!(msg.contains("(200 bytes)"), "{msg}");
+    }
+
+    #[test]
+    fn under_the_file_system_limit_a_huge_value_is_cut_and_names_the_319_byte_limit() {
+        let budget = Budget::with_limit(udspath::DEFAULT_PODS_DIR, SocketLimit::Filesystem).unwrap();
+        let msg = socket_rule(&"a".repeat(2_500_000), &budget).unwrap_err().to_string();
+        assert!(msg.len() < 300, "{} bytes", msg.len());
+        assert!(msg.contains("(2500000 bytes)") && msg.contains("exceed 319 bytes"), "{msg}");
+        assert!(msg.contains("--socket-limit filesystem"), "{msg}");
+        // 320 bytes of good grammar: over the longest value, refused before the file's check.
+        let value = format!("{}/{}", "v".repeat(63), "f".repeat(256));
+        assert_eq!(value.len(), 320);
+        assert!(socket_rule(&value, &budget).unwrap_err().to_string().contains("exceed 319 bytes"));
     }
 }
