@@ -16,10 +16,11 @@ use crate::webhook::{DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES};
 /// An EndpointPolicy tells the node proxy to deliver a Service's inbound traffic to its pods over a
 /// Unix domain socket in an emptyDir volume. The webhook denies policies whose target or socket
 /// value is invalid, or whose socket path would not fit in sun_path (107 bytes) with the
-/// configured kubelet pods dir, and says which field broke which rule. Allowed policies get
-/// warnings (printed by kubectl as "Warning: ...") when another policy already targets the same
-/// Service (and which one wins: the smallest name), when the Service does not exist yet, or when
-/// the socket value is within 2 bytes of the budget.
+/// configured kubelet pods dir (with --socket-limit filesystem: whose file name exceeds the file
+/// system's 255 bytes), and says which field broke which rule. Allowed policies get warnings
+/// (printed by kubectl as "Warning: ...") when another policy already targets the same Service
+/// (and which one wins: the smallest name), when the Service does not exist yet, or when the
+/// socket value is within 2 bytes of the sun_path budget.
 ///
 /// The status writer reports on every policy in status.conditions (type Accepted, Gateway API
 /// GEP-713 reasons): True/Accepted when in effect, else False with Invalid (fails the webhook's
@@ -120,16 +121,66 @@ pub struct RunArgs {
     /// else $HOSTNAME, else "aether-controller-" and the process id.
     #[arg(long, env = "AETHER_LEASE_HOLDER")]
     pub lease_holder: Option<String>,
+    /// The webhook's connection policy (docs/listeners.md).
+    #[command(flatten)]
+    pub webhook_listener: aether_serve_policy::cli::WebhookListenerArgs,
+    /// The admin port's connection policy (docs/listeners.md).
+    #[command(flatten)]
+    pub admin_listener: aether_serve_policy::cli::AdminListenerArgs,
 }
 
-/// The kubelet pods dir, shared by `run` and `validate`.
+impl RunArgs {
+    /// The connection policies of the two listeners from their flags.
+    pub fn listeners(&self) -> crate::server::Listeners {
+        crate::server::Listeners { webhook: self.webhook_listener.policy(), admin: self.admin_listener.policy() }
+    }
+}
+
+/// The kubelet pods dir and the socket limit, shared by `run` and `validate`.
 #[derive(Args, Debug)]
 pub struct PodsDirArg {
     /// The kubelet pods dir as the node proxy sees it (the chart's mount path). The socket value
-    /// budget is 107 - len(dir) - 70 bytes: 16 for /var/lib/kubelet/pods. Must match the agents'
-    /// --kubelet-pods-dir.
+    /// budget is 107 - len(dir) - 70 bytes: 16 for /var/lib/kubelet/pods (with --socket-limit
+    /// sun-path). Must match the agents' --kubelet-pods-dir.
     #[arg(long, default_value = aether_crds::udspath::DEFAULT_PODS_DIR, env = "AETHER_KUBELET_PODS_DIR")]
     pub kubelet_pods_dir: String,
+    /// What limits the length of a socket value (spec.udsSocket). sun-path: its host path
+    /// <pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<volume>/<file> must fit in sun_path (107
+    /// bytes), so the value gets the budget above. filesystem: only when every node's agent pins
+    /// sockets (aether-agent --pin-dir, the chart's agent.pinning.enabled): Envoy then dials the
+    /// short pin path, and a value is limited by the file system instead (volume: a DNS-1123
+    /// label, at most 63 bytes; file: at most 255 bytes, NAME_MAX), whatever the pods dir's
+    /// length (a long one such as microk8s' /var/snap/microk8s/common/var/lib/kubelet/pods,
+    /// which leaves no sun_path budget, becomes usable). Must match the agents' --socket-limit;
+    /// a mismatch is safe (the stricter limit wins).
+    #[arg(long, value_enum, default_value_t = SocketLimitArg::SunPath, env = "AETHER_SOCKET_LIMIT")]
+    pub socket_limit: SocketLimitArg,
+}
+
+impl PodsDirArg {
+    /// The rules these flags select: [`aether_crds::Rules::with_limit`] of the pods dir and the
+    /// socket limit.
+    pub fn rules(&self) -> aether_crds::Rules {
+        aether_crds::Rules::with_limit(&self.kubelet_pods_dir, self.socket_limit.into())
+    }
+}
+
+/// `--socket-limit`: [`aether_crds::SocketLimit`] on the command line.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SocketLimitArg {
+    /// The value's host path must fit in sun_path (107 bytes): 107 - len(pods dir) - 70 bytes.
+    SunPath,
+    /// Every node pins sockets: volume at most 63 bytes, file at most 255 (the file system's).
+    Filesystem,
+}
+
+impl From<SocketLimitArg> for aether_crds::SocketLimit {
+    fn from(arg: SocketLimitArg) -> Self {
+        match arg {
+            SocketLimitArg::SunPath => aether_crds::SocketLimit::SunPath,
+            SocketLimitArg::Filesystem => aether_crds::SocketLimit::Filesystem,
+        }
+    }
 }
 
 /// Flags of `validate`.
@@ -155,4 +206,57 @@ pub enum Output {
     Text,
     /// A JSON array.
     Json,
+}
+
+#[cfg(test)]
+mod tests {
+    use aether_crds::SocketLimit;
+    use clap::Parser;
+
+    use super::*;
+
+    fn command(args: &[&str]) -> Command {
+        Cli::try_parse_from(["aether-controller"].iter().chain(args)).unwrap().command
+    }
+
+    #[test]
+    fn socket_limit_is_sun_path_by_default_and_both_run_and_validate_take_it() {
+        let Command::Run(run) = command(&["run", "--tls-dir", "/tls"]) else { unreachable!() };
+        assert_eq!(run.pods_dir.socket_limit, SocketLimitArg::SunPath);
+        assert_eq!(run.pods_dir.rules(), aether_crds::Rules::new(aether_crds::udspath::DEFAULT_PODS_DIR));
+        let Command::Run(run) = command(&["run", "--tls-dir", "/tls", "--socket-limit", "filesystem"]) else {
+            unreachable!()
+        };
+        assert_eq!(run.pods_dir.rules().limit(), SocketLimit::Filesystem);
+        let microk8s = "/var/snap/microk8s/common/var/lib/kubelet/pods";
+        let Command::Validate(v) =
+            command(&["validate", "-f", "-", "--kubelet-pods-dir", microk8s, "--socket-limit", "filesystem"])
+        else {
+            unreachable!()
+        };
+        assert_eq!(v.pods_dir.rules().budget().map(|b| b.bytes()), Ok(aether_crds::udspath::FILESYSTEM_VALUE_MAX));
+        assert!(Cli::try_parse_from(["aether-controller", "validate", "-f", "-", "--socket-limit", "fs"]).is_err());
+    }
+
+    #[test]
+    fn listener_flags_set_the_webhook_and_admin_policies_and_default_to_docs_listeners_md() {
+        let Command::Run(run) = command(&["run", "--tls-dir", "/tls"]) else { unreachable!() };
+        assert_eq!(run.listeners(), crate::server::Listeners::default());
+        let Command::Run(run) = command(&[
+            "run",
+            "--tls-dir",
+            "/tls",
+            "--webhook-max-connections",
+            "8",
+            "--webhook-handshake-timeout-seconds",
+            "2",
+            "--admin-max-connections",
+            "4",
+        ]) else {
+            unreachable!()
+        };
+        let l = run.listeners();
+        assert_eq!((l.webhook.max_connections, l.webhook.first_byte_timeout.as_secs()), (8, 2));
+        assert_eq!(l.admin.max_connections, 4);
+    }
 }

@@ -17,6 +17,10 @@
 //!   have synced (a half-filled Service cache would report TargetNotFound for everything).
 //! - A change of reason is also recorded as an Event on the policy (Normal for Accepted, Warning
 //!   otherwise), once per change.
+//! - Both watches report to [`crate::admin::watches`]: each error is counted, an outage is logged
+//!   once when it starts and once when it ends, and `/readyz` lists them. A cache counts as synced
+//!   after its first list and while its watch is not failing; the watch recovers when the API
+//!   server accepts it again (the client's [`WatchStartLayer`]), without waiting for a re-list.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +43,7 @@ use kube::runtime::{WatchStreamExt, reflector};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
 
+use crate::admin::watches::{WatchHandle, WatchStartLayer, Watches};
 use crate::admission::ClusterFacts;
 use crate::lease::{Elector, LeaseConfig};
 use crate::metrics::Metrics;
@@ -62,13 +67,18 @@ pub struct ClusterView {
     services: Store<ServiceMeta>,
     policies_synced: Arc<AtomicBool>,
     services_synced: Arc<AtomicBool>,
+    watches: Watches,
     rules: Arc<Rules>,
 }
 
 impl ClusterView {
-    /// Whether the policy and the Service caches have completed their first list.
+    /// Whether the policy and the Service caches are synced: listed once, and their watch not
+    /// failing now.
     pub fn synced(&self) -> (bool, bool) {
-        (self.policies_synced.load(Ordering::Acquire), self.services_synced.load(Ordering::Acquire))
+        (
+            self.policies_synced.load(Ordering::Acquire) && !self.watches.is_failing(policy::PLURAL),
+            self.services_synced.load(Ordering::Acquire) && !self.watches.is_failing("services"),
+        )
     }
 
     /// A one-line description of the caches for `/readyz`.
@@ -89,7 +99,7 @@ impl ClusterFacts for ClusterView {
     /// The rivals in the order [`tiebreak::resolve`] gives them (stable, readable warnings): the
     /// valid ones by name, then the invalid ones by name.
     fn rivals(&self, namespace: &str, target: &str, name: &str) -> Option<Vec<(String, bool)>> {
-        if !self.policies_synced.load(Ordering::Acquire) {
+        if !self.synced().0 {
             return None;
         }
         let key = ServiceKey::new(namespace, target);
@@ -105,7 +115,7 @@ impl ClusterFacts for ClusterView {
     }
 
     fn service_exists(&self, namespace: &str, name: &str) -> Option<bool> {
-        if !self.services_synced.load(Ordering::Acquire) {
+        if !self.synced().1 {
             return None;
         }
         Some(self.services.get(&ObjectRef::new(name).within(namespace)).is_some())
@@ -240,6 +250,7 @@ struct Triggers {
     /// Last known (namespace, target) per policy, to find the siblings a retarget leaves behind.
     targets: HashMap<Key, (String, String)>,
     synced: Arc<AtomicBool>,
+    health: WatchHandle,
 }
 
 impl Triggers {
@@ -255,16 +266,13 @@ impl Triggers {
     fn on(&mut self, ev: Result<Event<EndpointPolicy>, watcher::Error>) -> Vec<Result<EndpointPolicy, watcher::Error>> {
         match ev {
             Err(e) => {
-                // Until the watch lists again the cache may be stale: no cluster-based warnings
-                // meanwhile, and /readyz says "syncing".
-                if self.synced.swap(false, Ordering::AcqRel) {
-                    tracing::warn!(error = %e, "the EndpointPolicy watch failed; retrying with backoff (status and warnings wait for a fresh list)");
-                } else {
-                    tracing::debug!(error = %e, "the EndpointPolicy watch failed again");
-                }
+                // While the watch fails the cache may be stale: no status writes and no
+                // cluster-based warnings meanwhile, and /readyz says "syncing" (ClusterView).
+                self.health.failed(&e);
                 vec![Err(e)]
             }
             Ok(Event::Apply(p)) => {
+                self.health.ok();
                 let place = Self::place(&p);
                 let before = self.targets.insert(ObjectRef::from_obj(&p), place.clone());
                 let mut out = self.siblings(&place.0, &place.1);
@@ -276,12 +284,14 @@ impl Triggers {
                 out.into_iter().map(Ok).collect()
             }
             Ok(Event::Delete(p)) => {
+                self.health.ok();
                 self.targets.remove(&ObjectRef::from_obj(&p));
                 let (ns, target) = Self::place(&p);
                 self.siblings(&ns, &target).into_iter().map(Ok).collect()
             }
             Ok(Event::Init | Event::InitApply(_)) => vec![],
             Ok(Event::InitDone) => {
+                self.health.ok();
                 if !self.synced.swap(true, Ordering::AcqRel) {
                     tracing::info!(
                         policies = self.store.state().len(),
@@ -328,7 +338,13 @@ pub fn start(
     metrics: Metrics,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<(ClusterView, tokio::task::JoinHandle<()>)> {
-    let client = Client::try_from(cfg.kube).map_err(|e| anyhow::anyhow!("cannot build a Kubernetes client: {e}"))?;
+    let watches = metrics.watches.clone();
+    let policy_health = watches.register(policy::GROUP, policy::PLURAL);
+    let service_health = watches.register("", "services");
+    let client = kube::client::ClientBuilder::try_from(cfg.kube)
+        .map_err(|e| anyhow::anyhow!("cannot build a Kubernetes client: {e}"))?
+        .with_layer(&WatchStartLayer::new(watches.clone()))
+        .build();
     let (policies, policy_writer) = store::<EndpointPolicy>();
     let (services, service_writer) = store::<ServiceMeta>();
     let view = ClusterView {
@@ -336,11 +352,16 @@ pub fn start(
         services: services.clone(),
         policies_synced: Arc::new(AtomicBool::new(false)),
         services_synced: Arc::new(AtomicBool::new(false)),
+        watches,
         rules,
     };
 
-    let mut triggers =
-        Triggers { store: policies.clone(), targets: HashMap::new(), synced: view.policies_synced.clone() };
+    let mut triggers = Triggers {
+        store: policies.clone(),
+        targets: HashMap::new(),
+        synced: view.policies_synced.clone(),
+        health: policy_health,
+    };
     let policy_events =
         reflector(policy_writer, watcher(Api::<EndpointPolicy>::all(client.clone()), watcher::Config::default()))
             .default_backoff()
@@ -352,15 +373,14 @@ pub fn start(
             .default_backoff()
             .inspect(move |ev| match ev {
                 Ok(Event::InitDone) => {
+                    service_health.ok();
                     if !services_synced.swap(true, Ordering::AcqRel) {
                         tracing::info!("Services listed; the missing-Service check is synced");
                     }
                 }
-                Err(e) => {
-                    if services_synced.swap(false, Ordering::AcqRel) {
-                        tracing::warn!(error = %e, "the Service watch failed; retrying with backoff (TargetNotFound and its warning wait for a fresh list)");
-                    }
-                }
+                // While it fails, TargetNotFound and its warning wait (ClusterView::synced).
+                Err(e) => service_health.failed(e),
+                Ok(Event::Apply(_) | Event::Delete(_)) => service_health.ok(),
                 Ok(_) => {}
             })
             .touched_objects();

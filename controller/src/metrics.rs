@@ -53,6 +53,12 @@ pub struct Metrics {
     pub status_patches: Family<PatchLabels, Counter>,
     /// `aether_status_leader`: 1 while this replica holds the status-writer Lease, else 0.
     pub leader: Gauge,
+    /// `aether_listener_*{listener="webhook"|"admin"}`: open, refused and evicted connections
+    /// ([`aether_serve_policy::ListenerMetrics`], docs/listeners.md).
+    pub listeners: aether_serve_policy::ListenerMetrics,
+    /// The status writer's watches and `aether_controller_watch_errors_total{resource,reason}`,
+    /// `aether_controller_watches_failing` ([`crate::admin::watches`]).
+    pub watches: crate::admin::watches::Watches,
 }
 
 impl Default for Metrics {
@@ -88,7 +94,20 @@ impl Default for Metrics {
             "1 while this replica holds the status-writer Lease and writes EndpointPolicy status, else 0",
             leader.clone(),
         );
-        Metrics { registry: Arc::new(registry), requests, duration, warnings, status_patches, leader }
+        let listeners = aether_serve_policy::ListenerMetrics::new();
+        listeners.register(&mut registry);
+        let watches = crate::admin::watches::Watches::default();
+        watches.register_metrics(&mut registry);
+        Metrics {
+            registry: Arc::new(registry),
+            requests,
+            duration,
+            warnings,
+            status_patches,
+            leader,
+            listeners,
+            watches,
+        }
     }
 }
 
@@ -151,5 +170,17 @@ mod tests {
         assert_eq!(series, warnings.len(), "distinct warning labels: {text}");
         let series = text.lines().filter(|l| l.starts_with("aether_status_patches_total{")).count();
         assert_eq!(series, reasons.len(), "distinct reason labels: {text}");
+    }
+
+    #[test]
+    fn the_watch_metrics_are_exported_with_every_reason_at_zero() {
+        let m = Metrics::default();
+        m.watches.register("", "services");
+        let text = m.encode();
+        assert!(text.contains("# TYPE aether_controller_watch_errors counter"), "{text}");
+        assert!(text.contains("aether_controller_watch_errors_total{resource=\"services\",reason=\"forbidden\"} 0"));
+        assert!(text.contains("aether_controller_watches_failing 0"), "{text}");
+        let series = text.lines().filter(|l| l.starts_with("aether_controller_watch_errors_total{")).count();
+        assert_eq!(series, crate::admin::watches::Reason::ALL.len(), "{text}");
     }
 }

@@ -3,7 +3,8 @@
 //! Reads multi-document YAML files (a `List` kind is expanded), decides every EndpointPolicy
 //! with [`aether_crds::review`] (the webhook's function), gives the webhook's warnings for what
 //! it can see offline (other policies among the given files targeting the same Service, a socket
-//! value within 2 bytes of the budget; not a missing Service), and lists other documents as skipped.
+//! value within 2 bytes of the sun_path budget; not a missing Service), and lists other documents
+//! as skipped. `--kubelet-pods-dir` and `--socket-limit` select the rules, as for `run`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -70,7 +71,7 @@ pub enum InputError {
 /// code 0: all allowed (or skipped); 1: any denied; 2: an unusable `--kubelet-pods-dir`, or input
 /// that cannot be read or parsed or holds no document (the reason on standard error).
 pub fn validate(args: &ValidateArgs) -> ExitCode {
-    let rules = aether_crds::Rules::new(&args.pods_dir.kubelet_pods_dir);
+    let rules = args.pods_dir.rules();
     let budget = match rules.budget() {
         Ok(b) => b,
         Err(e) => {

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aether_crds::Rules;
+use aether_serve_policy::{ConnectionPolicy, Gate, GatedListener, ListenerKind};
 use aether_webhook_certs::ReloadingCertResolver;
 use anyhow::Context;
 use axum_server::tls_rustls::RustlsConfig;
@@ -21,6 +22,23 @@ use crate::webhook::{self, WebhookState};
 
 /// How long a client may take to send a request's headers (HTTP/1.1).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The connection policies of the two listeners (docs/listeners.md): caps, the webhook's TLS
+/// handshake / first-byte timeout, the idle timeouts. From the `run` flags
+/// (`--webhook-max-connections`, `--admin-max-connections`, ...); the defaults otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listeners {
+    /// The HTTPS webhook's.
+    pub webhook: ConnectionPolicy,
+    /// The plain-HTTP admin port's.
+    pub admin: ConnectionPolicy,
+}
+
+impl Default for Listeners {
+    fn default() -> Self {
+        Listeners { webhook: ListenerKind::Webhook.default_policy(), admin: ListenerKind::Admin.default_policy() }
+    }
+}
 
 /// Where the serving certificate and key come from.
 #[derive(Debug, Clone)]
@@ -40,8 +58,11 @@ pub struct RunConfig {
     pub admin_addr: SocketAddr,
     /// Certificate and key.
     pub tls: TlsFiles,
-    /// The kubelet pods dir the budget is computed for.
-    pub kubelet_pods_dir: String,
+    /// The rules reviews are decided by: the kubelet pods dir the budget is computed for and the
+    /// socket limit (`--kubelet-pods-dir`, `--socket-limit`).
+    pub rules: Rules,
+    /// The connection policies of the webhook and admin listeners (docs/listeners.md).
+    pub listeners: Listeners,
     /// Cap on review bodies, in bytes.
     pub max_body_bytes: usize,
     /// The status writer (and the caches behind the webhook's warnings); `None` serves the
@@ -82,9 +103,14 @@ async fn load_tls(files: &TlsFiles, reload: Option<Duration>) -> anyhow::Result<
 }
 
 async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
-    let rules = Rules::new(&cfg.kubelet_pods_dir);
+    let rules = cfg.rules;
     match rules.budget() {
-        Ok(b) => tracing::info!(pods_dir = b.pods_dir(), budget_bytes = b.bytes(), "socket value budget"),
+        Ok(b) => tracing::info!(
+            pods_dir = b.pods_dir(),
+            budget_bytes = b.bytes(),
+            socket_limit = %b.limit(),
+            "socket value budget"
+        ),
         Err(e) => {
             tracing::error!(error = %e, "--kubelet-pods-dir gives no usable budget: every EndpointPolicy will be denied with this reason")
         }
@@ -104,9 +130,13 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
         }
     };
 
+    let listeners = cfg.listeners;
+    // Logs a warning when the caps and the process's own files do not fit under `ulimit -n`.
+    let _ = aether_serve_policy::open_files::check(&[listeners.webhook, listeners.admin]);
     let admin_listener = tokio::net::TcpListener::bind(cfg.admin_addr)
         .await
         .with_context(|| format!("cannot bind --admin-addr {}", cfg.admin_addr))?;
+    let admin_listener = GatedListener::new(admin_listener, Gate::new(listeners.admin, &metrics.listeners));
     let admin_app =
         admin::router(AdminState { ready: ready.clone(), metrics: metrics.clone(), cluster: cluster.clone() });
     tracing::info!(addr = %cfg.admin_addr, "admin endpoints (/healthz, /readyz, /metrics) listening");
@@ -119,19 +149,17 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     let listener = TcpListener::bind(cfg.webhook_addr)
         .with_context(|| format!("cannot bind --webhook-addr {}", cfg.webhook_addr))?;
     listener.set_nonblocking(true)?;
+    let webhook_gate = Gate::new(listeners.webhook, &metrics.listeners);
     let app = webhook::router(WebhookState { rules, metrics, cluster }, cfg.max_body_bytes);
     let handle = axum_server::Handle::new();
-    let mut server = axum_server::from_tcp_rustls(listener, tls)?.handle(handle.clone());
-    // Slow clients must not hold connections (and file descriptors) open: request headers must
-    // arrive within HEADER_READ_TIMEOUT, and the whole request is answered (408) within
-    // webhook::REQUEST_TIMEOUT.
+    // Idle and slow clients must not hold connections (and file descriptors) open: at most
+    // `max_connections` at once (more are closed at once), the TLS handshake and the first
+    // request byte within the handshake timeout of accept, closed after the idle timeout with no
+    // byte either way (this replaces HTTP/2 keepalive PINGs, whose answers would count as
+    // activity), request headers within HEADER_READ_TIMEOUT, and the whole request answered
+    // (408) within webhook::REQUEST_TIMEOUT.
+    let mut server = axum_server::from_tcp(listener)?.acceptor(webhook_gate.tls_acceptor(tls)).handle(handle.clone());
     server.http_builder().http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
-    server
-        .http_builder()
-        .http2()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(20)))
-        .keep_alive_timeout(Duration::from_secs(10));
     let server = server.serve(app.into_make_service());
     ready.store(true, Ordering::Release);
     tracing::info!(addr = %cfg.webhook_addr, "admission webhook (POST /validate) listening over TLS");

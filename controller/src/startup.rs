@@ -30,6 +30,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
     };
     let reload = args.tls_dir.is_some().then(|| Duration::from_secs(args.tls_reload_seconds));
+    let (rules, listeners) = (args.pods_dir.rules(), args.listeners());
     let tls = match (args.tls_dir, args.tls_cert, args.tls_key) {
         (Some(dir), _, _) => {
             TlsFiles { cert: dir.join(aether_webhook_certs::CERT_FILE), key: dir.join(aether_webhook_certs::KEY_FILE) }
@@ -41,7 +42,8 @@ pub fn run(args: RunArgs) -> ExitCode {
         webhook_addr: args.webhook_addr,
         admin_addr: args.admin_addr,
         tls,
-        kubelet_pods_dir: args.pods_dir.kubelet_pods_dir,
+        rules,
+        listeners,
         max_body_bytes: args.max_body_bytes,
         status_writer: writer,
     };

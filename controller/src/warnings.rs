@@ -4,7 +4,7 @@
 //! Warnings never change the decision; they name the field, the other policy and the outcome, so
 //! that a user sees at apply time what the status writer will report a moment later.
 
-use aether_crds::udspath::Budget;
+use aether_crds::udspath::{Budget, SocketLimit};
 use aether_crds::{EndpointPolicySpec, tiebreak};
 
 /// A socket value that leaves this many bytes of the budget or fewer is warned about.
@@ -67,9 +67,11 @@ fn quoted(names: &[&str]) -> String {
 ///   policy is [`tiebreak::resolve`]'s; the warning names the others in the order given.
 /// - `service_exists`: whether a Service named `spec.targetRef.name` exists in the namespace;
 ///   `None` (cache not synced, or no API access) gives no missing-Service warning.
-/// - Near the budget: a warning when `budget.bytes() - len(spec.udsSocket) <= NEAR_BUDGET_BYTES`,
-///   i.e. the value fits but with at most 2 bytes to spare (14, 15 or 16 bytes with the default
-///   16-byte budget), since a node whose pods dir is slightly longer could not deliver it.
+/// - Near the budget: under [`SocketLimit::SunPath`] only, a warning when
+///   `budget.bytes() - len(spec.udsSocket) <= NEAR_BUDGET_BYTES`, i.e. the value fits but with at
+///   most 2 bytes to spare (14, 15 or 16 bytes with the default 16-byte budget), since a node
+///   whose pods dir is slightly longer could not deliver it. Under [`SocketLimit::Filesystem`]
+///   the limits do not depend on the pods dir, so there is nothing to warn about.
 pub fn for_allowed_policy(
     name: &str,
     namespace: &str,
@@ -129,7 +131,9 @@ pub fn for_allowed_policy(
         });
     }
     let len = spec.uds_socket.len();
-    if len <= budget.bytes() && budget.bytes() - len <= NEAR_BUDGET_BYTES {
+    // Only the sun_path budget depends on the node's pods dir; the file system's limits do not.
+    let sun_path = budget.limit() == SocketLimit::SunPath;
+    if sun_path && len <= budget.bytes() && budget.bytes() - len <= NEAR_BUDGET_BYTES {
         out.push(Warning {
             kind: WarningKind::NearBudget,
             text: format!(
@@ -232,6 +236,16 @@ mod tests {
             w[0].text,
             "spec.udsSocket: \"s/abcdefghijklm\" is 15 bytes, within 2 bytes of the 16-byte budget for pods dir /var/lib/kubelet/pods (1 to spare); a node whose kubelet pods dir is longer cannot deliver it, so prefer a shorter value"
         );
+    }
+
+    #[test]
+    fn under_the_file_system_limit_no_value_is_near_a_budget() {
+        let budget = Budget::with_limit(DEFAULT_PODS_DIR, SocketLimit::Filesystem).unwrap();
+        let longest = format!("{}/{}", "v".repeat(63), "f".repeat(255));
+        for value in ["s/abcdefghijklmn", "s/abcdefghijklm", longest.as_str(), &longest[..318]] {
+            let w = for_allowed_policy("a", "ns", &spec("echo", value), Some(&[]), Some(true), &budget);
+            assert!(w.is_empty(), "{} bytes: {w:?}", value.len());
+        }
     }
 
     #[test]

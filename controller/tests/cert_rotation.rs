@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use aether_controller::server::{self, RunConfig, TlsFiles};
+use aether_controller::server::{self, Listeners, RunConfig, TlsFiles};
 use aether_controller::webhook::DEFAULT_MAX_BODY_BYTES;
+use aether_crds::Rules;
 use aether_crds::udspath::DEFAULT_PODS_DIR;
 use aether_webhook_certs::{Bundle, CA_FILE, CERT_FILE, KEY_FILE};
 use common::{assert_allowed, response_for, review, review_bytes, uid_of};
@@ -100,7 +101,8 @@ async fn start_reloading(dir: &std::path::Path) -> (tokio::task::JoinHandle<anyh
         webhook_addr: free_addr(),
         admin_addr: free_addr(),
         tls: TlsFiles { cert: dir.join(CERT_FILE), key: dir.join(KEY_FILE) },
-        kubelet_pods_dir: DEFAULT_PODS_DIR.to_owned(),
+        rules: Rules::new(DEFAULT_PODS_DIR),
+        listeners: Listeners::default(),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         status_writer: None,
     };

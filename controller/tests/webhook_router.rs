@@ -14,7 +14,7 @@ use aether_controller::admin::{self, AdminState};
 use aether_controller::metrics::Metrics;
 use aether_controller::webhook::{self, DEFAULT_MAX_BODY_BYTES, WebhookState};
 use aether_crds::Rules;
-use aether_crds::udspath::DEFAULT_PODS_DIR;
+use aether_crds::udspath::{DEFAULT_PODS_DIR, SocketLimit};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use common::{assert_allowed, denial, padded, response_for, review, review_bytes, uid_of};
@@ -719,4 +719,66 @@ async fn a_value_near_the_budget_is_warned_even_without_a_cluster_and_counted() 
         "{}",
         metrics.encode()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// --socket-limit filesystem (issue 13 item 4): with pinning on every node, the file system's
+// limits replace the sun_path budget; the grammar and the default are unchanged.
+// ---------------------------------------------------------------------------------------------
+
+fn filesystem_state(pods_dir: &str) -> WebhookState {
+    state(Rules::with_limit(pods_dir, SocketLimit::Filesystem))
+}
+
+fn with_socket(socket: &str) -> Value {
+    let mut r = review("create-valid.json");
+    r["request"]["object"]["spec"]["udsSocket"] = json!(socket);
+    r
+}
+
+#[tokio::test]
+async fn under_the_file_system_limit_a_40_byte_socket_is_allowed_without_a_warning() {
+    let socket = format!("sockets/{}.sock", "a".repeat(27));
+    assert_eq!(socket.len(), 40);
+    let answer = decide(filesystem_state(DEFAULT_PODS_DIR), &with_socket(&socket)).await;
+    assert_allowed(&answer);
+    assert!(answer.get("warnings").is_none_or(Value::is_null), "no near-budget warning: {answer}");
+    // The default limit denies the same value with the sun_path arithmetic, as before.
+    let message = denial(&decide(default_state(), &with_socket(&socket)).await);
+    assert_eq!(
+        message,
+        format!(
+            "spec.udsSocket {socket:?} is 40 bytes; the budget is 16 bytes with pods dir /var/lib/kubelet/pods \
+             (sun_path holds 107)"
+        )
+    );
+}
+
+#[tokio::test]
+async fn under_the_file_system_limit_a_256_byte_file_is_denied_naming_the_rule() {
+    let socket = format!("s/{}", "f".repeat(256));
+    let message = denial(&decide(filesystem_state(DEFAULT_PODS_DIR), &with_socket(&socket)).await);
+    assert_eq!(
+        message,
+        format!(
+            "spec.udsSocket {:?}... (258 bytes) names a file of 256 bytes, over the 255-byte limit of a file name \
+             (NAME_MAX, the file system's name limit; --socket-limit filesystem)",
+            &socket[..64]
+        )
+    );
+    // 319 bytes (a 63-byte volume, '/', a 255-byte file) is the longest value allowed.
+    let longest = format!("{}/{}", "v".repeat(63), "f".repeat(255));
+    assert_allowed(&decide(filesystem_state(DEFAULT_PODS_DIR), &with_socket(&longest)).await);
+    // The grammar is the same: a traversal is denied under either limit.
+    let message = denial(&decide(filesystem_state(DEFAULT_PODS_DIR), &review("create-traversal.json")).await);
+    assert!(message.contains("spec.udsSocket") && message.contains("\"../app.sock\""), "{message}");
+}
+
+#[tokio::test]
+async fn under_the_file_system_limit_a_pods_dir_without_a_sun_path_budget_admits_policies() {
+    let microk8s = "/var/snap/microk8s/common/var/lib/kubelet/pods";
+    let message = denial(&decide(state(Rules::new(microk8s)), &review("create-valid.json")).await);
+    assert!(message.contains("misconfigured") && message.contains("--socket-limit filesystem"), "{message}");
+    assert_allowed(&decide(filesystem_state(microk8s), &review("create-valid.json")).await);
+    assert_allowed(&decide(filesystem_state(microk8s), &review("create-over-budget.json")).await);
 }

@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
-use aether_controller::server::{self, RunConfig, TlsFiles};
+use aether_controller::server::{self, Listeners, RunConfig, TlsFiles};
 use aether_controller::webhook::DEFAULT_MAX_BODY_BYTES;
+use aether_crds::Rules;
 use aether_crds::udspath::DEFAULT_PODS_DIR;
 use aether_webhook_certs::{CERT_FILE, KEY_FILE};
 use common::{assert_allowed, denial, padded, response_for, review, review_bytes, uid_of};
@@ -56,7 +57,8 @@ impl Server {
                 webhook_addr: free_addr(),
                 admin_addr: free_addr(),
                 tls: TlsFiles { cert: dir.path().join(CERT_FILE), key: dir.path().join(KEY_FILE) },
-                kubelet_pods_dir: pods_dir.to_owned(),
+                rules: Rules::new(pods_dir),
+                listeners: Listeners::default(),
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
                 status_writer: None,
             };
@@ -463,7 +465,8 @@ async fn run_fails_naming_the_missing_certificate_file() {
         webhook_addr: free_addr(),
         admin_addr: free_addr(),
         tls: TlsFiles { cert: cert.clone(), key: dir.path().join("absent.key") },
-        kubelet_pods_dir: DEFAULT_PODS_DIR.to_owned(),
+        rules: Rules::new(DEFAULT_PODS_DIR),
+        listeners: Listeners::default(),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         status_writer: None,
     };
@@ -487,7 +490,8 @@ async fn run_fails_naming_the_webhook_address_in_use() {
         webhook_addr: addr,
         admin_addr: free_addr(),
         tls: TlsFiles { cert: dir.path().join(CERT_FILE), key: dir.path().join(KEY_FILE) },
-        kubelet_pods_dir: DEFAULT_PODS_DIR.to_owned(),
+        rules: Rules::new(DEFAULT_PODS_DIR),
+        listeners: Listeners::default(),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         status_writer: None,
     };
