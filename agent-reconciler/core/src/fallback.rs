@@ -1,5 +1,6 @@
 //! The one vocabulary of TCP-fallback reasons: why a pod that could be delivered over its Unix
-//! socket is delivered over TCP.
+//! socket is delivered over TCP; and of the two cap refusals (issue 14, [`Detail::Cap`]): why a
+//! pod is served no clusters at all, whatever its delivery.
 //!
 //! Every reason is declared once, in the `vocabulary!` list at the bottom of this file, with
 //! everything that is said about it:
@@ -21,7 +22,8 @@
 //! [`crate::pod_events::classify`]), and the row the docs test prints.
 //!
 //! Plain TCP (no socket declared) is not a fallback and has no reason here: it is
-//! [`crate::fold::Source::NoSocketDeclared`].
+//! [`crate::fold::Source::NoSocketDeclared`]. A cap refusal ([`TcpReason::serves_nothing`]) is
+//! reported for every pod it hits, whether or not it asked for a socket.
 
 use std::fmt;
 
@@ -41,6 +43,10 @@ pub enum Detail {
     /// Decided from the CRD's absence; the note names the policy that governed the pod's service
     /// key when the EndpointPolicy CRD went away.
     StrandedPolicy,
+    /// A cap on what the node's Envoy is given (issue 14): the per-pod port cap (decided by the
+    /// fold) or the node's `--max-clusters` (decided by [`crate::admission`] in the index). The pod
+    /// is served *no clusters at all*, over TCP or its socket; the note names the count and the cap.
+    Cap,
 }
 
 /// What the vocabulary says about one reason.
@@ -131,6 +137,12 @@ impl TcpReason {
     /// What an operator should do about it.
     pub const fn remedy(self) -> &'static str {
         self.entry().remedy
+    }
+
+    /// True for the cap refusals ([`Detail::Cap`]): the pod is served no clusters at all, not
+    /// TCP.
+    pub const fn serves_nothing(self) -> bool {
+        matches!(self.detail(), Detail::Cap)
     }
 
     /// The reason whose [`TcpReason::label`] is `label`.
@@ -281,6 +293,22 @@ vocabulary! {
         detail: StrandedPolicy,
         remedy: "reinstall `charts/aether-crds`",
     }
+    /// The pod declares more than 64 ports, or an `endpoint.aether.io/ports` value over 1024 bytes
+    /// (not read): it is served no clusters at all, so one pod cannot fill the node proxy's memory.
+    TooManyPorts {
+        label: "too-many-ports",
+        event: "UdsTooManyPorts",
+        detail: Cap,
+        remedy: "declare at most 64 ports (one pod per role if it serves more)",
+    }
+    /// The node's Envoy already has `--max-clusters` clusters for pods admitted before this one: it
+    /// is served no clusters at all until room frees (pods admitted first keep theirs).
+    NodeClusterCap {
+        label: "node-cluster-cap",
+        event: "UdsNodeClusterCapReached",
+        detail: Cap,
+        remedy: "raise chart value `agent.maxClusters` together with `proxy.resources.limits.memory`, or spread the pods over more nodes",
+    }
 }
 
 #[cfg(test)]
@@ -350,6 +378,19 @@ mod tests {
         }
         assert_eq!(TcpReason::PolicyCrdMissing.detail(), Detail::StrandedPolicy);
         assert_eq!(TcpReason::PathTooLong.detail(), Detail::FoldWithBudget);
+        let caps: Vec<TcpReason> = TcpReason::ALL.iter().copied().filter(|r| r.serves_nothing()).collect();
+        assert_eq!(caps, [TcpReason::TooManyPorts, TcpReason::NodeClusterCap], "only the caps serve nothing");
+    }
+
+    /// The operator text of the port cap states the record's constants, so the docs cannot drift
+    /// from the code.
+    #[test]
+    fn the_port_cap_reason_states_the_caps_the_record_applies() {
+        use crate::record::{MAX_PORTS, MAX_PORTS_ANNOTATION_BYTES};
+        let says = format!("{} {}", TcpReason::TooManyPorts.meaning(), TcpReason::TooManyPorts.remedy());
+        for number in [format!("{MAX_PORTS} ports"), format!("{MAX_PORTS_ANNOTATION_BYTES} bytes")] {
+            assert!(says.contains(&number), "{number:?} missing from {says:?}");
+        }
     }
 
     /// The operator table of `docs/workload-requirements.md` lists every reason as declared here.

@@ -2,6 +2,10 @@
 //! [`Delivery`] (DESIGN.md "Precedence"; spec Phase 1b "Precedence").
 //!
 //! Rules, in the order they are applied:
+//! 0. A pod whose `endpoint.aether.io/ports` is over the per-pod cap ([`PodRecord::too_many_ports`])
+//!    is served no clusters at all ([`TcpReason::TooManyPorts`]), whatever else it declares. The
+//!    node's cluster cap (`--max-clusters`) is applied after the fold, by the index
+//!    ([`crate::admission`], [`TcpReason::NodeClusterCap`]).
 //! 1. `--uds-workloads=false` → TCP ([`TcpReason::UdsDisabled`]) for every pod.
 //! 2. A pods dir that leaves no socket budget → TCP ([`TcpReason::BudgetConfig`]) for every pod.
 //! 3. A pod with an unusable `endpoint.aether.io/*` annotation (port, ports, protocol, health
@@ -68,7 +72,8 @@ pub struct Delivery {
     pub socket: Option<String>,
     /// The name of the EndpointPolicy whose socket was considered, if it came from one.
     pub policy: Option<String>,
-    /// The resolved host path of the socket (at most 107 bytes) for a pipe.
+    /// The resolved host path of the socket for a pipe: at most 107 bytes (sun_path) under
+    /// `--socket-limit sun-path`; longer under `filesystem`, where Envoy dials only the pin.
     pub path: Option<SocketPath>,
     /// A human sentence saying why (names the annotation, policy, volume or rule).
     pub reason: String,
@@ -129,6 +134,9 @@ pub fn deliver(pod: &PodRecord, policy: Option<&PolicyRecord>, settings: &Settin
         reason: message,
     };
 
+    if let Some(over) = &pod.too_many_ports {
+        return tcp(TcpReason::TooManyPorts, format!("{over}; serving the pod no clusters"));
+    }
     if !settings.uds_workloads() {
         return tcp(
             TcpReason::UdsDisabled,

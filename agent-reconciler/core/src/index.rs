@@ -11,13 +11,22 @@
 //!
 //! Conflicts (several valid policies on one service key) are reported in the [`Change`] that
 //! makes them appear or alter, never again on a resync (DESIGN.md "Precedence").
+//!
+//! With a cluster cap ([`Settings::max_clusters`], issue 14) the index also keeps who holds the
+//! node's clusters ([`crate::admission`]): a pod past the cap is delivered as
+//! [`TcpReason::NodeClusterCap`] (no clusters at all), and a pod event that frees room re-renders
+//! the refused pods it admits (they are in [`Change::rerendered`]). Admission is sticky, so with
+//! pods refused for the cap a relist keeps who holds the clusters, where a fresh build would
+//! decide in [`Rank`] order.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use aether_crds::tiebreak::{Resolution, ServiceKey};
 
-use crate::fold::{self, Delivery, Settings};
+use crate::admission::{Admission, Rank};
+use crate::fallback::TcpReason;
+use crate::fold::{self, Delivery, Settings, Source};
 use crate::record::{PodKey, PodRecord, PolicyRecord};
 
 /// One pod's entry in the [`DeliveryMap`]: its record (ports, health, IPs for rendering), its
@@ -123,6 +132,8 @@ pub struct Index {
     netns: HashMap<String, String>,
     /// Pod UID → ports whose inbound listener failed to bind (a node fact from Envoy).
     inbound_failed: HashMap<String, BTreeSet<u16>>,
+    /// Who holds the node's clusters under `--max-clusters`.
+    admission: Admission,
     map: Arc<DeliveryMap>,
 }
 
@@ -130,7 +141,6 @@ impl Index {
     /// An empty index for the node's settings.
     pub fn new(settings: Settings) -> Self {
         Index {
-            settings,
             pods: HashMap::new(),
             policies: BTreeMap::new(),
             pods_by_service: HashMap::new(),
@@ -138,8 +148,22 @@ impl Index {
             conflicts: BTreeMap::new(),
             netns: HashMap::new(),
             inbound_failed: HashMap::new(),
+            admission: Admission::new(settings.max_clusters()),
+            settings,
             map: Arc::default(),
         }
+    }
+
+    /// Who holds the node's clusters: the cap, the clusters granted, the pods refused.
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// Pods refused for the cluster cap before an agent restart (the state dir's pod-event
+    /// ledger): in the boot's batch they queue after the other pods
+    /// ([`Admission::remember_refused`]). Call before the first [`Index::reset_pods`].
+    pub fn remember_refused(&mut self, uids: impl IntoIterator<Item = String>) {
+        self.admission.remember_refused(uids);
     }
 
     /// The settings the fold runs with.
@@ -246,9 +270,12 @@ impl Index {
         self.edit_policies(listed.chain(gone.into_iter().map(|id| (id, None))))
     }
 
-    /// Stores, replaces or removes pods by UID and re-renders each changed one.
+    /// Stores, replaces or removes pods by UID, decides the cluster cap again for the whole batch,
+    /// and re-renders each changed pod and each pod whose admission changed.
     fn edit_pods(&mut self, edits: impl IntoIterator<Item = (String, Option<PodRecord>)>) -> Change {
         let mut change = Change::default();
+        let mut touched: Vec<String> = Vec::new();
+        let mut admission = Vec::new();
         for (uid, new) in edits {
             if self.pods.get(&uid).map(Arc::as_ref) == new.as_ref() {
                 continue;
@@ -267,11 +294,22 @@ impl Index {
                     change.map_changed = true;
                 }
             }
-            if let Some(new) = new {
-                let new = Arc::new(new);
-                self.pods_by_service.entry(new.service_key()).or_default().insert(uid.clone());
-                self.pods.insert(uid, Arc::clone(&new));
-                self.render(new, &mut change);
+            match new {
+                Some(new) => {
+                    admission.push((uid.clone(), Some((Rank::of(&new), new.cluster_demand()))));
+                    self.pods_by_service.entry(new.service_key()).or_default().insert(uid.clone());
+                    self.pods.insert(uid.clone(), Arc::new(new));
+                    touched.push(uid);
+                }
+                None => admission.push((uid, None)),
+            }
+        }
+        touched.extend(self.admission.update(admission));
+        touched.sort();
+        touched.dedup();
+        for uid in touched {
+            if let Some(pod) = self.pods.get(&uid).cloned() {
+                self.render(pod, &mut change);
             }
         }
         change.rerendered.sort();
@@ -352,10 +390,16 @@ impl Index {
         Some(Conflict { key: key.clone(), winner: winner.name.clone(), losers })
     }
 
-    /// Folds one pod and stores its entry; records it as re-rendered.
+    /// Folds one pod (past the cluster cap: [`node_cap`]) and stores its entry; records it as
+    /// re-rendered.
     fn render(&mut self, pod: Arc<PodRecord>, change: &mut Change) {
         let key = pod.key();
-        let delivery = fold::deliver(&pod, self.winner(&pod.service_key()), &self.settings);
+        let mut delivery = fold::deliver(&pod, self.winner(&pod.service_key()), &self.settings);
+        if let (Some(max), false) = (self.admission.max(), self.admission.is_admitted(&pod.uid))
+            && delivery.tcp_reason() != Some(TcpReason::TooManyPorts)
+        {
+            delivery = node_cap(delivery, &pod, max);
+        }
         let netns = self.netns.get(&pod.uid).cloned();
         let inbound_failed = self.inbound_failed.get(&pod.uid).cloned().unwrap_or_default();
         let dial = delivery.path.as_ref().map(|p| match self.settings.pin_dir() {
@@ -368,6 +412,26 @@ impl Index {
             change.map_changed = true;
         }
         change.rerendered.push(key);
+    }
+}
+
+/// The delivery of a pod refused for the cluster cap: no clusters ([`TcpReason::NodeClusterCap`]),
+/// keeping the socket and policy the fold considered (its Event names them). The sentence states
+/// only what does not move while the pod waits (the cap and its demand), so its entry changes
+/// only when the pod does.
+fn node_cap(fold: Delivery, pod: &PodRecord, max: usize) -> Delivery {
+    let demand = pod.cluster_demand();
+    let ports = pod.ports.len();
+    Delivery {
+        source: Source::Tcp(TcpReason::NodeClusterCap),
+        path: None,
+        reason: format!(
+            "the node's Envoy is given at most {max} clusters (--max-clusters) and pods admitted before this one \
+             leave fewer than the {demand} it needs ({ports} port{} and its health check); pods admitted first keep \
+             theirs, so this pod is served no clusters until room frees",
+            if ports == 1 { "" } else { "s" }
+        ),
+        ..fold
     }
 }
 

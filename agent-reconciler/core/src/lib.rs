@@ -11,7 +11,8 @@
 //!
 //! Modules: [`record`], [`settings`] (the node's configuration), [`fold`] (per-pod precedence:
 //! annotation, even invalid, over policy over TCP), [`index`] (a pod event re-folds one pod, a
-//! policy event only its service's pods, a relist equals a fresh build), [`names`]
+//! policy event only its service's pods, a relist equals a fresh build), [`admission`] (who holds
+//! the node's clusters under `--max-clusters`), [`names`]
 //! (namespace-qualified Envoy names), [`model`] (the xDS layer's input: cluster specs and their
 //! validation), [`render`], [`refusal`] (why the on-disk check refused a socket),
 //! [`fallback`] (the one vocabulary of TCP-fallback reasons), [`pod_events`] (which pod gets a
@@ -21,6 +22,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod fallback;
 pub mod fold;
 pub mod index;

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::fallback::TcpReason;
 use crate::fold::Source;
 use crate::index::Index;
 use crate::names;
@@ -100,9 +101,13 @@ pub fn plan(pods: &[Value], policies: &[Value], settings: &Settings) -> Result<V
         .iter()
         .map(|(key, e)| {
             let d = &e.delivery;
-            let mut clusters: Vec<String> =
-                e.pod.ports.iter().map(|p| names::app_cluster(&key.namespace, &key.name, p.port)).collect();
-            clusters.push(names::health_cluster(&key.namespace, &key.name));
+            // A pod refused by a cap (too many ports) is served no clusters at all.
+            let refused = d.tcp_reason().is_some_and(TcpReason::serves_nothing);
+            let mut clusters: Vec<String> = Vec::new();
+            if !refused {
+                clusters.extend(e.pod.ports.iter().map(|p| names::app_cluster(&key.namespace, &key.name, p.port)));
+                clusters.push(names::health_cluster(&key.namespace, &key.name));
+            }
             PodPlan {
                 namespace: key.namespace.clone(),
                 name: key.name.clone(),
@@ -129,6 +134,7 @@ pub fn render_text(plans: &[PodPlan]) -> String {
     for p in plans {
         let via = match &p.path {
             Some(path) => format!("pipe {path}"),
+            None if p.clusters.is_empty() => "no clusters (refused)".to_owned(),
             None => "TCP".to_owned(),
         };
         s.push_str(&format!(

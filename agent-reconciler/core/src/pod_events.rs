@@ -9,6 +9,12 @@
 //! check's [`Refusal`], or `PolicyCrdMissing` (below). [`crate::fallback`] declares every reason
 //! with its Event reason, its metric label and how its note is made ([`TcpReason::detail`]).
 //!
+//! **Caps** (issue 14): a pod served no clusters at all because it declares more ports than a pod
+//! may (`UdsTooManyPorts`) or because the node's `--max-clusters` is taken by pods admitted before
+//! it (`UdsNodeClusterCapReached`) is told so whether or not it asked for a socket: the action is
+//! [`CAP_ACTION`] and the note names the count and the cap. When it is served again over its
+//! socket it gets the `Normal` event; a TCP pod's cause ends silently.
+//!
 //! **CRD missing**: while the EndpointPolicy CRD is not served, no policy can exist, so "a policy
 //! targets the pod" can only come from what the agent last knew. A pod without the annotation
 //! gets `UdsPolicyCrdMissing` when its service key had a winning valid policy in the agent's
@@ -44,6 +50,8 @@ pub const DELIVERED_LABEL: &str = "socket-delivered";
 pub const FALLBACK_ACTION: &str = "DeliverOverTcp";
 /// The Event `action` of the `Normal` event.
 pub const DELIVERED_ACTION: &str = "DeliverOverSocket";
+/// The Event `action` of a cap refusal ([`TcpReason::serves_nothing`]): the pod gets no clusters.
+pub const CAP_ACTION: &str = "ServeNoClusters";
 /// Longest Event note the API server accepts (`note` is at most 1 kB).
 pub const NOTE_MAX_BYTES: usize = 1024;
 /// Event reason when the node proxy could not bind a pod's inbound listener (issue 12): the pod is
@@ -70,6 +78,8 @@ pub fn clip_note(note: String) -> String {
 pub fn classify(entry: &PodDelivery, refusal: Option<&Refusal>, stranded: Option<&str>) -> Option<TcpReason> {
     let d = &entry.delivery;
     match d.source {
+        // A cap refusal is news for every pod it hits, socket or not.
+        Source::Tcp(reason) if reason.serves_nothing() => Some(reason),
         Source::Annotation | Source::Policy => refusal.map(Refusal::tcp_reason),
         Source::NoSocketDeclared => {
             stranded.filter(|_| entry.pod.uds_socket.is_none()).map(|_| TcpReason::PolicyCrdMissing)
@@ -137,6 +147,12 @@ impl Ledger {
     /// The cause reported for `uid`.
     pub fn get(&self, uid: &str) -> Option<TcpReason> {
         self.reported.get(uid).copied()
+    }
+
+    /// The pods reported with `cause`, by UID (e.g. those refused for the node's cluster cap, for
+    /// [`crate::Index::remember_refused`] at boot).
+    pub fn reported_with(&self, cause: TcpReason) -> impl Iterator<Item = &str> {
+        self.reported.iter().filter(move |(_, c)| **c == cause).map(|(uid, _)| uid.as_str())
     }
 
     /// Pods per cause, every cause of [`TcpReason::ALL`] listed (zero included).
@@ -216,13 +232,19 @@ pub fn notice(
                 ),
                 _ => d.reason.clone(),
             };
-            // Name the value when the fold's sentence does not (UDS disabled, static pod, ...).
-            let detail = match &d.socket {
-                Some(value) if !detail.contains(value.as_str()) => format!("socket {value:?}: {detail}"),
-                _ => detail,
-            };
-            let note = format!("{pod}: {detail}; delivering over TCP");
-            (Severity::Warning, cause.event_reason(), cause.label(), FALLBACK_ACTION, note)
+            if cause.serves_nothing() {
+                // The fold's (or the index's) sentence names the count, the cap and the outcome.
+                let note = format!("{pod}: {}", d.reason);
+                (Severity::Warning, cause.event_reason(), cause.label(), CAP_ACTION, note)
+            } else {
+                // Name the value when the fold's sentence does not (UDS disabled, static pod, ...).
+                let detail = match &d.socket {
+                    Some(value) if !detail.contains(value.as_str()) => format!("socket {value:?}: {detail}"),
+                    _ => detail,
+                };
+                let note = format!("{pod}: {detail}; delivering over TCP");
+                (Severity::Warning, cause.event_reason(), cause.label(), FALLBACK_ACTION, note)
+            }
         }
         Decision::Delivered { was } => {
             let path = d.path.as_ref().map(|p| p.as_str()).unwrap_or_default();

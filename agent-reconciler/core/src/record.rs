@@ -11,6 +11,14 @@
 //! drops the pod: that annotation falls back to its default and the record carries an
 //! [`AnnotationDefect`], which makes the fold deliver the pod over TCP (see
 //! [`crate::TcpReason::InvalidEndpointAnnotation`]).
+//!
+//! Every per-pod input has a size cap (issue 14: one pod declaring 10,000 ports took the node's
+//! Envoy from 70 to 566 MiB): `endpoint.aether.io/ports` at most [`MAX_PORTS_ANNOTATION_BYTES`]
+//! bytes (checked before it is split) and [`MAX_PORTS`] entries, else the record carries
+//! [`TooManyPorts`] and the pod is served no clusters at all
+//! ([`crate::TcpReason::TooManyPorts`]); `endpoint.aether.io/health-path` at most
+//! [`MAX_HEALTH_PATH_BYTES`] bytes, else it is a defect like any unusable value. Names are
+//! bounded by the Kubernetes name rules, and the socket value by the fold's byte budget.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -37,6 +45,41 @@ pub const DEFAULT_HEALTH_PATH: &str = "/";
 
 /// Longest DNS-1123 subdomain (pod names), in bytes (Kubernetes API conventions).
 const DNS1123_SUBDOMAIN_MAX: usize = 253;
+
+/// Most ports one pod may declare in `endpoint.aether.io/ports`. Each declared port costs the
+/// node's Envoy one `app_` cluster (and, over the socket, one inbound listener), so the list is
+/// capped: a pod over it is served no clusters at all ([`TooManyPorts`]; docs/workload-requirements.md
+/// says why not its first 64). Real multi-port workloads declare a handful (HTTP, gRPC, metrics,
+/// admin: Consul and istiod about 6-8, Cassandra 5) and an EndpointSlice carries at most 100 ports
+/// (discovery.k8s.io/v1), so 64 leaves room for every real workload while bounding one pod at
+/// 65 clusters.
+pub const MAX_PORTS: usize = 64;
+
+/// Longest `endpoint.aether.io/ports` value read, in bytes; a longer one is refused as
+/// [`TooManyPorts`] before it is split into entries (the API server allows 256 KiB of
+/// annotations). [`MAX_PORTS`] entries of the longest form `65535=http1` joined by `", "` take
+/// 64 × 11 + 63 × 2 = 830 bytes, so 1024 leaves room for extra spaces.
+pub const MAX_PORTS_ANNOTATION_BYTES: usize = 1024;
+
+/// Longest `endpoint.aether.io/health-path` used, in bytes; a longer one is a defect (the pod
+/// runs on the defaults over TCP). Envoy copies the path into every health-check request and the
+/// cluster's config, so one pod must not hand it an annotation-sized string.
+pub const MAX_HEALTH_PATH_BYTES: usize = 1024;
+
+/// The most bytes of an `endpoint.aether.io/uds-socket` value a record keeps: one more than the
+/// longest value any socket limit admits ([`aether_crds::udspath::FILESYSTEM_VALUE_MAX`], 319),
+/// so a longer value stays invalid (and is reported as too long) while the record stays small
+/// whatever the pod declares (the API server allows 256 KiB of annotations).
+pub const MAX_SOCKET_VALUE_BYTES: usize = aether_crds::udspath::FILESYSTEM_VALUE_MAX + 1;
+
+/// `value` cut to at most [`MAX_SOCKET_VALUE_BYTES`] bytes, at a character boundary.
+fn capped_socket_value(value: &str) -> String {
+    let mut end = value.len().min(MAX_SOCKET_VALUE_BYTES);
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    value[..end].to_owned()
+}
 
 /// Why an API object cannot become a record. Only objects the API server would never serve hit
 /// this (a watch event always carries name, namespace and UID); the driver logs and skips them.
@@ -181,6 +224,46 @@ impl fmt::Display for AnnotationDefect {
     }
 }
 
+/// A pod whose `endpoint.aether.io/ports` asks for more than one pod may: more than
+/// [`MAX_PORTS`] entries, or more than [`MAX_PORTS_ANNOTATION_BYTES`] bytes (then the value is
+/// not parsed at all). The pod is served no clusters ([`crate::TcpReason::TooManyPorts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TooManyPorts {
+    /// Entries in the value: its commas plus one (counted, never split, when over the byte cap).
+    /// The API server caps a pod's annotations at 256 KiB, so `u32` holds it (and keeps the
+    /// record small).
+    pub entries: u32,
+    /// Its length in bytes.
+    pub bytes: u32,
+}
+
+impl TooManyPorts {
+    /// The check of one `endpoint.aether.io/ports` value, before it is parsed: `Some` when it is
+    /// over [`MAX_PORTS_ANNOTATION_BYTES`] bytes or [`MAX_PORTS`] entries. Counting is one pass
+    /// over the bytes; nothing is allocated.
+    pub fn check(value: &str) -> Option<TooManyPorts> {
+        let entries = value.bytes().filter(|b| *b == b',').count() + 1;
+        let over = value.len() > MAX_PORTS_ANNOTATION_BYTES || entries > MAX_PORTS;
+        let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        over.then_some(TooManyPorts { entries: clamp(entries), bytes: clamp(value.len()) })
+    }
+}
+
+impl fmt::Display for TooManyPorts {
+    /// E.g. `annotation endpoint.aether.io/ports is 60000 bytes (10000 entries, not read): a pod
+    /// may declare at most 64 ports in at most 1024 bytes`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let TooManyPorts { entries, bytes } = *self;
+        if bytes as usize > MAX_PORTS_ANNOTATION_BYTES {
+            write!(f, "annotation {PORTS_ANNOTATION} is {bytes} bytes ({entries} entries, not read)")?;
+        } else {
+            write!(f, "annotation {PORTS_ANNOTATION} declares {entries} ports")?;
+        }
+        write!(f, ": a pod may declare at most {MAX_PORTS} ports in at most {MAX_PORTS_ANNOTATION_BYTES} bytes")
+    }
+}
+
 /// The fields of a managed pod that decide its delivery and name its Envoy resources.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -194,14 +277,19 @@ pub struct PodRecord {
     /// `spec.serviceAccountName`, or [`DEFAULT_SERVICE_ACCOUNT`]: the name half of the pod's
     /// mesh service key.
     pub service_account: String,
-    /// The declared ports, never empty; the first is the primary port. From
-    /// `endpoint.aether.io/ports` (`"8080,9090=h2"`), else `endpoint.aether.io/port`, else
-    /// `8080/http1`.
+    /// The declared ports, never empty, at most [`MAX_PORTS`]; the first is the primary port.
+    /// From `endpoint.aether.io/ports` (`"8080,9090=h2"`), else `endpoint.aether.io/port`, else
+    /// `8080/http1` (also when the list is over the cap: see [`PodRecord::too_many_ports`]).
     pub ports: Vec<PortSpec>,
+    /// Set when `endpoint.aether.io/ports` is over [`MAX_PORTS`] entries or
+    /// [`MAX_PORTS_ANNOTATION_BYTES`] bytes: the pod is served no clusters at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub too_many_ports: Option<TooManyPorts>,
     /// The delegated health check.
     pub health: HealthCheck,
     /// The raw `endpoint.aether.io/uds-socket` value; `None` when absent or empty. Not validated
-    /// here: the fold decides (an invalid value still wins over a policy).
+    /// here: the fold decides (an invalid value still wins over a policy). At most
+    /// [`MAX_SOCKET_VALUE_BYTES`] bytes are kept (see [`capped_socket_value`]).
     pub uds_socket: Option<String>,
     /// `status.podIPs` (else `status.podIP`); empty while the pod has none. Values that do not
     /// parse as an IP address are left out.
@@ -213,6 +301,11 @@ pub struct PodRecord {
     /// Endpoint annotations that were ignored in favour of their defaults; non-empty makes the
     /// fold deliver over TCP.
     pub defects: Vec<AnnotationDefect>,
+    /// `metadata.creationTimestamp`, in seconds since the Unix epoch; `None` for a manifest (an
+    /// offline plan) and in records written by agents before issue 14. Orders the pods that
+    /// compete for the node's cluster cap ([`crate::admission`]): oldest first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<i64>,
 }
 
 impl PodRecord {
@@ -229,7 +322,9 @@ impl PodRecord {
     ///
     /// Bad endpoint annotations do not fail: each falls back to its default (port `8080/http1`,
     /// health path `/`, HTTP health check) and is listed in [`PodRecord::defects`]. When both
-    /// `ports` and `port` are set, `ports` is used and `port` must be one of its ports.
+    /// `ports` and `port` are set, `ports` is used and `port` must be one of its ports. A `ports`
+    /// value over the caps ([`TooManyPorts::check`]) is not parsed: the record holds the default
+    /// port and [`PodRecord::too_many_ports`].
     ///
     /// # Errors
     /// [`RecordError::Missing`] without `metadata.name`, `metadata.namespace` or `metadata.uid`;
@@ -264,7 +359,9 @@ impl PodRecord {
         };
 
         let default_ports = || vec![PortSpec { port: DEFAULT_PORT, protocol: AppProtocol::Http1 }];
+        let too_many_ports = annotation(PORTS_ANNOTATION).and_then(TooManyPorts::check);
         let ports = match (annotation(PORTS_ANNOTATION), annotation(PORT_ANNOTATION)) {
+            _ if too_many_ports.is_some() => default_ports(),
             (Some(list), single) => match (parse_ports(list), single.map(parse_port)) {
                 (Err(e), _) => {
                     defect(PORTS_ANNOTATION, e);
@@ -292,6 +389,11 @@ impl PodRecord {
 
         let path = match annotation(HEALTH_PATH_ANNOTATION) {
             None => DEFAULT_HEALTH_PATH.to_owned(),
+            Some(p) if p.len() > MAX_HEALTH_PATH_BYTES => {
+                let (len, max) = (p.len(), MAX_HEALTH_PATH_BYTES);
+                defect(HEALTH_PATH_ANNOTATION, format!("is {len} bytes, over the cap of {max} bytes"));
+                DEFAULT_HEALTH_PATH.to_owned()
+            }
             Some(p) if is_health_path(p) => p.to_owned(),
             Some(p) => {
                 defect(
@@ -305,7 +407,7 @@ impl PodRecord {
             Some("tcp") => HealthCheck::Connect,
             None | Some("http") => HealthCheck::Http { path },
             Some(other) => {
-                defect(PROTOCOL_ANNOTATION, format!("{other:?} is not \"tcp\" or \"http\""));
+                defect(PROTOCOL_ANNOTATION, format!("{} is not \"tcp\" or \"http\"", shown(other)));
                 HealthCheck::Http { path }
             }
         };
@@ -349,12 +451,14 @@ impl PodRecord {
             name,
             service_account,
             ports,
+            too_many_ports,
             health,
-            uds_socket: annotation(UDS_SOCKET_ANNOTATION).map(str::to_owned),
+            uds_socket: annotation(UDS_SOCKET_ANNOTATION).map(capped_socket_value),
             pod_ips,
             empty_dirs,
             static_pod,
             defects,
+            created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         }))
     }
 
@@ -371,6 +475,14 @@ impl PodRecord {
     /// The primary (first) declared port; its protocol picks the health check's codec.
     pub fn primary_port(&self) -> PortSpec {
         self.ports.first().copied().unwrap_or(PortSpec { port: DEFAULT_PORT, protocol: AppProtocol::Http1 })
+    }
+
+    /// The clusters the pod asks the node's Envoy for: one `app_` per declared port and one
+    /// `health_`; 0 when it is over the port cap (it is served none). What
+    /// [`crate::admission`] counts against `--max-clusters`, whether or not the pod has an
+    /// address yet, so a pod getting its IP never changes who else is served.
+    pub fn cluster_demand(&self) -> usize {
+        if self.too_many_ports.is_some() { 0 } else { self.ports.len() + 1 }
     }
 }
 
@@ -400,13 +512,30 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
         })
 }
 
+/// Longest part of a rejected value quoted in a defect message, in bytes.
+const SHOWN_BYTES: usize = 64;
+
+/// `value` quoted for a defect message: whole up to [`SHOWN_BYTES`] bytes, else its first bytes
+/// (cut at a character boundary) and its length, so that a record never holds an
+/// annotation-sized message.
+fn shown(value: &str) -> String {
+    if value.len() <= SHOWN_BYTES {
+        return format!("{value:?}");
+    }
+    let mut end = SHOWN_BYTES;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &value[..end], value.len())
+}
+
 /// A port number: 1–5 ASCII digits (surrounding spaces ignored) with a value in 1–65535.
 fn parse_port(s: &str) -> Result<u16, String> {
     let t = s.trim();
     let digits = !t.is_empty() && t.len() <= 5 && t.bytes().all(|b| b.is_ascii_digit());
     match t.parse::<u32>() {
         Ok(p @ 1..=65535) if digits => Ok(p as u16),
-        _ => Err(format!("{s:?} is not a port number (1-65535)")),
+        _ => Err(format!("{} is not a port number (1-65535)", shown(s))),
     }
 }
 
@@ -531,6 +660,111 @@ mod tests {
         for bad in ["healthz", "/a b", "/a\nb", "/ü", ""] {
             assert!(!is_health_path(bad), "{bad:?}");
         }
+    }
+
+    /// The record of a managed pod with `annotations`.
+    fn with(annotations: &[(&str, &str)]) -> PodRecord {
+        let mut p = aether_fixtures::pod("shop", "cart-1").uid(aether_fixtures::UID);
+        for (k, v) in annotations {
+            p = p.annotation(k, v);
+        }
+        PodRecord::from_pod(&p.build()).unwrap().unwrap()
+    }
+
+    /// `n` distinct ports from 1, joined by `sep`.
+    fn ports(n: usize, sep: &str) -> String {
+        (1..=n).map(|p| format!("{p}=http1")).collect::<Vec<_>>().join(sep)
+    }
+
+    #[test]
+    fn up_to_64_ports_in_up_to_1024_bytes_are_read() {
+        let r = with(&[(PORTS_ANNOTATION, &ports(MAX_PORTS, ","))]);
+        assert_eq!((r.ports.len(), r.too_many_ports, r.cluster_demand()), (MAX_PORTS, None, MAX_PORTS + 1));
+        assert!(r.defects.is_empty());
+        // The longest form of 64 entries with ", " fits the byte cap, as its doc says.
+        let longest = (0..MAX_PORTS).map(|i| format!("{}=http1", 65535 - i)).collect::<Vec<_>>().join(", ");
+        assert_eq!(longest.len(), 830);
+        let r = with(&[(PORTS_ANNOTATION, &longest)]);
+        assert_eq!((r.ports.len(), r.too_many_ports), (MAX_PORTS, None));
+    }
+
+    #[test]
+    fn a_pod_over_the_port_cap_keeps_the_count_and_asks_for_no_clusters() {
+        let list = ports(MAX_PORTS + 1, ",");
+        assert!(list.len() <= MAX_PORTS_ANNOTATION_BYTES, "over the count, not the bytes");
+        let r = with(&[(PORTS_ANNOTATION, &list), (PORT_ANNOTATION, "1")]);
+        assert_eq!(r.too_many_ports, Some(TooManyPorts { entries: 65, bytes: list.len() as u32 }));
+        assert_eq!(r.cluster_demand(), 0);
+        assert_eq!(r.ports, [PortSpec { port: DEFAULT_PORT, protocol: AppProtocol::Http1 }], "the default, unused");
+        assert!(r.defects.is_empty(), "a cap, not a defect: {:?}", r.defects);
+        let says = r.too_many_ports.unwrap().to_string();
+        assert_eq!(
+            says,
+            "annotation endpoint.aether.io/ports declares 65 ports: a pod may declare at most 64 ports in at most 1024 bytes"
+        );
+    }
+
+    #[test]
+    fn a_socket_value_past_any_limit_is_kept_as_its_first_320_bytes_and_stays_invalid() {
+        let huge = format!("s/{}", "x".repeat(60_000));
+        let r = with(&[(UDS_SOCKET_ANNOTATION, &huge)]);
+        assert_eq!(r.uds_socket.as_deref(), Some(&huge[..MAX_SOCKET_VALUE_BYTES]));
+        for limit in [aether_crds::SocketLimit::SunPath, aether_crds::SocketLimit::Filesystem] {
+            let rules = aether_crds::Rules::with_limit(aether_crds::udspath::DEFAULT_PODS_DIR, limit);
+            assert!(rules.budget().unwrap().check(r.uds_socket.as_deref().unwrap()).is_err(), "{limit}");
+        }
+        // A value within the limits is kept whole; a cut never splits a character.
+        assert_eq!(with(&[(UDS_SOCKET_ANNOTATION, "s/app.sock")]).uds_socket.as_deref(), Some("s/app.sock"));
+        let wide = format!("a{}", "é".repeat(MAX_SOCKET_VALUE_BYTES));
+        assert_eq!(capped_socket_value(&wide).len(), MAX_SOCKET_VALUE_BYTES - 1);
+    }
+
+    /// Issue 14's pod: 10,000 ports in a 60 KB annotation. It is refused by its size, before it is
+    /// split: its first entry is not even a port, and no defect says so.
+    #[test]
+    fn a_60_kb_ports_annotation_is_refused_by_size_without_being_parsed() {
+        let list = format!("not-a-port,{}", ports(9_999, ","));
+        assert!(list.len() > 60_000 && list.len() < 256 * 1024, "{} bytes", list.len());
+        let r = with(&[(PORTS_ANNOTATION, &list)]);
+        assert_eq!(r.too_many_ports, Some(TooManyPorts { entries: 10_000, bytes: list.len() as u32 }));
+        assert!(r.defects.is_empty(), "parsed: {:?}", r.defects);
+        assert_eq!(r.ports.len(), 1);
+        let says = r.too_many_ports.unwrap().to_string();
+        assert!(says.contains(&format!("is {} bytes (10000 entries, not read)", list.len())), "{says}");
+        // Bytes alone: 60 KB of spaces around one port is refused the same way.
+        let padded = format!("8080{}", " ".repeat(60_000));
+        assert_eq!(TooManyPorts::check(&padded), Some(TooManyPorts { entries: 1, bytes: 60_004 }));
+        // And the record it makes is small (the state dir stores it).
+        assert!(serde_json::to_string(&r).unwrap().len() < 1_000);
+    }
+
+    #[test]
+    fn an_over_long_health_path_is_a_defect_and_rejected_values_are_quoted_short() {
+        let long = format!("/{}", "a".repeat(MAX_HEALTH_PATH_BYTES));
+        let r = with(&[(HEALTH_PATH_ANNOTATION, &long)]);
+        assert_eq!(r.health, HealthCheck::Http { path: DEFAULT_HEALTH_PATH.into() });
+        assert_eq!(r.defects[0].message, "is 1025 bytes, over the cap of 1024 bytes");
+        let r = with(&[(HEALTH_PATH_ANNOTATION, &long[..MAX_HEALTH_PATH_BYTES])]);
+        assert!(r.defects.is_empty(), "1024 bytes are fine");
+        let r = with(&[(PROTOCOL_ANNOTATION, &"x".repeat(100_000)), (PORT_ANNOTATION, &"9".repeat(100_000))]);
+        assert_eq!(r.defects.len(), 2);
+        for d in &r.defects {
+            assert!(d.message.len() < 200 && d.message.contains("(100000 bytes)"), "{}", d.message);
+        }
+    }
+
+    #[test]
+    fn the_creation_time_is_kept_in_seconds_and_old_records_without_it_still_load() {
+        let mut pod = aether_fixtures::pod("shop", "cart-1").uid(aether_fixtures::UID).build();
+        let at = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        pod.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at));
+        let r = PodRecord::from_pod(&pod).unwrap().unwrap();
+        assert_eq!(r.created, Some(1_700_000_000));
+        let mut old = serde_json::to_value(&r).unwrap();
+        let fields = old.as_object_mut().unwrap();
+        assert!(fields.remove("created").is_some() && !fields.contains_key("tooManyPorts"));
+        let loaded: PodRecord = serde_json::from_value(old).unwrap();
+        assert_eq!((loaded.created, loaded.too_many_ports), (None, None));
     }
 
     #[test]

@@ -16,6 +16,9 @@
 //! record), else `<pod IP>:<port>`. A TCP pod with neither yet gets
 //! no cluster until it has one ("rendered once they have what their delivery needs"), but its
 //! health cluster name is listed, so the health gateway reports it unhealthy (503), not unknown.
+//! A pod refused by a cap (over the per-pod port cap, or past `--max-clusters`:
+//! [`crate::TcpReason::serves_nothing`]) gets no cluster and no listener at all, and its health
+//! cluster name is listed the same way.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -35,6 +38,9 @@ pub enum Effective {
     Tcp,
     /// Not rendered yet: TCP with no network namespace and no pod IP.
     Waiting,
+    /// Served no clusters at all: over the per-pod port cap or past the node's cluster cap
+    /// ([`crate::TcpReason::serves_nothing`]). Its health cluster is still listed (503).
+    Refused,
 }
 
 /// The xDS input and, per pod, what it was rendered as.
@@ -70,6 +76,10 @@ pub fn render(map: &DeliveryMap, refused: &HashMap<PodKey, Refusal>) -> Rendered
         let health_name = names::health_cluster(&pod.namespace, &pod.name);
         // Listed even while waiting: the gateway then answers 503 (known, not healthy), not 404.
         out.snapshot.health_clusters.push(health_name.clone());
+        if entry.delivery.tcp_reason().is_some_and(crate::TcpReason::serves_nothing) {
+            out.effective.insert(key.clone(), Effective::Refused);
+            continue;
+        }
         let Some(health_endpoint) = endpoint_for(primary.port) else {
             out.effective.insert(key.clone(), Effective::Waiting);
             continue;
