@@ -10,9 +10,16 @@
 //! With `--readyz-requires-envoy` ([`EnvoyView::required`]) `/readyz` is also 503 until an Envoy
 //! stream is connected and has ACKed the CDS and LDS versions the server would send now, and
 //! again whenever no Envoy is connected.
+//!
+//! Watches ([`WatchView`], [`crate::watch::health`]): the body has one line per watch (`ok`,
+//! `syncing`, `off: <why>` or `failing for <n> s (since <t>): <reason>: <cause>`, and whether it
+//! is required and why), and `/readyz` is 503 while a *required* watch has been failing for at
+//! least `--watch-grace-seconds` ([`aether_agent_core::status::overdue`]). The agent keeps serving
+//! its last good state meanwhile: readiness reports, it withdraws nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -23,6 +30,8 @@ use tokio::sync::watch;
 
 use crate::driver::Status;
 use crate::metrics::Metrics;
+use crate::status::overdue;
+use crate::watch::WatchBoard;
 use crate::xds::readiness::{self, EnvoyReadiness};
 use crate::xds::{AckTracker, Resources};
 
@@ -38,14 +47,28 @@ pub struct EnvoyView {
 }
 
 impl EnvoyView {
-    /// Where Envoy stands against the current CDS and LDS versions.
+    /// Where Envoy stands against the current CDS, LDS and (when served) ECDS versions.
     pub fn readiness(&self) -> EnvoyReadiness {
-        let (cds, lds) = {
+        let (cds, lds, ecds) = {
             let current = self.resources.borrow();
-            (current.clusters.version.clone(), current.listeners.version.clone())
+            let ecds = &current.extension_configs;
+            (
+                current.clusters.version.clone(),
+                current.listeners.version.clone(),
+                (!ecds.resources.is_empty()).then(|| ecds.version.clone()),
+            )
         };
-        readiness::assess(&self.tracker.streams(), &cds, &lds)
+        readiness::assess(&self.tracker.streams(), &cds, &lds, ecds.as_deref())
     }
+}
+
+/// What `/readyz` reads about the watches.
+#[derive(Clone)]
+pub struct WatchView {
+    /// Every watch and its health.
+    pub board: WatchBoard,
+    /// `--watch-grace-seconds`: how long a required watch may fail before `/readyz` is 503.
+    pub grace: Duration,
 }
 
 /// What the admin endpoints read.
@@ -57,18 +80,26 @@ pub struct AdminState {
     pub status: watch::Receiver<Status>,
     metrics: Arc<Metrics>,
     envoy: Option<EnvoyView>,
+    watches: Option<WatchView>,
 }
 
 impl AdminState {
     /// Admin state over the loop's `status`, with a fresh [`Metrics`] registry.
     pub fn new(xds_bound: Arc<AtomicBool>, status: watch::Receiver<Status>) -> Self {
-        AdminState { xds_bound, status, metrics: Arc::new(Metrics::new()), envoy: None }
+        AdminState { xds_bound, status, metrics: Arc::new(Metrics::new()), envoy: None, watches: None }
     }
 
     /// Same state, reporting the node's Envoy on `/readyz` (and requiring it to be caught up if
     /// `envoy.required`).
     pub fn with_envoy(mut self, envoy: EnvoyView) -> Self {
         self.envoy = Some(envoy);
+        self
+    }
+
+    /// Same state, reporting the watches on `/readyz` and degrading it while a required one has
+    /// failed for longer than `watches.grace`.
+    pub fn with_watches(mut self, watches: WatchView) -> Self {
+        self.watches = Some(watches);
         self
     }
 
@@ -89,19 +120,39 @@ pub fn router(state: AdminState) -> Router {
 }
 
 async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
+    let now = Instant::now();
     let envoy = s.envoy.as_ref().map(|e| (e.readiness(), e.required));
+    let (watches, grace) = match &s.watches {
+        Some(w) => (w.board.snapshot(), w.grace),
+        None => (Vec::new(), Duration::ZERO),
+    };
+    let late: Vec<String> = overdue(&watches, now, grace).iter().map(|w| w.resource()).collect();
     let (code, head) = if !s.xds_bound.load(Ordering::Acquire) {
-        (StatusCode::SERVICE_UNAVAILABLE, "xDS listener not bound yet")
+        (StatusCode::SERVICE_UNAVAILABLE, "xDS listener not bound yet".to_owned())
+    } else if !late.is_empty() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: required watch {} failing for longer than --watch-grace-seconds={}; serving the last \
+                 good state meanwhile",
+                late.join(", "),
+                grace.as_secs()
+            ),
+        )
     } else if envoy.as_ref().is_some_and(|(r, required)| *required && !r.caught_up()) {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: no Envoy has applied the current CDS and LDS (--readyz-requires-envoy)",
+            "not ready: no Envoy has applied the current CDS and LDS (--readyz-requires-envoy)".to_owned(),
         )
     } else {
-        (StatusCode::OK, "ready")
+        (StatusCode::OK, "ready".to_owned())
     };
     let mut body = format!("{head}\n");
     body.push_str(&status_lines(&s.status.borrow()));
+    for w in &watches {
+        body.push_str(&w.describe(now));
+        body.push('\n');
+    }
     if let Some((r, _)) = envoy {
         body.push_str(&format!("{r}\n"));
     }
@@ -126,4 +177,104 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     let st = s.status.borrow().clone();
     let out = s.metrics.encode(&st);
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    use crate::watch::{self as watchers, WatchBoard, WatchMetrics};
+
+    async fn get_readyz(state: AdminState) -> (StatusCode, String) {
+        let response =
+            router(state).oneshot(Request::get("/readyz").body(Body::empty()).unwrap()).await.expect("readyz answers");
+        let code = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.expect("body");
+        (code, String::from_utf8(bytes.to_vec()).expect("utf-8"))
+    }
+
+    fn state(board: &WatchBoard, grace: Duration) -> AdminState {
+        let (_tx, status) = watch::channel(Status { crd_installed: Some(true), ..Status::default() });
+        AdminState::new(Arc::new(AtomicBool::new(true)), status).with_watches(WatchView { board: board.clone(), grace })
+    }
+
+    fn forbidden() -> kube::runtime::watcher::Error {
+        let status = kube::core::Status::failure(
+            "endpointpolicies.config.aether.io is forbidden: User \"system:serviceaccount:wh:agent\" cannot watch \
+             resource \"endpointpolicies\" in API group \"config.aether.io\" at the cluster scope",
+            "Forbidden",
+        )
+        .with_code(403);
+        kube::runtime::watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(status)))
+    }
+
+    #[tokio::test]
+    async fn readyz_lists_every_watch_and_why_it_is_required() {
+        let board = WatchBoard::new(WatchMetrics::new());
+        let (pods, _policies) = watchers::register(&board, true);
+        pods.ok();
+        let (code, body) = get_readyz(state(&board, Duration::from_secs(30))).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert!(body.starts_with("ready\nEndpointPolicy CRD installed\n"), "{body}");
+        assert!(body.contains(&format!("watch pods (required: {}): ok\n", watchers::PODS_REQUIRED)), "{body}");
+        assert!(
+            body.contains(&format!(
+                "watch endpointpolicies.config.aether.io (required: {}): syncing",
+                watchers::POLICIES_REQUIRED
+            )),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_required_watch_failing_within_the_grace_period_is_reported_but_ready() {
+        let board = WatchBoard::new(WatchMetrics::new());
+        let (_pods, policies) = watchers::register(&board, true);
+        policies.failed(&forbidden());
+        let (code, body) = get_readyz(state(&board, Duration::from_secs(3600))).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert!(body.contains("watch endpointpolicies.config.aether.io (required: "), "{body}");
+        assert!(body.contains("): failing for 0 s (since "), "{body}");
+        assert!(
+            body.contains("forbidden: HTTP 403 Forbidden: endpointpolicies.config.aether.io is forbidden"),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_required_watch_failing_past_the_grace_period_makes_readyz_503_until_it_recovers() {
+        let board = WatchBoard::new(WatchMetrics::new());
+        let (_pods, policies) = watchers::register(&board, true);
+        policies.failed(&forbidden());
+        let (code, body) = get_readyz(state(&board, Duration::ZERO)).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(
+            body.starts_with(
+                "not ready: required watch endpointpolicies.config.aether.io failing for longer than \
+                 --watch-grace-seconds=0; serving the last good state meanwhile\n"
+            ),
+            "{body}"
+        );
+        // The API server accepts the watch again: ready at once.
+        board.watch_started("config.aether.io", "endpointpolicies");
+        let (code, body) = get_readyz(state(&board, Duration::ZERO)).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert!(body.contains("watch endpointpolicies.config.aether.io (required: "), "{body}");
+    }
+
+    #[tokio::test]
+    async fn an_off_policy_watch_never_degrades_readiness() {
+        let board = WatchBoard::new(WatchMetrics::new());
+        let (_pods, policies) = watchers::register(&board, false);
+        let (code, body) = get_readyz(state(&board, Duration::ZERO)).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert!(body.contains("): off: --uds-workloads=false"), "{body}");
+        policies.off(watchers::CRD_ABSENT);
+        let (code, body) = get_readyz(state(&board, Duration::ZERO)).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert!(body.contains(&format!("): off: {}", watchers::CRD_ABSENT)), "{body}");
+    }
 }

@@ -58,8 +58,14 @@ fn netns_lookup(
 /// When the state dir, the xDS address or the admin address cannot be used; the error names it.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let pin_dir = args.pin_dir.as_ref().map(|d| d.to_string_lossy().into_owned());
-    let settings = Settings::new(&args.delivery.kubelet_pods_dir, args.delivery.uds_workloads).with_pin_dir(pin_dir);
+    let rules = args.socket_rules().map_err(anyhow::Error::msg)?;
+    let settings = Settings::with_rules(rules, args.delivery.uds_workloads).with_pin_dir(pin_dir);
+    let settings = settings.with_max_clusters(Some(args.max_clusters));
     log_budget(&settings);
+    tracing::info!(
+        max_clusters = args.max_clusters,
+        "the node's Envoy is given at most this many app_/health_ clusters"
+    );
     let stop = stop_on_signal()?;
     let store =
         StateStore::open(&args.state_dir).with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
@@ -75,7 +81,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         status_tx,
     )
     .with_notices(notices)
-    .with_change_clock(metrics.xds.clock.clone());
+    .with_change_clock(metrics.xds.clock.clone())
+    .with_cluster_metrics(metrics.clusters.clone());
     let pinner = match &args.pin_dir {
         Some(dir) => Some(
             crate::pin::Pinner::new(&args.delivery.kubelet_pods_dir, dir)
@@ -117,23 +124,36 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics.xds.clock.clone(),
     );
     // The admin port first: a failure there must not leave an xDS socket behind.
+    let (admin_policy, xds_policy) = (args.admin_listener.policy(), args.xds_listener.policy());
+    // Logs a warning when the caps and the process's own files do not fit under `ulimit -n`.
+    let _ = aether_serve_policy::open_files::check(&[admin_policy, xds_policy]);
     let admin_listener = tokio::net::TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot bind --admin-addr {}", args.admin_addr))?;
+    let admin_gate = aether_serve_policy::Gate::new(admin_policy, &metrics.listeners);
+    let admin_listener = aether_serve_policy::GatedListener::new(admin_listener, admin_gate);
     let addr = XdsAddr::from_str(&args.xds_address).with_context(|| "--xds-address")?;
     let listener = XdsListener::bind(&addr).await.with_context(|| format!("--xds-address {addr}"))?;
     let xds_bound = Arc::new(AtomicBool::new(true));
-    tracing::info!(%addr, "xDS (ADS: CDS + LDS) listening");
+    tracing::info!(%addr, "xDS (ADS: CDS + LDS + ECDS) listening");
     let server = XdsServer::new(resources.clone())
         .with_metrics(metrics.xds.clone())
-        .with_shutdown_wait(Duration::from_secs(args.shutdown_wait_seconds));
+        .with_shutdown_wait(Duration::from_secs(args.shutdown_wait_seconds))
+        .with_connection_gate(aether_serve_policy::Gate::new(xds_policy, &metrics.listeners));
     let tracker = server.tracker();
     let envoy = EnvoyView { tracker: tracker.clone(), resources, required: args.readyz_requires_envoy };
     let xds_task = tokio::spawn(xds::serve_listener(listener, server, stopped(stop.clone())));
 
     tracing::info!(addr = %args.admin_addr, "admin endpoints (/healthz, /readyz, /metrics) listening");
-    let admin_app =
-        admin::router(AdminState::new(xds_bound.clone(), status_rx).with_metrics(metrics.clone()).with_envoy(envoy));
+    let board = watchers::WatchBoard::new(metrics.watches.clone());
+    let (pod_watch, policy_watch) = watchers::register(&board, settings.uds_workloads());
+    let watch_view = admin::WatchView { board: board.clone(), grace: Duration::from_secs(args.watch_grace_seconds) };
+    let admin_app = admin::router(
+        AdminState::new(xds_bound.clone(), status_rx)
+            .with_metrics(metrics.clone())
+            .with_envoy(envoy)
+            .with_watches(watch_view),
+    );
     tokio::spawn(async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(stopped(stop)).await });
 
     let (tx, rx) = mpsc::channel::<Event>(1024);
@@ -175,18 +195,23 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
     }
     let loop_task = tokio::spawn(driver.run(rx));
-    match kube::Client::try_default().await {
+    match watchers::client(&board).await {
         Ok(client) => {
             recorder::spawn(client.clone(), &args.node_name, notice_rx, metrics.clone());
-            tokio::spawn(watchers::pods(client.clone(), args.node_name.clone(), tx.clone()));
+            tokio::spawn(watchers::pods(client.clone(), args.node_name.clone(), tx.clone(), pod_watch));
             if settings.uds_workloads() {
-                tokio::spawn(watchers::policies(client, tx.clone()));
+                tokio::spawn(watchers::policies(client, tx.clone(), policy_watch));
             } else {
                 tracing::info!("--uds-workloads=false: EndpointPolicies are not watched and every pod is TCP");
             }
         }
         Err(e) => {
             tracing::error!(error = %e, "no Kubernetes client configuration; serving the state dir only");
+            // No watch can run: both fail from now on (and /readyz says so after the grace).
+            pod_watch.failed_request(&e);
+            if settings.uds_workloads() {
+                policy_watch.failed_request(&e);
+            }
             drop(notice_rx);
         }
     }
@@ -212,8 +237,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
 fn log_budget(settings: &Settings) {
     match settings.budget() {
+        Ok(b) if b.limit() == aether_crds::SocketLimit::Filesystem => tracing::info!(
+            pods_dir = b.pods_dir(),
+            socket_limit = %b.limit(),
+            budget_bytes = b.bytes(),
+            volume_max_bytes = aether_crds::udspath::VOLUME_NAME_MAX,
+            file_max_bytes = aether_crds::udspath::NAME_MAX,
+            uds_workloads = settings.uds_workloads(),
+            "socket value limit: the file system's (Envoy dials only the pins), whatever the pods dir's length"
+        ),
         Ok(b) => tracing::info!(
             pods_dir = b.pods_dir(),
+            socket_limit = %b.limit(),
             budget_bytes = b.bytes(),
             uds_workloads = settings.uds_workloads(),
             "socket value budget"

@@ -14,7 +14,7 @@ pub use crate::logging::LogFormat;
 /// It watches this node's managed pods (label aether.io/managed=true) and the EndpointPolicies,
 /// decides for each pod whether the node proxy reaches it over its Unix socket (the pod's
 /// endpoint.aether.io/uds-socket annotation first, then the policy of its Service, else TCP), and
-/// serves the result to the node's Envoy over xDS (ADS: CDS + LDS).
+/// serves the result to the node's Envoy over xDS (ADS: CDS + LDS + ECDS).
 #[derive(Parser, Debug)]
 #[command(name = "aether-agent", version, about, long_about)]
 pub struct Cli {
@@ -70,10 +70,47 @@ pub struct DeliveryArgs {
     /// every pod is delivered over TCP.
     #[arg(long, default_value = aether_crds::udspath::DEFAULT_PODS_DIR, env = "AETHER_KUBELET_PODS_DIR")]
     pub kubelet_pods_dir: String,
+    /// What limits the length of a socket value. sun-path: Envoy dials the pod's own path
+    /// <pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<volume>/<file>, which must fit in
+    /// sun_path (107 bytes), so the value gets the budget above. filesystem: only with socket
+    /// pinning (--pin-dir; `run` refuses to start without it) on every node: Envoy then dials the
+    /// short pin path, and a value is limited by the file system instead (volume: a DNS-1123
+    /// label, at most 63 bytes; file: at most 255 bytes, NAME_MAX), whatever the pods dir's
+    /// length (a long one such as microk8s' /var/snap/microk8s/common/var/lib/kubelet/pods,
+    /// which leaves no sun_path budget, becomes usable). Must match the controller's
+    /// --socket-limit; a mismatch is safe (the stricter limit wins).
+    #[arg(long, value_enum, default_value_t = SocketLimitArg::SunPath, env = "AETHER_SOCKET_LIMIT")]
+    pub socket_limit: SocketLimitArg,
     /// false: never deliver over a Unix socket and do not watch EndpointPolicies (the chart's
     /// proxy.udsWorkloads.enabled=false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "AETHER_UDS_WORKLOADS")]
     pub uds_workloads: bool,
+}
+
+impl DeliveryArgs {
+    /// The rules these flags select: [`aether_crds::Rules::with_limit`] of `--kubelet-pods-dir`
+    /// and `--socket-limit`.
+    pub fn rules(&self) -> aether_crds::Rules {
+        aether_crds::Rules::with_limit(&self.kubelet_pods_dir, self.socket_limit.into())
+    }
+}
+
+/// `--socket-limit`: [`aether_crds::SocketLimit`] on the command line.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SocketLimitArg {
+    /// The pod's socket path must fit in sun_path (107 bytes): 107 - len(pods dir) - 70 bytes.
+    SunPath,
+    /// With --pin-dir on every node: volume at most 63 bytes, file at most 255 (the file system's).
+    Filesystem,
+}
+
+impl From<SocketLimitArg> for aether_crds::SocketLimit {
+    fn from(arg: SocketLimitArg) -> Self {
+        match arg {
+            SocketLimitArg::SunPath => aether_crds::SocketLimit::SunPath,
+            SocketLimitArg::Filesystem => aether_crds::SocketLimit::Filesystem,
+        }
+    }
 }
 
 /// Flags of `run`.
@@ -133,6 +170,20 @@ pub struct RunArgs {
     /// counts against the node's fs.inotify.max_user_watches. 0: no watches.
     #[arg(long, default_value_t = crate::socket_watch::DEFAULT_MAX_WATCHES, env = "AETHER_SOCKET_WATCH_MAX")]
     pub socket_watch_max: usize,
+    /// The most app_/health_ clusters the node's Envoy is given (its bootstrap clusters not
+    /// counted): one per declared port plus one health cluster per pod, a pod's ports capped at
+    /// 64. Pods compete for them oldest first and pods admitted first keep theirs: a pod that does
+    /// not fit gets no clusters at all and a UdsNodeClusterCapReached Warning Event until room
+    /// frees. Envoy holds about 62 KiB per cluster (more with more workers): the default keeps the
+    /// chart's Envoy near half its 512Mi limit (docs/workload-requirements.md, "Ports per pod and
+    /// clusters per node"); raise both together.
+    #[arg(
+        long,
+        default_value_t = aether_agent_core::settings::DEFAULT_MAX_CLUSTERS,
+        value_parser = parse_max_clusters,
+        env = "AETHER_MAX_CLUSTERS"
+    )]
+    pub max_clusters: usize,
     /// Seconds between re-checks, with lstat, that no pod's socket path has become a symlink.
     #[arg(long, default_value_t = 10, env = "AETHER_RECHECK_SECONDS")]
     pub recheck_seconds: u64,
@@ -156,6 +207,17 @@ pub struct RunArgs {
         env = "AETHER_READYZ_REQUIRES_ENVOY"
     )]
     pub readyz_requires_envoy: bool,
+    /// Seconds a required watch may fail before /readyz turns 503. Both watches are required:
+    /// this node's pods (pod changes reach Envoy only through it) and, while the CRD is
+    /// installed, the EndpointPolicies (policy changes reach pods only through it). The agent
+    /// keeps serving its last good state meanwhile and withdraws nothing; the /readyz body has one
+    /// line per watch (ok, syncing, off, or failing since when and why), each failed attempt is
+    /// counted in aether_agent_watch_errors_total{resource,reason}, and an outage is logged once
+    /// when it starts and once when it ends. The default rides out a brief API-server restart
+    /// (the watches retry with kube-runtime's backoff, 0.8 s doubling to 30 s); 0 degrades
+    /// readiness at the first failure.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400), env = "AETHER_WATCH_GRACE_SECONDS")]
+    pub watch_grace_seconds: u64,
     /// Envoy's admin address (plain HTTP, e.g. 127.0.0.1:9901 in the node pod). After an LDS
     /// NACK the agent reads /config_dump there to learn which inbound listener (one per pod port,
     /// bound in the pod's netns) Envoy could not bind, stops offering it and puts a Warning Event
@@ -169,12 +231,40 @@ pub struct RunArgs {
     /// socket to the Envoy that serves it. The agent's own xDS socket file is removed either way.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=600), env = "AETHER_SHUTDOWN_WAIT_SECONDS")]
     pub shutdown_wait_seconds: u64,
+    /// The admin port's connection policy (docs/listeners.md).
+    #[command(flatten)]
+    pub admin_listener: aether_serve_policy::cli::AdminListenerArgs,
+    /// The xDS server's connection policy (docs/listeners.md).
+    #[command(flatten)]
+    pub xds_listener: aether_serve_policy::cli::XdsListenerArgs,
 }
 
 impl RunArgs {
     /// `--netns-host-dir` and `--netns-proxy-dir` (defaulting to the host dir), checked.
     pub fn netns_dirs(&self) -> Result<crate::runtime::NetnsDirs, crate::runtime::RuntimeError> {
         crate::runtime::NetnsDirs::new(&self.netns_host_dir, self.netns_proxy_dir.as_deref())
+    }
+}
+
+impl RunArgs {
+    /// The rules `run` judges socket values by ([`DeliveryArgs::rules`]), once `--socket-limit`
+    /// is known to fit the rest of the flags.
+    ///
+    /// # Errors
+    /// `--socket-limit filesystem` without `--pin-dir`: Envoy would dial each pod's own socket
+    /// path, which must fit in sun_path, so the file system's limits would admit values no Envoy
+    /// can reach. The message says why and what to pass.
+    pub fn socket_rules(&self) -> Result<aether_crds::Rules, String> {
+        if self.delivery.socket_limit == SocketLimitArg::Filesystem && self.pin_dir.is_none() {
+            return Err(format!(
+                "--socket-limit filesystem needs socket pinning (--pin-dir): without it Envoy dials each pod's own \
+                 socket path ({}/<pod uid>/volumes/kubernetes.io~empty-dir/<volume>/<file>), which must fit in the \
+                 {}-byte sun_path, so only --socket-limit sun-path is correct; pass --pin-dir or drop --socket-limit",
+                self.delivery.kubelet_pods_dir.trim_end_matches('/'),
+                aether_crds::udspath::SUN_PATH_MAX
+            ));
+        }
+        Ok(self.delivery.rules())
     }
 }
 
@@ -204,6 +294,20 @@ pub enum Output {
     Text,
     /// A JSON array.
     Json,
+}
+
+/// Bounds of `--max-clusters`: one pod of one port needs 2; the upper bound only catches typos
+/// (at the measured 62 KiB or more of Envoy RSS per cluster, 200,000 clusters need over 12 GiB).
+pub const MAX_CLUSTERS_RANGE: std::ops::RangeInclusive<usize> = 2..=200_000;
+
+fn parse_max_clusters(s: &str) -> Result<usize, String> {
+    let n: usize = s.trim().parse().map_err(|_| format!("{s:?} is not a whole number"))?;
+    if MAX_CLUSTERS_RANGE.contains(&n) {
+        Ok(n)
+    } else {
+        let (lo, hi) = (MAX_CLUSTERS_RANGE.start(), MAX_CLUSTERS_RANGE.end());
+        Err(format!("{n} is outside {lo}..={hi} (one pod of one port needs 2 clusters)"))
+    }
 }
 
 fn parse_node_name(s: &str) -> Result<String, String> {
@@ -240,6 +344,32 @@ mod tests {
         let err = parse_pin_dir(&format!("{ok}q")).unwrap_err();
         assert!(err.contains("66 bytes; at most 65"), "{err}");
         assert!(parse_pin_dir("run/pins").unwrap_err().contains("absolute"));
+    }
+
+    #[test]
+    fn the_socket_limit_is_sun_path_by_default_and_filesystem_needs_a_pin_dir() {
+        use aether_crds::SocketLimit;
+        let rules = run_args(&[]).socket_rules().unwrap();
+        assert_eq!(rules.limit(), SocketLimit::SunPath);
+        assert_eq!(rules.budget().map(|b| b.bytes()), Ok(16));
+        let err = run_args(&["--socket-limit", "filesystem"]).socket_rules().unwrap_err();
+        assert_eq!(
+            err,
+            "--socket-limit filesystem needs socket pinning (--pin-dir): without it Envoy dials each pod's own socket \
+             path (/var/lib/kubelet/pods/<pod uid>/volumes/kubernetes.io~empty-dir/<volume>/<file>), which must fit \
+             in the 107-byte sun_path, so only --socket-limit sun-path is correct; pass --pin-dir or drop \
+             --socket-limit"
+        );
+        let microk8s = "/var/snap/microk8s/common/var/lib/kubelet/pods";
+        let pinned = ["--socket-limit", "filesystem", "--pin-dir", "/run/aether-pins", "--kubelet-pods-dir", microk8s];
+        let rules = run_args(&pinned).socket_rules().unwrap();
+        assert_eq!(rules.limit(), SocketLimit::Filesystem);
+        assert_eq!(rules.budget().map(|b| b.bytes()), Ok(aether_crds::udspath::FILESYSTEM_VALUE_MAX));
+        assert!(Cli::try_parse_from(["aether-agent", "run", "--node-name", "n1", "--socket-limit", "nope"]).is_err());
+        let plan =
+            Cli::try_parse_from(["aether-agent", "plan", "--pods", "-", "--socket-limit", "filesystem"]).unwrap();
+        let Command::Plan(plan) = plan.command else { unreachable!() };
+        assert_eq!(plan.delivery.rules().limit(), SocketLimit::Filesystem, "plan takes the flag (no pins offline)");
     }
 
     #[test]
@@ -280,6 +410,40 @@ mod tests {
             let args = ["aether-agent", "run", "--node-name", "n1"].into_iter().chain(bad);
             assert!(Cli::try_parse_from(args).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn watch_grace_defaults_to_thirty_seconds_and_is_bounded() {
+        assert_eq!(run_args(&[]).watch_grace_seconds, 30);
+        assert_eq!(run_args(&["--watch-grace-seconds", "0"]).watch_grace_seconds, 0);
+        assert!(
+            Cli::try_parse_from(["aether-agent", "run", "--node-name", "n1", "--watch-grace-seconds", "86401"])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn max_clusters_defaults_to_the_cores_constant_and_is_bounded() {
+        assert_eq!(run_args(&[]).max_clusters, aether_agent_core::settings::DEFAULT_MAX_CLUSTERS);
+        assert_eq!(run_args(&["--max-clusters", "2"]).max_clusters, 2);
+        assert_eq!(run_args(&["--max-clusters", "200000"]).max_clusters, 200_000);
+        for bad in ["0", "1", "200001", "-5", "lots"] {
+            let args = ["aether-agent", "run", "--node-name", "n1", "--max-clusters", bad];
+            assert!(Cli::try_parse_from(args).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn listener_flags_set_the_admin_and_xds_policies_and_default_to_docs_listeners_md() {
+        use aether_serve_policy::ListenerKind;
+        let defaults = run_args(&[]);
+        assert_eq!(defaults.admin_listener.policy(), ListenerKind::Admin.default_policy());
+        assert_eq!(defaults.xds_listener.policy(), ListenerKind::Xds.default_policy());
+        let set = run_args(&["--admin-max-connections", "4", "--xds-max-connections", "2"]);
+        assert_eq!((set.admin_listener.policy().max_connections, set.xds_listener.policy().max_connections), (4, 2));
+        assert!(
+            Cli::try_parse_from(["aether-agent", "run", "--node-name", "n1", "--xds-max-connections", "0"]).is_err()
+        );
     }
 
     #[test]

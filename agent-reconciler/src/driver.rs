@@ -117,6 +117,8 @@ pub struct Driver {
     link_refused: HashMap<String, Refusal>,
     /// Pods told (once) that the runtime reports no netns for them, so no inbound listener.
     no_netns_told: HashSet<String>,
+    /// Served clusters, the cap and the refused pods, set on every publish.
+    cluster_metrics: Option<crate::metrics::ClusterMetrics>,
 }
 
 /// What the driver knows of pods' network namespaces from the container runtime: asked when a
@@ -208,7 +210,15 @@ impl Driver {
             event_at: None,
             booting: false,
             deferred: Vec::new(),
+            cluster_metrics: None,
         }
+    }
+
+    /// Same loop, setting `metrics` (served clusters vs `--max-clusters`, pods refused by a cap)
+    /// on every publish.
+    pub fn with_cluster_metrics(mut self, metrics: crate::metrics::ClusterMetrics) -> Self {
+        self.cluster_metrics = Some(metrics);
+        self
     }
 
     /// Same loop, pinning each pod's verified socket with `pinner` (the index's settings must
@@ -284,6 +294,9 @@ impl Driver {
             "loaded the state dir"
         );
         let uids: HashSet<String> = pods.iter().map(|p| p.uid.clone()).collect();
+        // Pods refused for the cluster cap before the restart stay behind the others.
+        let capped = self.ledger.reported_with(crate::TcpReason::NodeClusterCap).map(str::to_owned);
+        self.index.remember_refused(capped.collect::<Vec<_>>());
         self.event_at = Some(Instant::now());
         self.booting = true;
         let mut change = self.index.reset_pods(pods);
@@ -781,6 +794,9 @@ impl Driver {
                 continue;
             }
             match (d.is_pipe(), &d.socket) {
+                _ if d.tcp_reason().is_some_and(crate::TcpReason::serves_nothing) => {
+                    tracing::warn!(pod = %key, reason = d.source.label(), detail = %d.reason, "pod is served no clusters")
+                }
                 (true, _) => {
                     tracing::info!(pod = %key, source = d.source.label(), path = %d.path.as_ref().map(|p| p.as_str()).unwrap_or(""), "delivering over the pod's Unix socket")
                 }
@@ -803,6 +819,7 @@ impl Driver {
                 Effective::Pipe(_) => "pipe",
                 Effective::Tcp => "tcp",
                 Effective::Waiting => "waiting",
+                Effective::Refused => "refused",
             };
             *pods.entry(k).or_default() += 1;
             let source = match map.get(key) {
@@ -811,6 +828,13 @@ impl Driver {
                 _ => "none",
             };
             *by_source.entry((k, source)).or_default() += 1;
+        }
+        if let Some(m) = &self.cluster_metrics {
+            let mut refused: BTreeMap<crate::TcpReason, usize> = BTreeMap::new();
+            for reason in map.iter().filter_map(|(_, e)| e.delivery.tcp_reason()).filter(|r| r.serves_nothing()) {
+                *refused.entry(reason).or_default() += 1;
+            }
+            m.set(rendered.snapshot.clusters.len(), self.index.admission().max(), &refused);
         }
         let conflicts = self.index.conflicts().count();
         let fallbacks = pod_events::by_label(&self.ledger.counts());
@@ -1357,5 +1381,55 @@ mod tests {
         let (mut off, _rx) = driver_with(dir.path(), Settings::new("/var/lib/kubelet/pods", false));
         off.boot();
         assert_eq!(key(&off), None, "a policy from the state dir still governs the pod");
+    }
+
+    /// [`cart`] with an IP (so its clusters render), created at second `created`.
+    fn dated(name: &str, uid: &str, created: i64) -> Pod {
+        let mut p = cart(name, uid).ip("10.1.2.3").build();
+        let at = k8s_openapi::jiff::Timestamp::from_second(created).unwrap();
+        p.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at));
+        p
+    }
+
+    #[test]
+    fn the_cluster_cap_is_metered_told_and_kept_across_an_agent_restart() {
+        const UID_C: &str = "22222222-2222-4333-8444-555555555555";
+        let dir = tempfile::tempdir().unwrap();
+        let capped = || Settings::new("/var/lib/kubelet/pods", true).with_max_clusters(Some(4));
+        let metrics = crate::metrics::Metrics::new();
+        let (d, rx) = driver_with(dir.path(), capped());
+        let (mut d, mut events) = with_notices(d.with_cluster_metrics(metrics.clusters.clone()));
+        d.handle(Event::PodsListed(vec![dated("a", UID_A, 200), dated("b", UID_B, 300)]));
+        // Created before both, seen after them (scheduled here late): it waits.
+        d.handle(Event::PodApplied(Box::new(dated("late", UID_C, 100))));
+        assert_eq!(drain(&mut events), ["UdsNodeClusterCapReached"]);
+        let names = |rx: &watch::Receiver<Arc<Snapshot>>| -> Vec<String> {
+            let mut v: Vec<String> = rx.borrow().clusters.iter().map(|c| c.name.clone()).collect();
+            v.sort();
+            v
+        };
+        let served = ["app_shop_a_8080", "app_shop_b_8080", "health_shop_a", "health_shop_b"];
+        assert_eq!(names(&rx), served);
+        let text = metrics.encode(&Status::default());
+        for want in [
+            "aether_agent_clusters 4",
+            "aether_agent_clusters_max 4",
+            "aether_agent_pods_refused{reason=\"node-cluster-cap\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == want), "missing {want:?} in\n{text}");
+        }
+        drop(d);
+
+        // A restart from the state dir serves the same pods, and tells nobody again.
+        let (d, rx) = driver_with(dir.path(), capped());
+        let (mut d, mut events) = with_notices(d);
+        d.boot();
+        assert_eq!(names(&rx), served);
+        d.handle(Event::PodsListed(vec![dated("late", UID_C, 100), dated("a", UID_A, 200), dated("b", UID_B, 300)]));
+        assert_eq!(names(&rx), served);
+        assert_eq!(drain(&mut events), Vec::<&str>::new());
+        // b goes: the late pod gets its room.
+        d.handle(Event::PodDeleted(Box::new(dated("b", UID_B, 300))));
+        assert_eq!(names(&rx), ["app_shop_a_8080", "app_shop_late_8080", "health_shop_a", "health_shop_late"]);
     }
 }

@@ -4,11 +4,16 @@
 //!
 //! | metric | type | labels | meaning |
 //! |---|---|---|---|
-//! | `aether_agent_pods` | gauge | `delivery` = `pipe`/`tcp`/`waiting`, `source` = `annotation`/`policy`/`none` | managed pods on this node by effective delivery and by where their socket request came from |
-//! | `aether_agent_tcp_fallbacks` | gauge | `reason` = a [`TcpReason::label`] (every one listed, also at zero) | pods that asked for a socket and are delivered over TCP, by cause |
+//! | `aether_agent_pods` | gauge | `delivery` = `pipe`/`tcp`/`waiting`/`refused`, `source` = `annotation`/`policy`/`none` | managed pods on this node by effective delivery (`refused`: served no clusters, see the next rows) and by where their socket request came from |
+//! | `aether_agent_tcp_fallbacks` | gauge | `reason` = a [`TcpReason::label`] that is not a cap (every one listed, also at zero) | pods that asked for a socket and are delivered over TCP, by cause |
+//! | `aether_agent_pods_refused` | gauge | `reason` = `too-many-ports`/`node-cluster-cap` (both listed, also at zero) | pods served no clusters at all: over the per-pod port cap, or past `--max-clusters` ([`ClusterMetrics`]) |
+//! | `aether_agent_clusters` | gauge | | `app_`/`health_` clusters the node's Envoy is given now (the last published snapshot) |
+//! | `aether_agent_clusters_max` | gauge | | the cap on them, `--max-clusters` (-1: no cap) |
 //! | `aether_agent_pod_events_total` | counter | `reason` = a [`TcpReason::label`] or `socket-delivered`, `result` = `created`/`failed`/`dropped` | pod Events the agent tried to publish |
 //! | `aether_agent_policy_crd_installed` | gauge | | 1 served, 0 not, -1 not known yet |
 //! | `aether_agent_policy_conflicts` | gauge | | services targeted by more than one valid EndpointPolicy |
+//! | `aether_agent_watch_errors_total` | counter | `resource` = `pods`/`endpointpolicies`, `reason` = a [`WatchErrorReason::label`](aether_agent_core::status::WatchErrorReason::label) (every one listed, also at zero) | errors of the agent's watches (failed list, watch start or watch stream); see [`crate::watch::health`] |
+//! | `aether_agent_watches_failing` | gauge | | watches failing now (every attempt failed since the outage began), grace period or not |
 //! | `aether_xds_pushes_total`, `aether_xds_acks_total`, `aether_xds_nacks_total` | counter | `type` = `cluster`/`listener` | see [`XdsMetrics`] |
 //! | `aether_xds_change_to_ack_seconds` | histogram (seconds) | | from a watch event to Envoy's ACK of the version it produced |
 //! | `aether_xds_connected_streams` | gauge | | ADS streams from Envoy open now (from the first request that names a node to the stream's end) |
@@ -16,6 +21,8 @@
 //! The `aether_agent_*` gauges are set from the reconcile loop's [`Status`] at scrape time;
 //! counters, the histogram and `aether_xds_connected_streams` move as things happen. Every label
 //! value is kebab-case.
+
+use std::collections::BTreeMap;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -25,17 +32,18 @@ use prometheus_client::registry::Registry;
 
 use crate::driver::Status;
 use crate::fallback::TcpReason;
+use crate::watch::WatchMetrics;
 use crate::xds::server::XdsMetrics;
 
 /// The `delivery` label values of `aether_agent_pods`.
-pub const DELIVERIES: [&str; 3] = ["pipe", "tcp", "waiting"];
+pub const DELIVERIES: [&str; 4] = ["pipe", "tcp", "waiting", "refused"];
 /// The `source` label values of `aether_agent_pods`.
 pub const SOURCES: [&str; 3] = ["annotation", "policy", "none"];
 
 /// Labels of `aether_agent_pods`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PodLabels {
-    /// `pipe`, `tcp` or `waiting` (TCP without an address yet).
+    /// `pipe`, `tcp`, `waiting` (TCP without an address yet) or `refused` (no clusters: a cap).
     pub delivery: &'static str,
     /// Where the pod's socket request came from: `annotation`, `policy`, or `none`.
     pub source: &'static str,
@@ -59,6 +67,58 @@ pub struct EventLabels {
     pub result: &'static str,
 }
 
+/// The node's cluster cap (issue 14): `aether_agent_clusters` (served now),
+/// `aether_agent_clusters_max` (`--max-clusters`) and `aether_agent_pods_refused{reason}`. Set by
+/// the reconcile loop on every publish (give a clone to
+/// [`crate::driver::Driver::with_cluster_metrics`]); clones share the values.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterMetrics {
+    served: Gauge,
+    max: Gauge,
+    refused: Family<ReasonLabel, Gauge>,
+}
+
+impl ClusterMetrics {
+    /// Every series at zero (the cap at -1 until it is set).
+    pub fn new() -> Self {
+        let m = ClusterMetrics::default();
+        m.max.set(-1);
+        for cause in TcpReason::ALL.iter().filter(|c| c.serves_nothing()) {
+            m.refused.get_or_create(&ReasonLabel { reason: cause.label() }).set(0);
+        }
+        m
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "aether_agent_clusters",
+            "app_ and health_ clusters the node's Envoy is given now",
+            self.served.clone(),
+        );
+        registry.register(
+            "aether_agent_clusters_max",
+            "The cap on those clusters (--max-clusters); -1 without a cap",
+            self.max.clone(),
+        );
+        registry.register(
+            "aether_agent_pods_refused",
+            "Pods served no clusters at all: over the per-pod port cap (too-many-ports) or past --max-clusters (node-cluster-cap)",
+            self.refused.clone(),
+        );
+    }
+
+    /// Sets every value: `served` clusters in the published snapshot, the cap, and the pods
+    /// refused by each cap reason (a reason left out is zero).
+    pub fn set(&self, served: usize, max: Option<usize>, refused: &BTreeMap<TcpReason, usize>) {
+        self.served.set(served as i64);
+        self.max.set(max.map_or(-1, |m| m as i64));
+        for cause in TcpReason::ALL.iter().filter(|c| c.serves_nothing()) {
+            let n = refused.get(cause).copied().unwrap_or(0);
+            self.refused.get_or_create(&ReasonLabel { reason: cause.label() }).set(n as i64);
+        }
+    }
+}
+
 /// The registry and every metric; share it in an `Arc`.
 pub struct Metrics {
     registry: Registry,
@@ -71,6 +131,13 @@ pub struct Metrics {
     /// The xDS server's metrics (give them to `XdsServer::with_metrics`, their clock to the
     /// driver and the renderer).
     pub xds: XdsMetrics,
+    /// The cluster-cap metrics (give a clone to the driver).
+    pub clusters: ClusterMetrics,
+    /// The watch metrics (give them to [`crate::watch::WatchBoard::new`]).
+    pub watches: WatchMetrics,
+    /// `aether_listener_*{listener="admin"|"xds"}`: open, refused and evicted connections of the
+    /// admin port and the xDS server (docs/listeners.md; give them to their `Gate`s).
+    pub listeners: aether_serve_policy::ListenerMetrics,
 }
 
 impl Default for Metrics {
@@ -115,7 +182,13 @@ impl Metrics {
             conflicts.clone(),
         );
         xds.register(&mut registry);
-        Metrics { registry, pods, fallbacks, crd, conflicts, pod_events, xds }
+        let clusters = ClusterMetrics::new();
+        clusters.register(&mut registry);
+        let watches = WatchMetrics::new();
+        watches.register(&mut registry);
+        let listeners = aether_serve_policy::ListenerMetrics::new();
+        listeners.register(&mut registry);
+        Metrics { registry, pods, fallbacks, crd, conflicts, pod_events, xds, watches, clusters, listeners }
     }
 
     /// Counts one pod Event outcome; `label` is the Event's [`crate::pod_events::Notice::label`].
@@ -131,7 +204,8 @@ impl Metrics {
                 self.pods.get_or_create(&PodLabels { delivery, source }).set(n as i64);
             }
         }
-        for cause in TcpReason::ALL {
+        // The caps are not fallbacks: their pods are counted by `aether_agent_pods_refused`.
+        for cause in TcpReason::ALL.iter().filter(|c| !c.serves_nothing()) {
             let n = status.fallbacks.get(cause.label()).copied().unwrap_or(0);
             self.fallbacks.get_or_create(&ReasonLabel { reason: cause.label() }).set(n as i64);
         }
@@ -158,6 +232,7 @@ mod tests {
         status.by_source.insert(("tcp", "annotation"), 2);
         status.fallbacks.insert("path-too-long", 2);
         m.pod_event("path-too-long", "created");
+        crate::watch::register(&crate::watch::WatchBoard::new(m.watches.clone()), true);
         let text = m.encode(&status);
         for want in [
             "aether_agent_pods{delivery=\"tcp\",source=\"annotation\"} 2",
@@ -172,6 +247,10 @@ mod tests {
             "aether_xds_change_to_ack_seconds_count 0",
             "# TYPE aether_xds_connected_streams gauge",
             "aether_xds_connected_streams 0",
+            "# TYPE aether_agent_watch_errors counter",
+            "aether_agent_watch_errors_total{resource=\"pods\",reason=\"forbidden\"} 0",
+            "# TYPE aether_agent_watches_failing gauge",
+            "aether_agent_watches_failing 0",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
@@ -186,7 +265,9 @@ mod tests {
             m.pod_event(cause.label(), "created");
         }
         m.pod_event(crate::pod_events::DELIVERED_LABEL, "dropped");
+        crate::watch::register(&crate::watch::WatchBoard::new(m.watches.clone()), true);
         let text = m.encode(&status);
+        assert!(text.contains("aether_agent_watch_errors_total{resource=\"endpointpolicies\",reason=\"not-found\"} 0"));
         let mut seen = 0;
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let Some((_, labels)) = line.split_once('{') else { continue };
@@ -222,10 +303,38 @@ mod tests {
             .filter_map(|l| l.strip_prefix("aether_agent_tcp_fallbacks{reason=\""))
             .filter_map(|l| l.split_once('"').map(|(label, _)| label))
             .collect();
-        assert_eq!(exported.len(), TcpReason::ALL.len(), "one series per reason, no other:\n{text}");
-        for (i, cause) in TcpReason::ALL.iter().enumerate() {
+        let fallbacks: Vec<(usize, &TcpReason)> =
+            TcpReason::ALL.iter().enumerate().filter(|(_, c)| !c.serves_nothing()).collect();
+        assert_eq!(exported.len(), fallbacks.len(), "one series per fallback reason, no other:\n{text}");
+        for (i, cause) in fallbacks {
             let want = format!("aether_agent_tcp_fallbacks{{reason=\"{}\"}} {}", cause.label(), i + 1);
             assert!(text.lines().any(|l| l == want), "missing {want:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn served_clusters_the_cap_and_the_refused_pods_are_exported_and_shared_by_clones() {
+        let m = Metrics::new();
+        let text = m.encode(&Status::default());
+        for want in [
+            "aether_agent_clusters 0",
+            "aether_agent_clusters_max -1",
+            "aether_agent_pods_refused{reason=\"too-many-ports\"} 0",
+            "aether_agent_pods_refused{reason=\"node-cluster-cap\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == want), "missing {want:?} in\n{text}");
+        }
+        let driver_side = m.clusters.clone();
+        driver_side.set(3_998, Some(4_000), &BTreeMap::from([(TcpReason::NodeClusterCap, 2)]));
+        let text = m.encode(&Status::default());
+        for want in [
+            "aether_agent_clusters 3998",
+            "aether_agent_clusters_max 4000",
+            "aether_agent_pods_refused{reason=\"node-cluster-cap\"} 2",
+            "aether_agent_pods_refused{reason=\"too-many-ports\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == want), "missing {want:?} in\n{text}");
+        }
+        assert!(!text.contains("aether_agent_tcp_fallbacks{reason=\"node-cluster-cap\"}"), "a cap is not a fallback");
     }
 }

@@ -15,8 +15,9 @@ use crate::fold::Settings;
 /// `aether-agent plan`: reads `--pods` and `--policies`, plans, prints. Exit code 0, or 2 (the
 /// reason on standard error) for input that cannot be read or parsed, or both files on stdin.
 /// An unusable `--kubelet-pods-dir` is a warning: every pod is then planned over TCP.
+/// `--socket-limit filesystem` plans as an agent with `--pin-dir` would decide (no pins offline).
 pub fn command(args: &PlanArgs) -> ExitCode {
-    let settings = Settings::new(&args.delivery.kubelet_pods_dir, args.delivery.uds_workloads);
+    let settings = Settings::with_rules(args.delivery.rules(), args.delivery.uds_workloads);
     if let Err(e) = settings.budget() {
         eprintln!("warning: --kubelet-pods-dir: {e}");
     }

@@ -11,6 +11,15 @@
 //! arrives as one complete list that replaces the index's state (F08). Policies are watched as
 //! untyped objects and parsed one by one, so one malformed object is logged and skipped instead of
 //! failing the whole list.
+//!
+//! Every watch reports to the [`WatchBoard`] ([`health`]): each error is counted by resource and
+//! reason, an outage is logged once when it starts and once when it ends, and `/readyz` turns 503
+//! while a required watch has been failing for longer than `--watch-grace-seconds`. Both watches
+//! are required ([`PODS_REQUIRED`], [`POLICIES_REQUIRED`]); the policy watch is off (never
+//! degrading readiness) while the CRD is not installed or with `--uds-workloads=false`. Whatever
+//! fails, the loop keeps serving the last good state: a watch error withdraws nothing.
+
+pub mod health;
 
 use std::time::Duration;
 
@@ -26,33 +35,57 @@ use kube::{Client, Resource};
 use tokio::sync::mpsc;
 
 use crate::driver::Event;
+pub use health::{Watch, WatchBoard, WatchMetrics, WatchStartLayer};
 
-/// Watches this node's managed pods forever, sending events to `tx`. Returns when `tx` closes.
-pub async fn pods(client: Client, node: String, tx: mpsc::Sender<Event>) {
+/// Why `/readyz` depends on the pod watch (shown there).
+pub const PODS_REQUIRED: &str = "pods of this node that are created, changed or deleted reach Envoy only through it";
+/// Why `/readyz` depends on the EndpointPolicy watch while the CRD is installed (shown there).
+pub const POLICIES_REQUIRED: &str = "EndpointPolicy changes reach this node's pods only through it";
+/// Why the EndpointPolicy watch is off while the CRD is absent.
+pub const CRD_ABSENT: &str = "the EndpointPolicy CRD is not installed: only pod annotations apply";
+
+/// Registers the agent's watches on `board`: the pod watch, and the EndpointPolicy watch (off
+/// when `uds_workloads` is false). Returns their handles: (pods, policies).
+pub fn register(board: &WatchBoard, uds_workloads: bool) -> (Watch, Watch) {
+    let pods = board.register("", "pods", Some(PODS_REQUIRED));
+    let policies = board.register(aether_crds::policy::GROUP, aether_crds::policy::PLURAL, Some(POLICIES_REQUIRED));
+    if !uds_workloads {
+        policies.off("--uds-workloads=false: EndpointPolicies are not watched and every pod is TCP");
+    }
+    (pods, policies)
+}
+
+/// The agent's Kubernetes client from the usual configuration (in-cluster, or `KUBECONFIG`),
+/// with the [`WatchStartLayer`] reporting accepted watch requests to `board`.
+///
+/// # Errors
+/// When no configuration can be inferred or the client cannot be built.
+pub async fn client(board: &WatchBoard) -> Result<Client, kube::Error> {
+    let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+    Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&WatchStartLayer::new(board.clone())).build())
+}
+
+/// Watches this node's managed pods forever, sending events to `tx` and reporting to `health`.
+/// Returns when `tx` closes.
+pub async fn pods(client: Client, node: String, tx: mpsc::Sender<Event>, health: Watch) {
     let api: Api<Pod> = Api::all(client);
     let cfg = watcher::Config::default()
         .fields(&format!("spec.nodeName={node}"))
         .labels(&format!("{MANAGED_LABEL}={MANAGED_VALUE}"));
     let mut stream = without_init(watcher::watcher(api, cfg)).default_backoff().boxed();
     let mut buffer: Vec<Pod> = Vec::new();
-    let mut last_error: Option<String> = None;
     loop {
-        let next = stream.next().await;
-        let event = match next {
+        let event = match stream.next().await {
             None => return,
             Some(Err(e)) => {
                 buffer.clear();
-                let text = e.to_string();
-                if last_error.as_ref() != Some(&text) {
-                    tracing::warn!(error = %text, "pod watch failed; retrying with backoff");
-                    last_error = Some(text);
-                }
+                health.failed(&e);
                 continue;
             }
             Some(Ok(ev)) => ev,
         };
-        if matches!(event, WEvent::InitDone | WEvent::Apply(_) | WEvent::Delete(_)) && last_error.take().is_some() {
-            tracing::info!("pod watch recovered");
+        if matches!(event, WEvent::InitDone | WEvent::Apply(_) | WEvent::Delete(_)) {
+            health.ok();
         }
         let sent = match event {
             WEvent::Init => Ok(()),
@@ -83,8 +116,9 @@ pub async fn crd_served(client: &Client) -> Result<bool, kube::Error> {
     }
 }
 
-/// The CRD gate and the policy watch, forever. Returns when `tx` closes.
-pub async fn policies(client: Client, tx: mpsc::Sender<Event>) {
+/// The CRD gate and the policy watch, forever, reporting to `health` (discovery failures
+/// included). Returns when `tx` closes.
+pub async fn policies(client: Client, tx: mpsc::Sender<Event>, health: Watch) {
     const MIN: Duration = Duration::from_secs(1);
     const MAX: Duration = Duration::from_secs(30);
     let mut delay = MIN;
@@ -95,13 +129,15 @@ pub async fn policies(client: Client, tx: mpsc::Sender<Event>) {
                 tracing::info!("EndpointPolicy CRD is served; watching EndpointPolicies");
                 reported = Some(true);
                 delay = MIN;
-                if watch_policies(&client, &tx).await.is_err() {
+                health.on();
+                if watch_policies(&client, &tx, &health).await.is_err() {
                     return;
                 }
                 // The watch ended because the CRD went away.
                 continue;
             }
             Ok(false) => {
+                health.off(CRD_ABSENT);
                 if reported != Some(false) {
                     tracing::warn!(
                         "EndpointPolicy CRD not installed: only pod annotations apply; checking again with backoff up to {}s",
@@ -113,7 +149,7 @@ pub async fn policies(client: Client, tx: mpsc::Sender<Event>) {
                     }
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "cannot ask the API server whether the EndpointPolicy CRD is served"),
+            Err(e) => health.failed_request(&e),
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(MAX);
@@ -121,12 +157,11 @@ pub async fn policies(client: Client, tx: mpsc::Sender<Event>) {
 }
 
 /// Watches policies until the CRD disappears (`Ok`) or `tx` closes (`Err`).
-async fn watch_policies(client: &Client, tx: &mpsc::Sender<Event>) -> Result<(), ()> {
+async fn watch_policies(client: &Client, tx: &mpsc::Sender<Event>, health: &Watch) -> Result<(), ()> {
     let ar = ApiResource::erase::<EndpointPolicy>(&());
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
     let mut stream = without_init(watcher::watcher(api, watcher::Config::default())).default_backoff().boxed();
     let mut buffer: Vec<EndpointPolicy> = Vec::new();
-    let mut last_error: Option<String> = None;
     loop {
         let event = match stream.try_next().await {
             Ok(Some(ev)) => ev,
@@ -135,18 +170,18 @@ async fn watch_policies(client: &Client, tx: &mpsc::Sender<Event>) -> Result<(),
                 buffer.clear();
                 if let Ok(false) = crd_served(client).await {
                     tracing::warn!("EndpointPolicy CRD was removed: policies no longer apply");
+                    health.counted(&e);
+                    health.off(CRD_ABSENT);
                     tx.send(Event::CrdAbsent).await.map_err(|_| ())?;
                     return Ok(());
                 }
-                let text = e.to_string();
-                if last_error.as_ref() != Some(&text) {
-                    tracing::warn!(error = %text, "EndpointPolicy watch failed; retrying with backoff");
-                    last_error = Some(text);
-                }
+                health.failed(&e);
                 continue;
             }
         };
-        last_error = None;
+        if matches!(event, WEvent::InitDone | WEvent::Apply(_) | WEvent::Delete(_)) {
+            health.ok();
+        }
         let sent = match event {
             WEvent::Init => Ok(()),
             WEvent::InitApply(obj) => {

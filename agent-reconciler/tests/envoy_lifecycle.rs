@@ -64,10 +64,11 @@ async fn until<T, Fut: Future<Output = Option<T>>>(
 }
 
 /// The CDS and LDS versions an agent serves for an empty state dir with this health socket.
-fn empty_versions(health_socket: &Path) -> (String, String) {
+/// The CDS, LDS and ECDS versions of an empty node with a health gateway on `health_socket`.
+fn empty_versions(health_socket: &Path) -> (String, String, String) {
     let opts = RenderOptions { health_socket: Some(health_socket.to_str().unwrap().to_owned()), ..Default::default() };
     let r = render(&Snapshot::default(), &opts);
-    (r.clusters.version, r.listeners.version)
+    (r.clusters.version, r.listeners.version, r.extension_configs.version)
 }
 
 fn free_port() -> u16 {
@@ -195,9 +196,10 @@ async fn connected_streams_count_envoy_from_its_first_request_until_it_is_killed
     envoy.wait_ready().unwrap();
     assert_eq!(tracker.connected_total(), 1);
     assert_eq!(gauge().await.as_deref(), Some("1"));
-    let (cds, lds) = empty_versions(&health);
-    let want =
-        format!("envoy: 1 stream(s) connected (node node-s); CDS version {cds} acked; LDS version {lds} acked\n");
+    let (cds, lds, ecds) = empty_versions(&health);
+    let want = format!(
+        "envoy: 1 stream(s) connected (node node-s); CDS version {cds} acked; LDS version {lds} acked; ECDS version {ecds} acked\n"
+    );
     let body = until(
         "/readyz to report the ACKs",
         || async { get(admin_port, "/readyz").await.filter(|(_, b)| b.ends_with(&want)) },
@@ -243,10 +245,10 @@ async fn readyz_requires_envoy_is_503_until_envoy_acks_and_again_once_it_is_gone
     )
     .await;
     eprintln!("/readyz after the ACKs: {code}\n{body}");
-    let (cds, lds) = empty_versions(&dir.path().join("health.sock"));
+    let (cds, lds, ecds) = empty_versions(&dir.path().join("health.sock"));
     assert!(
         body.contains(&format!(
-            "envoy: 1 stream(s) connected (node node-r); CDS version {cds} acked; LDS version {lds} acked\n"
+            "envoy: 1 stream(s) connected (node node-r); CDS version {cds} acked; LDS version {lds} acked; ECDS version {ecds} acked\n"
         )),
         "{body}"
     );

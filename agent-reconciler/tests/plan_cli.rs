@@ -101,3 +101,30 @@ fn pods_and_policies_cannot_both_be_standard_input() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot both read standard input"));
 }
+
+#[test]
+fn a_pod_over_the_port_cap_is_planned_with_no_clusters_at_all() {
+    let ports: Vec<String> = (0..65).map(|i| (10_000 + i).to_string()).collect();
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: many\n  namespace: shop\n  labels: {{aether.io/managed: \"true\"}}\n  \
+         annotations: {{endpoint.aether.io/ports: \"{}\"}}\nspec:\n  serviceAccountName: many\n  nodeName: n1\n  \
+         containers: [{{name: app, image: app}}]\n",
+        ports.join(",")
+    );
+    let run = |format: &str| {
+        let out = Command::cargo_bin("aether-agent")
+            .unwrap()
+            .args(["plan", "--pods", "-", "-o", format])
+            .write_stdin(pod.clone())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let plans: Value = serde_json::from_str(&run("json")).unwrap();
+    let many = by_name(plans.as_array().unwrap(), "many");
+    assert_eq!(many["clusters"], serde_json::json!([]), "{many}");
+    assert!(many["reason"].as_str().unwrap().starts_with("too-many-ports"), "{many}");
+    let text = run("text");
+    assert!(text.contains("shop/many: no clusters (refused)"), "{text}");
+}

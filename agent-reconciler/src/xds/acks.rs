@@ -2,8 +2,9 @@
 //! [`AckTracker`]. The server records into it; `/readyz`, metrics, tests and the shutdown wait
 //! read it.
 //!
-//! The tracker keeps, per node id and type URL, the versions sent and acknowledged and the last
-//! NACK ([`TypeState`], [`Nack`]); and it counts the streams open now, per node id: a stream
+//! The tracker keeps, per node id and type URL (CDS, LDS and ECDS alike: nothing here is specific
+//! to a type), the versions sent and acknowledged and the last NACK ([`TypeState`], [`Nack`]);
+//! and it counts the streams open now, per node id: a stream
 //! counts from its first request that carries a node until it ends, however it ends (the client
 //! went away, an error, the server's shutdown); see [`AckTracker::connected`] and
 //! [`AckTracker::streams`] (what each open stream ACKed, [`StreamState`], read by `/readyz`

@@ -1,9 +1,9 @@
 //! The xDS server's Prometheus metrics ([`XdsMetrics`]) and the [`ChangeClock`] behind its
 //! change-to-ACK histogram.
 //!
-//! Counted: responses sent, ACKs and NACKs per resource type ([`type_label`]), the streams open
-//! now, and the time from a change (stamped on a [`ChangeClock`] by whoever publishes snapshots)
-//! to Envoy's ACK of the version that change produced.
+//! Counted: responses sent, ACKs and NACKs per resource type ([`type_label`]: CDS, LDS, ECDS),
+//! the streams open now, and the time from a change (stamped on a [`ChangeClock`] by whoever
+//! publishes snapshots) to Envoy's ACK of the version that change produced.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,19 +18,29 @@ use prometheus_client::registry::Registry;
 
 use super::resources::Resources;
 
-/// The metric label of a type URL: `cluster`, `listener`, or `other` (bounded).
+/// The metric label of a type URL: `cluster`, `listener`, `extension-config`, or `other`
+/// (bounded).
 pub fn type_label(type_url: &str) -> &'static str {
     match type_url {
         super::resources::CLUSTER_TYPE_URL => "cluster",
         super::resources::LISTENER_TYPE_URL => "listener",
+        super::resources::EXTENSION_CONFIG_TYPE_URL => "extension-config",
         _ => "other",
     }
 }
 
+/// The type URLs the server serves, in push order (each has its counters from the start).
+const SERVED: [&str; 3] = [
+    super::resources::CLUSTER_TYPE_URL,
+    super::resources::LISTENER_TYPE_URL,
+    super::resources::EXTENSION_CONFIG_TYPE_URL,
+];
+
 /// Label set `{type}` of the xDS counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TypeLabel {
-    /// `cluster` (CDS), `listener` (LDS), `other`.
+    /// `cluster` (CDS), `listener` (LDS), `extension-config` (ECDS: the health gateway's
+    /// checks), `other`.
     pub r#type: &'static str,
 }
 
@@ -164,9 +174,9 @@ impl XdsMetrics {
     }
 
     /// Registers the metrics (names in the field docs; counters get `_total` on encoding). The
-    /// counters of both served types exist from the start, at zero.
+    /// counters of every served type exist from the start, at zero.
     pub fn register(&self, registry: &mut Registry) {
-        for type_url in [super::resources::CLUSTER_TYPE_URL, super::resources::LISTENER_TYPE_URL] {
+        for type_url in SERVED {
             for family in [&self.pushes, &self.acks, &self.nacks] {
                 family.get_or_create(&TypeLabel { r#type: type_label(type_url) }).inc_by(0);
             }
@@ -201,6 +211,23 @@ mod tests {
         r.clusters.version = cds.to_owned();
         r.listeners.version = lds.to_owned();
         r
+    }
+
+    #[test]
+    fn every_served_type_has_its_counters_from_the_start_under_a_bounded_label() {
+        let m = XdsMetrics::new();
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for label in ["cluster", "listener", "extension-config"] {
+            for name in ["pushes", "acks", "nacks"] {
+                let line = format!("aether_xds_{name}_total{{type=\"{label}\"}} 0");
+                assert!(text.contains(&line), "{line} missing in:\n{text}");
+            }
+        }
+        assert_eq!(type_label(crate::xds::resources::EXTENSION_CONFIG_TYPE_URL), "extension-config");
+        assert_eq!(type_label("type.googleapis.com/envoy.config.route.v3.RouteConfiguration"), "other");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Is the node's Envoy caught up? The pure decision behind `/readyz` (see [`crate::admin`]).
 //!
 //! Envoy is caught up when at least one of its ADS streams is open and has ACKed, on that
-//! stream, the CDS and the LDS versions the server would send now. Not connected, behind (a
+//! stream, the CDS and the LDS versions the server would send now, and the ECDS version too while
+//! the health gateway's checks are served (a NACKed checks config leaves the gateway answering
+//! from the previous one). Not connected, behind (a
 //! current version not ACKed yet) and rejected (a current version NACKed) are not caught up.
 //!
 //! [`assess`] takes the open streams from [`AckTracker::streams`](super::AckTracker::streams) and
@@ -10,6 +12,7 @@
 
 use std::fmt;
 
+use super::health_gateway::EXTENSION_CONFIG_TYPE_URL;
 use super::resources::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL};
 use super::server::StreamState;
 
@@ -19,7 +22,7 @@ const MESSAGE_CHARS: usize = 160;
 /// Where one resource type stands on the stream [`assess`] reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TypeProgress {
-    /// `CDS` or `LDS`.
+    /// `CDS`, `LDS` or `ECDS`.
     pub label: &'static str,
     /// The version the server would send now.
     pub current: String,
@@ -70,6 +73,14 @@ pub struct Connected {
     pub cds: TypeProgress,
     /// LDS on the reported stream.
     pub lds: TypeProgress,
+    /// ECDS (the health gateway's checks) on the reported stream, when any is served.
+    pub ecds: Option<TypeProgress>,
+}
+
+impl Connected {
+    fn caught_up(&self) -> bool {
+        self.cds.caught_up() && self.lds.caught_up() && self.ecds.as_ref().is_none_or(TypeProgress::caught_up)
+    }
 }
 
 /// Where the node's Envoy stands; its `Display` is the `/readyz` line (no newline).
@@ -82,11 +93,11 @@ pub enum EnvoyReadiness {
 }
 
 impl EnvoyReadiness {
-    /// Whether a connected stream has ACKed both current versions.
+    /// Whether a connected stream has ACKed every current version.
     pub fn caught_up(&self) -> bool {
         match self {
             EnvoyReadiness::NotConnected => false,
-            EnvoyReadiness::Connected(c) => c.cds.caught_up() && c.lds.caught_up(),
+            EnvoyReadiness::Connected(c) => c.caught_up(),
         }
     }
 }
@@ -96,33 +107,44 @@ impl fmt::Display for EnvoyReadiness {
         match self {
             EnvoyReadiness::NotConnected => write!(f, "envoy: not connected"),
             EnvoyReadiness::Connected(c) => {
-                let Connected { streams, nodes, cds, lds } = &**c;
+                let Connected { streams, nodes, cds, lds, ecds } = &**c;
                 let noun = if nodes.len() == 1 { "node" } else { "nodes" };
-                write!(f, "envoy: {streams} stream(s) connected ({noun} {}); {cds}; {lds}", nodes.join(", "))
+                write!(f, "envoy: {streams} stream(s) connected ({noun} {}); {cds}; {lds}", nodes.join(", "))?;
+                match ecds {
+                    Some(ecds) => write!(f, "; {ecds}"),
+                    None => Ok(()),
+                }
             }
         }
     }
 }
 
-/// Where Envoy stands, given the open `streams` (oldest first) and the CDS and LDS versions the
-/// server would send now.
-pub fn assess(streams: &[StreamState], current_cds: &str, current_lds: &str) -> EnvoyReadiness {
+/// Where Envoy stands, given the open `streams` (oldest first) and the CDS, LDS and (when the
+/// health gateway's checks are served) ECDS versions the server would send now.
+pub fn assess(
+    streams: &[StreamState],
+    current_cds: &str,
+    current_lds: &str,
+    current_ecds: Option<&str>,
+) -> EnvoyReadiness {
     let progress = |s: &StreamState| {
         (
             TypeProgress::of("CDS", CLUSTER_TYPE_URL, current_cds, s),
             TypeProgress::of("LDS", LISTENER_TYPE_URL, current_lds, s),
+            current_ecds.map(|v| TypeProgress::of("ECDS", EXTENSION_CONFIG_TYPE_URL, v, s)),
         )
     };
+    let score = |(c, l, e): &(TypeProgress, TypeProgress, Option<TypeProgress>)| {
+        u8::from(c.caught_up()) + u8::from(l.caught_up()) + u8::from(e.as_ref().is_some_and(TypeProgress::caught_up))
+    };
     // `max_by_key` keeps the last of equals: the newest stream.
-    let Some((cds, lds)) =
-        streams.iter().map(progress).max_by_key(|(c, l)| u8::from(c.caught_up()) + u8::from(l.caught_up()))
-    else {
+    let Some((cds, lds, ecds)) = streams.iter().map(progress).max_by_key(score) else {
         return EnvoyReadiness::NotConnected;
     };
     let mut nodes: Vec<String> = streams.iter().map(|s| s.node.clone()).collect();
     nodes.sort();
     nodes.dedup();
-    EnvoyReadiness::Connected(Box::new(Connected { streams: streams.len(), nodes, cds, lds }))
+    EnvoyReadiness::Connected(Box::new(Connected { streams: streams.len(), nodes, cds, lds, ecds }))
 }
 
 /// `message` on one line, at most [`MESSAGE_CHARS`] characters (then `...`).
@@ -140,6 +162,20 @@ mod tests {
     use super::*;
     use crate::xds::server::Nack;
 
+    #[test]
+    fn served_health_checks_must_be_acked_too_and_show_on_the_line() {
+        let mut s = stream("n1", Some("c1"), Some("l1"));
+        let behind = assess(std::slice::from_ref(&s), "c1", "l1", Some("e1"));
+        assert!(!behind.caught_up());
+        assert!(behind.to_string().ends_with("; ECDS version e1 not acked yet (acked none)"), "{behind}");
+        s.acked.insert(EXTENSION_CONFIG_TYPE_URL.to_owned(), "e1".to_owned());
+        let r = assess(std::slice::from_ref(&s), "c1", "l1", Some("e1"));
+        assert!(r.caught_up());
+        assert!(r.to_string().ends_with("; LDS version l1 acked; ECDS version e1 acked"), "{r}");
+        // No checks served (no gateway): ECDS plays no part.
+        assert!(assess(&[stream("n1", Some("c1"), Some("l1"))], "c1", "l1", None).caught_up());
+    }
+
     fn stream(node: &str, cds: Option<&str>, lds: Option<&str>) -> StreamState {
         let mut s = StreamState { node: node.to_owned(), ..StreamState::default() };
         for (type_url, v) in [(CLUSTER_TYPE_URL, cds), (LISTENER_TYPE_URL, lds)] {
@@ -152,20 +188,20 @@ mod tests {
 
     #[test]
     fn not_connected() {
-        let r = assess(&[], "c1", "l1");
+        let r = assess(&[], "c1", "l1", None);
         assert!(!r.caught_up());
         assert_eq!(r.to_string(), "envoy: not connected");
     }
 
     #[test]
     fn connected_but_behind() {
-        let r = assess(&[stream("n1", Some("c1"), Some("l1"))], "c2", "l1");
+        let r = assess(&[stream("n1", Some("c1"), Some("l1"))], "c2", "l1", None);
         assert!(!r.caught_up());
         assert_eq!(
             r.to_string(),
             "envoy: 1 stream(s) connected (node n1); CDS version c2 not acked yet (acked c1); LDS version l1 acked"
         );
-        let fresh = assess(&[stream("n1", None, None)], "c1", "l1");
+        let fresh = assess(&[stream("n1", None, None)], "c1", "l1", None);
         assert!(!fresh.caught_up());
         assert!(
             fresh
@@ -178,7 +214,7 @@ mod tests {
     fn caught_up_on_one_stream_of_several() {
         let streams =
             [stream("n1", Some("c1"), Some("l1")), stream("n2", Some("c2"), Some("l2")), stream("n1", None, None)];
-        let r = assess(&streams, "c2", "l2");
+        let r = assess(&streams, "c2", "l2", None);
         assert!(r.caught_up());
         assert_eq!(
             r.to_string(),
@@ -189,7 +225,7 @@ mod tests {
     #[test]
     fn acks_of_different_streams_do_not_add_up() {
         let streams = [stream("n1", Some("c2"), Some("l1")), stream("n1", Some("c1"), Some("l2"))];
-        assert!(!assess(&streams, "c2", "l2").caught_up());
+        assert!(!assess(&streams, "c2", "l2", None).caught_up());
     }
 
     #[test]
@@ -202,7 +238,7 @@ mod tests {
             code: 13,
         };
         s.nacked.insert(CLUSTER_TYPE_URL.to_owned(), nack("c2"));
-        let r = assess(std::slice::from_ref(&s), "c2", "l1");
+        let r = assess(std::slice::from_ref(&s), "c2", "l1", None);
         assert!(!r.caught_up());
         assert_eq!(
             r.to_string(),
@@ -211,7 +247,7 @@ mod tests {
         );
         // A NACK of an older version does not matter once the current one is ACKed.
         s.acked.insert(CLUSTER_TYPE_URL.to_owned(), "c3".to_owned());
-        assert!(assess(&[s], "c3", "l1").caught_up());
+        assert!(assess(&[s], "c3", "l1", None).caught_up());
     }
 
     #[test]

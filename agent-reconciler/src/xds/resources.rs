@@ -2,7 +2,8 @@
 //!
 //! Nothing here knows Kubernetes: the core's render turns pods into [`ClusterSpec`]s (the model,
 //! [`aether_agent_core::model`], re-exported here), this module turns
-//! those into Envoy `Cluster`s (CDS) and the health-gateway `Listener` (LDS), packed into
+//! those into Envoy `Cluster`s (CDS), the inbound `Listener`s and the health gateway (its
+//! `Listener` in LDS and its checks in ECDS, rendered by [`super::health_gateway`]), packed into
 //! envoy-types' `Any`, each set with a content-hash version.
 //!
 //! Validation happens *before* rendering ([`ClusterSpec::validate`]): a spec Envoy would refuse
@@ -25,8 +26,8 @@ use envoy_types::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, CommonLbConfig, DiscoveryType},
 };
 use envoy_types::pb::envoy::config::core::v3::{
-    Address, BindConfig, DataSource, HealthCheck as PbHealthCheck, Http2ProtocolOptions, Pipe, SocketAddress, address,
-    data_source,
+    Address, BindConfig, HealthCheck as PbHealthCheck, Http2ProtocolOptions, Pipe, SocketAddress, TypedExtensionConfig,
+    address,
     health_check::{HealthChecker, HttpHealthCheck, TcpHealthCheck},
     socket_address::PortSpecifier,
 };
@@ -34,29 +35,19 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
 };
 use envoy_types::pb::envoy::config::listener::v3::{AdditionalAddress, Filter, FilterChain, Listener, filter};
-use envoy_types::pb::envoy::config::route::v3::{
-    DirectResponseAction, HeaderMatcher, Route, RouteConfiguration, RouteMatch, VirtualHost,
-    header_matcher::HeaderMatchSpecifier, route, route_match::PathSpecifier,
-};
-use envoy_types::pb::envoy::extensions::filters::http::health_check::v3::HealthCheck as HealthCheckFilter;
-use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::connection_limit::v3::ConnectionLimit;
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, HttpFilter,
-    http_connection_manager::{CodecType, RouteSpecifier},
-    http_filter,
-};
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy::ClusterSpecifier};
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions,
     http_protocol_options::{ExplicitHttpConfig, UpstreamProtocolOptions, explicit_http_config::ProtocolConfig},
 };
-use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
 use envoy_types::pb::envoy::r#type::v3::{CodecClientType, Percent};
 use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration as PbDuration, UInt32Value, UInt64Value};
 use envoy_types::util::pack_any;
 use prost::Name;
 use sha2::{Digest, Sha256};
+
+use super::health_gateway::{render_health_checks, render_health_listener};
 
 /// Default cap on concurrent connections per inbound listener (one pod port).
 pub const DEFAULT_INBOUND_MAX_CONNECTIONS: u64 = 16_384;
@@ -65,10 +56,10 @@ pub const DEFAULT_INBOUND_MAX_CONNECTIONS: u64 = 16_384;
 pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 /// Type URL of an Envoy v3 `Listener` (LDS).
 pub const LISTENER_TYPE_URL: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
-/// Name of the health-gateway listener served over LDS.
-pub const HEALTH_LISTENER_NAME: &str = "aether_health";
-/// Path prefix the health gateway answers: `GET /healthz/<health cluster name>`.
-pub const HEALTHZ_PREFIX: &str = "/healthz/";
+// The gateway's names (rendered in `health_gateway`), also under this module's paths.
+pub use super::health_gateway::{
+    DEFAULT_HEALTH_MAX_CONNECTIONS, EXTENSION_CONFIG_TYPE_URL, HEALTH_CHECKS_NAME, HEALTH_LISTENER_NAME, HEALTHZ_PREFIX,
+};
 /// Host header of every active HTTP health check.
 pub const HEALTH_CHECK_HOST: &str = "localhost";
 
@@ -110,6 +101,9 @@ pub struct RenderOptions {
     pub health_socket: Option<String>,
     /// File mode of the health-gateway socket (e.g. `0o666`).
     pub health_socket_mode: u32,
+    /// Cap on concurrent connections to the health gateway (Envoy's `connection_limit` network
+    /// filter; see [`DEFAULT_HEALTH_MAX_CONNECTIONS`]).
+    pub health_max_connections: u64,
     /// Cap on concurrent connections of each inbound listener (Envoy's `connection_limit`
     /// network filter: a connection past it is closed at once and counted in the filter's
     /// `limited_connections` stat).
@@ -121,14 +115,15 @@ pub struct RenderOptions {
 
 impl Default for RenderOptions {
     /// 1 s connect timeout, default health timing, health socket `/run/aether/health.sock`
-    /// with mode `0o666`, inbound listeners capped at [`DEFAULT_INBOUND_MAX_CONNECTIONS`] with a
-    /// 1 h idle timeout.
+    /// with mode `0o666` capped at [`DEFAULT_HEALTH_MAX_CONNECTIONS`], inbound listeners capped at
+    /// [`DEFAULT_INBOUND_MAX_CONNECTIONS`] with a 1 h idle timeout.
     fn default() -> Self {
         RenderOptions {
             connect_timeout: Duration::from_secs(1),
             health: HealthTiming::default(),
             health_socket: Some("/run/aether/health.sock".to_owned()),
             health_socket_mode: 0o666,
+            health_max_connections: DEFAULT_HEALTH_MAX_CONNECTIONS,
             inbound_max_connections: DEFAULT_INBOUND_MAX_CONNECTIONS,
             inbound_idle_timeout: Duration::from_secs(3600),
         }
@@ -138,7 +133,7 @@ impl Default for RenderOptions {
 /// One rendered resource: its name and the packed proto.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NamedResource {
-    /// Resource name (cluster or listener name).
+    /// Resource name (cluster, listener or extension config name).
     pub name: String,
     /// The packed Envoy proto.
     pub resource: Any,
@@ -147,7 +142,8 @@ pub struct NamedResource {
 /// All resources of one type URL, sorted by name, with their content-hash version.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TypedResources {
-    /// Type URL of every resource ([`CLUSTER_TYPE_URL`] or [`LISTENER_TYPE_URL`]).
+    /// Type URL of every resource ([`CLUSTER_TYPE_URL`], [`LISTENER_TYPE_URL`] or
+    /// [`EXTENSION_CONFIG_TYPE_URL`]).
     pub type_url: String,
     /// Hex SHA-256 (first 16 bytes, 32 hex characters) over the type URL and, per resource in
     /// name order, its name and [`resource_digest`]: same content, same version. Per-resource
@@ -206,7 +202,7 @@ pub struct Rejected {
     pub error: RenderError,
 }
 
-/// The rendered snapshot the ADS server serves: CDS and LDS sets plus what was left out.
+/// The rendered snapshot the ADS server serves: CDS, LDS and ECDS sets plus what was left out.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resources {
     /// `Cluster`s ([`CLUSTER_TYPE_URL`]).
@@ -214,12 +210,15 @@ pub struct Resources {
     /// `Listener`s ([`LISTENER_TYPE_URL`]): the health gateway, if configured, and the inbound
     /// listeners.
     pub listeners: TypedResources,
+    /// `TypedExtensionConfig`s ([`EXTENSION_CONFIG_TYPE_URL`], ECDS): the health gateway's checks
+    /// ([`HEALTH_CHECKS_NAME`]) when the gateway listener is served, else none.
+    pub extension_configs: TypedResources,
     /// Specs that failed validation and are not in `clusters`/`listeners`.
     pub rejected: Vec<Rejected>,
 }
 
 impl Default for Resources {
-    /// No clusters, no listeners.
+    /// No clusters, no listeners, no extension configs.
     fn default() -> Self {
         Resources::from_protos(Vec::new(), Vec::new())
     }
@@ -227,7 +226,7 @@ impl Default for Resources {
 
 impl Resources {
     /// Packs already-built protos without any validation (tests, or a caller with its own
-    /// rendering). Duplicate names are kept.
+    /// rendering), with no extension configs. Duplicate names are kept.
     pub fn from_protos(clusters: Vec<Cluster>, listeners: Vec<Listener>) -> Self {
         let clusters =
             clusters.into_iter().map(|c| NamedResource { name: c.name.clone(), resource: pack_any(c) }).collect();
@@ -236,29 +235,38 @@ impl Resources {
         Resources {
             clusters: TypedResources::new(Cluster::type_url(), clusters),
             listeners: TypedResources::new(Listener::type_url(), listeners),
+            extension_configs: TypedResources::new(EXTENSION_CONFIG_TYPE_URL, Vec::new()),
             rejected: Vec::new(),
         }
     }
 
-    /// The set for `type_url`, if we serve that type (CDS and LDS only).
+    /// The same resources with `configs` as the ECDS set (packed without validation, like
+    /// [`Resources::from_protos`]).
+    pub fn with_extension_configs(mut self, configs: Vec<TypedExtensionConfig>) -> Self {
+        let configs =
+            configs.into_iter().map(|c| NamedResource { name: c.name.clone(), resource: pack_any(c) }).collect();
+        self.extension_configs = TypedResources::new(EXTENSION_CONFIG_TYPE_URL, configs);
+        self
+    }
+
+    /// The set for `type_url`, if we serve that type (CDS, LDS and ECDS).
     pub fn get(&self, type_url: &str) -> Option<&TypedResources> {
-        if type_url == self.clusters.type_url {
-            Some(&self.clusters)
-        } else if type_url == self.listeners.type_url {
-            Some(&self.listeners)
-        } else {
-            None
-        }
+        self.sets().into_iter().find(|set| set.type_url == type_url)
     }
 
-    /// The served type URLs, in push order (clusters before the listeners that may name them).
-    pub fn type_urls(&self) -> [&str; 2] {
-        [&self.clusters.type_url, &self.listeners.type_url]
+    /// The served type URLs, in push order: clusters before the listeners and extension configs
+    /// that name them.
+    pub fn type_urls(&self) -> [&str; 3] {
+        self.sets().map(|set| set.type_url.as_str())
     }
 
-    /// True when both versions equal `other`'s (nothing to push).
+    /// True when every version equals `other`'s (nothing to push).
     pub fn same_versions(&self, other: &Resources) -> bool {
-        self.clusters.version == other.clusters.version && self.listeners.version == other.listeners.version
+        self.sets().into_iter().zip(other.sets()).all(|(a, b)| a.type_url == b.type_url && a.version == b.version)
+    }
+
+    fn sets(&self) -> [&TypedResources; 3] {
+        [&self.clusters, &self.listeners, &self.extension_configs]
     }
 }
 
@@ -269,7 +277,8 @@ fn pb_duration(d: Duration) -> PbDuration {
     }
 }
 
-fn pipe_address(path: &str, mode: u32) -> Address {
+/// A `pipe` address at `path` with file mode `mode` (0: Envoy's default).
+pub(super) fn pipe_address(path: &str, mode: u32) -> Address {
     Address { address: Some(address::Address::Pipe(Pipe { path: path.to_owned(), mode })) }
 }
 
@@ -370,91 +379,6 @@ fn health_check(h: &HealthCheck, t: &HealthTiming) -> PbHealthCheck {
     }
 }
 
-/// Renders the health gateway: a `pipe` listener on `socket` (file mode `mode`) whose HTTP
-/// connection manager answers `GET /healthz/<name>` for each name in `health_clusters` with
-/// Envoy's `envoy.filters.http.health_check` filter (`pass_through_mode: false`, 100 % of that
-/// cluster's hosts healthy → 200, else 503), and 404 for every other request.
-///
-/// # Errors
-/// [`RenderError::InvalidPath`] or [`RenderError::PipePathTooLong`] for `socket`.
-pub fn render_health_listener(socket: &str, mode: u32, health_clusters: &[String]) -> Result<Listener, RenderError> {
-    validate_pipe_path(socket)?;
-    let mut names: Vec<&String> = health_clusters.iter().collect();
-    names.sort();
-    names.dedup();
-    let mut http_filters: Vec<HttpFilter> = names
-        .into_iter()
-        .map(|name| {
-            let mut min_healthy = HashMap::new();
-            // One entry per filter: see the module doc on map determinism.
-            min_healthy.insert(name.clone(), Percent { value: 100.0 });
-            let config = HealthCheckFilter {
-                pass_through_mode: Some(BoolValue { value: false }),
-                cluster_min_healthy_percentages: min_healthy,
-                headers: vec![HeaderMatcher {
-                    name: ":path".to_owned(),
-                    header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
-                        match_pattern: Some(MatchPattern::Exact(format!("{HEALTHZ_PREFIX}{name}"))),
-                        ..Default::default()
-                    })),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            };
-            HttpFilter {
-                name: "envoy.filters.http.health_check".to_owned(),
-                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(config))),
-                ..Default::default()
-            }
-        })
-        .collect();
-    http_filters.push(HttpFilter {
-        name: "envoy.filters.http.router".to_owned(),
-        config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(Router::default()))),
-        ..Default::default()
-    });
-    let not_found = Route {
-        r#match: Some(RouteMatch { path_specifier: Some(PathSpecifier::Prefix("/".to_owned())), ..Default::default() }),
-        action: Some(route::Action::DirectResponse(DirectResponseAction {
-            status: 404,
-            body: Some(DataSource {
-                specifier: Some(data_source::Specifier::InlineString("no such health cluster\n".to_owned())),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })),
-        ..Default::default()
-    };
-    let hcm = HttpConnectionManager {
-        codec_type: CodecType::Auto as i32,
-        stat_prefix: HEALTH_LISTENER_NAME.to_owned(),
-        http_filters,
-        route_specifier: Some(RouteSpecifier::RouteConfig(RouteConfiguration {
-            name: HEALTH_LISTENER_NAME.to_owned(),
-            virtual_hosts: vec![VirtualHost {
-                name: HEALTH_LISTENER_NAME.to_owned(),
-                domains: vec!["*".to_owned()],
-                routes: vec![not_found],
-                ..Default::default()
-            }],
-            ..Default::default()
-        })),
-        ..Default::default()
-    };
-    Ok(Listener {
-        name: HEALTH_LISTENER_NAME.to_owned(),
-        address: Some(pipe_address(socket, mode)),
-        filter_chains: vec![FilterChain {
-            filters: vec![Filter {
-                name: "envoy.filters.network.http_connection_manager".to_owned(),
-                config_type: Some(filter::ConfigType::TypedConfig(pack_any(hcm))),
-            }],
-            ..Default::default()
-        }],
-        ..Default::default()
-    })
-}
-
 /// Renders one inbound listener: `0.0.0.0:<port>` (plus `[::]:<port>`, IPv6 only, when the spec
 /// says so) with `network_namespace_filepath` = the pod's netns, `enable_reuse_port: false` (an
 /// app that holds the port with `SO_REUSEPORT` must make the bind fail, not share its
@@ -509,15 +433,18 @@ pub fn render_inbound_listener(spec: &ListenerSpec, opts: &RenderOptions) -> Res
 
 /// Renders snapshots, re-rendering only the clusters whose spec changed since the last call
 /// (a 10,000-pod node re-encodes one cluster when one pod changes), with each resource's digest
-/// cached beside it, and the health gateway re-rendered only when its list of clusters changes.
-#[derive(Debug, Default)]
+/// cached beside it. The health gateway's listener depends on the options only (rendered once);
+/// its checks (ECDS) are re-rendered only when the list of health clusters changes.
+#[derive(Debug)]
 pub struct Renderer {
     opts: RenderOptions,
     cache: HashMap<String, Cached>,
     /// Rendered inbound listeners by name, with the spec each came from.
     inbound: HashMap<String, (ListenerSpec, Digested)>,
-    /// The gateway listener for the last `health_clusters` list.
-    gateway: Option<(Vec<String>, Result<Digested, RenderError>)>,
+    /// The gateway listener (`None`: no `health_socket`), or why it could not be rendered.
+    gateway: Result<Option<Digested>, RenderError>,
+    /// The gateway's checks for the last `health_clusters` list.
+    checks: Option<(Vec<String>, Digested)>,
 }
 
 /// A resource with its [`resource_digest`].
@@ -534,7 +461,13 @@ struct Cached {
 impl Renderer {
     /// A renderer with these node-wide options and an empty cache.
     pub fn new(opts: RenderOptions) -> Self {
-        Renderer { opts, cache: HashMap::new(), inbound: HashMap::new(), gateway: None }
+        let gateway = render_health_listener(&opts).map(|listener| {
+            listener.map(|l| {
+                let r = NamedResource { name: l.name.clone(), resource: pack_any(l) };
+                (resource_digest(&r), r)
+            })
+        });
+        Renderer { opts, cache: HashMap::new(), inbound: HashMap::new(), gateway, checks: None }
     }
 
     /// The options this renderer uses.
@@ -542,8 +475,10 @@ impl Renderer {
         &self.opts
     }
 
-    /// Renders `snapshot`: every valid cluster (first of each name wins), the health gateway
-    /// if `health_socket` is set, and the list of what was left out. Never fails as a whole.
+    /// Renders `snapshot`: every valid cluster (first of each name wins), the inbound listeners,
+    /// the health gateway if `health_socket` is set (its listener, and its checks of
+    /// `snapshot.health_clusters` as the ECDS set), and the list of what was left out. Never fails
+    /// as a whole.
     pub fn render(&mut self, snapshot: &Snapshot) -> Resources {
         let mut rejected = Vec::new();
         let mut seen = HashSet::new();
@@ -604,27 +539,25 @@ impl Renderer {
             inbound.insert(spec.name.clone(), (spec.clone(), digested));
         }
         self.inbound = inbound;
-        if let Some(socket) = &self.opts.health_socket {
-            let fresh = self.gateway.as_ref().is_some_and(|(names, _)| *names == snapshot.health_clusters);
-            if !fresh {
-                let rendered = render_health_listener(socket, self.opts.health_socket_mode, &snapshot.health_clusters)
-                    .map(|l| {
-                        let r = NamedResource { name: l.name.clone(), resource: pack_any(l) };
-                        (resource_digest(&r), r)
-                    });
-                self.gateway = Some((snapshot.health_clusters.clone(), rendered));
-            }
-            match self.gateway.as_ref().map(|(_, g)| g) {
-                Some(Ok(digested)) => listeners.push(digested.clone()),
-                Some(Err(error)) => {
-                    rejected.push(Rejected { name: HEALTH_LISTENER_NAME.to_owned(), error: error.clone() })
+        let mut extension_configs = Vec::with_capacity(1);
+        match &self.gateway {
+            Ok(Some(listener)) => {
+                listeners.push(listener.clone());
+                let fresh = self.checks.as_ref().is_some_and(|(names, _)| *names == snapshot.health_clusters);
+                if !fresh {
+                    let config = render_health_checks(&snapshot.health_clusters);
+                    let r = NamedResource { name: config.name.clone(), resource: pack_any(config) };
+                    self.checks = Some((snapshot.health_clusters.clone(), (resource_digest(&r), r)));
                 }
-                None => {}
+                extension_configs.extend(self.checks.as_ref().map(|(_, checks)| checks.clone()));
             }
+            Ok(None) => {}
+            Err(error) => rejected.push(Rejected { name: HEALTH_LISTENER_NAME.to_owned(), error: error.clone() }),
         }
         Resources {
             clusters: TypedResources::from_digested(CLUSTER_TYPE_URL.to_owned(), clusters),
             listeners: TypedResources::from_digested(LISTENER_TYPE_URL.to_owned(), listeners),
+            extension_configs: TypedResources::from_digested(EXTENSION_CONFIG_TYPE_URL.to_owned(), extension_configs),
             rejected,
         }
     }
@@ -760,7 +693,30 @@ mod tests {
         let three = render(&changed, &opts);
         assert_ne!(one.clusters.version, three.clusters.version);
         assert_eq!(one.listeners.version, three.listeners.version);
+        assert_eq!(one.extension_configs.version, three.extension_configs.version);
         assert_eq!(one.clusters.names(), vec!["a", "b", "c", "d"]);
+    }
+
+    #[test]
+    fn a_health_cluster_added_or_removed_changes_the_gateways_checks_never_its_listener() {
+        let opts = RenderOptions::default();
+        let mut snap = Snapshot { health_clusters: vec!["health_ns_a".to_owned()], ..Default::default() };
+        let one = render(&snap, &opts);
+        assert_eq!(one.listeners.names(), [HEALTH_LISTENER_NAME]);
+        assert_eq!(one.extension_configs.names(), [HEALTH_CHECKS_NAME]);
+        assert_eq!(one.extension_configs.type_url, EXTENSION_CONFIG_TYPE_URL);
+        assert_eq!(one.extension_configs.resources[0].resource.type_url, EXTENSION_CONFIG_TYPE_URL);
+        for change in 0..2 {
+            if change == 0 {
+                snap.health_clusters.push("health_ns_b".to_owned());
+            } else {
+                snap.health_clusters.clear();
+            }
+            let next = render(&snap, &opts);
+            assert_eq!(next.listeners, one.listeners, "the listener is the same resource, same version");
+            assert_ne!(next.extension_configs.version, one.extension_configs.version);
+            assert!(!next.same_versions(&one));
+        }
     }
 
     #[test]
@@ -867,31 +823,25 @@ mod tests {
     }
 
     #[test]
-    fn the_health_gateway_has_one_filter_per_cluster_then_the_router() {
-        let l =
-            render_health_listener("/run/h.sock", 0o666, &["b".to_owned(), "a".to_owned(), "a".to_owned()]).unwrap();
-        let Some(filter::ConfigType::TypedConfig(any)) = &l.filter_chains[0].filters[0].config_type else { panic!() };
-        let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
-        let names: Vec<_> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
-        assert_eq!(
-            names,
-            vec!["envoy.filters.http.health_check", "envoy.filters.http.health_check", "envoy.filters.http.router"]
-        );
-        let Some(http_filter::ConfigType::TypedConfig(first)) = &hcm.http_filters[0].config_type else { panic!() };
-        let hc = HealthCheckFilter::decode(first.value.as_slice()).unwrap();
-        assert_eq!(hc.pass_through_mode, Some(BoolValue { value: false }));
-        assert_eq!(hc.cluster_min_healthy_percentages["a"].value, 100.0);
-        assert_eq!(l.address, Some(pipe_address("/run/h.sock", 0o666)), "pipe listener with the configured mode");
-        let too_long = format!("/{}", "h".repeat(107));
-        assert!(render_health_listener(&too_long, 0o666, &[]).is_err());
+    fn an_unusable_health_socket_is_reported_and_serves_neither_gateway_resource() {
+        let opts = RenderOptions { health_socket: Some(format!("/{}", "h".repeat(107))), ..RenderOptions::default() };
+        let snap = Snapshot { health_clusters: vec!["health_ns_a".to_owned()], ..Default::default() };
+        let r = render(&snap, &opts);
+        assert!(r.listeners.resources.is_empty() && r.extension_configs.resources.is_empty());
+        let labels: Vec<_> = r.rejected.iter().map(|x| (x.name.as_str(), x.error.label())).collect();
+        assert_eq!(labels, vec![(HEALTH_LISTENER_NAME, "pipe-path-too-long")]);
     }
 
     #[test]
-    fn no_health_socket_means_no_listener() {
+    fn no_health_socket_means_no_listener_and_no_checks() {
         let opts = RenderOptions { health_socket: None, ..RenderOptions::default() };
-        let r = render(&Snapshot::default(), &opts);
+        let snap = Snapshot { health_clusters: vec!["health_ns_a".to_owned()], ..Default::default() };
+        let r = render(&snap, &opts);
         assert!(r.listeners.resources.is_empty());
+        assert!(r.extension_configs.resources.is_empty());
         assert_eq!(r.get(LISTENER_TYPE_URL).unwrap().type_url, LISTENER_TYPE_URL);
+        assert_eq!(r.get(EXTENSION_CONFIG_TYPE_URL).unwrap().type_url, EXTENSION_CONFIG_TYPE_URL);
         assert!(r.get("type.googleapis.com/other").is_none());
+        assert_eq!(r.type_urls(), [CLUSTER_TYPE_URL, LISTENER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL]);
     }
 }

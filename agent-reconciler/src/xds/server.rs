@@ -1,4 +1,4 @@
-//! The ADS gRPC server (state of the world) that serves CDS and LDS to the node's Envoy:
+//! The ADS gRPC server (state of the world) that serves CDS, LDS and ECDS to the node's Envoy:
 //! [`XdsServer`], and [`serve`] / [`serve_listener`] with their graceful shutdown.
 //!
 //! Its parts live in sibling modules, and their public items are re-exported here under their
@@ -11,6 +11,11 @@
 //! wait up to [`XdsServer::with_shutdown_wait`] for the clients to close their streams, end the
 //! rest; the returned [`Drained`] says whether the clients had gone.
 //!
+//! Connections ([`XdsServer::with_connection_gate`], docs/listeners.md): at most the policy's
+//! `max_connections` at once (more are closed at once and counted), the first byte within the
+//! first-byte timeout of accept, then no idle timeout (the ADS stream is quiet between pushes):
+//! HTTP/2 PINGs every keepalive interval find a dead peer instead.
+//!
 //! Incremental (delta) xDS is not implemented: `DeltaAggregatedResources` answers
 //! `UNIMPLEMENTED`, so Envoy must use `api_type: GRPC` (the state-of-the-world default).
 
@@ -19,6 +24,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use aether_serve_policy::{Gate, GatedListener, ListenerKind, ListenerMetrics};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use tokio::sync::watch;
 
@@ -42,11 +48,13 @@ pub struct XdsServer {
     shutdown_wait: Duration,
     pub(super) shutdown: watch::Receiver<bool>,
     shutdown_tx: Arc<watch::Sender<bool>>,
+    gate: Gate,
 }
 
 impl XdsServer {
     /// A server of `resources` (whatever the channel holds now and later), with a fresh
-    /// [`AckTracker`] and [`DEFAULT_DEBOUNCE`].
+    /// [`AckTracker`], [`DEFAULT_DEBOUNCE`], and the default xDS connection policy
+    /// ([`ListenerKind::Xds`]) counting into metrics nobody scrapes.
     pub fn new(resources: watch::Receiver<Arc<Resources>>) -> Self {
         let (shutdown_tx, shutdown) = watch::channel(false);
         XdsServer {
@@ -57,7 +65,16 @@ impl XdsServer {
             shutdown_wait: Duration::ZERO,
             shutdown,
             shutdown_tx: Arc::new(shutdown_tx),
+            gate: Gate::new(ListenerKind::Xds.default_policy(), &ListenerMetrics::new()),
         }
+    }
+
+    /// Same server, admitting connections through `gate`: its cap, first-byte timeout and
+    /// HTTP/2 keepalive (the policy's [`keepalive`](aether_serve_policy::ConnectionPolicy::keepalive);
+    /// none when the policy has an idle timeout instead), counting into the gate's metrics.
+    pub fn with_connection_gate(mut self, gate: Gate) -> Self {
+        self.gate = gate;
+        self
     }
 
     /// Same server, with this debounce (`Duration::ZERO` pushes every change at once).
@@ -176,16 +193,16 @@ async fn serve_until(
     server: XdsServer,
     stop: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    let gate = server.gate.clone();
+    let keepalive = gate.policy().keepalive();
     let mut builder = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+        .http2_keepalive_interval(keepalive.map(|k| k.interval))
+        .http2_keepalive_timeout(keepalive.map(|k| k.timeout));
     let router = builder.add_service(server.into_service());
     match listener {
-        XdsListener::Tcp(l) => {
-            router.serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(l), stop).await
-        }
+        XdsListener::Tcp(l) => router.serve_with_incoming_shutdown(GatedListener::new(l, gate).incoming(), stop).await,
         XdsListener::Unix(l, ..) => {
-            router.serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(l), stop).await
+            router.serve_with_incoming_shutdown(GatedListener::new(l, gate).incoming(), stop).await
         }
     }
 }

@@ -8,6 +8,12 @@
 //! is re-sent for it: Envoy keeps its last good config (for CDS, every cluster it could accept),
 //! and the next change gets a new version.
 //!
+//! Types served: CDS, LDS and ECDS (the health gateway's checks, [`super::health_gateway`]). Each
+//! type has its own version, nonce and ACK/NACK state, so a NACK of one type withdraws nothing of
+//! another (Envoy keeps its last good version of the NACKed type and applies the others). ECDS is
+//! subscribed by resource name; the server always sends its whole set of that type (one resource,
+//! the one the gateway names).
+//!
 //! Incremental (delta) xDS is not implemented: `DeltaAggregatedResources` answers
 //! `UNIMPLEMENTED`.
 
