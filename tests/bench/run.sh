@@ -3,17 +3,18 @@
 # Not part of `make test`. Needs the control-plane tools and Envoy (make tools); builds oha (the
 # load generator, from crates.io) into .cache/tools once, the workspace in release mode, runs the
 # agent's criterion benches, then `aether-bench`, which starts the real components, prints the
-# four sections and writes docs/benchmarks.md.
+# sections below and writes docs/benchmarks.md.
 #
-# Environment: BENCH_REPS (3), BENCH_SECS (4), BENCH_CHANGES (50), BENCH_SECTIONS
-# (agent,webhook,convergence,dataplane), BENCH_OUT (docs/benchmarks.md; "-" = do not write).
+# Environment: BENCH_REPS (3), BENCH_SECS (4), BENCH_CHANGES (50), BENCH_REPINS (20), BENCH_SECTIONS
+# (agent,webhook,convergence,gateway,repin,dataplane,proxy-memory; repin needs root), BENCH_OUT (docs/benchmarks.md; "-" = do
+# not write).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 cargo=${CARGO:-cargo}
 tools=$root/.cache/tools
 out_dir=$root/target/aether-bench
-sections=${BENCH_SECTIONS:-agent,webhook,convergence,dataplane}
+sections=${BENCH_SECTIONS:-agent,webhook,convergence,gateway,repin,dataplane,proxy-memory}
 
 log() { printf '\n== %s\n' "$*" >&2; }
 
@@ -35,6 +36,7 @@ fi
 
 log "webhook, convergence and data plane against the real components"
 args=(--oha "$tools/bin/oha" --agent-out "$out_dir" --criterion "$out_dir/criterion"
-  --reps "${BENCH_REPS:-3}" --secs "${BENCH_SECS:-4}" --changes "${BENCH_CHANGES:-50}" --sections "$sections")
+  --reps "${BENCH_REPS:-3}" --secs "${BENCH_SECS:-4}" --changes "${BENCH_CHANGES:-50}" --repins "${BENCH_REPINS:-20}"
+  --sections "$sections")
 if [[ ${BENCH_OUT:-} == - ]]; then args+=(--no-write); else args+=(--out "${BENCH_OUT:-$root/docs/benchmarks.md}"); fi
 "$root/target/release/aether-bench" "${args[@]}"

@@ -1,15 +1,18 @@
 //! Admission against a real kube-apiserver: `kubectl apply` of EndpointPolicies through our TLS
 //! webhook, registered by URL with `failurePolicy: Fail`, and the CRD schema on its own.
 //!
-//! One control plane and one controller serve every trial; trials run one at a time in the
-//! order listed (the last one deletes the webhook configuration).
+//! One control plane and one controller serve every trial (the `socketLimit: filesystem` trial
+//! also runs a second controller and the CRD rendered for that value, and restores both); trials
+//! run one at a time in the order listed (the last one deletes the webhook configuration).
 
 mod suite;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
 
 use aether_fixtures::{PolicyBuilder, policy};
-use aether_tests::{ControlPlane, Controller, repo_root};
+use aether_tests::{ControlPlane, Controller, eventually, repo_root, tools_bin};
 use anyhow::{Context, bail, ensure};
 use serde_json::Value;
 
@@ -138,6 +141,74 @@ fn controller_metrics_count_the_decisions(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `socketLimit: filesystem` (issue 13 item 4) end to end: the CRD as the chart renders it under
+/// that value (`maxLength` 319) and a controller run with `--socket-limit filesystem` admit a
+/// 40-byte value and deny a 256-byte file naming the rule; back on the default CRD and
+/// controller, a 40-byte value is refused as before.
+fn socket_limit_filesystem_admits_what_the_file_system_holds(env: &Env) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let rendered = Command::new(tools_bin().join("helm"))
+        .args(["template", "aether-crds"])
+        .arg(repo_root().join("charts/aether-crds"))
+        .args(["--set", "socketLimit=filesystem"])
+        .output()?;
+    ensure!(rendered.status.success(), "helm template: {}", String::from_utf8_lossy(&rendered.stderr));
+    let crd = dir.path().join("crd-filesystem.yaml");
+    std::fs::write(&crd, &rendered.stdout)?;
+    env.cp.kubectl_ok(&["apply".as_ref(), "--server-side".as_ref(), "-f".as_ref(), crd.as_os_str()])?;
+    let kubeconfig = env.cp.kubeconfig();
+    let filesystem = Controller::start(&[
+        "--socket-limit",
+        "filesystem",
+        "--status-writer=false",
+        "--kubeconfig",
+        kubeconfig.to_str().context("kubeconfig path is UTF-8")?,
+    ])?;
+    env.cp.register_webhook(&filesystem.url, &filesystem.ca_file)?;
+
+    let forty = format!("sockets/{}.sock", "a".repeat(27));
+    ensure!(forty.len() == 40);
+    // The API server picks up the new schema and webhook configuration asynchronously.
+    let mut last = String::new();
+    let admitted = eventually("the 40-byte value to be admitted", Duration::from_secs(30), || {
+        let out = apply_manifest(env, &echo_policy("fs-forty", "fs", &forty).manifest())?;
+        last = String::from_utf8_lossy(&out.stderr).into_owned();
+        Ok(out.status.success())
+    });
+    admitted.with_context(|| format!("kubectl said: {last}"))?;
+    let stored = env.cp.kubectl_ok(&["get", "epol", "fs-forty", "-o", "jsonpath={.spec.udsSocket}"])?;
+    ensure!(stored == forty, "stored {stored:?}");
+
+    let file256 = format!("s/{}", "f".repeat(256));
+    let out = apply_manifest(env, &echo_policy("fs-file256", "fs", &file256).manifest())?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "a 256-byte file name was admitted");
+    let want = format!(
+        "admission webhook \"endpointpolicies.config.aether.io\" denied the request: spec.udsSocket {:?}... (258 \
+         bytes) names a file of 256 bytes, over the 255-byte limit of a file name (NAME_MAX, the file system's name \
+         limit; --socket-limit filesystem)",
+        &file256[..64]
+    );
+    ensure!(stderr.contains(&want), "kubectl said: {stderr}\nwanted: {want}");
+
+    // Back to the default CRD (the chart file unrendered) and the default controller.
+    env.cp.install_crd()?;
+    env.cp.register_webhook(&env.controller.url, &env.controller.ca_file)?;
+    drop(filesystem);
+    let refused = |stderr: &str| stderr.contains("spec.udsSocket") && stderr.contains("36");
+    let mut last = String::new();
+    let schema_back = eventually("a 40-byte value to be refused again", Duration::from_secs(30), || {
+        let out = apply_manifest(env, &echo_policy("fs-forty-again", "fs", &forty).manifest())?;
+        last = String::from_utf8_lossy(&out.stderr).into_owned();
+        ensure!(!out.status.success() || !refused(&last), "admitted while refused: {last}");
+        Ok(!out.status.success() && refused(&last))
+    });
+    schema_back.with_context(|| format!("kubectl said: {last}"))?;
+    env.cp.kubectl_ok(&["delete", "epol", "fs-forty", "--ignore-not-found"])?;
+    env.cp.kubectl_ok(&["delete", "epol", "fs-forty-again", "--ignore-not-found"])?;
+    Ok(())
+}
+
 /// Turns a valid policy into the manifest of a bad one.
 type MakeBad = fn(PolicyBuilder) -> Value;
 
@@ -200,6 +271,10 @@ fn main() {
         suite::case("kubectl_explain_shows_our_field_docs", kubectl_explain_shows_our_field_docs),
         suite::case("get_epol_prints_target_socket_accepted_age", get_epol_prints_target_socket_accepted_age),
         suite::case("controller_metrics_count_the_decisions", controller_metrics_count_the_decisions),
+        suite::case(
+            "socket_limit_filesystem_admits_what_the_file_system_holds",
+            socket_limit_filesystem_admits_what_the_file_system_holds,
+        ),
         suite::case(
             "without_the_webhook_the_schema_still_rejects_bad_shapes",
             without_the_webhook_the_schema_still_rejects_bad_shapes,

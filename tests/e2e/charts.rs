@@ -211,6 +211,7 @@ fn check_controller(case: &Case, docs: &[Value]) {
     let pod = &dep["spec"]["template"]["spec"];
     let c = container(pod, "aether-controller");
     assert_eq!(flag(c, "--kubelet-pods-dir").as_deref(), Some(case.mount), "{}: controller budget flag", case.name);
+    assert_eq!(flag(c, "--socket-limit").as_deref(), Some("sun-path"), "{}: the default socket limit", case.name);
     assert_eq!(flag(c, "--tls-dir").as_deref(), Some("/etc/aether/webhook-tls"));
     assert_eq!(c["securityContext"]["runAsNonRoot"], true);
     assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
@@ -326,6 +327,7 @@ fn check_node(case: &Case, docs: &[Value]) {
         assert!(pin_mount(agent).is_none() && pin_mount(envoy).is_none());
     }
 
+    assert_eq!(flag(agent, "--socket-limit").as_deref(), Some("sun-path"), "{}: the default socket limit", case.name);
     // xDS and health sockets in the shared /run/aether, and Envoy's ADS pointing at the agent.
     assert_eq!(flag(agent, "--xds-address").as_deref(), Some("unix:///run/aether/xds.sock"));
     assert_eq!(flag(agent, "--health-socket").as_deref(), Some("/run/aether/health.sock"));
@@ -511,6 +513,7 @@ fn schema_refuses_bad_values() {
         (&["proxy.udsWorkloads.mountPath=/k/"][..], "mountPath"),
         (&["proxy.udsWorkloads.hostPodsDir="][..], "hostPodsDir"),
         (&["proxy.udsWorkloads.enabeld=true"][..], "enabeld"),
+        (&["socketLimit=filesystm"][..], "socketLimit"),
     ] {
         match try_render(sets) {
             Ok(_) => panic!("{sets:?} rendered; the schema should refuse it"),
@@ -543,6 +546,72 @@ fn schema_max_body_bytes_bounds_are_the_binarys() {
     let docs = try_render(&[exact.as_str()]).unwrap_or_else(|e| panic!("{exact} refused: {e}"));
     let c = container(&find(&docs, "Deployment", "aether-controller")["spec"]["template"]["spec"], "aether-controller");
     assert_eq!(flag(c, "--max-body-bytes"), Some(MIN_MAX_BODY_BYTES.to_string()));
+}
+
+/// `socketLimit` (issue 13 item 4): the main chart passes it to both binaries as `--socket-limit`
+/// (sun-path by default, filesystem when set) and refuses `filesystem` without socket pinning,
+/// where Envoy would dial paths that must fit in sun_path.
+#[test]
+fn socket_limit_reaches_both_binaries_and_filesystem_needs_pinning() {
+    let limits = |sets: &[&str]| {
+        let docs = render(sets);
+        let controller =
+            container(&find(&docs, "Deployment", "aether-controller")["spec"]["template"]["spec"], "aether-controller")
+                .clone();
+        let agent =
+            container(&find(&docs, "DaemonSet", "aether-node")["spec"]["template"]["spec"], "aether-agent").clone();
+        (flag(&controller, "--socket-limit"), flag(&agent, "--socket-limit"), flag(&agent, "--pin-dir"))
+    };
+    let sun = Some("sun-path".to_owned());
+    assert_eq!(limits(&[]), (sun.clone(), sun.clone(), Some("/run/aether-pins".to_owned())));
+    assert_eq!(limits(&["socketLimit=sunPath", "agent.pinning.enabled=false"]), (sun.clone(), sun, None));
+    let fs = Some("filesystem".to_owned());
+    assert_eq!(limits(&["socketLimit=filesystem"]), (fs.clone(), fs.clone(), Some("/run/aether-pins".to_owned())));
+    assert_eq!(limits(&["socketLimit=filesystem", "proxy.udsWorkloads.enabled=false"]).1, fs);
+    match try_render(&["socketLimit=filesystem", "agent.pinning.enabled=false"]) {
+        Ok(_) => panic!("socketLimit=filesystem without pinning rendered"),
+        Err(e) => assert!(
+            e.contains("socketLimit=filesystem needs agent.pinning.enabled=true") && e.contains("sun_path"),
+            "{e}"
+        ),
+    }
+}
+
+/// The CRD chart takes the same `socketLimit`: `helm template` renders exactly the generated CRD
+/// plus chart metadata (`aether_crds::chart`), with `spec.udsSocket.maxLength` 36 by default and
+/// 319 under `filesystem`; the unrendered file (what `kubectl apply -f` of it creates) is the
+/// default; the schema refuses anything else.
+#[test]
+fn the_crd_chart_renders_the_generated_crd_for_each_socket_limit() {
+    use aether_crds::SocketLimit;
+    use aether_crds::chart::{crd_with_chart_metadata, crd_with_chart_metadata_for};
+    let one_doc = |text: &str| -> Value {
+        let docs: Vec<Value> = yaml_serde::Deserializer::from_str(text)
+            .map(|de| Value::deserialize(de).expect("rendered YAML parses"))
+            .filter(|v| !v.is_null())
+            .collect();
+        assert_eq!(docs.len(), 1, "one CRD: {text}");
+        docs.into_iter().next().unwrap_or_default()
+    };
+    let max_length = |crd: &Value| {
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["udsSocket"]
+            ["maxLength"]
+            .as_u64()
+    };
+    let default = one_doc(&try_render_text("aether-crds", &[]).expect("render aether-crds"));
+    assert_eq!(default, serde_json::to_value(crd_with_chart_metadata()).unwrap());
+    assert_eq!(max_length(&default), Some(36));
+    let sun = one_doc(&try_render_text("aether-crds", &["socketLimit=sunPath"]).expect("render sunPath"));
+    assert_eq!(sun, default);
+    let fs = one_doc(&try_render_text("aether-crds", &["socketLimit=filesystem"]).expect("render filesystem"));
+    assert_eq!(fs, serde_json::to_value(crd_with_chart_metadata_for(SocketLimit::Filesystem)).unwrap());
+    assert_eq!(max_length(&fs), Some(319));
+    let raw = std::fs::read_to_string(aether_tests::crd_file()).expect("the chart's CRD file");
+    assert_eq!(one_doc(&raw), default, "the unrendered file is the default CRD");
+    match try_render_text("aether-crds", &["socketLimit=Filesystem"]) {
+        Ok(_) => panic!("socketLimit=Filesystem rendered; the schema should refuse it"),
+        Err(e) => assert!(e.contains("socketLimit"), "{e}"),
+    }
 }
 
 /// A PodDisruptionBudget with `minAvailable: 1` over a single replica forbids every eviction

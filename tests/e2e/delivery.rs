@@ -619,6 +619,127 @@ fn l_new_connections_keep_working_while_the_agent_restarts(env: &Env) -> anyhow:
     eventually("the restarted agent serves the same clusters", WAIT, || Ok(env.envoy(|e| e.clusters())? == before))
 }
 
+/// `--socket-limit filesystem` (issue 13 item 4): a pod whose socket path on the host is longer
+/// than sun_path (a 50-byte volume name: 150 bytes here) is served through its pin by an agent
+/// running with the file system's limit; under the default limit the same pod falls back to TCP
+/// with the budget reason; and the agent refuses the file system's limit without `--pin-dir`.
+/// Its own agent and Envoy, on another node name, so the suite's agent never sees the pod.
+fn m_a_socket_path_longer_than_sun_path_is_served_through_its_pin_under_the_file_system_limit(
+    env: &Env,
+) -> anyhow::Result<()> {
+    const NODE_B: &str = "node-b";
+    let (pods, pins) = (env.pods_dir(), env.path("run/pins-b"));
+    let xds = env.path("run/xds-b.sock");
+    let (state, health, log) = (env.path("state-b"), env.path("run/health-b.sock"), env.path("agent-b.log"));
+    let xds_address = format!("unix://{}", xds.display());
+    let base: Vec<&str> = vec![
+        "--node-name",
+        NODE_B,
+        "--kubelet-pods-dir",
+        pods.to_str().context("UTF-8 pods dir")?,
+        "--state-dir",
+        state.to_str().context("UTF-8 state dir")?,
+        "--xds-address",
+        &xds_address,
+        "--health-socket",
+        health.to_str().context("UTF-8 health socket")?,
+        "--recheck-seconds",
+        "1",
+    ];
+
+    // Without --pin-dir the file system's limit would admit paths Envoy cannot dial: refused.
+    let out = Command::new(workspace_bin("aether-agent")?)
+        .arg("run")
+        .args(&base)
+        .args(["--socket-limit", "filesystem", "--admin-addr", "127.0.0.1:0"])
+        .env("KUBECONFIG", env.cp.kubeconfig())
+        .stdin(Stdio::null())
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "the agent started with --socket-limit filesystem and no --pin-dir: {stderr}");
+    ensure!(
+        stderr.contains("--socket-limit filesystem needs socket pinning (--pin-dir)") && stderr.contains("sun_path"),
+        "the refusal does not say why: {stderr}"
+    );
+
+    // The pod: a 50-byte volume, so its socket path is 150 bytes, past the 107 of sun_path.
+    let volume = format!("sockets-{}", "x".repeat(42));
+    let value = format!("{volume}/app.sock");
+    ensure!(volume.len() == 50 && value.len() == 59);
+    env.cp.kubectl(&["create", "serviceaccount", "-n", NS, "longpath"])?;
+    let manifest = pod(NS, "long-1")
+        .sa("longpath")
+        .node(NODE_B)
+        .container("app", "registry.example/uds-echo:test")
+        .emptydir(&volume)
+        .annotation_socket(&value)
+        .manifest();
+    env.cp.apply(&manifest)?;
+    let uid = env.cp.kubectl_ok(&["get", "pod", "-n", NS, "long-1", "-o", "jsonpath={.metadata.uid}"])?;
+    let dir = env.volume_dir(&uid, &volume);
+    let socket = dir.join("app.sock");
+    ensure!(socket.as_os_str().len() > 107, "{} is {} bytes", socket.display(), socket.as_os_str().len());
+    // The app binds its socket by a relative name (in a real pod its own path is short).
+    std::fs::create_dir_all(&dir)?;
+    let child = Command::new(workspace_bin("uds-echo")?)
+        .args(["--socket", "app.sock", "--name", "long-1"])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    env.echos.lock().unwrap().push(child);
+    eventually("the long-path echo socket", WAIT, || Ok(socket.exists()))?;
+
+    let envoy_dir = env.path("envoy-b");
+    std::fs::create_dir_all(&envoy_dir)?;
+    let envoy = Envoy::builder(&xds, NODE_B, &envoy_dir).inbound().binary(envoy_bin()?).start()?;
+    let cluster = "app_e2e_long-1_8080";
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // Default limit (sun-path): the 59-byte value is over the budget: TCP with the budget reason.
+    let mut args = base.clone();
+    let pins_arg = pins.to_str().context("UTF-8 pin dir")?;
+    args.extend(["--pin-dir", pins_arg]);
+    let agent = Agent::start(&env.cp.kubeconfig(), &args, &log)?;
+    eventually("the budget fallback of e2e/long-1 logged", WAIT, || {
+        Ok(agent_log().lines().any(|l| l.contains("long-1") && l.contains("path-too-long")))
+    })?;
+    let events = env.agent_events(NS, "long-1")?;
+    ensure!(
+        events.iter().any(|e| e["reason"] == "UdsPathTooLong" && e["reportingInstance"] == NODE_B),
+        "no UdsPathTooLong Event from {NODE_B}: {events:#?}"
+    );
+    ensure!(!envoy.clusters()?.get(cluster).is_some_and(|a| a.contains("\"pipe\"")), "a pipe under the sun_path limit");
+    drop(agent);
+
+    // The file system's limit, with the pins: served through <pins>/<uid>.sock.
+    args.extend(["--socket-limit", "filesystem"]);
+    let agent = Agent::start(&env.cp.kubeconfig(), &args, &log)?;
+    let pin = format!("{}/{uid}.sock", pins.display());
+    eventually(&format!("{cluster} dialing its pin {pin}"), WAIT, || {
+        Ok(envoy.clusters()?.get(cluster).is_some_and(|a| a.contains("\"pipe\"") && a.contains(&pin)))
+    })?;
+    eventually(&format!("200 from long-1 through {cluster}"), WAIT, || {
+        let (status, body) = envoy.via(cluster, "/hello")?;
+        Ok(status == 200 && body.contains("long-1 over unix:app.sock") && body.contains("GET /hello"))
+    })?;
+    eventually("health gateway 200 for health_e2e_long-1", WAIT, || {
+        Ok(unix_get_status(&health, "/healthz/health_e2e_long-1")? == 200)
+    })?;
+    let inode = |p: &Path| std::fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    ensure!(inode(Path::new(&pin))? == inode(&socket)?, "the pin holds another inode than the app's socket");
+    ensure!(
+        agent_log().contains("socket value limit: the file system's"),
+        "the start-up line names the limit: {}",
+        agent_log()
+    );
+    drop(agent);
+    drop(envoy);
+    env.cp.kubectl_ok(&["delete", "pod", "-n", NS, "long-1", "--grace-period=0", "--force", "--wait=true"])?;
+    Ok(())
+}
+
 /// Runs last: agent and Envoy restart while the API server is down. A finished pod (fin-1,
 /// still in the API) is not resurrected from the state dir: the clusters compare equal.
 fn f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server(
@@ -729,6 +850,10 @@ fn main() {
             suite::case(
                 "l_new_connections_keep_working_while_the_agent_restarts",
                 l_new_connections_keep_working_while_the_agent_restarts,
+            ),
+            suite::case(
+                "m_a_socket_path_longer_than_sun_path_is_served_through_its_pin_under_the_file_system_limit",
+                m_a_socket_path_longer_than_sun_path_is_served_through_its_pin_under_the_file_system_limit,
             ),
             suite::case(
                 "f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server",

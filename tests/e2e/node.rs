@@ -599,6 +599,51 @@ fn helm_upgrade_runs_every_chart_variant(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `socketLimit=filesystem` in both charts (issue 13 item 4, off by default): a pod whose kubelet
+/// socket path is past sun_path (a 50-byte volume name: 150 bytes) is served through its pin,
+/// the webhook admits a policy value the default CRD refuses, and the defaults come back.
+fn socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin(env: &Env) -> anyhow::Result<()> {
+    let crds = repo_root().join("charts/aether-crds");
+    let crds = crds.to_str().context("path")?;
+    let volume = format!("v{}", "x".repeat(49));
+    let policy = format!(
+        "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata: {{name: long-socket, namespace: default}}\n\
+         spec: {{targetRef: {{kind: Service, name: longsock}}, udsSocket: {volume}/app.sock}}\n"
+    );
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), &policy)?;
+    let dry_run = || -> anyhow::Result<(bool, String)> {
+        let out =
+            env.kube().run(&["apply".as_ref(), "--dry-run=server".as_ref(), "-f".as_ref(), file.path().as_os_str()])?;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        Ok((out.status.success(), text))
+    };
+    let (ok, text) = dry_run()?;
+    ensure!(!ok && text.contains("udsSocket"), "the default CRD refuses a 59-byte value: {text}");
+
+    env.node.helm(&["upgrade", "aether-crds", crds, "--set", "socketLimit=filesystem", "--wait"])?;
+    env.helm_aether("upgrade", &["socketLimit=filesystem"])?;
+    check_release_settled(env)?;
+    let (ok, text) = dry_run()?;
+    ensure!(ok, "with socketLimit=filesystem the webhook admits a 59-byte value: {text}");
+
+    env.kube().apply(&app_yaml("longsock", &volume, "", true, false))?;
+    let pod = env.wait_pod_ready("default", "longsock")?;
+    let path = env.socket_path(&uid(&pod)?, &volume, "app.sock");
+    let bytes = path.as_os_str().len();
+    ensure!(bytes > 107, "the kubelet's socket path is past sun_path: {bytes} bytes");
+    env.wait_pinned("app_default_longsock_8080", &uid(&pod)?, &path)?;
+    println!("socketLimit=filesystem: a {bytes}-byte socket path served through its pin");
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "longsock", "--wait"])?;
+
+    env.node.helm(&["upgrade", "aether-crds", crds, "--reset-values", "--wait"])?;
+    env.helm_aether("upgrade", &[])?;
+    check_release_settled(env)?;
+    let (ok, _) = dry_run()?;
+    ensure!(!ok, "back on the defaults the 59-byte value is refused again");
+    Ok(())
+}
+
 /// After an upgrade (helm --wait returned): every release pod Ready with no restarts.
 fn check_release_settled(env: &Env) -> anyhow::Result<()> {
     eventually("release pods Ready with no restarts", WAIT, || {
@@ -754,6 +799,10 @@ fn main() {
             suite::case("replaced_node_pod_resumes_delivery", replaced_node_pod_resumes_delivery),
             suite::case("deleted_pod_clusters_are_withdrawn", deleted_pod_clusters_are_withdrawn),
             suite::case("helm_upgrade_runs_every_chart_variant", helm_upgrade_runs_every_chart_variant),
+            suite::case(
+                "socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin",
+                socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin,
+            ),
             suite::case(
                 "uninstall_leaves_no_release_object_and_nothing_on_the_host",
                 uninstall_leaves_no_release_object_and_nothing_on_the_host,

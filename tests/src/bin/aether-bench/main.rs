@@ -7,9 +7,15 @@
 //!
 //! ```text
 //! aether-bench --oha PATH [--out docs/benchmarks.md] [--agent-out DIR] [--criterion DIR]
-//!              [--reps 3] [--secs 4] [--changes 50] [--sections agent,webhook,convergence,dataplane]
+//!              [--reps 3] [--secs 4] [--changes 50] [--repins 20]
+//!              [--sections agent,webhook,convergence,gateway,repin,dataplane,proxy-memory]
 //! ```
+//!
+//! `repin` (section 3b, [`repin`]) needs root: its agent mounts the socket pins.
 
+mod health_gateway;
+mod proxy_memory;
+mod repin;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -30,6 +36,7 @@ struct Opts {
     reps: usize,
     secs: u64,
     changes: usize,
+    repins: usize,
     sections: Vec<String>,
 }
 
@@ -44,7 +51,10 @@ impl Opts {
             reps: 3,
             secs: 4,
             changes: 50,
-            sections: ["agent", "webhook", "convergence", "dataplane"].map(String::from).to_vec(),
+            repins: 20,
+            sections: ["agent", "webhook", "convergence", "gateway", "repin", "dataplane", "proxy-memory"]
+                .map(String::from)
+                .to_vec(),
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -58,11 +68,15 @@ impl Opts {
                 "--reps" => o.reps = value()?.parse()?,
                 "--secs" => o.secs = value()?.parse()?,
                 "--changes" => o.changes = value()?.parse()?,
+                "--repins" => o.repins = value()?.parse()?,
                 "--sections" => o.sections = value()?.split(',').map(String::from).collect(),
                 other => bail!("unknown argument {other}; see the comment at the top of aether-bench/main.rs"),
             }
         }
-        ensure!(o.reps >= 1 && o.secs >= 1 && o.changes >= 1, "--reps, --secs and --changes must be positive");
+        ensure!(
+            o.reps >= 1 && o.secs >= 1 && o.changes >= 1 && o.repins >= 1,
+            "--reps, --secs, --changes and --repins must be positive"
+        );
         Ok(o)
     }
 
@@ -105,22 +119,34 @@ fn main() -> anyhow::Result<()> {
     if opts.wants("agent") {
         section_agent(&mut r, &opts).context("section 1 (agent)")?;
     }
-    if opts.wants("webhook") || opts.wants("convergence") {
+    if ["webhook", "convergence", "repin", "gateway"].iter().any(|s| opts.wants(s)) {
         let cp = ControlPlane::start().context("starting the control plane")?;
-        let certs = tempfile::Builder::new().prefix("aether-bench-certs-").tempdir()?;
-        let bundle = aether_webhook_certs::mint(&["127.0.0.1".into(), "localhost".into()])?;
-        aether_webhook_certs::write_dir(&bundle, certs.path())?;
-        let controller = Proc::controller(&cp, certs.path())?;
-        if opts.wants("webhook") {
-            section_webhook(&mut r, &opts, &controller, certs.path()).context("section 2 (webhook)")?;
+        if opts.wants("webhook") || opts.wants("convergence") {
+            let certs = tempfile::Builder::new().prefix("aether-bench-certs-").tempdir()?;
+            let bundle = aether_webhook_certs::mint(&["127.0.0.1".into(), "localhost".into()])?;
+            aether_webhook_certs::write_dir(&bundle, certs.path())?;
+            let controller = Proc::controller(&cp, certs.path())?;
+            if opts.wants("webhook") {
+                section_webhook(&mut r, &opts, &controller, certs.path()).context("section 2 (webhook)")?;
+            }
+            if opts.wants("convergence") {
+                section_convergence(&mut r, &opts, &cp, &controller, certs.path())
+                    .context("section 3 (convergence)")?;
+            }
         }
-        if opts.wants("convergence") {
-            section_convergence(&mut r, &opts, &cp, &controller, certs.path()).context("section 3 (convergence)")?;
+        if opts.wants("gateway") {
+            health_gateway::section_health_gateway(&mut r, &opts, &cp).context("section 3c (health gateway)")?;
+        }
+        if opts.wants("repin") {
+            repin::section_repin(&mut r, &opts, &cp).context("section 3b (re-pin)")?;
         }
     }
     if opts.wants("dataplane") {
         section_dataplane(&mut r, &opts).context("section 4 (data plane)")?;
         section_inbound(&mut r, &opts).context("section 4b (inbound listener in a netns)")?;
+    }
+    if opts.wants("proxy-memory") {
+        proxy_memory::section(&mut r).context("section 5 (Envoy memory per cluster)")?;
     }
     goals(&mut r);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -182,9 +208,9 @@ fn machine(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
         envoy_bin().map(|e| version_of(&e, "--version")).unwrap_or_else(|e| format!("{e:#}"))
     ));
     r.line(&format!(
-        "- Repetitions: {} per load figure ({} s each), {} changes per convergence figure; agent figures: criterion, \
-         10 samples each; memory: 3 processes per size\n",
-        opts.reps, opts.secs, opts.changes
+        "- Repetitions: {} per load figure ({} s each), {} changes per convergence figure, {} socket re-creations \
+         per re-pin figure; agent figures: criterion, 10 samples each; memory: 3 processes per size\n",
+        opts.reps, opts.secs, opts.changes, opts.repins
     ));
     Ok(())
 }

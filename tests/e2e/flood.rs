@@ -1,0 +1,568 @@
+//! Idle-connection floods against the real binaries (issue 14 item 1; the policy is
+//! docs/listeners.md): the real `aether-controller` (webhook over TLS registered with a real
+//! kube-apiserver, `failurePolicy: Fail`; admin port) and the real `aether-agent` (admin port,
+//! xDS on a Unix socket, a real Envoy), each under a lowered open-files limit (`prlimit
+//! --nofile`) so low that twice the caps would exhaust it, with small caps and timeouts set by
+//! their flags.
+//!
+//! Each port is flooded with twice its cap of connections that never speak (on the webhook also
+//! half-open TLS handshakes and finished handshakes that never send a request): the cap's worth
+//! is held until the first-byte/handshake timeout evicts it, the rest is closed at once. Then,
+//! within a bounded wait: a valid EndpointPolicy is admitted through the webhook, `/metrics`
+//! scrapes, and Envoy gets its clusters over xDS while the agent's admin port is still at its
+//! cap. The refused/evicted counters moved by exactly the flood's numbers, no accept failed with
+//! `EMFILE`, and the processes are alive.
+//!
+//! Trials run one at a time in the order listed, against one control plane, controller and agent.
+
+mod suite;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aether_fixtures::process::killed_with_parent;
+use aether_fixtures::{Envoy, pod, policy};
+use aether_tests::{ControlPlane, Scrape, envoy_bin, eventually, free_port, http_get_status, workspace_bin};
+use anyhow::{Context, bail, ensure};
+
+const NS: &str = "flood";
+const NODE: &str = "node-f";
+/// The bound on every wait of this file (not a timing assertion: things happen well within it).
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The controller's open-files limit: the issue's 128. Twice its caps (2 × (64 + 8)) would
+/// exhaust it; the caps plus its own descriptors (16 at rest here) fit.
+const CONTROLLER_NOFILE: usize = 128;
+const WEBHOOK_CAP: usize = 64;
+const CONTROLLER_ADMIN_CAP: usize = 8;
+/// The controller's handshake and first-byte timeouts (seconds).
+const CONTROLLER_TIMEOUT_SECS: u64 = 3;
+
+/// The agent's open-files limit: twice its caps (2 × (16 + 4)) plus its own descriptors (16 at
+/// rest here) would exhaust it; the caps (Envoy's connection among them) and its own fit.
+const AGENT_NOFILE: usize = 48;
+const AGENT_ADMIN_CAP: usize = 16;
+const XDS_CAP: usize = 4;
+const XDS_FIRST_BYTE_SECS: u64 = 3;
+/// Long enough that the agent's admin flood is still held while Envoy starts and pulls its
+/// clusters (the bounded wait for that is shorter), then evicted.
+const AGENT_ADMIN_FIRST_BYTE_SECS: u64 = 15;
+const AGENT_ADMIN_WAIT: Duration = Duration::from_secs(12);
+
+/// A binary started under `prlimit --nofile=N:N`, killed on drop.
+struct Limited {
+    child: Child,
+    log: PathBuf,
+    what: &'static str,
+}
+
+impl Limited {
+    fn spawn(
+        what: &'static str,
+        bin: &Path,
+        nofile: usize,
+        args: &[String],
+        env: &[(&str, &Path)],
+        log: &Path,
+    ) -> anyhow::Result<Self> {
+        let mut cmd = killed_with_parent("prlimit");
+        cmd.arg(format!("--nofile={nofile}:{nofile}")).arg(bin).args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log)?)
+            .spawn()
+            .with_context(|| format!("starting {what} under prlimit"))?;
+        Ok(Limited { child, log: log.to_owned(), what })
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fails when the process has exited.
+    fn alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("{} exited ({status}):\n{}", self.what, self.log());
+        }
+        Ok(())
+    }
+
+    /// The soft "Max open files" of the running process, from /proc.
+    fn nofile(&self) -> anyhow::Result<usize> {
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", self.child.id()))?;
+        let line = limits.lines().find(|l| l.starts_with("Max open files")).context("no Max open files line")?;
+        line.split_whitespace().nth(3).context("no soft limit")?.parse().context("soft limit is a number")
+    }
+
+    /// Descriptors open now.
+    fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map(|d| d.count()).unwrap_or(0)
+    }
+
+    /// Waits (bounded) until `/readyz` on `port` is 200.
+    fn wait_ready(&mut self, port: u16) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http_get_status(port, "/readyz") != Some(200) {
+            self.alive()?;
+            ensure!(Instant::now() < deadline, "{} not ready after 30 s:\n{}", self.what, self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    /// No accept of this process failed for want of descriptors.
+    fn no_emfile(&self) -> anyhow::Result<()> {
+        let log = self.log();
+        ensure!(!log.contains("Too many open files"), "{} ran out of descriptors:\n{log}", self.what);
+        Ok(())
+    }
+}
+
+impl Drop for Limited {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Env {
+    cp: ControlPlane,
+    work: tempfile::TempDir,
+    controller: Mutex<Limited>,
+    webhook_port: u16,
+    controller_admin: u16,
+    ca_file: PathBuf,
+    agent: Mutex<Limited>,
+    agent_admin: u16,
+    echo: Mutex<Option<Child>>,
+    envoy: Mutex<Option<Envoy>>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.echo.lock().unwrap().take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Env {
+    fn path(&self, p: &str) -> PathBuf {
+        self.work.path().join(p)
+    }
+    fn xds_socket(&self) -> PathBuf {
+        self.path("run/xds.sock")
+    }
+}
+
+/// Connections that never send a byte.
+fn silent_tcp(port: u16, n: usize) -> anyhow::Result<Vec<TcpStream>> {
+    (0..n).map(|_| TcpStream::connect(("127.0.0.1", port)).context("connecting")).collect()
+}
+
+/// A TLS handshake that never finishes: a handshake record header announcing 512 bytes of
+/// ClientHello, and nothing after it.
+fn half_open_tls(port: u16) -> anyhow::Result<TcpStream> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00])?;
+    Ok(s)
+}
+
+/// A finished TLS handshake (trusting `ca_file`) that never sends a request.
+fn mute_tls(port: u16, ca_file: &Path) -> anyhow::Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(ca_file).context("reading the webhook CA")?)?;
+    let config = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    let conn = rustls::ClientConnection::new(Arc::new(config), "127.0.0.1".try_into()?)?;
+    let mut tls = rustls::StreamOwned::new(conn, TcpStream::connect(("127.0.0.1", port))?);
+    while tls.conn.is_handshaking() {
+        tls.conn.complete_io(&mut tls.sock).context("TLS handshake with the webhook")?;
+    }
+    Ok(tls)
+}
+
+/// A socket the test floods with.
+trait FloodSocket: Read {
+    fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()>;
+    fn set_nonblocking(&self, on: bool) -> std::io::Result<()>;
+}
+
+impl FloodSocket for TcpStream {
+    fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        self.set_read_timeout(t)
+    }
+    fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        TcpStream::set_nonblocking(self, on)
+    }
+}
+
+impl FloodSocket for UnixStream {
+    fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        self.set_read_timeout(t)
+    }
+    fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        UnixStream::set_nonblocking(self, on)
+    }
+}
+
+/// Whether the server has closed `s` (end of stream or reset) — without waiting.
+fn closed_now(s: &mut impl FloodSocket) -> anyhow::Result<bool> {
+    s.set_nonblocking(true)?;
+    let mut buf = [0u8; 1024];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(_) => continue, // a TLS alert before the close
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+            Err(_) => break true,
+        }
+    };
+    s.set_nonblocking(false)?;
+    Ok(closed)
+}
+
+/// Waits until the server has closed every socket of `socks` (at most `within`).
+fn wait_all_closed(what: &str, socks: &mut [impl FloodSocket], within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    let mut buf = [0u8; 1024];
+    for (i, s) in socks.iter_mut().enumerate() {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            ensure!(!left.is_zero(), "{what}: connection {i} still open after {within:?}");
+            s.set_timeout(Some(left))?;
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    bail!("{what}: connection {i} still open after {within:?}")
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `name{labels}` from a scrape of `port`, as an integer.
+fn metric(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> i64 {
+    scrape.value(name, labels) as i64
+}
+
+/// The listener series of `listener` in `scrape`: (open, refused, handshake, first-byte, idle).
+fn listener_counts(scrape: &Scrape, listener: &str) -> (i64, i64, i64, i64, i64) {
+    let l = [("listener", listener)];
+    let evicted = |reason| {
+        metric(scrape, "aether_listener_connections_evicted_total", &[("listener", listener), ("reason", reason)])
+    };
+    (
+        metric(scrape, "aether_listener_connections", &l),
+        metric(scrape, "aether_listener_connections_refused_total", &l),
+        evicted("handshake-timeout"),
+        evicted("first-byte-timeout"),
+        evicted("idle-timeout"),
+    )
+}
+
+fn the_processes_run_under_the_lowered_open_files_limit(env: &Env) -> anyhow::Result<()> {
+    let c = env.controller.lock().unwrap();
+    let a = env.agent.lock().unwrap();
+    ensure!(c.nofile()? == CONTROLLER_NOFILE, "controller's limit is {}", c.nofile()?);
+    ensure!(a.nofile()? == AGENT_NOFILE, "agent's limit is {}", a.nofile()?);
+    // Twice the caps would not fit: the flood below could exhaust an uncapped process; the caps
+    // fit, with room for the connections being accepted and closed over the cap.
+    let (c_fds, a_fds) = (c.open_fds(), a.open_fds());
+    eprintln!("open descriptors at rest: controller {c_fds}, agent {a_fds}");
+    ensure!(c_fds + 2 * (WEBHOOK_CAP + CONTROLLER_ADMIN_CAP) > CONTROLLER_NOFILE, "controller at rest: {c_fds}");
+    ensure!(c_fds + WEBHOOK_CAP + CONTROLLER_ADMIN_CAP + 8 < CONTROLLER_NOFILE, "controller at rest: {c_fds}");
+    ensure!(a_fds + 2 * (AGENT_ADMIN_CAP + XDS_CAP) > AGENT_NOFILE, "agent at rest: {a_fds}");
+    ensure!(a_fds + AGENT_ADMIN_CAP + XDS_CAP + 8 < AGENT_NOFILE, "agent at rest: {a_fds}");
+    Ok(())
+}
+
+fn webhook_flood_is_refused_over_the_cap_and_evicted_then_a_review_is_admitted(env: &Env) -> anyhow::Result<()> {
+    let port = env.webhook_port;
+    let before = Scrape::get(env.controller_admin)?;
+    let allowed_before = metric(&before, "aether_admission_requests_total", &[("result", "allowed")]);
+    ensure!(
+        listener_counts(&before, "webhook") == (0, 0, 0, 0, 0),
+        "not fresh: {:?}",
+        listener_counts(&before, "webhook")
+    );
+
+    // The cap's worth: half silent TCP, a quarter half-open handshakes, a quarter finished
+    // handshakes without a request.
+    let mut silent = silent_tcp(port, WEBHOOK_CAP / 2)?;
+    let mut half: Vec<TcpStream> = (0..WEBHOOK_CAP / 4).map(|_| half_open_tls(port)).collect::<Result<_, _>>()?;
+    let mut mute: Vec<_> = (0..WEBHOOK_CAP / 4).map(|_| mute_tls(port, &env.ca_file)).collect::<Result<_, _>>()?;
+    eventually("the webhook holding its cap", WAIT, || {
+        Ok(listener_counts(&Scrape::get(env.controller_admin)?, "webhook").0 == WEBHOOK_CAP as i64)
+    })?;
+    // As many again, over the cap: each closed by the server.
+    let mut over = silent_tcp(port, WEBHOOK_CAP)?;
+    wait_all_closed("webhook connections over the cap", &mut over, WAIT)?;
+    let during = Scrape::get(env.controller_admin)?;
+    let (open, refused, ..) = listener_counts(&during, "webhook");
+    ensure!(
+        (open, refused) == (WEBHOOK_CAP as i64, WEBHOOK_CAP as i64),
+        "while flooded: {open} open (want the cap, {WEBHOOK_CAP}; fewer means the flood took longer than the \
+         {CONTROLLER_TIMEOUT_SECS} s timeout), {refused} refused"
+    );
+    let mut mute_socks: Vec<TcpStream> = mute.iter_mut().map(|t| t.sock.try_clone()).collect::<Result<_, _>>()?;
+    wait_all_closed("silent webhook connections", &mut silent, WAIT)?;
+    wait_all_closed("half-open TLS handshakes", &mut half, WAIT)?;
+    wait_all_closed("finished handshakes without a request", &mut mute_socks, WAIT)?;
+    drop(mute);
+
+    // A valid policy goes through kube-apiserver → our webhook (failurePolicy Fail).
+    let manifest = policy(NS, "after-flood").target("web").socket("s/app.sock").manifest();
+    eventually("a valid EndpointPolicy admitted after the flood", WAIT, || {
+        let f = env.path("after-flood.yaml");
+        std::fs::write(&f, &manifest)?;
+        let out = env.cp.kubectl(&["apply".as_ref(), "-f".as_ref(), f.as_os_str()])?;
+        ensure!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(true)
+    })?;
+    let after = Scrape::get(env.controller_admin)?;
+    ensure!(
+        metric(&after, "aether_admission_requests_total", &[("result", "allowed")]) > allowed_before,
+        "the review did not reach our webhook"
+    );
+    let want = (WEBHOOK_CAP / 2 + WEBHOOK_CAP / 4, WEBHOOK_CAP / 4);
+    let (_, refused, handshake, first_byte, idle) = listener_counts(&after, "webhook");
+    ensure!(
+        (refused, handshake, first_byte, idle) == (WEBHOOK_CAP as i64, want.0 as i64, want.1 as i64, 0),
+        "webhook: refused {refused} (want {WEBHOOK_CAP}), handshake-timeout {handshake} (want {}), \
+         first-byte-timeout {first_byte} (want {}), idle-timeout {idle} (want 0)",
+        want.0,
+        want.1
+    );
+    let mut c = env.controller.lock().unwrap();
+    c.alive()?;
+    c.no_emfile()
+}
+
+fn controller_admin_flood_is_evicted_then_metrics_scrape(env: &Env) -> anyhow::Result<()> {
+    let mut flood = silent_tcp(env.controller_admin, 2 * CONTROLLER_ADMIN_CAP)?;
+    wait_all_closed("controller admin flood", &mut flood, WAIT)?;
+    let scrape = Scrape::get(env.controller_admin)?;
+    let (open, refused, _, first_byte, idle) = listener_counts(&scrape, "admin");
+    ensure!(
+        (open, refused, first_byte, idle) == (1, CONTROLLER_ADMIN_CAP as i64, CONTROLLER_ADMIN_CAP as i64, 0),
+        "controller admin: {open} open (want 1: this scrape), {refused} refused and {first_byte} evicted \
+         (want {CONTROLLER_ADMIN_CAP} each), {idle} idle"
+    );
+    ensure!(http_get_status(env.controller_admin, "/readyz") == Some(200), "/readyz after the flood");
+    let mut c = env.controller.lock().unwrap();
+    c.alive()?;
+    c.no_emfile()
+}
+
+fn envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded(env: &Env) -> anyhow::Result<()> {
+    let app = format!("app_{NS}_web_8080");
+    // The xDS socket: twice its cap of silent connections, all closed (half refused, half
+    // evicted by the first-byte timeout).
+    let mut xds_flood: Vec<UnixStream> =
+        (0..2 * XDS_CAP).map(|_| UnixStream::connect(env.xds_socket())).collect::<Result<_, _>>()?;
+    wait_all_closed("xDS flood", &mut xds_flood, WAIT)?;
+
+    // The admin port: twice its cap, held while Envoy starts.
+    let mut admin_flood = silent_tcp(env.agent_admin, 2 * AGENT_ADMIN_CAP)?;
+    let dir = env.path("envoy");
+    let envoy = Envoy::builder(env.xds_socket(), NODE, &dir).binary(envoy_bin()?).start()?;
+    *env.envoy.lock().unwrap() = Some(envoy);
+    eventually(&format!("Envoy holding cluster {app} from xDS"), AGENT_ADMIN_WAIT, || {
+        let guard = env.envoy.lock().unwrap();
+        Ok(guard.as_ref().context("envoy")?.clusters()?.contains_key(&app))
+    })?;
+    // Still flooded: the admitted half is held (not yet evicted), the other half was closed.
+    let mut open = 0;
+    for s in &mut admin_flood {
+        if !closed_now(s)? {
+            open += 1;
+        }
+    }
+    ensure!(
+        open == AGENT_ADMIN_CAP,
+        "{open} admin flood connections open while Envoy got its clusters (want the cap, {AGENT_ADMIN_CAP})"
+    );
+
+    wait_all_closed("agent admin flood", &mut admin_flood, Duration::from_secs(AGENT_ADMIN_FIRST_BYTE_SECS) + WAIT)?;
+    let scrape = Scrape::get(env.agent_admin)?;
+    let admin = listener_counts(&scrape, "admin");
+    let a = AGENT_ADMIN_CAP as i64;
+    ensure!(admin == (1, a, 0, a, 0), "agent admin (open, refused, handshake, first-byte, idle): {admin:?}");
+    let xds = listener_counts(&scrape, "xds");
+    let x = XDS_CAP as i64;
+    ensure!(xds == (1, x, 0, x, 0), "xDS (open: Envoy's, refused, handshake, first-byte, idle): {xds:?}");
+    ensure!(metric(&scrape, "aether_xds_connected_streams", &[]) == 1, "Envoy's ADS stream");
+    let mut agent = env.agent.lock().unwrap();
+    agent.alive()?;
+    agent.no_emfile()
+}
+
+fn main() {
+    suite::run(
+        vec![
+            suite::case(
+                "the_processes_run_under_the_lowered_open_files_limit",
+                the_processes_run_under_the_lowered_open_files_limit,
+            ),
+            suite::case(
+                "webhook_flood_is_refused_over_the_cap_and_evicted_then_a_review_is_admitted",
+                webhook_flood_is_refused_over_the_cap_and_evicted_then_a_review_is_admitted,
+            ),
+            suite::case(
+                "controller_admin_flood_is_evicted_then_metrics_scrape",
+                controller_admin_flood_is_evicted_then_metrics_scrape,
+            ),
+            suite::case(
+                "envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded",
+                envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded,
+            ),
+        ],
+        setup,
+        |env| {
+            format!(
+                "\n--- controller log ---\n{}\n--- agent log ---\n{}",
+                tail(&env.controller.lock().unwrap().log()),
+                tail(&env.agent.lock().unwrap().log())
+            )
+        },
+    )
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+fn setup() -> anyhow::Result<Env> {
+    let started = Instant::now();
+    let cp = ControlPlane::start()?;
+    cp.install_crd()?;
+    cp.kubectl_ok(&["create", "namespace", NS])?;
+    cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, "web"])?;
+    // Short: <work>/pods/<uid>/volumes/kubernetes.io~empty-dir/s/app.sock must fit sun_path (107 bytes).
+    let work = tempfile::Builder::new().prefix("af-").tempdir()?;
+    std::fs::create_dir_all(work.path().join("run"))?;
+
+    // The controller: certificates for 127.0.0.1, small caps and timeouts, 128 open files.
+    let certs = work.path().join("certs");
+    let bundle = aether_webhook_certs::mint(&["127.0.0.1".into(), "localhost".into()])?;
+    aether_webhook_certs::write_dir(&bundle, &certs)?;
+    let (webhook_port, controller_admin) = (free_port(), free_port());
+    let kubeconfig = cp.kubeconfig();
+    let controller_args: Vec<String> = vec![
+        "run".into(),
+        "--webhook-addr".into(),
+        format!("127.0.0.1:{webhook_port}"),
+        "--admin-addr".into(),
+        format!("127.0.0.1:{controller_admin}"),
+        "--tls-dir".into(),
+        certs.to_string_lossy().into_owned(),
+        "--kubeconfig".into(),
+        kubeconfig.to_string_lossy().into_owned(),
+        "--lease-namespace".into(),
+        "default".into(),
+        "--webhook-max-connections".into(),
+        WEBHOOK_CAP.to_string(),
+        "--webhook-handshake-timeout-seconds".into(),
+        CONTROLLER_TIMEOUT_SECS.to_string(),
+        "--admin-max-connections".into(),
+        CONTROLLER_ADMIN_CAP.to_string(),
+        "--admin-first-byte-timeout-seconds".into(),
+        CONTROLLER_TIMEOUT_SECS.to_string(),
+    ];
+    let mut controller = Limited::spawn(
+        "aether-controller",
+        &workspace_bin("aether-controller")?,
+        CONTROLLER_NOFILE,
+        &controller_args,
+        &[],
+        &work.path().join("controller.log"),
+    )?;
+    controller.wait_ready(controller_admin)?;
+    let ca_file = certs.join(aether_webhook_certs::CA_FILE);
+    cp.register_webhook(&format!("https://127.0.0.1:{webhook_port}/validate"), &ca_file)?;
+
+    // A pod on the node served over its socket: the cluster Envoy must get over xDS.
+    let p = pod(NS, "web").sa("web").node(NODE).container("app", "registry.example/uds-echo:test").emptydir("s");
+    cp.apply(&p.annotation_socket("s/app.sock").manifest())?;
+    let uid = cp.kubectl_ok(&["get", "pod", "-n", NS, "web", "-o", "jsonpath={.metadata.uid}"])?;
+    let vol = work.path().join("pods").join(&uid).join("volumes/kubernetes.io~empty-dir/s");
+    std::fs::create_dir_all(&vol)?;
+    let echo = Command::new(workspace_bin("uds-echo")?)
+        .arg("--socket")
+        .arg(vol.join("app.sock"))
+        .arg("--name")
+        .arg("web")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let echo = Mutex::new(Some(echo));
+    eventually("the echo socket", WAIT, || Ok(vol.join("app.sock").exists()))?;
+
+    // The agent: small caps and timeouts, 48 open files.
+    let agent_admin = free_port();
+    let path = |p: &str| work.path().join(p).to_string_lossy().into_owned();
+    let agent_args: Vec<String> = vec![
+        "run".into(),
+        "--node-name".into(),
+        NODE.to_string(),
+        "--kubelet-pods-dir".into(),
+        path("pods"),
+        "--state-dir".into(),
+        path("state"),
+        "--xds-address".into(),
+        format!("unix://{}", path("run/xds.sock")),
+        "--health-socket".into(),
+        path("run/health.sock"),
+        "--cri-endpoint=".into(),
+        "--admin-addr".into(),
+        format!("127.0.0.1:{agent_admin}"),
+        "--admin-max-connections".into(),
+        AGENT_ADMIN_CAP.to_string(),
+        "--admin-first-byte-timeout-seconds".into(),
+        AGENT_ADMIN_FIRST_BYTE_SECS.to_string(),
+        "--xds-max-connections".into(),
+        XDS_CAP.to_string(),
+        "--xds-first-byte-timeout-seconds".into(),
+        XDS_FIRST_BYTE_SECS.to_string(),
+    ];
+    let mut agent = Limited::spawn(
+        "aether-agent",
+        &workspace_bin("aether-agent")?,
+        AGENT_NOFILE,
+        &agent_args,
+        &[("KUBECONFIG", kubeconfig.as_path())],
+        &work.path().join("agent.log"),
+    )?;
+    agent.wait_ready(agent_admin)?;
+    eprintln!("flood e2e: set up in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(Env {
+        cp,
+        work,
+        controller: Mutex::new(controller),
+        webhook_port,
+        controller_admin,
+        ca_file,
+        agent: Mutex::new(agent),
+        agent_admin,
+        echo,
+        envoy: Mutex::new(None),
+    })
+}
