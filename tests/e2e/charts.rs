@@ -548,6 +548,58 @@ fn schema_max_body_bytes_bounds_are_the_binarys() {
     assert_eq!(flag(c, "--max-body-bytes"), Some(MIN_MAX_BODY_BYTES.to_string()));
 }
 
+/// `(values path, minimum, maximum)` of every integer value of `schema` with a bound, `$ref`s to
+/// `#/definitions/...` followed.
+fn bounded_integers(schema: &Value, node: &Value, path: &str, out: &mut Vec<(String, Option<i64>, Option<i64>)>) {
+    let resolved;
+    let node = match node["$ref"].as_str().and_then(|r| r.strip_prefix("#/definitions/")) {
+        Some(name) => {
+            resolved = schema["definitions"][name].clone();
+            &resolved
+        }
+        None => node,
+    };
+    let (min, max) = (node["minimum"].as_i64(), node["maximum"].as_i64());
+    if node["type"] == "integer" && (min.is_some() || max.is_some()) {
+        out.push((path.to_owned(), min, max));
+    }
+    for (key, child) in node["properties"].as_object().into_iter().flatten() {
+        let child_path = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+        bounded_integers(schema, child, &child_path, out);
+    }
+}
+
+/// Issue 14 item 7: every bounded integer value of charts/aether renders at each of its edges and
+/// is refused one past it, with an error naming the value and the bound. The real-node suite runs
+/// the chart with the values at their edges (`chart_values_at_their_edges_run_on_the_real_node`).
+#[test]
+fn every_bounded_integer_value_renders_at_its_edges_and_is_refused_past_them() {
+    let text = std::fs::read_to_string(chart("aether").join("values.schema.json")).expect("values.schema.json");
+    let schema: Value = serde_json::from_str(&text).expect("the schema is JSON");
+    let mut bounded = Vec::new();
+    bounded_integers(&schema, &schema, "", &mut bounded);
+    assert!(bounded.len() >= 25, "bounded integer values found: {bounded:?}");
+    let mut checked = 0;
+    for (path, min, max) in &bounded {
+        let leaf = path.rsplit('.').next().expect("a path");
+        for (edge, past, word) in [(*min, min.map(|m| m - 1), "minimum"), (*max, max.map(|m| m + 1), "maximum")] {
+            let (Some(edge), Some(past)) = (edge, past) else { continue };
+            let at = format!("{path}={edge}");
+            try_render(&[at.as_str()]).unwrap_or_else(|e| panic!("{at} is within the schema but does not render: {e}"));
+            let over = format!("{path}={past}");
+            match try_render(&[over.as_str()]) {
+                Ok(_) => panic!("{over} rendered; the schema's {word} is {edge}"),
+                Err(e) => assert!(
+                    e.contains(leaf) && e.contains(word),
+                    "{over}: the error names neither {leaf} nor {word}: {e}"
+                ),
+            }
+            checked += 1;
+        }
+    }
+    eprintln!("{checked} edges of {} bounded values rendered and refused one past", bounded.len());
+}
+
 /// `socketLimit` (issue 13 item 4): the main chart passes it to both binaries as `--socket-limit`
 /// (sun-path by default, filesystem when set) and refuses `filesystem` without socket pinning,
 /// where Envoy would dial paths that must fit in sun_path.

@@ -7,7 +7,8 @@
 //! in the node pod dials the socket an app container made in the kubelet's real emptyDir path
 //! (disk and `medium: Memory`), through the chart's read-only HostToContainer mount; a policy
 //! switches delivery to the socket and back; an app restart (new socket inode), a replaced node
-//! pod and a deleted pod are followed; `helm upgrade` with other values runs; `helm uninstall`
+//! pod and a deleted pod are followed; `helm upgrade` with other values runs (among them
+//! `socketLimit=filesystem` and every bounded value at its schema edges); `helm uninstall`
 //! leaves no release object and nothing of ours on the host; and `node.sh down` leaves the host as
 //! it found it.
 //!
@@ -646,6 +647,18 @@ fn socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin(env: &Env
 
 /// After an upgrade (helm --wait returned): every release pod Ready with no restarts.
 fn check_release_settled(env: &Env) -> anyhow::Result<()> {
+    check_release_settled_with(env, 3)
+}
+
+/// [`check_release_settled`] for a release of `count` pods (2 with `controller.replicas=1`).
+fn check_release_settled_with(env: &Env, count: usize) -> anyhow::Result<()> {
+    let ready = |p: &Value| {
+        p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    };
     eventually("release pods Ready with no restarts", WAIT, || {
         let pods = env.release_pods()?;
         let terminating = pods.iter().any(|p| p["metadata"].get("deletionTimestamp").is_some());
@@ -654,8 +667,98 @@ fn check_release_settled(env: &Env) -> anyhow::Result<()> {
                 bail!("{}/{c} restarted {r} times: {}", pod_name(p), p["status"]["containerStatuses"]);
             }
         }
-        Ok(!terminating && pods.len() == 3)
+        Ok(!terminating && pods.len() == count && pods.iter().all(ready))
     })
+}
+
+/// Issue 14 item 7: the chart runs with every bounded integer value at an edge of its schema
+/// bounds (tests/e2e/charts.rs checks each renders there and is refused one past it): one upgrade
+/// with the minimums, one with the maximums (two ports that must differ take opposite edges), then
+/// the defaults. Each time every release pod is Ready with no restarts, the webhook answers
+/// through its Service, and the agent's metrics show the cap it was given. `proxy.adminPort` keeps
+/// its default (this suite reads Envoy's admin there); its edges are rendered only.
+fn chart_values_at_their_edges_run_on_the_real_node(env: &Env) -> anyhow::Result<()> {
+    let denied_through_the_service = || -> anyhow::Result<()> {
+        let example = repo_root().join("crds/examples/deny-over-budget.yaml");
+        let out =
+            env.kube().run(&["apply", "-n", "default", "--dry-run=server", "-f", example.to_str().context("path")?])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(!out.status.success() && stderr.contains("the budget is 16 bytes"), "webhook answer: {stderr}");
+        Ok(())
+    };
+    let clusters_max = |port: u16, want: &str| -> anyhow::Result<()> {
+        eventually(&format!("aether_agent_clusters_max {want} on the agent's admin port {port}"), WAIT, || {
+            Ok(http_get(port, "/metrics", &[])
+                .is_ok_and(|(_, m)| m.lines().any(|l| l == format!("aether_agent_clusters_max {want}"))))
+        })
+    };
+    let min = [
+        "controller.replicas=1",
+        "controller.webhookPort=1024",
+        "controller.adminPort=65535",
+        "controller.maxBodyBytes=65536",
+        "controller.listeners.webhook.maxConnections=1",
+        "controller.listeners.webhook.handshakeTimeoutSeconds=1",
+        "controller.listeners.webhook.idleTimeoutSeconds=1",
+        "controller.listeners.admin.maxConnections=4",
+        "controller.listeners.admin.firstByteTimeoutSeconds=1",
+        "controller.listeners.admin.idleTimeoutSeconds=1",
+        "webhook.timeoutSeconds=1",
+        "webhook.certs.job.backoffLimit=0",
+        "webhook.certs.job.activeDeadlineSeconds=30",
+        "agent.adminPort=1024",
+        "agent.recheckSeconds=1",
+        "agent.maxClusters=2",
+        "agent.listeners.admin.maxConnections=4",
+        "agent.listeners.admin.firstByteTimeoutSeconds=1",
+        "agent.listeners.admin.idleTimeoutSeconds=1",
+        "agent.listeners.xds.maxConnections=1",
+        "agent.listeners.xds.firstByteTimeoutSeconds=1",
+        "agent.listeners.xds.keepaliveIntervalSeconds=1",
+        "agent.listeners.xds.keepaliveTimeoutSeconds=1",
+        "agent.watchGraceSeconds=0",
+        "proxy.readinessPort=65535",
+        "daemonset.minReadySeconds=0",
+    ];
+    env.helm_aether("upgrade", &min)?;
+    check_release_settled_with(env, 2)?;
+    denied_through_the_service()?;
+    clusters_max(1024, "2")?;
+
+    let max = [
+        "controller.webhookPort=65535",
+        "controller.adminPort=1024",
+        "controller.listeners.webhook.maxConnections=65536",
+        "controller.listeners.webhook.handshakeTimeoutSeconds=3600",
+        "controller.listeners.webhook.idleTimeoutSeconds=3600",
+        "controller.listeners.admin.maxConnections=65536",
+        "controller.listeners.admin.firstByteTimeoutSeconds=3600",
+        "controller.listeners.admin.idleTimeoutSeconds=3600",
+        "webhook.timeoutSeconds=10",
+        "agent.adminPort=65535",
+        "agent.maxClusters=200000",
+        "agent.listeners.admin.maxConnections=65536",
+        "agent.listeners.admin.firstByteTimeoutSeconds=3600",
+        "agent.listeners.admin.idleTimeoutSeconds=3600",
+        "agent.listeners.xds.maxConnections=65536",
+        "agent.listeners.xds.firstByteTimeoutSeconds=3600",
+        "agent.listeners.xds.keepaliveIntervalSeconds=3600",
+        "agent.listeners.xds.keepaliveTimeoutSeconds=3600",
+        "agent.watchGraceSeconds=86400",
+        "proxy.readinessPort=1024",
+    ];
+    env.helm_aether("upgrade", &max)?;
+    check_release_settled(env)?;
+    denied_through_the_service()?;
+    clusters_max(65535, "200000")?;
+    let web = uid(&env.pod_json("default", "web")?)?;
+    env.wait_pinned("app_default_web_8080", &web, &env.socket_path(&web, "s", "app.sock"))?;
+
+    env.helm_aether("upgrade", &[])?;
+    check_release_settled(env)?;
+    denied_through_the_service()?;
+    env.wait_pinned("app_default_web_8080", &web, &env.socket_path(&web, "s", "app.sock"))?;
+    Ok(())
 }
 
 fn uninstall_leaves_no_release_object_and_nothing_on_the_host(env: &Env) -> anyhow::Result<()> {
@@ -802,6 +905,10 @@ fn main() {
             suite::case(
                 "socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin",
                 socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin,
+            ),
+            suite::case(
+                "chart_values_at_their_edges_run_on_the_real_node",
+                chart_values_at_their_edges_run_on_the_real_node,
             ),
             suite::case(
                 "uninstall_leaves_no_release_object_and_nothing_on_the_host",
