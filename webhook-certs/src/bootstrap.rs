@@ -106,12 +106,13 @@ pub struct Report {
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
     /// An API call failed.
-    #[error("{action}: {source}")]
+    #[error("{action}: {error}")]
     Api {
         /// What was being done.
         action: String,
-        /// The client error.
-        source: kube::Error,
+        /// The client error. Its text ends the message, so it is not also the `source()`: a
+        /// printed cause chain shows it once.
+        error: kube::Error,
     },
     /// Minting failed.
     #[error(transparent)]
@@ -126,7 +127,7 @@ pub enum BootstrapError {
 
 fn api_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> BootstrapError {
     let action = action.into();
-    move |source| BootstrapError::Api { action, source }
+    move |error| BootstrapError::Api { action, error }
 }
 
 pub(crate) fn is_status(e: &kube::Error, code: u16) -> bool {

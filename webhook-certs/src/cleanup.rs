@@ -62,14 +62,15 @@ pub enum Outcome {
 #[derive(Debug, thiserror::Error)]
 pub enum CleanupError {
     /// An API call failed.
-    #[error("{action} Secret {secret}: {source}")]
+    #[error("{action} Secret {secret}: {error}")]
     Api {
         /// What was being done ("reading", "deleting").
         action: &'static str,
         /// `namespace/name`.
         secret: String,
-        /// The client error.
-        source: kube::Error,
+        /// The client error. Its text ends the message, so it is not also the `source()`: a
+        /// printed cause chain shows it once.
+        error: kube::Error,
     },
     /// The Secret kept changing between the read and the delete.
     #[error("Secret {0}: still changing under us after {ATTEMPTS} attempts")]
@@ -85,7 +86,7 @@ pub async fn run(client: Client, namespace: &str, name: &str) -> Result<Outcome,
     let secret = format!("{namespace}/{name}");
     let api_err = |action| {
         let secret = secret.clone();
-        move |source| CleanupError::Api { action, secret, source }
+        move |error| CleanupError::Api { action, secret, error }
     };
     for _ in 0..ATTEMPTS {
         let Some(found) = api.get_opt(name).await.map_err(api_err("reading"))? else {

@@ -8,7 +8,7 @@
 //! its updates; [`bootstrap`] creates the Secret and sets the webhook configuration's `caBundle`
 //! (the chart's hook Job); [`cleanup`] deletes that Secret again after `helm uninstall` (the
 //! chart's post-delete hook Job), and only if bootstrap created it. [`cli`] is the command line
-//! of the `aether-webhook-certs` binary.
+//! of the `aether-webhook-certs` binary; [`logging`] sets up its logs (and aether-controller's).
 
 use std::fs;
 use std::io::Write;
@@ -30,6 +30,7 @@ pub const KEY_FILE: &str = "tls.key";
 pub mod bootstrap;
 pub mod cleanup;
 pub mod cli;
+pub mod logging;
 pub mod reload;
 
 pub use reload::{CheckOutcome, LoadError, ReloadingCertResolver};
@@ -46,17 +47,25 @@ pub enum CertError {
     /// A name is neither an IP address nor a DNS name.
     #[error("{0:?} is neither an IP address nor a DNS name (letters, digits, '-', '.', a leading '*.')")]
     BadName(String),
-    /// rcgen refused the parameters.
+    /// rcgen refused the parameters. Its error's text ends the message, so it is not also the
+    /// `source()`: a printed cause chain shows it once.
     #[error("cannot mint certificate: {0}")]
-    Mint(#[from] rcgen::Error),
+    Mint(rcgen::Error),
     /// Writing a file failed.
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}: {error}")]
     Write {
         /// The file.
         path: String,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error. Its text ends the message, so it is not also the `source()`: a printed
+        /// cause chain shows it once.
+        error: std::io::Error,
     },
+}
+
+impl From<rcgen::Error> for CertError {
+    fn from(e: rcgen::Error) -> Self {
+        CertError::Mint(e)
+    }
 }
 
 /// A CA certificate and a serving certificate + key it signed, all PEM.
@@ -126,7 +135,7 @@ pub fn mint_with_validity(names: &[String], days: u32) -> Result<Bundle, CertErr
 pub fn write_dir(bundle: &Bundle, dir: &Path) -> Result<(), CertError> {
     let err = |p: &Path| {
         let path = p.display().to_string();
-        move |source| CertError::Write { path, source }
+        move |error| CertError::Write { path, error }
     };
     fs::create_dir_all(dir).map_err(err(dir))?;
     for (name, body, mode) in

@@ -27,12 +27,13 @@ use crate::{CERT_FILE, KEY_FILE};
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Read {
         /// The file.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error. Its text ends the message, so it is not also the `source()`: a printed
+        /// cause chain shows it once.
+        error: std::io::Error,
     },
     /// The certificate file holds no parsable PEM certificate.
     #[error("{path} holds no PEM certificate: {reason}")]
@@ -267,7 +268,7 @@ impl ResolvesServerCert for ReloadingCertResolver {
 }
 
 fn read_pair(cert_path: &Path, key_path: &Path) -> Result<Seen, LoadError> {
-    let read = |path: &Path| std::fs::read(path).map_err(|source| LoadError::Read { path: path.to_path_buf(), source });
+    let read = |path: &Path| std::fs::read(path).map_err(|error| LoadError::Read { path: path.to_path_buf(), error });
     Ok(Seen { cert: read(cert_path)?, key: read(key_path)? })
 }
 
