@@ -1,8 +1,9 @@
-//! The chart's copy of the CRD: the generated CRD plus chart metadata only, with the `maxLength`
+//! The chart's copy of the CRD: the generated CRD plus chart metadata only, with the length rule
 //! of `spec.udsSocket` following the chart value `socketLimit`.
 //!
 //! The CRD chart takes the same `socketLimit` as the main chart (`sunPath` by default): the
-//! schema's static `maxLength` is the longest value the limit can ever admit
+//! schema's static length rule ([`socket_length_rule`], a CEL rule so that a long value does not
+//! hide the other errors, see [`crate::policy`]) admits the longest value the limit can ever admit
 //! ([`SocketLimit::longest_value`]: 36 bytes under `sunPath`, 319 under `filesystem`), and the
 //! webhook enforces the pods dir's budget within it. [`crd_for_chart`] writes that choice as a
 //! Helm `if` inside YAML comments, so the file stays a valid CRD for the default (`kubectl apply -f`
@@ -12,6 +13,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{CustomR
 use kube::CustomResourceExt;
 
 use crate::EndpointPolicy;
+use crate::policy::socket_length_rule;
 use crate::udspath::SocketLimit;
 
 /// Labels the chart copy carries.
@@ -46,10 +48,20 @@ pub fn crd_with_chart_metadata() -> CustomResourceDefinition {
 }
 
 /// What the chart renders with `socketLimit` set to `limit`: [`crd_with_chart_metadata`] with
-/// `spec.udsSocket`'s `maxLength` set to [`SocketLimit::longest_value`] (36 or 319 bytes).
+/// `spec.udsSocket`'s length rule replaced by [`socket_length_rule`]`(limit)` (at most 36 or 319
+/// bytes).
+///
+/// # Panics
+/// Never in practice: the generated CRD has `spec.udsSocket` with the `sunPath` length rule.
 pub fn crd_with_chart_metadata_for(limit: SocketLimit) -> CustomResourceDefinition {
     let mut crd = crd_with_chart_metadata();
-    socket_schema(&mut crd).max_length = Some(limit.longest_value() as i64);
+    let default_rule = socket_length_rule(SocketLimit::SunPath).rule;
+    let rule = serde_json::to_value(socket_length_rule(limit)).expect("a CEL rule serializes");
+    let rule = serde_json::from_value(rule).expect("a kube-core Rule is a ValidationRule");
+    let rules = socket_schema(&mut crd).x_kubernetes_validations.as_mut().expect("spec.udsSocket has CEL rules");
+    let slot =
+        rules.iter_mut().find(|r| r.rule == default_rule).expect("the generated CRD has the sunPath length rule");
+    *slot = rule;
     crd
 }
 
@@ -67,19 +79,16 @@ fn socket_schema(crd: &mut CustomResourceDefinition) -> &mut JSONSchemaProps {
         .expect("the generated CRD has spec.udsSocket")
 }
 
-/// A `maxLength` no real schema uses, written in place of the socket's so that its one line can
-/// be found in the YAML text and replaced by [`max_length_lines`].
-const MARKER_MAX_LENGTH: i64 = 3_190_036_001;
-
-/// The lines that replace `maxLength: <n>` of `spec.udsSocket`, at `indent`: a Helm `if` on
-/// `.Values.socketLimit` whose actions all sit in YAML comments, and between them the
-/// `maxLength` of the default limit as plain YAML. Rendered, the comments say which limit was
-/// chosen and the one `maxLength` line is that limit's; unrendered, it is the default's.
-fn max_length_lines(indent: &str) -> String {
+/// The lines that replace one line that differs between the two limits, at its indent: a Helm
+/// `if` on `.Values.socketLimit` whose actions all sit in YAML comments, and between them the
+/// `sunPath` line as plain YAML. Rendered, the comments say which limit was chosen and the one
+/// line is that limit's; unrendered, it is the default's.
+fn switched_lines(sun_line: &str, fs_line: &str) -> String {
     let (sun, fs) = (SocketLimit::SunPath, SocketLimit::Filesystem);
+    let indent = &sun_line[..sun_line.len() - sun_line.trim_start().len()];
     format!(
-        "{indent}# spec.udsSocket maxLength follows the chart value {SOCKET_LIMIT_VALUE}:{{{{ if eq .Values.{SOCKET_LIMIT_VALUE} \"{fs_value}\" }}}} {fs_value}, {fs_max} bytes.{{{{ \"\\n\" }}}}{indent}maxLength: {fs_max}{{{{ \"\\n\" }}}}{indent}#{{{{ else }}}} {sun_value}, {sun_max} bytes.\n\
-         {indent}maxLength: {sun_max}\n\
+        "{indent}# spec.udsSocket's length rule follows the chart value {SOCKET_LIMIT_VALUE}:{{{{ if eq .Values.{SOCKET_LIMIT_VALUE} \"{fs_value}\" }}}} {fs_value}, {fs_max} bytes.{{{{ \"\\n\" }}}}{fs_line}{{{{ \"\\n\" }}}}{indent}#{{{{ else }}}} {sun_value}, {sun_max} bytes.\n\
+         {sun_line}\n\
          {indent}#{{{{ end }}}} (Written by crdgen --chart; unrendered, this file is the {sun_value} CRD.)\n",
         fs_value = chart_value(fs),
         fs_max = fs.longest_value(),
@@ -89,33 +98,43 @@ fn max_length_lines(indent: &str) -> String {
 }
 
 /// The chart's CRD template: a header saying where it comes from, then [`crd_with_chart_metadata`]
-/// as YAML with `spec.udsSocket`'s `maxLength` line following `socketLimit` (see the module doc).
+/// as YAML, each line that differs under `socketLimit: filesystem` (the length rule of
+/// `spec.udsSocket`: its `rule` and `message`) following `socketLimit` (see the module doc).
 /// `helm template` with default values renders exactly [`crd_with_chart_metadata`]; with
 /// `socketLimit=filesystem`, [`crd_with_chart_metadata_for`] [`SocketLimit::Filesystem`].
 ///
 /// # Panics
-/// Never in practice: the CRD always serializes, with exactly one socket `maxLength` line.
+/// Never in practice: the CRD always serializes, and the two limits' YAML differ only within
+/// lines (the same line count, two lines apart).
 pub fn crd_for_chart() -> String {
-    let mut crd = crd_with_chart_metadata();
-    socket_schema(&mut crd).max_length = Some(MARKER_MAX_LENGTH);
-    let yaml = yaml_serde::to_string(&crd).expect("a CRD always serializes to YAML");
-    let marker = format!("maxLength: {MARKER_MAX_LENGTH}");
+    let sun = yaml_serde::to_string(&crd_with_chart_metadata()).expect("a CRD always serializes to YAML");
+    let fs = yaml_serde::to_string(&crd_with_chart_metadata_for(SocketLimit::Filesystem))
+        .expect("a CRD always serializes to YAML");
+    assert_eq!(sun.lines().count(), fs.lines().count(), "the limits' CRDs differ only within lines");
     let mut out = String::from(
         "# Generated by `make crds` (crdgen --chart) from crds/src/policy.rs. Do not edit: a test fails on drift.\n",
     );
-    let mut found = 0;
-    for line in yaml.lines() {
-        match line.strip_suffix(marker.as_str()) {
-            Some(indent) if indent.trim().is_empty() => {
-                found += 1;
-                out.push_str(&max_length_lines(indent));
-            }
-            _ => {
-                out.push_str(line);
-                out.push('\n');
-            }
+    let mut switched = 0;
+    for (sun_line, fs_line) in sun.lines().zip(fs.lines()) {
+        if sun_line == fs_line {
+            out.push_str(sun_line);
+            out.push('\n');
+        } else {
+            switched += 1;
+            out.push_str(&switched_lines(sun_line, fs_line));
         }
     }
-    assert_eq!(found, 1, "exactly one spec.udsSocket maxLength line in the generated CRD");
+    assert_eq!(switched, 2, "the socket length rule's rule and message lines differ between the limits");
     out
+}
+
+/// The limit of `spec.udsSocket`'s length rule in `crd` (a CRD as JSON, e.g. what `helm template`
+/// renders), in bytes: the `n` of its rule `size(bytes(self)) <= n` ([`socket_length_rule`]).
+/// `None` when the CRD has no such rule.
+pub fn socket_max_bytes(crd: &serde_json::Value) -> Option<u64> {
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["udsSocket"]
+        ["x-kubernetes-validations"]
+        .as_array()?
+        .iter()
+        .find_map(|r| r["rule"].as_str()?.strip_prefix("size(bytes(self)) <= ")?.parse().ok())
 }

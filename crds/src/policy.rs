@@ -1,15 +1,25 @@
 //! The `EndpointPolicy` custom resource (`config.aether.io/v1`), spec Phase 1b "Shape".
 //!
 //! Every field carries a doc comment: kube-derive copies them into the CRD's OpenAPI schema, so
-//! they are what `kubectl explain endpointpolicy.spec` prints. The schema patterns and enums
-//! reject bad *shapes* even when the admission webhook is not registered; the webhook adds the
-//! rules that depend on configuration (the sun_path budget) and names the field and the rule.
+//! they are what `kubectl explain endpointpolicy.spec` prints. The schema rejects bad *shapes*
+//! even when the admission webhook is not registered; the webhook adds the rules that depend on
+//! configuration (the sun_path budget) and names the field and the rule.
+//!
+//! Every shape rule of a string field is a CEL rule with a message (`x-kubernetes-validations`),
+//! none an OpenAPI `enum`, `maxLength` or `pattern`: kube-apiserver runs no CEL rule of an object
+//! once an `enum`, `maxLength`, `required` or type check of it fails, and then adds
+//! `<nil>: Invalid value: null: some validation rules were not checked because the object was
+//! invalid` after the real errors (apiextensions-apiserver `hasBlockingErr`, v1.37). With rules
+//! only, `kubectl apply` lists every broken field, each with its value and what to fix. A missing
+//! required field or a wrong type still stops the rules: those checks come first by design.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::udspath::{FILESYSTEM_VALUE_MAX, SocketLimit};
 
 /// The API group of EndpointPolicy.
 pub const GROUP: &str = "config.aether.io";
@@ -23,10 +33,22 @@ pub const PLURAL: &str = "endpointpolicies";
 /// Pattern of a DNS-1035 label (Service names): starts with a letter, ends alphanumeric.
 pub const DNS1035_LABEL_PATTERN: &str = "^[a-z]([-a-z0-9]*[a-z0-9])?$";
 
-/// The CRD's CEL rule for `spec.targetRef.name`: [`DNS1035_LABEL_PATTERN`] as a CEL raw string.
-pub const SERVICE_NAME_RULE: &str = "self.matches(r'^[a-z]([-a-z0-9]*[a-z0-9])?$')";
+/// The CRD's CEL rule for `spec.targetRef.name`: at most 63 characters and
+/// [`DNS1035_LABEL_PATTERN`] (as a CEL raw string). The length is checked first, so the regex
+/// never runs over a long value (the schema has no `maxLength`, see the module doc).
+pub const SERVICE_NAME_RULE: &str = "size(self) <= 63 && self.matches(r'^[a-z]([-a-z0-9]*[a-z0-9])?$')";
 /// The message the API server prints when [`SERVICE_NAME_RULE`] fails.
 pub const SERVICE_NAME_MESSAGE: &str = "must be a Service name, a DNS-1035 label: 1-63 of lowercase a-z, 0-9 and '-', starting with a letter and ending with a letter or digit";
+
+/// The CRD's CEL rule for `spec.targetRef.group` (in place of an `enum`, see the module doc).
+pub const GROUP_RULE: &str = "self == '' || self == 'core'";
+/// The message the API server prints when [`GROUP_RULE`] fails.
+pub const GROUP_MESSAGE: &str = "must be \"\" or \"core\": the core API group, where Services live";
+
+/// The CRD's CEL rule for `spec.targetRef.kind` (in place of an `enum`, see the module doc).
+pub const KIND_RULE: &str = "self == 'Service'";
+/// The message the API server prints when [`KIND_RULE`] fails.
+pub const KIND_MESSAGE: &str = "must be \"Service\": a policy attaches to a Service of the core group only";
 
 /// Pattern of a socket value `<volume>/<file>`: a DNS-1123 label, one `/`, and a file name of
 /// `[A-Za-z0-9._-]` that is not `.` or `..` (RE2 has no look-ahead, hence the three branches).
@@ -34,10 +56,38 @@ pub const SERVICE_NAME_MESSAGE: &str = "must be a Service name, a DNS-1035 label
 /// `pattern` would make the API server print the bare regex).
 pub const SOCKET_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/([A-Za-z0-9_-][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+)$";
 
-/// The CRD's CEL rule for `spec.udsSocket`: [`SOCKET_PATTERN`] as a CEL raw string.
-pub const SOCKET_RULE: &str = r"self.matches(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?/([A-Za-z0-9_-][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+)$')";
+/// The CRD's CEL grammar rule for `spec.udsSocket`: [`SOCKET_PATTERN`] as a CEL raw string, for
+/// values of at most [`FILESYSTEM_VALUE_MAX`] (319) characters. A longer value fails the length
+/// rule ([`socket_length_rule`]) under every limit; skipping the regex for it keeps a value of
+/// megabytes within the API server's CEL cost limit (it would otherwise be refused with
+/// "call cost exceeds limit" instead of our message).
+pub const SOCKET_RULE: &str = r"size(self) > 319 || self.matches(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?/([A-Za-z0-9_-][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+)$')";
 /// The message the API server prints when [`SOCKET_RULE`] fails.
 pub const SOCKET_MESSAGE: &str = "must be <volume>/<file> with exactly one '/': <volume> a DNS-1123 label (lowercase a-z, 0-9, '-'; the name of one of the pod's emptyDir volumes), <file> 1 or more of A-Z a-z 0-9 . _ - and not '.' or '..', e.g. sockets/app.sock";
+
+// The grammar rule's guard is the file-system limit, written out in SOCKET_RULE.
+const _: () = assert!(FILESYSTEM_VALUE_MAX == 319);
+
+/// The CRD's CEL length rule for `spec.udsSocket` under `limit`: at most
+/// [`SocketLimit::longest_value`] bytes (36 under `sunPath`, 319 under `filesystem`), counted in
+/// bytes (`size(bytes(self))`). The generated CRD carries the `sunPath` rule; the CRD chart
+/// renders the one its `socketLimit` value selects ([`crate::chart`]). The admission webhook
+/// enforces the configured pods dir's budget within it.
+pub fn socket_length_rule(limit: SocketLimit) -> kube::core::Rule {
+    let max = limit.longest_value();
+    let message = match limit {
+        SocketLimit::SunPath => format!(
+            "must be at most {max} bytes: no pods dir leaves room for a longer <volume>/<file> in sun_path (107 \
+             bytes); the admission webhook enforces the configured pods dir's budget (16 bytes with \
+             /var/lib/kubelet/pods)"
+        ),
+        SocketLimit::Filesystem => format!(
+            "must be at most {max} bytes: a volume name of up to 63 bytes, '/' and a file name of up to 255 bytes \
+             (NAME_MAX; the CRD chart's socketLimit is filesystem)"
+        ),
+    };
+    kube::core::Rule::new(format!("size(bytes(self)) <= {max}")).message(message.as_str())
+}
 
 /// Declares, for every pod behind one Service, that the node proxy delivers inbound traffic over
 /// a Unix domain socket the app serves in one of its emptyDir volumes, instead of TCP loopback.
@@ -58,7 +108,9 @@ pub const SOCKET_MESSAGE: &str = "must be <volume>/<file> with exactly one '/': 
     printcolumn = r#"{"name":"Target","type":"string","description":"The Service this policy attaches to.","jsonPath":".spec.targetRef.name"}"#,
     printcolumn = r#"{"name":"Socket","type":"string","description":"The <volume>/<file> socket value.","jsonPath":".spec.udsSocket"}"#,
     printcolumn = r#"{"name":"Accepted","type":"string","description":"Whether the policy is in effect.","jsonPath":".status.conditions[?(@.type==\"Accepted\")].status"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Reason","type":"string","description":"Why the policy is or is not in effect: Accepted, Invalid, TargetNotFound or Conflicted.","jsonPath":".status.conditions[?(@.type==\"Accepted\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"The Accepted condition's message: the rule an invalid spec breaks, the missing Service, or the winning policy.","jsonPath":".status.conditions[?(@.type==\"Accepted\")].message"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[garde(context(crate::udspath::Budget))]
@@ -77,7 +129,7 @@ pub struct EndpointPolicySpec {
     /// fit in sun_path (107 bytes): with the default pods dir /var/lib/kubelet/pods the value may
     /// be at most 16 bytes. The admission webhook enforces the budget for the configured pods dir.
     /// Example: "sockets/app.sock".
-    #[schemars(length(min = 3, max = 36))]
+    #[x_kube(validation = socket_length_rule(SocketLimit::SunPath))]
     #[x_kube(validation = Rule::new(SOCKET_RULE).message(SOCKET_MESSAGE))]
     #[garde(custom(crate::validate::socket_rule))]
     pub uds_socket: String,
@@ -92,18 +144,17 @@ pub struct TargetRef {
     /// The API group of the target: "" or "core", both meaning the core group (Services live
     /// there). Defaults to "".
     #[serde(default)]
-    #[schemars(extend("enum" = ["", "core"]))]
+    #[x_kube(validation = Rule::new(GROUP_RULE).message(GROUP_MESSAGE))]
     #[garde(custom(crate::validate::group_rule))]
     pub group: String,
 
     /// The kind of the target. Only "Service" is supported.
-    #[schemars(extend("enum" = ["Service"]))]
+    #[x_kube(validation = Rule::new(KIND_RULE).message(KIND_MESSAGE))]
     #[garde(custom(crate::validate::kind_rule))]
     pub kind: String,
 
     /// The name of the target Service in the policy's namespace: a DNS-1035 label (1-63 of
     /// lowercase a-z, 0-9 and '-', starting with a letter and ending with a letter or digit).
-    #[schemars(length(min = 1, max = 63))]
     #[x_kube(validation = Rule::new(SERVICE_NAME_RULE).message(SERVICE_NAME_MESSAGE))]
     #[garde(custom(crate::validate::service_name_rule))]
     pub name: String,

@@ -54,8 +54,8 @@ pub const MAX_PODS_DIR_BYTES: usize = SUN_PATH_MAX - FIXED_BYTES - MIN_VALUE_BYT
 
 /// The widest budget any pods dir can give (the shortest absolute pods dir is one byte, `/`):
 /// no socket value longer than this can ever fit under [`SocketLimit::SunPath`], whatever the
-/// configuration. The CRD schema uses it as the static `maxLength` of `spec.udsSocket` (the CRD
-/// chart's default, `socketLimit: sunPath`).
+/// configuration. The CRD schema uses it in the CEL length rule of `spec.udsSocket`
+/// (`size(bytes(self)) <= 36`: the CRD chart's default, `socketLimit: sunPath`).
 pub const WIDEST_BUDGET: usize = SUN_PATH_MAX - 1 - FIXED_BYTES;
 
 /// The longest file name a Linux file system takes, in bytes: `NAME_MAX` of `<linux/limits.h>`
@@ -64,8 +64,8 @@ pub const WIDEST_BUDGET: usize = SUN_PATH_MAX - 1 - FIXED_BYTES;
 pub const NAME_MAX: usize = 255;
 
 /// The longest socket value under [`SocketLimit::Filesystem`], in bytes: a [`VOLUME_NAME_MAX`]
-/// volume, `/` and a [`NAME_MAX`] file, 63 + 1 + 255 = 319. The CRD chart's `spec.udsSocket`
-/// `maxLength` with `socketLimit: filesystem`.
+/// volume, `/` and a [`NAME_MAX`] file, 63 + 1 + 255 = 319. The bound of the CRD chart's
+/// `spec.udsSocket` length rule with `socketLimit: filesystem`.
 pub const FILESYSTEM_VALUE_MAX: usize = VOLUME_NAME_MAX + 1 + NAME_MAX;
 
 /// What bounds the length of a socket value (`--socket-limit` of the controller and the agent;
@@ -93,8 +93,8 @@ impl SocketLimit {
     }
 
     /// The longest socket value this limit can ever admit, whatever the pods dir, in bytes:
-    /// [`WIDEST_BUDGET`] (36) or [`FILESYSTEM_VALUE_MAX`] (319). The CRD's `maxLength` of
-    /// `spec.udsSocket` for this limit.
+    /// [`WIDEST_BUDGET`] (36) or [`FILESYSTEM_VALUE_MAX`] (319). The bound of the CRD's
+    /// `spec.udsSocket` length rule for this limit.
     pub const fn longest_value(self) -> usize {
         match self {
             SocketLimit::SunPath => WIDEST_BUDGET,

@@ -1,13 +1,18 @@
 //! The CRD's OpenAPI schema rejects bad shapes even when the webhook is not registered, so its
-//! patterns, lengths and enums must agree with the Rust rules exactly: the schema may never
-//! admit a value the agent would reject for its shape, nor reject one it would accept.
+//! CEL rules must agree with the Rust rules exactly: the schema may never admit a value the agent
+//! would reject for its shape, nor reject one it would accept. Every shape rule is a CEL rule (no
+//! `enum`, `maxLength`, `minLength` or `pattern`: those stop the API server's CEL rules and add a
+//! "some validation rules were not checked" line, see `aether_crds::policy`), and these tests read
+//! the rules' text: a length bound, and the regex of `self.matches(r'<regex>')`.
 //! (The sun_path budget depends on configuration, so only the webhook enforces it; the schema
 //! holds the widest budget any configuration can give.)
 
 use std::sync::LazyLock;
 
-use aether_crds::policy::{DNS1035_LABEL_PATTERN, SOCKET_PATTERN};
-use aether_crds::udspath::{self, WIDEST_BUDGET};
+use aether_crds::policy::{
+    DNS1035_LABEL_PATTERN, GROUP_MESSAGE, GROUP_RULE, KIND_MESSAGE, KIND_RULE, SOCKET_PATTERN, socket_length_rule,
+};
+use aether_crds::udspath::{self, FILESYSTEM_VALUE_MAX, SocketLimit, WIDEST_BUDGET};
 use aether_crds::{EndpointPolicy, validate};
 use kube::CustomResourceExt;
 use proptest::prelude::*;
@@ -36,68 +41,116 @@ fn name_schema() -> &'static Value {
     &target_ref_schema()["properties"]["name"]
 }
 
-/// The regex inside the field's CEL rule `self.matches(r'<regex>')` (the CRD states shape
-/// rules in CEL so that the API server prints our message, not the bare regex).
-fn rule_pattern(schema: &Value) -> &str {
+/// The field's CEL rules as (rule, message); every rule has a message.
+fn rules(schema: &Value) -> Vec<(&str, &str)> {
     let rules = schema["x-kubernetes-validations"].as_array().expect("the field has CEL rules");
+    rules
+        .iter()
+        .map(|r| {
+            let message = r["message"].as_str().filter(|m| !m.is_empty()).expect("the rule has a message");
+            (r["rule"].as_str().expect("rule text"), message)
+        })
+        .collect()
+}
+
+/// The regex inside `<prefix>self.matches(r'<regex>')`.
+fn matches_regex<'a>(rule: &'a str, prefix: &str) -> &'a str {
+    rule.strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix("self.matches(r'"))
+        .and_then(|r| r.strip_suffix("')"))
+        .unwrap_or_else(|| panic!("rule {rule:?} is not {prefix}self.matches(r'...')"))
+}
+
+/// `spec.udsSocket`'s rules: the byte length bound, and the grammar regex run on values of at
+/// most 319 characters.
+const SOCKET_GRAMMAR_GUARD: &str = "size(self) > 319 || ";
+/// `spec.targetRef.name`'s rule: at most 63 characters, then the regex.
+const NAME_GUARD: &str = "size(self) <= 63 && ";
+
+fn socket_rules() -> ((&'static str, &'static str), (&'static str, &'static str)) {
+    let rules = rules(socket_schema());
+    assert_eq!(rules.len(), 2, "a length rule and a grammar rule: {rules:?}");
+    (rules[0], rules[1])
+}
+
+/// Compiles a regex the way kube-apiserver's CEL `matches` would (RE2 syntax; unanchored unless
+/// the pattern anchors itself; `$` only at the end of the text).
+fn compile(regex: &str) -> Regex {
+    Regex::new(regex).expect("the pattern compiles as RE2")
+}
+
+static SOCKET_RE: LazyLock<Regex> = LazyLock::new(|| compile(matches_regex(socket_rules().1.0, SOCKET_GRAMMAR_GUARD)));
+static NAME_RE: LazyLock<Regex> = LazyLock::new(|| {
+    let rules = rules(name_schema());
     assert_eq!(rules.len(), 1, "one rule: {rules:?}");
-    assert!(rules[0]["message"].as_str().is_some_and(|m| !m.is_empty()), "the rule has a message");
-    let rule = rules[0]["rule"].as_str().expect("rule text");
-    rule.strip_prefix("self.matches(r'").and_then(|r| r.strip_suffix("')")).expect("rule is self.matches(r'...')")
+    compile(matches_regex(rules[0].0, NAME_GUARD))
+});
+
+/// Whether `spec.udsSocket`'s rules accept `s`: `size(bytes(self)) <= 36` counts bytes, the
+/// grammar guard (`size(self)`) counts characters, as CEL does.
+fn socket_schema_accepts(s: &str) -> bool {
+    s.len() <= WIDEST_BUDGET && (s.chars().count() > FILESYSTEM_VALUE_MAX || SOCKET_RE.is_match(s))
 }
 
-/// Compiles a rule's regex the way kube-apiserver's CEL `matches` would (RE2 syntax; unanchored
-/// unless the pattern anchors itself; `$` only at the end of the text).
-fn compile(schema: &Value) -> Regex {
-    assert!(schema.get("pattern").is_none(), "a `pattern` would duplicate the CEL rule with a worse message");
-    Regex::new(rule_pattern(schema)).expect("the pattern compiles as RE2")
+/// Whether `spec.targetRef.name`'s rule accepts `s` (`size(self)` counts characters).
+fn name_schema_accepts(s: &str) -> bool {
+    s.chars().count() <= 63 && NAME_RE.is_match(s)
 }
 
-static SOCKET_RE: LazyLock<Regex> = LazyLock::new(|| compile(socket_schema()));
-static NAME_RE: LazyLock<Regex> = LazyLock::new(|| compile(name_schema()));
-
-fn usize_of(schema: &Value, key: &str) -> usize {
-    usize::try_from(schema[key].as_u64().unwrap_or_else(|| panic!("{key} in {schema}"))).unwrap()
-}
-
-/// Whether the schema (pattern and length bounds, counted in characters as the API server does)
-/// accepts `s`.
-fn schema_accepts(schema: &Value, re: &Regex, s: &str) -> bool {
-    let chars = s.chars().count();
-    re.is_match(s) && chars >= usize_of(schema, "minLength") && chars <= usize_of(schema, "maxLength")
+/// Every key of `schema` and its sub-schemas, recursively.
+fn keys(schema: &Value, out: &mut Vec<String>) {
+    if let Some(map) = schema.as_object() {
+        for (k, v) in map {
+            out.push(k.clone());
+            keys(v, out);
+        }
+    } else if let Some(items) = schema.as_array() {
+        items.iter().for_each(|v| keys(v, out));
+    }
 }
 
 // ---------------------------------------------------------------- the schema's fixed facts
 
 #[test]
-fn socket_max_length_is_the_widest_budget() {
-    assert_eq!(usize_of(socket_schema(), "maxLength"), WIDEST_BUDGET);
-    assert_eq!(usize_of(socket_schema(), "minLength"), udspath::MIN_VALUE_BYTES);
+fn spec_has_no_check_that_stops_the_cel_rules() {
+    let mut found = Vec::new();
+    keys(spec_schema(), &mut found);
+    for check in ["enum", "maxLength", "minLength", "pattern", "maxItems", "maxProperties"] {
+        assert!(!found.iter().any(|k| k == check), "spec schema has {check}: {}", spec_schema());
+    }
+}
+
+#[test]
+fn socket_length_rule_is_the_widest_budget_in_bytes() {
+    let (length, _) = socket_rules();
+    assert_eq!(length.0, format!("size(bytes(self)) <= {WIDEST_BUDGET}"));
+    assert!(length.1.contains("at most 36 bytes"), "{}", length.1);
+    assert_eq!(socket_length_rule(SocketLimit::SunPath).rule, length.0);
+    assert_eq!(
+        socket_length_rule(SocketLimit::Filesystem).rule,
+        format!("size(bytes(self)) <= {FILESYSTEM_VALUE_MAX}")
+    );
     assert_eq!(socket_schema()["type"], "string");
 }
 
 #[test]
-fn service_name_length_is_that_of_a_dns1035_label() {
-    assert_eq!(usize_of(name_schema(), "minLength"), 1);
-    assert_eq!(usize_of(name_schema(), "maxLength"), 63);
-}
-
-#[test]
 fn schema_patterns_are_the_published_constants() {
-    assert_eq!(rule_pattern(socket_schema()), SOCKET_PATTERN);
-    assert_eq!(rule_pattern(name_schema()), DNS1035_LABEL_PATTERN);
+    assert_eq!(SOCKET_RE.as_str(), SOCKET_PATTERN);
+    assert_eq!(NAME_RE.as_str(), DNS1035_LABEL_PATTERN);
 }
 
 #[test]
-fn group_enum_is_exactly_empty_and_core() {
+fn group_rule_admits_exactly_empty_and_core() {
     let group = &target_ref_schema()["properties"]["group"];
-    assert_eq!(group["enum"], json!(["", "core"]));
+    assert_eq!(rules(group), [(GROUP_RULE, GROUP_MESSAGE)]);
+    assert_eq!(GROUP_RULE, "self == '' || self == 'core'");
     assert_eq!(group["default"], json!(""));
 }
 
 #[test]
-fn kind_enum_is_exactly_service() {
-    assert_eq!(target_ref_schema()["properties"]["kind"]["enum"], json!(["Service"]));
+fn kind_rule_admits_exactly_service() {
+    assert_eq!(rules(&target_ref_schema()["properties"]["kind"]), [(KIND_RULE, KIND_MESSAGE)]);
+    assert_eq!(KIND_RULE, "self == 'Service'");
 }
 
 #[test]
@@ -137,7 +190,7 @@ fn schema_rejects_every_field_report_injection_value() {
         "sockets/app\0.sock",
         "sockets/app.sock ",
     ] {
-        assert!(!schema_accepts(socket_schema(), &SOCKET_RE, value), "schema accepts {value:?}");
+        assert!(!socket_schema_accepts(value), "schema accepts {value:?}");
         assert!(udspath::parse(value).is_err(), "grammar accepts {value:?}");
     }
 }
@@ -189,20 +242,20 @@ proptest! {
     #[test]
     fn socket_schema_accepts_exactly_what_fits_the_widest_budget(s in socket_candidate()) {
         let rust = udspath::parse(&s).is_ok() && s.len() <= WIDEST_BUDGET;
-        prop_assert_eq!(schema_accepts(socket_schema(), &SOCKET_RE, &s), rust, "{:?}", s);
+        prop_assert_eq!(socket_schema_accepts(&s), rust, "{:?}", s);
     }
 
     #[test]
     fn socket_pattern_matches_exactly_the_grammar(s in socket_candidate()) {
         // The pattern alone does not bound the volume to 63 bytes; below 66 bytes no value
-        // can hold a longer volume, and above the schema's maxLength rejects it anyway.
+        // can hold a longer volume, and above that the length rule rejects it anyway.
         prop_assume!(s.len() < udspath::VOLUME_NAME_MAX + 3);
         prop_assert_eq!(SOCKET_RE.is_match(&s), udspath::parse(&s).is_ok(), "{:?}", s);
     }
 
     #[test]
     fn name_schema_accepts_exactly_dns1035_labels(s in name_candidate()) {
-        prop_assert_eq!(schema_accepts(name_schema(), &NAME_RE, &s), validate::is_dns1035_label(&s), "{:?}", s);
+        prop_assert_eq!(name_schema_accepts(&s), validate::is_dns1035_label(&s), "{:?}", s);
         if s.len() <= 63 {
             prop_assert_eq!(NAME_RE.is_match(&s), validate::is_dns1035_label(&s), "{:?}", s);
         }

@@ -4,14 +4,13 @@
 //! not by the sun_path budget of the pods dir; the grammar is the same. `sun-path` (the default)
 //! decides exactly as before. Every length is in bytes.
 
-use aether_crds::chart::{crd_with_chart_metadata, crd_with_chart_metadata_for};
-use aether_crds::policy::{EndpointPolicySpec, TargetRef};
+use aether_crds::chart::{crd_with_chart_metadata, crd_with_chart_metadata_for, socket_max_bytes};
+use aether_crds::policy::{EndpointPolicySpec, TargetRef, socket_length_rule};
 use aether_crds::udspath::{
     self, FILESYSTEM_VALUE_MAX, NAME_MAX, PodsDirError, SocketError, SocketLimit, VOLUME_NAME_MAX, WIDEST_BUDGET,
 };
 use aether_crds::{Budget, PodDirId, Rules};
 use proptest::prelude::*;
-use serde_json::Value;
 
 const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 const MICROK8S: &str = "/var/snap/microk8s/common/var/lib/kubelet/pods";
@@ -180,22 +179,20 @@ fn the_grammar_is_the_same_under_both_limits() {
     assert!(matches!(fs.check(&v64), Err(SocketError::Volume { .. })), "the volume stays a 63-byte label");
 }
 
-/// The chart renders the CRD for the limit: only `spec.udsSocket`'s `maxLength` differs.
+/// The chart renders the CRD for the limit: only `spec.udsSocket`'s length rule differs.
 #[test]
-fn the_crd_for_the_file_system_limit_differs_only_in_the_socket_max_length() {
-    let max_length = |v: &Value| {
-        v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["udsSocket"]
-            ["maxLength"]
-            .as_u64()
-    };
+fn the_crd_for_the_file_system_limit_differs_only_in_the_socket_length_rule() {
     let default = serde_json::to_value(crd_with_chart_metadata()).unwrap();
     let sun = serde_json::to_value(crd_with_chart_metadata_for(SocketLimit::SunPath)).unwrap();
     let mut filesystem = serde_json::to_value(crd_with_chart_metadata_for(SocketLimit::Filesystem)).unwrap();
     assert_eq!(sun, default);
-    assert_eq!(max_length(&default), Some(36));
-    assert_eq!(max_length(&filesystem), Some(319));
-    filesystem["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["udsSocket"]["maxLength"] =
-        36.into();
+    assert_eq!(socket_max_bytes(&default), Some(36));
+    assert_eq!(socket_max_bytes(&filesystem), Some(319));
+    let rules = &mut filesystem["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["udsSocket"]["x-kubernetes-validations"];
+    assert_eq!(rules[0]["rule"], "size(bytes(self)) <= 319");
+    assert!(rules[0]["message"].as_str().is_some_and(|m| m.contains("at most 319 bytes")), "{rules}");
+    rules[0] = serde_json::to_value(socket_length_rule(SocketLimit::SunPath)).unwrap();
     assert_eq!(filesystem, default);
 }
 

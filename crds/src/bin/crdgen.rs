@@ -3,7 +3,8 @@
 //! `crdgen` prints the plain CRD; `crdgen --chart` prints the copy kept in
 //! `charts/aether-crds/templates/`, which adds only chart metadata (labels and the
 //! `helm.sh/resource-policy: keep` annotation, so uninstalling the chart never deletes users'
-//! policies) and lets `spec.udsSocket`'s `maxLength` follow the chart value `socketLimit` (36
+//! policies) and lets `spec.udsSocket`'s length rule (`size(bytes(self)) <= n`) follow the chart
+//! value `socketLimit` (36
 //! bytes for `sunPath`, the default, 319 for `filesystem`; the Helm actions sit in YAML comments,
 //! so the unrendered file is the default CRD). `make crds` writes that copy; a test fails when it
 //! drifts, and the chart tests compare what `helm template` renders.
