@@ -30,6 +30,7 @@ use std::time::Duration;
 use aether_crds::policy;
 use aether_crds::tiebreak::{self, ServiceKey};
 use aether_crds::{EndpointPolicy, Rules};
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -55,8 +56,20 @@ pub const FIELD_MANAGER: &str = "aether-controller";
 /// Reconcile every policy this often even without a change (a safety net for missed events).
 pub const RESYNC: Duration = Duration::from_secs(300);
 
-/// Retry delay after a failed status write.
-pub const RETRY: Duration = Duration::from_secs(5);
+/// The longest pause before retrying a policy's failed status write, before its jitter.
+pub const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The pauses before retrying one policy's failed status write: 1 s doubling to [`RETRY_MAX`],
+/// each plus a random part of up to its own length (backon's jitter), so the writes that an API
+/// server restart fails together do not come back in one burst. Kept per policy, and restarted
+/// once a write of that policy succeeds (or it turns out current or deleted).
+pub fn retry_delays() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(RETRY_MAX)
+        .without_max_times()
+        .with_jitter()
+}
 
 type ServiceMeta = PartialObjectMeta<Service>;
 
@@ -126,13 +139,13 @@ impl ClusterFacts for ClusterView {
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
     /// The API server refused or could not be reached.
-    #[error("cannot write the status of EndpointPolicy {object}: {source}")]
+    #[error("cannot write the status of EndpointPolicy {object}: {error}")]
     Patch {
         /// `namespace/name`.
         object: String,
-        /// The client error.
-        #[source]
-        source: kube::Error,
+        /// The client error. Its text ends the message, so it is not also the `source()`: a
+        /// printed cause chain shows it once.
+        error: kube::Error,
     },
 }
 
@@ -161,6 +174,8 @@ struct Ctx {
     /// What we last wrote per policy, with the resourceVersion the policy had *before* the write:
     /// while the cache still holds that version, the write is in flight back to us, not undone.
     written: Mutex<Written>,
+    /// The retry pauses of policies whose last status write failed ([`retry_delays`]).
+    retries: Mutex<HashMap<ObjectRef<EndpointPolicy>, ExponentialBackoff>>,
 }
 
 fn object_id(p: &EndpointPolicy) -> String {
@@ -181,10 +196,11 @@ async fn reconcile(p: Arc<EndpointPolicy>, ctx: Arc<Ctx>) -> Result<Action, Stat
     let others: Vec<&EndpointPolicy> = all.iter().map(AsRef::as_ref).collect();
     let exists = ctx.view.service_exists(&namespace, &target) == Some(true);
     let desired = status::desired(&p, &others, exists, &ctx.view.rules);
+    let key = ObjectRef::from_obj(p.as_ref());
     if status::is_current(p.status.as_ref(), &desired) {
+        ctx.retries.lock().expect("lock").remove(&key);
         return Ok(Action::requeue(RESYNC));
     }
-    let key = ObjectRef::from_obj(p.as_ref());
     let in_flight = (p.resource_version(), desired.clone());
     if ctx.written.lock().expect("lock").get(&key) == Some(&in_flight) {
         return Ok(Action::requeue(RESYNC));
@@ -200,13 +216,17 @@ async fn reconcile(p: Arc<EndpointPolicy>, ctx: Arc<Ctx>) -> Result<Action, Stat
     match api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await {
         Ok(_) => {}
         // Deleted meanwhile: nothing to report on.
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
-        Err(source) => {
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            ctx.retries.lock().expect("lock").remove(&key);
+            return Ok(Action::await_change());
+        }
+        Err(error) => {
             ctx.metrics.count_patch("failed", desired.reason.label());
-            return Err(StatusError::Patch { object, source });
+            return Err(StatusError::Patch { object, error });
         }
     }
     ctx.metrics.count_patch("applied", desired.reason.label());
+    ctx.retries.lock().expect("lock").remove(&key);
     ctx.written.lock().expect("lock").insert(key, in_flight);
     tracing::info!(
         %object,
@@ -236,9 +256,17 @@ async fn reconcile(p: Arc<EndpointPolicy>, ctx: Arc<Ctx>) -> Result<Action, Stat
     Ok(Action::requeue(RESYNC))
 }
 
-fn error_policy(p: Arc<EndpointPolicy>, err: &StatusError, _ctx: Arc<Ctx>) -> Action {
-    tracing::warn!(object = %object_id(&p), error = %err, kind = err.label(), "status write failed; retrying in 5 s");
-    Action::requeue(RETRY)
+fn error_policy(p: Arc<EndpointPolicy>, err: &StatusError, ctx: Arc<Ctx>) -> Action {
+    let delay = ctx
+        .retries
+        .lock()
+        .expect("lock")
+        .entry(ObjectRef::from_obj(p.as_ref()))
+        .or_insert_with(|| retry_delays().build())
+        .next()
+        .unwrap_or(RETRY_MAX);
+    tracing::warn!(object = %object_id(&p), error = %err, kind = err.label(), retry_in = ?delay, "status write failed; retrying");
+    Action::requeue(delay)
 }
 
 type Key = ObjectRef<EndpointPolicy>;
@@ -403,6 +431,7 @@ pub fn start(
         leader: leader_rx.clone(),
         reporter,
         written: Mutex::new(HashMap::new()),
+        retries: Mutex::new(HashMap::new()),
     });
     let controller = Controller::for_stream(policy_events, policies)
         .watches_stream(service_events, policies_of_service)
@@ -436,4 +465,21 @@ pub fn start(
         }
     });
     Ok((view, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_status_writes_back_off_to_a_minute_with_jitter() {
+        let runs: Vec<Vec<Duration>> = (0..8).map(|_| retry_delays().build().take(9).collect()).collect();
+        for delays in &runs {
+            for (i, d) in delays.iter().enumerate() {
+                let base = (Duration::from_secs(1) * 2u32.pow(i as u32)).min(RETRY_MAX);
+                assert!(*d >= base && *d < base * 2, "delay {i} of {delays:?}");
+            }
+        }
+        assert!(runs.iter().any(|r| r != &runs[0]), "no jitter: {runs:?}");
+    }
 }

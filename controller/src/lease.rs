@@ -2,7 +2,8 @@
 //! Lease (kube 5.0 has no built-in elector).
 //!
 //! The algorithm is client-go's `leaderelection` with a Lease lock, reduced to what we need:
-//! - Every [`LeaseConfig::retry_every`] a follower reads the Lease. It takes it over only when
+//! - Every [`LeaseConfig::retry_every`] (plus up to as much again of random jitter,
+//!   [`follower_wait`]) a follower reads the Lease. It takes it over only when
 //!   the Lease has no holder, or when the Lease object has not changed (same `resourceVersion`)
 //!   for a whole `leaseDurationSeconds` *as measured by this process's monotonic clock* since it
 //!   first saw that version. Comparing local observation times, not `renewTime`, makes the
@@ -20,6 +21,7 @@
 
 use std::time::{Duration, Instant};
 
+use backon::{BackoffBuilder, ConstantBuilder};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -137,6 +139,12 @@ pub fn spec_for(step: &Step, read: Option<&LeaseSpec>, me: &str, duration: Durat
         Step::Follow { .. } => {}
     }
     spec
+}
+
+/// A follower's pause before its next attempt: `retry_every` plus a random part of up to
+/// `retry_every` (backon's jitter on a constant delay), so between one and two periods.
+pub fn follower_wait(retry_every: Duration) -> Duration {
+    ConstantBuilder::default().with_delay(retry_every).with_jitter().build().next().unwrap_or(retry_every)
 }
 
 /// The elector: reads and writes the Lease; one per process.
@@ -282,7 +290,11 @@ impl Elector {
                 leader.send_replace(now_leading);
                 metrics.leader.set(i64::from(now_leading));
             }
-            let wait = if now_leading { self.cfg.renew_every } else { self.cfg.retry_every };
+            // The leader's renew period is a protocol period, not a backoff: it must renew (or
+            // retry an unreachable API server) well within renew_deadline, so it stays fixed,
+            // failures included, as in client-go. A follower's attempt is jittered instead
+            // (client-go's JitterUntil): followers restarted together do not poll in lockstep.
+            let wait = if now_leading { self.cfg.renew_every } else { follower_wait(self.cfg.retry_every) };
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = &mut shutdown => break,
@@ -299,6 +311,13 @@ impl Elector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_follower_waits_between_one_and_two_retry_periods_at_random() {
+        let waits: Vec<Duration> = (0..16).map(|_| follower_wait(RETRY_EVERY)).collect();
+        assert!(waits.iter().all(|w| *w >= RETRY_EVERY && *w < 2 * RETRY_EVERY), "{waits:?}");
+        assert!(waits.iter().any(|w| *w != waits[0]), "no jitter: {waits:?}");
+    }
 
     fn lease(holder: Option<&str>, duration: Option<i32>) -> Lease {
         Lease {

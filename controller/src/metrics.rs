@@ -1,4 +1,7 @@
-//! Prometheus metrics of aether-controller, served as text on the admin port's `/metrics`.
+//! Prometheus metrics of aether-controller, served as text on the admin port's `/metrics`: the
+//! fields of [`Metrics`], plus `aether_build_info{version,git_sha}` and the standard `process_*`
+//! metrics (CPU seconds, resident and virtual memory, open and max fds, start time; read from
+//! `/proc` at scrape time) of [`aether_process_metrics`].
 
 use std::sync::Arc;
 
@@ -98,6 +101,7 @@ impl Default for Metrics {
         listeners.register(&mut registry);
         let watches = crate::admin::watches::Watches::default();
         watches.register_metrics(&mut registry);
+        aether_process_metrics::register(&mut registry);
         Metrics {
             registry: Arc::new(registry),
             requests,
@@ -170,6 +174,26 @@ mod tests {
         assert_eq!(series, warnings.len(), "distinct warning labels: {text}");
         let series = text.lines().filter(|l| l.starts_with("aether_status_patches_total{")).count();
         assert_eq!(series, reasons.len(), "distinct reason labels: {text}");
+    }
+
+    #[test]
+    fn the_build_and_the_process_are_exported() {
+        let text = Metrics::default().encode();
+        let build = format!(
+            "aether_build_info{{version=\"{}\",git_sha=\"{}\"}} 1",
+            aether_process_metrics::build_info::VERSION,
+            aether_process_metrics::build_info::GIT_SHA
+        );
+        assert!(text.lines().any(|l| l == build), "missing {build:?} in\n{text}");
+        let value = |name: &str| -> f64 {
+            let prefix = format!("{name} ");
+            let v = text.lines().find_map(|l| l.strip_prefix(prefix.as_str()));
+            v.unwrap_or_else(|| panic!("{name} missing in\n{text}")).parse().unwrap()
+        };
+        assert!(value("process_resident_memory_bytes") > 0.0);
+        assert!(value("process_open_fds") > 0.0);
+        assert!(value("process_cpu_seconds_total") >= 0.0);
+        assert!(value("process_start_time_seconds") > 1.6e9, "seconds since the epoch");
     }
 
     #[test]

@@ -44,12 +44,13 @@ pub struct Outcome {
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
     /// The file cannot be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Read {
         /// The file.
         path: String,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error. Its text ends the message, so it is not also the `source()`: a printed
+        /// cause chain shows it once.
+        error: std::io::Error,
     },
     /// The file is not YAML.
     #[error("cannot parse {path} as YAML (document {doc}): {reason}")]
@@ -109,7 +110,7 @@ pub fn read_documents(files: &[PathBuf]) -> Result<Vec<(String, Value)>, InputEr
         } else {
             std::fs::read_to_string(path)
         }
-        .map_err(|source| InputError::Read { path: name.clone(), source })?;
+        .map_err(|error| InputError::Read { path: name.clone(), error })?;
         let found = manifests::documents(&text).map_err(|e| InputError::Parse {
             path: name.clone(),
             doc: e.index,
