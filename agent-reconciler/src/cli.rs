@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-pub use crate::logging::LogFormat;
+pub use crate::logging::{LogFormat, LogLevel};
 
 /// aether-agent: the node agent that delivers mesh traffic to pods over Unix sockets.
 ///
@@ -16,11 +16,16 @@ pub use crate::logging::LogFormat;
 /// endpoint.aether.io/uds-socket annotation first, then the policy of its Service, else TCP), and
 /// serves the result to the node's Envoy over xDS (ADS: CDS + LDS + ECDS).
 #[derive(Parser, Debug)]
-#[command(name = "aether-agent", version, about, long_about)]
+#[command(name = "aether-agent", version = aether_process_metrics::build_info::VERSION_LINE, about, long_about)]
 pub struct Cli {
     /// Log format: plain text or one JSON object per line.
     #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]
     pub log_format: LogFormat,
+    /// The least severe events logged: error, warn, info, debug or trace (from debug on, also
+    /// kube-runtime's per-retry watch warnings). RUST_LOG, when set, replaces this filter
+    /// entirely (e.g. RUST_LOG=info,kube_client=debug).
+    #[arg(long, value_enum, default_value_t = LogLevel::Info, env = "AETHER_LOG_LEVEL", global = true)]
+    pub log_level: LogLevel,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -1,37 +1,187 @@
-//! Log set-up for the binary: `tracing` events to standard error, filtered by `RUST_LOG`
-//! (default [`DEFAULT_FILTER`]), as plain lines (ANSI colours only on a terminal) or one JSON object per
-//! line.
+//! Log set-up for a binary: `tracing` events to standard error, as plain lines (ANSI colours only
+//! on a terminal) or one flat JSON object per line, filtered by `--log-level` or, when set,
+//! `RUST_LOG`.
 //!
-//! aether-controller has its own copy of this module: the crates the two binaries share are
-//! `aether-crds` (no I/O) and `aether-serve-policy` (listeners), and a crate for these few lines
-//! would cost more than the copy.
+//! - `--log-level L` (`error`, `warn`, `info`, `debug`, `trace`; default `info`) gives the filter
+//!   [`directives`]: `L,kube_runtime::watcher=error` for `error`, `warn` and `info`, plain `L` for
+//!   `debug` and `trace`. kube-runtime's watcher logs a `WARN` for every refused watch retry; our
+//!   watch health logs one line per outage instead (docs/install.md, "Troubleshooting: a watch
+//!   that fails"), so those retries show only when you ask for debug output.
+//! - `RUST_LOG`, when set and not empty, replaces that filter entirely (the fine-grained
+//!   override, e.g. `RUST_LOG=info,aether_controller::cluster=debug`). A `RUST_LOG` that does not
+//!   parse is reported in a warning and `--log-level` applies.
+//! - JSON lines carry `timestamp`, `level`, `target`, `message` and the event's fields at the top
+//!   level (`{"level":"WARN","pod":"shop/cart-1",...}`), not nested under `fields`.
+//!
+//! This is a copy of aether-webhook-certs' `logging` module, which aether-controller and
+//! aether-webhook-certs use: the crates the agent and the controller share are `aether-crds` (no
+//! I/O) and `aether-serve-policy` (listeners), and a crate for these few lines would cost more
+//! than the copy. Keep the two equal.
 
 use clap::ValueEnum;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
 
 /// Log output format (`--log-format`).
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     /// Human-readable lines.
     Plain,
-    /// One JSON object per line.
+    /// One JSON object per line, the event's fields at the top level.
     Json,
 }
 
-/// The filter without `RUST_LOG`: `info`, but kube-runtime's watcher only at `error`: it logs a
-/// `WARN` for every refused watch retry, and our watch health logs one line per outage instead
-/// (docs/install.md, "Troubleshooting: a watch that fails").
+/// The least severe events logged (`--log-level`), unless `RUST_LOG` is set.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Errors and warnings.
+    Warn,
+    /// Errors, warnings and what the process does (start-up, watch outages, pod decisions, ...).
+    #[default]
+    Info,
+    /// Also every decision and retry, kube-runtime's watcher retries included.
+    Debug,
+    /// Everything, the libraries' internals included.
+    Trace,
+}
+
+impl LogLevel {
+    /// The level as a filter directive: `error`, `warn`, `info`, `debug` or `trace`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// The directive that keeps kube-runtime's per-retry watcher `WARN`s out of the log at
+/// `--log-level` `error`, `warn` and `info`.
+pub const QUIET_WATCHER: &str = "kube_runtime::watcher=error";
+
+/// The filter without `RUST_LOG` and without `--log-level`: `info,kube_runtime::watcher=error`.
 pub const DEFAULT_FILTER: &str = "info,kube_runtime::watcher=error";
 
-/// Installs the global subscriber; call once, first thing in `main`.
+/// The filter directives for `level` and the value of `RUST_LOG` (`None` when unset): `RUST_LOG`
+/// when it has any non-blank text (it replaces the filter entirely), else `level` with
+/// [`QUIET_WATCHER`] for `error`/`warn`/`info`, or `level` alone for `debug`/`trace`. Pure.
+pub fn directives(level: LogLevel, rust_log: Option<&str>) -> String {
+    match rust_log.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(env) => env.to_owned(),
+        None => match level {
+            LogLevel::Debug | LogLevel::Trace => level.as_str().to_owned(),
+            LogLevel::Error | LogLevel::Warn | LogLevel::Info => format!("{},{QUIET_WATCHER}", level.as_str()),
+        },
+    }
+}
+
+/// The subscriber [`init`] installs, writing to `writer` through `filter`: plain lines (ANSI
+/// colours when `ansi`) or flat JSON objects.
+pub fn subscriber<W>(
+    format: LogFormat,
+    filter: EnvFilter,
+    ansi: bool,
+    writer: W,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(writer);
+    match format {
+        LogFormat::Json => Box::new(builder.json().flatten_event(true).finish()),
+        LogFormat::Plain => Box::new(builder.finish()),
+    }
+}
+
+/// Installs the global subscriber writing to standard error, filtered as [`directives`] says
+/// for `level` and the environment's `RUST_LOG`; call once, first thing in `main`.
 ///
 /// # Panics
 /// When a global subscriber is already installed.
-pub fn init(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| DEFAULT_FILTER.into());
+pub fn init(format: LogFormat, level: LogLevel) {
+    use tracing_subscriber::util::SubscriberInitExt;
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let (filter, refused) = match EnvFilter::try_new(directives(level, rust_log.as_deref())) {
+        Ok(f) => (f, None),
+        Err(e) => (EnvFilter::new(directives(level, None)), Some(e)),
+    };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Plain => builder.init(),
+    subscriber(format, filter, ansi, std::io::stderr).init();
+    if let Some(e) = refused {
+        tracing::warn!(rust_log = rust_log.as_deref().unwrap_or_default(), error = %e,
+            log_level = level.as_str(), "RUST_LOG is not a valid filter; using --log-level");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What the subscriber for `format` and `directives` writes for a few events.
+    fn logged(format: LogFormat, directives: &str) -> String {
+        let out = Lines::default();
+        let writer = out.clone();
+        let sub = subscriber(format, EnvFilter::new(directives), false, move || writer.clone());
+        tracing::subscriber::with_default(sub, || {
+            tracing::warn!(pod = "shop/cart-1", attempts = 3, "cannot publish a pod Event");
+            tracing::debug!("a debug line");
+            tracing::warn!(target: "kube_runtime::watcher", "watcher retry");
+        });
+        String::from_utf8(out.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn rust_log_replaces_the_filter_and_the_level_keeps_the_watcher_quiet_up_to_info() {
+        assert_eq!(directives(LogLevel::default(), None), DEFAULT_FILTER);
+        assert_eq!(directives(LogLevel::Warn, None), "warn,kube_runtime::watcher=error");
+        assert_eq!(directives(LogLevel::Debug, None), "debug");
+        assert_eq!(directives(LogLevel::Trace, Some("  ")), "trace");
+        assert_eq!(directives(LogLevel::Error, Some("aether_agent=trace")), "aether_agent=trace");
+    }
+
+    #[test]
+    fn json_lines_carry_the_fields_at_the_top_level() {
+        let text = logged(LogFormat::Json, DEFAULT_FILTER);
+        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        let line = lines[0].as_object().unwrap();
+        assert_eq!(line["level"], "WARN");
+        assert_eq!(line["message"], "cannot publish a pod Event");
+        assert_eq!(line["pod"], "shop/cart-1");
+        assert_eq!(line["attempts"], 3);
+        assert!(line.contains_key("timestamp") && line.contains_key("target"), "{text}");
+        assert!(!line.contains_key("fields"), "{text}");
+    }
+
+    #[test]
+    fn the_watchers_retries_show_from_debug_on() {
+        let info = logged(LogFormat::Plain, &directives(LogLevel::Info, None));
+        assert!(info.contains("cannot publish") && info.contains("pod=\"shop/cart-1\""), "{info}");
+        assert!(!info.contains("watcher retry") && !info.contains("a debug line"), "{info}");
+        let debug = logged(LogFormat::Plain, &directives(LogLevel::Debug, None));
+        assert!(debug.contains("watcher retry") && debug.contains("a debug line"), "{debug}");
+        let error = logged(LogFormat::Plain, &directives(LogLevel::Error, None));
+        assert_eq!(error, "");
     }
 }

@@ -14,13 +14,16 @@
 //! | `aether_agent_policy_conflicts` | gauge | | services targeted by more than one valid EndpointPolicy |
 //! | `aether_agent_watch_errors_total` | counter | `resource` = `pods`/`endpointpolicies`, `reason` = a [`WatchErrorReason::label`](aether_agent_core::status::WatchErrorReason::label) (every one listed, also at zero) | errors of the agent's watches (failed list, watch start or watch stream); see [`crate::watch::health`] |
 //! | `aether_agent_watches_failing` | gauge | | watches failing now (every attempt failed since the outage began), grace period or not |
-//! | `aether_xds_pushes_total`, `aether_xds_acks_total`, `aether_xds_nacks_total` | counter | `type` = `cluster`/`listener` | see [`XdsMetrics`] |
+//! | `aether_xds_pushes_total`, `aether_xds_acks_total`, `aether_xds_nacks_total` | counter | `type` = `cluster`/`listener`/`extension-config` | see [`XdsMetrics`] |
+//! | `aether_xds_last_nack_timestamp_seconds` | gauge (seconds since the epoch) | `type` | when Envoy last NACKed that type (0: never); Envoy's message is in `/readyz` and the log, never a label ([`crate::xds::metrics::NackMetrics`]) |
 //! | `aether_xds_change_to_ack_seconds` | histogram (seconds) | | from a watch event to Envoy's ACK of the version it produced |
 //! | `aether_xds_connected_streams` | gauge | | ADS streams from Envoy open now (from the first request that names a node to the stream's end) |
+//! | `aether_build_info` | info | `version`, `git_sha` | the build ([`aether_process_metrics`]) |
+//! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`, `process_start_time_seconds` | counter, gauges | | the process's resources, read from `/proc` at scrape time ([`aether_process_metrics::process`]) |
 //!
 //! The `aether_agent_*` gauges are set from the reconcile loop's [`Status`] at scrape time;
 //! counters, the histogram and `aether_xds_connected_streams` move as things happen. Every label
-//! value is kebab-case.
+//! value is kebab-case, except `aether_build_info`'s (a version, a commit).
 
 use std::collections::BTreeMap;
 
@@ -188,6 +191,7 @@ impl Metrics {
         watches.register(&mut registry);
         let listeners = aether_serve_policy::ListenerMetrics::new();
         listeners.register(&mut registry);
+        aether_process_metrics::register(&mut registry);
         Metrics { registry, pods, fallbacks, crd, conflicts, pod_events, xds, watches, clusters, listeners }
     }
 
@@ -251,9 +255,20 @@ mod tests {
             "aether_agent_watch_errors_total{resource=\"pods\",reason=\"forbidden\"} 0",
             "# TYPE aether_agent_watches_failing gauge",
             "aether_agent_watches_failing 0",
+            "aether_xds_last_nack_timestamp_seconds{type=\"cluster\"} 0.0",
+            "# TYPE aether_build info",
+            "# TYPE process_cpu_seconds counter",
+            "# TYPE process_open_fds gauge",
+            "# TYPE process_start_time_seconds gauge",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
+        let build = format!(
+            "aether_build_info{{version=\"{}\",git_sha=\"{}\"}} 1",
+            aether_process_metrics::build_info::VERSION,
+            aether_process_metrics::build_info::GIT_SHA
+        );
+        assert!(text.lines().any(|l| l == build), "missing {build:?} in\n{text}");
     }
 
     #[test]
@@ -269,7 +284,8 @@ mod tests {
         let text = m.encode(&status);
         assert!(text.contains("aether_agent_watch_errors_total{resource=\"endpointpolicies\",reason=\"not-found\"} 0"));
         let mut seen = 0;
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
+        // aether_build_info's values are a version and a commit, not a vocabulary.
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.starts_with("aether_build_info")) {
             let Some((_, labels)) = line.split_once('{') else { continue };
             let labels = labels.split_once('}').map_or(labels, |(l, _)| l);
             for pair in labels.split(',') {

@@ -61,12 +61,13 @@ pub enum PinError {
         path: String,
     },
     /// Mounting or unmounting on the pin dir failed (e.g. no `CAP_SYS_ADMIN`): nothing is pinned.
-    #[error("cannot pin {path}: {source}")]
+    #[error("cannot pin {path}: {error}")]
     Mount {
         /// The pin path.
         path: String,
-        /// The OS error.
-        source: io::Error,
+        /// The OS error. Its text ends the message, so it is not also the `source()`: a printed
+        /// cause chain shows it once.
+        error: io::Error,
     },
 }
 
@@ -182,7 +183,7 @@ impl Pinner {
             return Ok(Pin { path, inode });
         }
         self.unpin(uid);
-        let mount_err = |source: io::Error| PinError::Mount { path: path.clone(), source };
+        let mount_err = |error: io::Error| PinError::Mount { path: path.clone(), error };
         // The mount point: an empty file only the agent writes (0600).
         rfs::open(&path, OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::RUSR | Mode::WUSR)
             .map_err(|e| mount_err(e.into()))?;

@@ -4,8 +4,8 @@
 //!
 //! The loop hands notices over a bounded channel with `try_send` ([`NoticeSender`]), so it never
 //! waits for the API server: a full queue drops the notice (logged with the pod, counted as
-//! `result="dropped"`). A publish that fails is retried a few times with backoff (not for a 4xx
-//! answer other than 429, which will not change), then logged with the pod and counted as
+//! `result="dropped"`). A publish that fails is retried a few times with jittered exponential
+//! backoff (backon; not for a 4xx answer other than 429, which will not change), then logged with the pod and counted as
 //! `result="failed"`; nothing crashes. RBAC: `events.k8s.io` `events` `create`.
 //!
 //! Each notice is published through a fresh [`Recorder`]: kube-runtime's recorder folds a
@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -95,25 +96,55 @@ async fn publish(recorder: &Recorder, n: &Notice) -> bool {
     };
     let reference = pod_reference(n);
     let pod = format!("{}/{}", n.pod.namespace, n.pod.name);
-    let mut delay = Duration::from_millis(500);
-    for attempt in 1..=ATTEMPTS {
-        match recorder.publish(&event, &reference).await {
-            Ok(()) => {
-                tracing::debug!(pod = %pod, reason = n.reason, "published a pod Event");
-                return true;
-            }
-            Err(e) => {
-                let permanent = matches!(&e, kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 429);
-                if permanent || attempt == ATTEMPTS {
-                    tracing::warn!(pod = %pod, reason = n.reason, error = %e, attempts = attempt,
-                        "cannot publish a pod Event");
-                    return false;
-                }
-                tracing::debug!(pod = %pod, reason = n.reason, error = %e, "publishing a pod Event failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
+    let permanent = |e: &kube::Error| matches!(e, kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 429);
+    let mut attempts = 1;
+    let published = (|| recorder.publish(&event, &reference))
+        .retry(retry_delays())
+        .when(|e| !permanent(e))
+        .notify(|e, delay| {
+            attempts += 1;
+            tracing::debug!(pod = %pod, reason = n.reason, error = %e, retry_in = ?delay, "publishing a pod Event failed; retrying");
+        })
+        .await;
+    match published {
+        Ok(()) => {
+            tracing::debug!(pod = %pod, reason = n.reason, "published a pod Event");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(pod = %pod, reason = n.reason, error = %e, attempts, "cannot publish a pod Event");
+            false
         }
     }
-    false
+}
+
+/// The delays between the [`ATTEMPTS`] publishes of one notice: 500 ms doubling, each with a
+/// random jitter of up to its own length, so the agents of every node, refused together by an
+/// API server that restarts, do not all come back at the same instant.
+fn retry_delays() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(8))
+        .with_max_times(ATTEMPTS as usize - 1)
+        .with_jitter()
+}
+
+#[cfg(test)]
+mod tests {
+    use backon::BackoffBuilder;
+
+    use super::*;
+
+    #[test]
+    fn retries_are_jittered_doublings_from_half_a_second() {
+        let runs: Vec<Vec<Duration>> = (0..8).map(|_| retry_delays().build().collect()).collect();
+        for delays in &runs {
+            assert_eq!(delays.len(), ATTEMPTS as usize - 1, "{delays:?}");
+            for (i, d) in delays.iter().enumerate() {
+                let base = Duration::from_millis(500) * 2u32.pow(i as u32);
+                assert!(*d >= base && *d < base * 2, "delay {i} of {delays:?}");
+            }
+        }
+        assert!(runs.iter().any(|r| r != &runs[0]), "no jitter: {runs:?}");
+    }
 }

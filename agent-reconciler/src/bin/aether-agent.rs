@@ -8,6 +8,6 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    logging::init(cli.log_format);
+    logging::init(cli.log_format, cli.log_level);
     cli::dispatch(cli.command)
 }

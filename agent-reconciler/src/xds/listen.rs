@@ -51,15 +51,18 @@ pub enum ServeError {
     Address(String),
     /// Binding failed (address in use, permission, missing directory, or a non-socket file at
     /// the Unix path, which is never removed).
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {error}")]
     Bind {
         /// The address.
         addr: String,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error. Its text ends the message, so it is not also the `source()`: a printed
+        /// cause chain shows it once.
+        error: std::io::Error,
     },
-    /// The gRPC server failed while serving.
-    #[error("xDS gRPC server failed: {0}")]
+    /// The gRPC server failed while serving. tonic's error says only "transport error" and keeps
+    /// the cause in its own `source()`, so it stays this error's source and the message does not
+    /// repeat it: print the chain (`{:#}` of anyhow) to see why.
+    #[error("xDS gRPC server failed")]
     Transport(#[from] tonic::transport::Error),
 }
 
@@ -79,7 +82,7 @@ impl XdsListener {
     /// # Errors
     /// [`ServeError::Bind`].
     pub async fn bind(addr: &XdsAddr) -> Result<Self, ServeError> {
-        let bind_err = |source| ServeError::Bind { addr: addr.to_string(), source };
+        let bind_err = |error| ServeError::Bind { addr: addr.to_string(), error };
         match addr {
             XdsAddr::Tcp(a) => Ok(XdsListener::Tcp(tokio::net::TcpListener::bind(a).await.map_err(bind_err)?)),
             XdsAddr::Unix(path) => {

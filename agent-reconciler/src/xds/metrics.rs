@@ -2,12 +2,14 @@
 //! change-to-ACK histogram.
 //!
 //! Counted: responses sent, ACKs and NACKs per resource type ([`type_label`]: CDS, LDS, ECDS),
-//! the streams open now, and the time from a change (stamped on a [`ChangeClock`] by whoever
+//! resources and bytes sent per type and stream mode (state of the world or delta), the streams
+//! open now, and the time from a change (stamped on a [`ChangeClock`] by whoever
 //! publishes snapshots) to Envoy's ACK of the version that change produced.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -42,6 +44,55 @@ pub struct TypeLabel {
     /// `cluster` (CDS), `listener` (LDS), `extension-config` (ECDS: the health gateway's
     /// checks), `other`.
     pub r#type: &'static str,
+}
+
+/// The `mode` label of an xDS stream: state of the world (`StreamAggregatedResources`).
+pub const MODE_SOTW: &str = "sotw";
+/// The `mode` label of an xDS stream: incremental (`DeltaAggregatedResources`).
+pub const MODE_DELTA: &str = "delta";
+
+/// Label set `{type, mode}` of the volume counters ([`XdsMetrics::resources_sent`],
+/// [`XdsMetrics::bytes_sent`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeModeLabel {
+    /// As [`TypeLabel::type`].
+    pub r#type: &'static str,
+    /// [`MODE_SOTW`] or [`MODE_DELTA`].
+    pub mode: &'static str,
+}
+
+/// What [`XdsMetrics::inc`] counts one event of a resource type on.
+pub(super) trait PerType {
+    /// One more event of the type `label`.
+    fn count(&self, label: TypeLabel);
+}
+
+impl PerType for Family<TypeLabel, Counter> {
+    fn count(&self, label: TypeLabel) {
+        self.get_or_create(&label).inc();
+    }
+}
+
+/// The NACK metrics, moved together by one [`XdsMetrics::inc`] (state-of-the-world and delta
+/// streams alike): `aether_xds_nacks_total{type}` and
+/// `aether_xds_last_nack_timestamp_seconds{type}` (seconds since the Unix epoch; 0 until the
+/// first NACK of that type). Envoy's message is not a label (unbounded text): `/readyz` and the
+/// agent's WARN log show it. Alert on, e.g., `increase(aether_xds_nacks_total[10m]) > 0` or
+/// `time() - aether_xds_last_nack_timestamp_seconds < 600`.
+#[derive(Clone, Debug, Default)]
+pub struct NackMetrics {
+    /// `aether_xds_nacks_total{type}`: NACKs received (a request with `error_detail`).
+    pub total: Family<TypeLabel, Counter>,
+    /// `aether_xds_last_nack_timestamp_seconds{type}`: when the last NACK arrived.
+    pub last: Family<TypeLabel, Gauge<f64, AtomicU64>>,
+}
+
+impl PerType for NackMetrics {
+    fn count(&self, label: TypeLabel) {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        self.total.get_or_create(&label).inc();
+        self.last.get_or_create(&label).set(now);
+    }
 }
 
 /// Carries the time of the earliest change not yet acknowledged from the snapshot publisher
@@ -141,14 +192,22 @@ pub struct XdsMetrics {
     pub pushes: Family<TypeLabel, Counter>,
     /// `aether_xds_acks_total{type}`: ACKs received (a request acknowledging the last response).
     pub acks: Family<TypeLabel, Counter>,
-    /// `aether_xds_nacks_total{type}`: NACKs received (a request with `error_detail`).
-    pub nacks: Family<TypeLabel, Counter>,
+    /// `aether_xds_nacks_total{type}` and `aether_xds_last_nack_timestamp_seconds{type}`
+    /// ([`NackMetrics`]).
+    pub nacks: NackMetrics,
     /// `aether_xds_change_to_ack_seconds`: seconds from the watch event whose effect produced a
     /// new resource version to Envoy's first ACK of that version (see [`ChangeClock`]).
     pub change_to_ack: Histogram,
     /// `aether_xds_connected_streams`: ADS streams open now, all nodes together (a stream counts
     /// from its first request that carries a node until it ends).
     pub connected: Gauge,
+    /// `aether_xds_resources_sent_total{type,mode}`: resources carried by the responses sent
+    /// (state of the world: the whole set per response; delta: the added or changed ones; the
+    /// names a delta response removes are not counted).
+    pub resources_sent: Family<TypeModeLabel, Counter>,
+    /// `aether_xds_bytes_sent_total{type,mode}`: encoded size of the responses sent, in bytes
+    /// (the protobuf message, without gRPC framing).
+    pub bytes_sent: Family<TypeModeLabel, Counter>,
     /// The clock the publisher, the renderer and the server share.
     pub clock: ChangeClock,
 }
@@ -158,10 +217,12 @@ impl Default for XdsMetrics {
         XdsMetrics {
             pushes: Family::default(),
             acks: Family::default(),
-            nacks: Family::default(),
+            nacks: NackMetrics::default(),
             // 5 ms .. ~41 s: a debounce (20 ms) plus Envoy applying a config is tens of ms.
             change_to_ack: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             connected: Gauge::default(),
+            resources_sent: Family::default(),
+            bytes_sent: Family::default(),
             clock: ChangeClock::new(),
         }
     }
@@ -177,13 +238,24 @@ impl XdsMetrics {
     /// counters of every served type exist from the start, at zero.
     pub fn register(&self, registry: &mut Registry) {
         for type_url in SERVED {
-            for family in [&self.pushes, &self.acks, &self.nacks] {
-                family.get_or_create(&TypeLabel { r#type: type_label(type_url) }).inc_by(0);
+            let label = TypeLabel { r#type: type_label(type_url) };
+            self.nacks.last.get_or_create(&label).set(0.0);
+            for family in [&self.pushes, &self.acks, &self.nacks.total] {
+                family.get_or_create(&label).inc_by(0);
             }
         }
         registry.register("aether_xds_pushes", "xDS responses sent to Envoy, by resource type", self.pushes.clone());
         registry.register("aether_xds_acks", "xDS ACKs received from Envoy, by resource type", self.acks.clone());
-        registry.register("aether_xds_nacks", "xDS NACKs received from Envoy, by resource type", self.nacks.clone());
+        registry.register(
+            "aether_xds_nacks",
+            "xDS NACKs received from Envoy, by resource type",
+            self.nacks.total.clone(),
+        );
+        registry.register(
+            "aether_xds_last_nack_timestamp_seconds",
+            "When Envoy last NACKed an xDS response of each resource type, in seconds since the Unix epoch (0: never)",
+            self.nacks.last.clone(),
+        );
         registry.register(
             "aether_xds_change_to_ack_seconds",
             "Seconds from a pod or policy change to Envoy's ACK of the xDS version it produced",
@@ -194,10 +266,35 @@ impl XdsMetrics {
             "ADS streams from Envoy open now (counted from the first request that names a node)",
             self.connected.clone(),
         );
+        for type_url in SERVED {
+            for mode in [MODE_SOTW, MODE_DELTA] {
+                let label = TypeModeLabel { r#type: type_label(type_url), mode };
+                self.resources_sent.get_or_create(&label).inc_by(0);
+                self.bytes_sent.get_or_create(&label).inc_by(0);
+            }
+        }
+        registry.register(
+            "aether_xds_resources_sent",
+            "Resources carried by the xDS responses sent to Envoy, by resource type and stream mode (sotw, delta)",
+            self.resources_sent.clone(),
+        );
+        registry.register(
+            "aether_xds_bytes_sent",
+            "Encoded bytes of the xDS responses sent to Envoy, by resource type and stream mode (sotw, delta)",
+            self.bytes_sent.clone(),
+        );
     }
 
-    pub(super) fn inc(family: &Family<TypeLabel, Counter>, type_url: &str) {
-        family.get_or_create(&TypeLabel { r#type: type_label(type_url) }).inc();
+    pub(super) fn inc<F: PerType>(family: &F, type_url: &str) {
+        family.count(TypeLabel { r#type: type_label(type_url) });
+    }
+
+    /// Counts one response of `type_url` sent on a stream of `mode` ([`MODE_SOTW`] or
+    /// [`MODE_DELTA`]): `resources` resources, `bytes` encoded bytes.
+    pub(super) fn sent(&self, type_url: &str, mode: &'static str, resources: u64, bytes: u64) {
+        let label = TypeModeLabel { r#type: type_label(type_url), mode };
+        self.resources_sent.get_or_create(&label).inc_by(resources);
+        self.bytes_sent.get_or_create(&label).inc_by(bytes);
     }
 }
 
@@ -225,9 +322,47 @@ mod tests {
                 let line = format!("aether_xds_{name}_total{{type=\"{label}\"}} 0");
                 assert!(text.contains(&line), "{line} missing in:\n{text}");
             }
+            for name in ["resources_sent", "bytes_sent"] {
+                for mode in [MODE_SOTW, MODE_DELTA] {
+                    let line = format!("aether_xds_{name}_total{{type=\"{label}\",mode=\"{mode}\"}} 0");
+                    assert!(text.contains(&line), "{line} missing in:\n{text}");
+                }
+            }
         }
         assert_eq!(type_label(crate::xds::resources::EXTENSION_CONFIG_TYPE_URL), "extension-config");
         assert_eq!(type_label("type.googleapis.com/envoy.config.route.v3.RouteConfiguration"), "other");
+    }
+
+    #[test]
+    fn a_nack_counts_and_stamps_its_type_only() {
+        let m = XdsMetrics::new();
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let encode = |registry: &Registry| {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+            text
+        };
+        let text = encode(&registry);
+        for label in ["cluster", "listener", "extension-config"] {
+            let line = format!("aether_xds_last_nack_timestamp_seconds{{type=\"{label}\"}} 0.0");
+            assert!(text.lines().any(|l| l == line), "{line} missing in:\n{text}");
+        }
+        let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
+        XdsMetrics::inc(&m.nacks, LISTENER_TYPE_URL);
+        let after = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
+        let text = encode(&registry);
+        assert!(text.contains("aether_xds_nacks_total{type=\"listener\"} 1"), "{text}");
+        assert!(text.contains("aether_xds_nacks_total{type=\"cluster\"} 0"), "{text}");
+        assert!(text.contains("aether_xds_last_nack_timestamp_seconds{type=\"cluster\"} 0.0"), "{text}");
+        let stamped: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("aether_xds_last_nack_timestamp_seconds{type=\"listener\"} "))
+            .expect("the listener series")
+            .parse()
+            .unwrap();
+        assert!((before..=after).contains(&stamped), "{before} <= {stamped} <= {after}");
+        assert_eq!(text.matches("aether_xds_last_nack_timestamp_seconds{").count(), 3, "one series per type");
     }
 
     #[test]

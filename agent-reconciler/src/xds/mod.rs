@@ -5,9 +5,13 @@
 //!   `Listener`s and the gateway's checks (ECDS), content-hash versions.
 //! - [`health_gateway`]: the gateway on `--health-socket`: a listener that never changes with the
 //!   pods, and its per-cluster checks as one ECDS resource (why: `docs/design-notes.md`).
-//! - [`server`]: the ADS gRPC server (state of the world, CDS + LDS + ECDS), [`serve`] and a
-//!   shutdown that waits for Envoy to close its streams ([`Drained`]); re-exports the parts below.
-//! - `stream` (private): one ADS stream's request/response loop, nonces, debounced pushes.
+//! - [`server`]: the ADS gRPC server (CDS + LDS + ECDS, state of the world and delta), [`serve`]
+//!   and a shutdown that waits for Envoy to close its streams ([`Drained`]); re-exports the parts
+//!   below.
+//! - `stream` (private): one state-of-the-world ADS stream's request/response loop, nonces,
+//!   debounced pushes.
+//! - [`delta`]: one incremental (delta) ADS stream: per-resource versions, only what changed and
+//!   the names removed, a reconnecting Envoy's `initial_resource_versions` honoured.
 //! - [`acks`]: the [`AckTracker`]: what each node applied or rejected, which streams are open.
 //! - [`metrics`]: Prometheus metrics ([`XdsMetrics`]), the change-to-ACK [`ChangeClock`].
 //! - [`publish`]: [`spawn_renderer`], snapshots to rendered resources with a debounce.
@@ -27,10 +31,11 @@
 //! `SocketAddress.network_namespace_filepath` is recent (the API field appeared in 2025;
 //! `setns(2)` into the netns file needs `CAP_SYS_ADMIN`), so the netns variants (TCP delivery's
 //! upstream bind, the inbound listeners) need a recent Envoy. Everything here is tested against
-//! Envoy 1.40 (`tests/xds_envoy.rs`, `tests/health_gateway.rs`).
+//! Envoy 1.40 (`tests/xds_envoy.rs`, `tests/health_gateway.rs`, `tests/xds_delta.rs`).
 
 pub mod acks;
 pub mod bind_failures;
+pub mod delta;
 pub mod health_gateway;
 pub mod listen;
 pub mod metrics;
@@ -46,7 +51,7 @@ pub use health_gateway::{
     HEALTHZ_PREFIX, render_health_checks, render_health_listener,
 };
 pub use listen::{ServeError, XdsAddr, XdsListener};
-pub use metrics::{ChangeClock, XdsMetrics};
+pub use metrics::{ChangeClock, MODE_DELTA, MODE_SOTW, XdsMetrics};
 pub use publish::{spawn_renderer, spawn_renderer_with_clock};
 pub use readiness::{Connected, EnvoyReadiness, TypeProgress, assess};
 pub use resources::{

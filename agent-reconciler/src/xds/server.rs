@@ -1,11 +1,12 @@
-//! The ADS gRPC server (state of the world) that serves CDS, LDS and ECDS to the node's Envoy:
+//! The ADS gRPC server that serves CDS, LDS and ECDS to the node's Envoy, over state-of-the-world
+//! (`StreamAggregatedResources`) and incremental (`DeltaAggregatedResources`) streams alike:
 //! [`XdsServer`], and [`serve`] / [`serve_listener`] with their graceful shutdown.
 //!
 //! Its parts live in sibling modules, and their public items are re-exported here under their
 //! old paths: [`super::acks`] (the [`AckTracker`]), [`super::metrics`] ([`XdsMetrics`],
 //! [`ChangeClock`]), [`super::publish`] ([`spawn_renderer`]), [`super::listen`] ([`XdsAddr`],
-//! [`XdsListener`], [`ServeError`]), and the private `stream` module (one stream's
-//! request/response loop, ACK/NACK handling).
+//! [`XdsListener`], [`ServeError`]), the private `stream` module (one state-of-the-world
+//! stream's request/response loop, ACK/NACK handling) and [`super::delta`] (one delta stream's).
 //!
 //! Shutdown ([`serve_listener`]): stop accepting, remove the own socket file (if still ours),
 //! wait up to [`XdsServer::with_shutdown_wait`] for the clients to close their streams, end the
@@ -16,8 +17,9 @@
 //! first-byte timeout of accept, then no idle timeout (the ADS stream is quiet between pushes):
 //! HTTP/2 PINGs every keepalive interval find a dead peer instead.
 //!
-//! Incremental (delta) xDS is not implemented: `DeltaAggregatedResources` answers
-//! `UNIMPLEMENTED`, so Envoy must use `api_type: GRPC` (the state-of-the-world default).
+//! Envoy picks the variant with its bootstrap's `ads_config.api_type`: `GRPC` (state of the
+//! world) or `DELTA_GRPC` (delta: a change sends only the resources that changed and the names
+//! removed).
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -29,6 +31,7 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use tokio::sync::watch;
 
 pub use super::acks::{AckTracker, Nack, StreamState, TypeState};
+use super::delta::VersionCache;
 pub use super::listen::{ServeError, XdsAddr, XdsListener};
 pub use super::metrics::{ChangeClock, TypeLabel, XdsMetrics, type_label};
 pub use super::publish::{spawn_renderer, spawn_renderer_with_clock};
@@ -38,7 +41,8 @@ use crate::shutdown::FileId;
 /// Default debounce: how long a change waits for further changes before it is pushed.
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(20);
 
-/// The ADS service: serves the latest [`Resources`] from a watch channel to every Envoy stream.
+/// The ADS service: serves the latest [`Resources`] from a watch channel to every Envoy stream,
+/// state of the world or delta.
 #[derive(Clone, Debug)]
 pub struct XdsServer {
     pub(super) resources: watch::Receiver<Arc<Resources>>,
@@ -49,6 +53,8 @@ pub struct XdsServer {
     pub(super) shutdown: watch::Receiver<bool>,
     shutdown_tx: Arc<watch::Sender<bool>>,
     gate: Gate,
+    /// Per-resource versions for the delta streams, computed once per published resources.
+    pub(super) versions: VersionCache,
 }
 
 impl XdsServer {
@@ -66,6 +72,7 @@ impl XdsServer {
             shutdown,
             shutdown_tx: Arc::new(shutdown_tx),
             gate: Gate::new(ListenerKind::Xds.default_policy(), &ListenerMetrics::new()),
+            versions: VersionCache::new(),
         }
     }
 

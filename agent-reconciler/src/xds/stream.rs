@@ -14,8 +14,7 @@
 //! subscribed by resource name; the server always sends its whole set of that type (one resource,
 //! the one the gateway names).
 //!
-//! Incremental (delta) xDS is not implemented: `DeltaAggregatedResources` answers
-//! `UNIMPLEMENTED`.
+//! Incremental (delta) xDS, `DeltaAggregatedResources`, is served by [`super::delta`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,27 +27,34 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use futures::StreamExt;
 use prometheus_client::metrics::gauge::Gauge;
+use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::acks::{AckTracker, Nack, StreamState};
-use super::metrics::XdsMetrics;
+use super::metrics::{MODE_SOTW, XdsMetrics};
 use super::resources::Resources;
 use super::server::XdsServer;
 
 static NONCE: AtomicU64 = AtomicU64::new(1);
 
+/// A nonce no other response of this process carried (state of the world and delta alike).
+pub(super) fn next_nonce() -> String {
+    NONCE.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
 /// One stream counted in the tracker and the gauge, from its first request that carried a node
-/// until it is dropped: with its [`Stream`], however the stream's task ends.
-struct Connection {
-    id: u64,
+/// until it is dropped: with its [`Stream`] (or a delta stream), however the stream's task ends.
+pub(super) struct Connection {
+    pub(super) id: u64,
     tracker: AckTracker,
     gauge: Option<Gauge>,
 }
 
 impl Connection {
-    fn open(tracker: &AckTracker, node: &str, metrics: Option<&XdsMetrics>) -> Connection {
+    /// Counts a stream of `node` as open in `tracker` (and the `connected` gauge of `metrics`).
+    pub(super) fn open(tracker: &AckTracker, node: &str, metrics: Option<&XdsMetrics>) -> Connection {
         let gauge = metrics.map(|m| m.connected.clone());
         if let Some(g) = &gauge {
             g.inc();
@@ -97,7 +103,7 @@ impl Stream {
         if !force && sent.version.as_deref() == Some(set.version.as_str()) {
             return true;
         }
-        let nonce = NONCE.fetch_add(1, Ordering::Relaxed).to_string();
+        let nonce = next_nonce();
         sent.version = Some(set.version.clone());
         sent.nonce = Some(nonce.clone());
         let response = DiscoveryResponse {
@@ -116,6 +122,7 @@ impl Stream {
         });
         if let Some(m) = &self.metrics {
             XdsMetrics::inc(&m.pushes, type_url);
+            m.sent(type_url, MODE_SOTW, response.resources.len() as u64, response.encoded_len() as u64);
         }
         self.out.send(Ok(response)).await.is_ok()
     }
@@ -276,9 +283,12 @@ impl AggregatedDiscoveryService for XdsServer {
 
     async fn delta_aggregated_resources(
         &self,
-        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Err(Status::unimplemented("delta xDS is not served; use state-of-the-world ADS (api_type: GRPC)"))
+        let peer = request.remote_addr().map_or_else(|| "unix".to_owned(), |a| a.to_string());
+        let (out, rx) = mpsc::channel(8);
+        tokio::spawn(super::delta::run(request.into_inner(), self.clone(), peer, out));
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
 

@@ -1,0 +1,298 @@
+//! One incremental (delta) ADS stream, `DeltaAggregatedResources`, from Envoy's first request to
+//! its end: CDS, LDS and ECDS, served beside the state-of-the-world stream (`super::stream`)
+//! from the same [`Resources`], into the same [`AckTracker`] and metrics.
+//!
+//! Per type URL the stream keeps the client's [`Subscription`] (CDS and LDS: the wildcard; ECDS:
+//! the checks' name) and what it [`Held`]: on a new stream the client's
+//! `initial_resource_versions` (a reconnecting Envoy lists what it has, so it gets only what
+//! changed meanwhile), then every version sent. Each response carries only the subscribed
+//! resources whose version ([`versions::resource_version`], a content hash) the client does not
+//! hold, plus the names it holds that are gone (`removed_resources`); see [`diff::plan`].
+//!
+//! - A name subscribed explicitly is sent even if the client holds it (the protocol's rule),
+//!   except on a new stream's first request when `initial_resource_versions` lists it: then its
+//!   version decides, as for the wildcard.
+//! - A response is sent for a type on the stream's first request of it (always, even empty, so
+//!   Envoy's initial fetch completes and the version can be ACKed), when a request subscribes
+//!   names, and after every change of the published resources (same debounce as state of the
+//!   world) when something differs or the type's version moved on.
+//! - `system_version_info` is the type's [`TypedResources`](super::resources::TypedResources)
+//!   version: the full set the response brings the client to. The tracker records it as the sent
+//!   version, and as the ACKed one when Envoy ACKs the response, so `/readyz` reads delta streams
+//!   as it reads state-of-the-world ones.
+//! - One nonce per response; a request whose `response_nonce` names one of the responses in
+//!   flight is its ACK (no `error_detail`) or NACK (with it; Envoy's message names the rejected
+//!   resources). A NACK is logged and recorded; nothing is re-sent for it, but the names that
+//!   response carried are forgotten (Envoy may hold some of them, not which), so the next change
+//!   of the type sends them again: an ACK then means every resource of its version is applied.
+
+pub mod diff;
+pub mod versions;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use futures::StreamExt;
+use prost::Message;
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+pub use diff::{Held, Plan, Subscription, plan};
+pub use versions::{VersionCache, Versions, resource_version};
+
+use super::acks::{AckTracker, Nack, StreamState};
+use super::metrics::{MODE_DELTA, XdsMetrics};
+use super::resources::Resources;
+use super::server::XdsServer;
+use super::stream::{Connection, next_nonce};
+
+/// Responses of one type kept waiting for their ACK or NACK; older ones are forgotten (their
+/// late answer is then ignored as stale).
+const IN_FLIGHT: usize = 16;
+
+/// One response sent and not yet ACKed or NACKed.
+#[derive(Debug)]
+struct InFlight {
+    nonce: String,
+    /// Its `system_version_info`.
+    version: String,
+    /// The names it carried (sent or removed).
+    names: Vec<String>,
+}
+
+/// One type on one stream.
+#[derive(Debug, Default)]
+struct TypeStream {
+    subscription: Subscription,
+    held: Held,
+    /// Names (re)subscribed since the last response: sent whether held or not.
+    forced: BTreeSet<String>,
+    /// `system_version_info` of the last response.
+    sent_version: Option<String>,
+    in_flight: VecDeque<InFlight>,
+}
+
+struct DeltaStream {
+    node: String,
+    connection: Option<Connection>,
+    peer: String,
+    types: HashMap<String, TypeStream>,
+    out: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    tracker: AckTracker,
+    metrics: Option<XdsMetrics>,
+    versions: VersionCache,
+}
+
+impl DeltaStream {
+    /// Sends what `type_url`'s client lacks of `resources`: when the plan is not empty, when the
+    /// type's version differs from the last one sent, or when `always`. Returns false when the
+    /// client is gone.
+    async fn push(&mut self, resources: &Arc<Resources>, type_url: &str, always: bool) -> bool {
+        let (Some(set), Some(t)) = (resources.get(type_url), self.types.get_mut(type_url)) else {
+            return true;
+        };
+        if t.subscription.is_empty() {
+            return true;
+        }
+        let versions = self.versions.versions(resources);
+        let current = versions.of(type_url);
+        let plan = plan(&t.held, current, &t.subscription, &t.forced);
+        t.forced.clear();
+        if plan.is_empty() && !always && t.sent_version.as_deref() == Some(set.version.as_str()) {
+            return true;
+        }
+        t.held.record(current, &plan);
+        let nonce = next_nonce();
+        let response = DeltaDiscoveryResponse {
+            system_version_info: set.version.clone(),
+            resources: plan
+                .send
+                .iter()
+                .map(|&i| Resource {
+                    name: current[i].0.clone(),
+                    version: current[i].1.clone(),
+                    resource: Some(set.resources[i].resource.clone()),
+                    ..Default::default()
+                })
+                .collect(),
+            type_url: type_url.to_owned(),
+            removed_resources: plan.removed.clone(),
+            nonce: nonce.clone(),
+            ..Default::default()
+        };
+        let names = plan.send.iter().map(|&i| current[i].0.clone()).chain(plan.removed.iter().cloned()).collect();
+        if t.in_flight.len() == IN_FLIGHT {
+            t.in_flight.pop_front();
+        }
+        t.in_flight.push_back(InFlight { nonce, version: set.version.clone(), names });
+        t.sent_version = Some(set.version.clone());
+        tracing::debug!(node = %self.node, type_url, version = %set.version, sent = plan.send.len(),
+            removed = plan.removed.len(), held = t.held.len(), "delta xDS push");
+        let version = set.version.clone();
+        self.tracker.update(&self.node, type_url, |s| {
+            s.sent_version = Some(version);
+            s.sends += 1;
+        });
+        if let Some(m) = &self.metrics {
+            XdsMetrics::inc(&m.pushes, type_url);
+            m.sent(type_url, MODE_DELTA, plan.send.len() as u64, response.encoded_len() as u64);
+        }
+        self.out.send(Ok(response)).await.is_ok()
+    }
+
+    /// Handles one request; returns false when the client is gone.
+    async fn request(&mut self, req: DeltaDiscoveryRequest, resources: &Arc<Resources>) -> bool {
+        if let Some(node) = &req.node
+            && self.connection.is_none()
+        {
+            self.node = node.id.clone();
+            self.connection = Some(Connection::open(&self.tracker, &self.node, self.metrics.as_ref()));
+            tracing::info!(node = %self.node, peer = %self.peer, "delta xDS stream opened");
+        }
+        let type_url = req.type_url.clone();
+        if resources.get(&type_url).is_none() {
+            tracing::warn!(node = %self.node, type_url, "delta xDS request for a type we do not serve");
+            return true;
+        }
+        let first = !self.types.contains_key(&type_url);
+        let t = self.types.entry(type_url.clone()).or_default();
+        if first {
+            t.held = Held::from_initial(req.initial_resource_versions);
+            tracing::debug!(node = %self.node, type_url, held = t.held.len(), "delta xDS subscription");
+        }
+        let mut forced = t.subscription.apply(first, &req.resource_names_subscribe, &req.resource_names_unsubscribe);
+        if first {
+            // A reconnecting client subscribes again to the names it holds: their versions tell
+            // whether they changed, so they are not forced.
+            forced.retain(|name| t.held.version(name).is_none());
+        }
+        t.held.forget(req.resource_names_unsubscribe.iter());
+        let subscribed = !forced.is_empty();
+        t.forced.extend(forced);
+        if !req.response_nonce.is_empty() {
+            self.answer(&type_url, req.response_nonce, req.error_detail);
+        }
+        if first || subscribed {
+            return self.push(resources, &type_url, first).await;
+        }
+        true
+    }
+
+    /// Records Envoy's ACK (`error` is `None`) or NACK of the response with `nonce`.
+    fn answer(&mut self, type_url: &str, nonce: String, error: Option<envoy_types::pb::google::rpc::Status>) {
+        let Some(t) = self.types.get_mut(type_url) else { return };
+        let Some(at) = t.in_flight.iter().position(|f| f.nonce == nonce) else {
+            tracing::debug!(node = %self.node, type_url, nonce, "stale delta xDS nonce ignored");
+            return;
+        };
+        let Some(flight) = t.in_flight.remove(at) else { return };
+        let version = flight.version;
+        if let Some(err) = error {
+            tracing::warn!(node = %self.node, type_url, %version, code = err.code, error = %err.message,
+                resources = flight.names.len(),
+                "Envoy rejected a delta xDS update (NACK); it keeps its last good config");
+            t.held.forget(flight.names.iter());
+            if let Some(m) = &self.metrics {
+                XdsMetrics::inc(&m.nacks, type_url);
+            }
+            let nack = Nack { version, nonce, message: err.message, code: err.code };
+            self.on_stream(|s| {
+                s.nacked.insert(type_url.to_owned(), nack.clone());
+            });
+            self.tracker.update(&self.node, type_url, |s| {
+                s.nacks += 1;
+                s.last_nack = Some(nack);
+            });
+        } else {
+            tracing::debug!(node = %self.node, type_url, %version, "delta xDS ACK");
+            if let Some(m) = &self.metrics {
+                XdsMetrics::inc(&m.acks, type_url);
+                if let Some(elapsed) = m.clock.acked(type_url, &version) {
+                    m.change_to_ack.observe(elapsed.as_secs_f64());
+                }
+            }
+            self.on_stream(|s| {
+                s.acked.insert(type_url.to_owned(), version.clone());
+            });
+            self.tracker.update(&self.node, type_url, |s| {
+                s.acks += 1;
+                s.acked_version = Some(version);
+            });
+        }
+    }
+
+    /// Records on this stream's [`StreamState`] (nothing before it is counted as connected).
+    fn on_stream(&self, f: impl FnOnce(&mut StreamState)) {
+        if let Some(c) = &self.connection {
+            self.tracker.update_stream(c.id, f);
+        }
+    }
+
+    async fn push_changes(&mut self, resources: &Arc<Resources>) -> bool {
+        for type_url in resources.type_urls() {
+            if self.types.contains_key(type_url) && !self.push(resources, type_url, false).await {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Serves one delta stream of `server` until the client ends it, an error, or the server's
+/// shutdown ([`XdsServer::close_streams`]); responses go to `out`.
+pub(super) async fn run(
+    mut inbound: Streaming<DeltaDiscoveryRequest>,
+    server: XdsServer,
+    peer: String,
+    out: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+) {
+    let mut resources = server.resources.clone();
+    let mut shutdown = server.shutdown.clone();
+    let debounce = server.debounce;
+    let mut stream = DeltaStream {
+        node: String::new(),
+        connection: None,
+        peer,
+        types: HashMap::new(),
+        out,
+        tracker: server.tracker.clone(),
+        metrics: server.metrics.clone(),
+        versions: server.versions.clone(),
+    };
+    let mut current = resources.borrow_and_update().clone();
+    let mut watching = true;
+    loop {
+        tokio::select! {
+            msg = inbound.next() => match msg {
+                Some(Ok(req)) => {
+                    if !stream.request(req, &current).await {
+                        break;
+                    }
+                }
+                Some(Err(status)) => {
+                    tracing::info!(node = %stream.node, peer = %stream.peer, %status, "delta xDS stream error");
+                    break;
+                }
+                None => break,
+            },
+            changed = resources.changed(), if watching => {
+                if changed.is_err() {
+                    // The publisher is gone: keep serving what we have.
+                    watching = false;
+                    continue;
+                }
+                if !debounce.is_zero() {
+                    tokio::time::sleep(debounce).await;
+                }
+                current = resources.borrow_and_update().clone();
+                if !stream.push_changes(&current).await {
+                    break;
+                }
+            }
+            // The `Ref` wait_for returns is not Send: drop it inside the branch future.
+            () = async { drop(shutdown.wait_for(|closed| *closed).await) } => break,
+        }
+    }
+    tracing::info!(node = %stream.node, peer = %stream.peer, "delta xDS stream closed");
+}
