@@ -116,6 +116,8 @@ template:
         command: ["aether-webhook-certs"]
         args:
           {{- toYaml .args | nindent 10 }}
+          - --log-format={{ $v.logFormat }}
+          - --log-level={{ $v.logLevel }}
         securityContext:
           runAsNonRoot: true
           runAsUser: 65532
