@@ -52,6 +52,48 @@ fn examples() -> Vec<PathBuf> {
     files
 }
 
+/// What `kubectl apply -f` prints for each denied example, in full (`{file}` stands for the
+/// example's path). The API server lists several field errors in no fixed order, so
+/// [`same_kubectl_text`] compares their lines as a set. No line may be the API server's
+/// "some validation rules were not checked" note: every shape rule is a CEL rule.
+const EXAMPLE_DENIALS: &[(&str, &str)] = &[
+    (
+        "deny-bad-group.yaml",
+        r#"The EndpointPolicy "echo-bad-group" is invalid: spec.targetRef.group: Invalid value: "networking.k8s.io": must be "" or "core": the core API group, where Services live"#,
+    ),
+    (
+        "deny-non-service-target.yaml",
+        r#"The EndpointPolicy "echo-deployment" is invalid: 
+* spec.targetRef.group: Invalid value: "apps": must be "" or "core": the core API group, where Services live
+* spec.targetRef.kind: Invalid value: "Deployment": must be "Service": a policy attaches to a Service of the core group only"#,
+    ),
+    (
+        "deny-over-budget.yaml",
+        r#"Error from server: error when creating "{file}": admission webhook "endpointpolicies.config.aether.io" denied the request: spec.udsSocket "sockets/app1.sock" is 17 bytes; the budget is 16 bytes with pods dir /var/lib/kubelet/pods (sun_path holds 107)"#,
+    ),
+    (
+        "deny-traversal.yaml",
+        r#"The EndpointPolicy "echo-traversal" is invalid: spec.udsSocket: Invalid value: "../app.sock": must be <volume>/<file> with exactly one '/': <volume> a DNS-1123 label (lowercase a-z, 0-9, '-'; the name of one of the pod's emptyDir volumes), <file> 1 or more of A-Z a-z 0-9 . _ - and not '.' or '..', e.g. sockets/app.sock"#,
+    ),
+];
+
+/// The API server's note when an OpenAPI check (enum, maxLength, required, type) stopped the CEL
+/// rules (apiextensions-apiserver `hasBlockingErr`).
+const RULES_NOT_CHECKED: &str = "some validation rules were not checked";
+
+/// Whether kubectl printed `want`: the same first line and the same `* field: ...` lines in any
+/// order (trailing whitespace ignored).
+fn same_kubectl_text(got: &str, want: &str) -> bool {
+    let lines = |text: &str| -> (String, Vec<String>) {
+        let mut lines = text.trim_end().lines().map(|l| l.trim_end().to_owned());
+        let first = lines.next().unwrap_or_default();
+        let mut rest: Vec<String> = lines.collect();
+        rest.sort();
+        (first, rest)
+    };
+    lines(got) == lines(want)
+}
+
 fn apply_example(env: &Env, path: &Path) -> anyhow::Result<()> {
     let out = env.cp.kubectl(&["apply".as_ref(), "-f".as_ref(), path.as_os_str()])?;
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -64,6 +106,14 @@ fn apply_example(env: &Env, path: &Path) -> anyhow::Result<()> {
             for s in subs {
                 ensure!(stderr.contains(&s), "denial of {} lacks {s:?}; kubectl said: {stderr}", path.display());
             }
+            let file = path.file_name().unwrap_or_default().to_string_lossy();
+            let (_, want) = EXAMPLE_DENIALS
+                .iter()
+                .find(|(f, _)| *f == file)
+                .with_context(|| format!("EXAMPLE_DENIALS pins no text for {file}; kubectl said:\n{stderr}"))?;
+            let want = want.replace("{file}", &path.display().to_string());
+            ensure!(!stderr.contains(RULES_NOT_CHECKED), "kubectl said: {stderr}");
+            ensure!(same_kubectl_text(&stderr, &want), "kubectl said:\n{stderr}\nwanted:\n{want}");
         }
     }
     Ok(())
@@ -113,12 +163,14 @@ fn kubectl_explain_shows_our_field_docs(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn get_epol_prints_target_socket_accepted_age(env: &Env) -> anyhow::Result<()> {
+fn get_epol_prints_target_socket_accepted_reason_age_and_wide_message(env: &Env) -> anyhow::Result<()> {
     let out = env.cp.kubectl_ok(&["get", "epol"])?;
     let header = out.lines().next().unwrap_or_default();
-    for col in ["NAME", "TARGET", "SOCKET", "ACCEPTED", "AGE"] {
-        ensure!(header.contains(col), "header lacks {col}: {out}");
-    }
+    let columns: Vec<&str> = header.split_whitespace().collect();
+    ensure!(columns == ["NAME", "TARGET", "SOCKET", "ACCEPTED", "REASON", "AGE"], "header: {out}");
+    let wide = env.cp.kubectl_ok(&["get", "epol", "-o", "wide"])?;
+    let columns: Vec<&str> = wide.lines().next().unwrap_or_default().split_whitespace().collect();
+    ensure!(columns == ["NAME", "TARGET", "SOCKET", "ACCEPTED", "REASON", "AGE", "MESSAGE"], "-o wide header: {wide}");
     ensure!(out.contains("echo-uds") && out.contains("sockets/app.sock"), "echo-uds row missing: {out}");
     let cats = env.cp.kubectl_ok(&["get", "aether"])?;
     ensure!(cats.contains("echo-uds"), "category 'aether' does not list policies: {cats}");
@@ -241,16 +293,42 @@ fn without_the_webhook_the_schema_still_rejects_bad_shapes(env: &Env) -> anyhow:
         let stderr = String::from_utf8_lossy(&out.stderr);
         if out.status.success() {
             failures.push(format!("{name}: admitted without the webhook"));
-        } else if !stderr.contains(field) || stderr.contains("admission webhook") {
+        } else if stderr.contains(RULES_NOT_CHECKED) {
+            failures.push(format!("{name}: the API server skipped rules: {stderr}"));
+        } else if !stderr.contains(field) || stderr.contains("denied the request") {
             failures.push(format!("{name}: rejection does not come from the schema naming {field}: {stderr}"));
         }
     }
+    every_broken_field_is_listed_once_with_its_value(env)?;
     // The budget depends on the configured pods dir, so only the webhook can enforce it.
     let out = apply_manifest(env, &echo_policy("schema-budget", "echo", "sockets/app1.sock").manifest())?;
     ensure!(out.status.success(), "the schema alone refused a 17-byte value: {}", String::from_utf8_lossy(&out.stderr));
     if !failures.is_empty() {
         bail!("{}", failures.join("\n"));
     }
+    Ok(())
+}
+
+/// One policy with every field wrong: each field's error, with its value and what to fix, and
+/// nothing else. (With OpenAPI `enum`s and `maxLength`s, kube-apiserver printed only those
+/// fields, then the "some validation rules were not checked" note, and never the grammar error
+/// of the socket or the Service name.)
+fn every_broken_field_is_listed_once_with_its_value(env: &Env) -> anyhow::Result<()> {
+    let name = format!("Echo-{}", "x".repeat(60));
+    let socket = format!("../{}/app.sock", "s".repeat(30));
+    let manifest = echo_policy("schema-all-wrong", &name, &socket).target_group("apps").target_kind("Deployment");
+    let out = apply_manifest(env, &manifest.manifest())?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "admitted: {stderr}");
+    let want = format!(
+        r#"The EndpointPolicy "schema-all-wrong" is invalid: 
+* spec.targetRef.group: Invalid value: "apps": must be "" or "core": the core API group, where Services live
+* spec.targetRef.kind: Invalid value: "Deployment": must be "Service": a policy attaches to a Service of the core group only
+* spec.targetRef.name: Invalid value: "{name}": must be a Service name, a DNS-1035 label: 1-63 of lowercase a-z, 0-9 and '-', starting with a letter and ending with a letter or digit
+* spec.udsSocket: Invalid value: "{socket}": must be at most 36 bytes: no pods dir leaves room for a longer <volume>/<file> in sun_path (107 bytes); the admission webhook enforces the configured pods dir's budget (16 bytes with /var/lib/kubelet/pods)
+* spec.udsSocket: Invalid value: "{socket}": must be <volume>/<file> with exactly one '/': <volume> a DNS-1123 label (lowercase a-z, 0-9, '-'; the name of one of the pod's emptyDir volumes), <file> 1 or more of A-Z a-z 0-9 . _ - and not '.' or '..', e.g. sockets/app.sock"#
+    );
+    ensure!(same_kubectl_text(&stderr, &want), "kubectl said:\n{stderr}\nwanted:\n{want}");
     Ok(())
 }
 
@@ -269,7 +347,10 @@ fn main() {
         ),
         suite::case("update_is_validated_too", update_is_validated_too),
         suite::case("kubectl_explain_shows_our_field_docs", kubectl_explain_shows_our_field_docs),
-        suite::case("get_epol_prints_target_socket_accepted_age", get_epol_prints_target_socket_accepted_age),
+        suite::case(
+            "get_epol_prints_target_socket_accepted_reason_age_and_wide_message",
+            get_epol_prints_target_socket_accepted_reason_age_and_wide_message,
+        ),
         suite::case("controller_metrics_count_the_decisions", controller_metrics_count_the_decisions),
         suite::case(
             "socket_limit_filesystem_admits_what_the_file_system_holds",

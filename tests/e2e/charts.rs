@@ -630,8 +630,8 @@ fn socket_limit_reaches_both_binaries_and_filesystem_needs_pinning() {
 }
 
 /// The CRD chart takes the same `socketLimit`: `helm template` renders exactly the generated CRD
-/// plus chart metadata (`aether_crds::chart`), with `spec.udsSocket.maxLength` 36 by default and
-/// 319 under `filesystem`; the unrendered file (what `kubectl apply -f` of it creates) is the
+/// plus chart metadata (`aether_crds::chart`), with the length rule of `spec.udsSocket` 36 bytes
+/// by default and 319 under `filesystem`; the unrendered file (what `kubectl apply -f` of it creates) is the
 /// default; the schema refuses anything else.
 #[test]
 fn the_crd_chart_renders_the_generated_crd_for_each_socket_limit() {
@@ -645,11 +645,7 @@ fn the_crd_chart_renders_the_generated_crd_for_each_socket_limit() {
         assert_eq!(docs.len(), 1, "one CRD: {text}");
         docs.into_iter().next().unwrap_or_default()
     };
-    let max_length = |crd: &Value| {
-        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["udsSocket"]
-            ["maxLength"]
-            .as_u64()
-    };
+    let max_length = aether_crds::chart::socket_max_bytes;
     let default = one_doc(&try_render_text("aether-crds", &[]).expect("render aether-crds"));
     assert_eq!(default, serde_json::to_value(crd_with_chart_metadata()).unwrap());
     assert_eq!(max_length(&default), Some(36));
@@ -669,6 +665,110 @@ fn the_crd_chart_renders_the_generated_crd_for_each_socket_limit() {
 /// A PodDisruptionBudget with `minAvailable: 1` over a single replica forbids every eviction
 /// (node drains block forever): it is rendered only with more than one replica, and a
 /// `minAvailable` not below `replicas` is refused naming both values.
+/// The container port named `port` in `c`, and the port of `c`'s `--admin-addr` flag.
+fn named_port_and_admin_flag(c: &Value, port: &str) -> (u64, u64) {
+    let container_port = c["ports"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == port))
+        .and_then(|p| p["containerPort"].as_u64())
+        .unwrap_or_else(|| panic!("container {} has no port named {port}", c["name"]));
+    let flag = flag(c, "--admin-addr").unwrap_or_else(|| panic!("container {} has no --admin-addr", c["name"]));
+    let flag_port = flag.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).expect("--admin-addr HOST:PORT");
+    (container_port, flag_port)
+}
+
+/// `metrics.serviceMonitor` (controller) and `metrics.podMonitor` (node pods, on the host network:
+/// no Service selects them) are rendered only when enabled, each on its own; each selects what
+/// the controller Service / the DaemonSet's pods carry, on the port that serves `/metrics` (the
+/// binary's `--admin-addr`). Rendering is the test: the test API server has no
+/// monitoring.coreos.com CRDs to accept the objects.
+#[test]
+fn monitors_are_rendered_only_when_enabled_and_scrape_the_admin_ports() {
+    let off = render(&[]);
+    assert!(!has(&off, "ServiceMonitor") && !has(&off, "PodMonitor"), "off by default");
+    let only_pods = render(&["metrics.podMonitor.enabled=true"]);
+    assert!(has(&only_pods, "PodMonitor") && !has(&only_pods, "ServiceMonitor"));
+    let only_controller = render(&["metrics.serviceMonitor.enabled=true"]);
+    assert!(has(&only_controller, "ServiceMonitor") && !has(&only_controller, "PodMonitor"));
+
+    let on = render(&[
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.interval=15s",
+        "metrics.serviceMonitor.labels.release=prom",
+        "metrics.podMonitor.enabled=true",
+        "metrics.podMonitor.scrapeTimeout=",
+        "controller.adminPort=9191",
+        "agent.adminPort=9292",
+    ]);
+    // The controller: the ServiceMonitor selects the Service, whose named port targets the
+    // container's admin port, which is the one the controller serves /metrics on.
+    let sm = find(&on, "ServiceMonitor", "aether-controller");
+    assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(sm["metadata"]["namespace"], NS);
+    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
+    let svc = find(&on, "Service", "aether-controller");
+    let selector = sm["spec"]["selector"]["matchLabels"].as_object().expect("matchLabels");
+    assert!(!selector.is_empty());
+    for (k, v) in selector {
+        assert_eq!(&svc["metadata"]["labels"][k], v, "the Service lacks the ServiceMonitor's label {k}");
+    }
+    assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"][0], NS);
+    let ep = &sm["spec"]["endpoints"][0];
+    assert_eq!(
+        (ep["path"].as_str(), ep["interval"].as_str(), ep["scrapeTimeout"].as_str()),
+        (Some("/metrics"), Some("15s"), Some("10s"))
+    );
+    let svc_port = svc["spec"]["ports"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == ep["port"]))
+        .unwrap_or_else(|| panic!("the Service has no port named {}", ep["port"]));
+    let deploy = find(&on, "Deployment", "aether-controller");
+    let target = svc_port["targetPort"].as_str().expect("a named targetPort");
+    let controller = container(&deploy["spec"]["template"]["spec"], "aether-controller");
+    assert_eq!(named_port_and_admin_flag(controller, target), (9191, 9191));
+
+    // The node: the PodMonitor selects the DaemonSet's pods on the agent's admin port.
+    let pm = find(&on, "PodMonitor", "aether-node");
+    assert_eq!(pm["metadata"]["namespace"], NS);
+    assert!(pm["metadata"]["labels"].get("release").is_none(), "labels are per object");
+    let ds = find(&on, "DaemonSet", "aether-node");
+    let selector = pm["spec"]["selector"]["matchLabels"].as_object().expect("matchLabels");
+    assert!(!selector.is_empty());
+    for (k, v) in selector {
+        assert_eq!(
+            &ds["spec"]["template"]["metadata"]["labels"][k], v,
+            "the node pods lack the PodMonitor's label {k}"
+        );
+    }
+    let ep = &pm["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(ep["path"], "/metrics");
+    assert!(ep.get("scrapeTimeout").is_none(), "an empty value leaves Prometheus's default: {ep}");
+    let agent = container(&ds["spec"]["template"]["spec"], "aether-agent");
+    assert_eq!(named_port_and_admin_flag(agent, ep["port"].as_str().expect("a named port")), (9292, 9292));
+
+    match try_render(&["metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.interval=soon"]) {
+        Ok(_) => panic!("interval=soon rendered; the schema should refuse it"),
+        Err(e) => assert!(e.contains("interval"), "{e}"),
+    }
+}
+
+/// One version: the chart's default image tags are its `appVersion`, which is the binaries'
+/// version (this crate's, `workspace.package.version`; `--version` prints it).
+#[test]
+fn default_images_are_tagged_with_the_binaries_version() {
+    let docs = render(&[]);
+    let version = env!("CARGO_PKG_VERSION");
+    let deploy = find(&docs, "Deployment", "aether-controller");
+    let ds = find(&docs, "DaemonSet", "aether-node");
+    for (what, c) in [
+        ("controller", container(&deploy["spec"]["template"]["spec"], "aether-controller")),
+        ("agent", container(&ds["spec"]["template"]["spec"], "aether-agent")),
+    ] {
+        let image = c["image"].as_str().expect("an image");
+        assert_eq!(image.rsplit_once(':').map(|(_, t)| t), Some(version), "{what} image {image}");
+    }
+}
+
 #[test]
 fn pdb_is_rendered_only_when_a_replica_can_be_evicted() {
     let single = render(&["controller.replicas=1"]);

@@ -348,6 +348,67 @@ fn a_policy_admitted_without_the_webhook_is_invalid_and_never_wins(env: &Env) ->
     Ok(())
 }
 
+/// The README's `kubectl get epol` samples (blocks opening with `$ kubectl get epol -n shop`, up to
+/// the closing fence): (command arguments, the printed lines).
+fn readme_samples() -> anyhow::Result<Vec<(Vec<String>, Vec<String>)>> {
+    let readme = std::fs::read_to_string(aether_tests::repo_root().join("README.md"))?;
+    let mut samples = Vec::new();
+    let mut lines = readme.lines();
+    while let Some(line) = lines.next() {
+        if let Some(args) = line.strip_prefix("$ kubectl get epol -n shop") {
+            let mut argv: Vec<String> = ["get", "epol", "-n", "shop"].map(String::from).to_vec();
+            argv.extend(args.split_whitespace().map(String::from));
+            let out = lines.by_ref().take_while(|l| !l.starts_with("```")).map(String::from).collect();
+            samples.push((argv, out));
+        }
+    }
+    ensure!(samples.len() == 2, "README.md has {} `$ kubectl get epol -n shop` samples, want 2", samples.len());
+    Ok(samples)
+}
+
+/// kubectl's table as cells (columns are separated by at least two spaces), with each row's AGE
+/// cell replaced by `<age>`.
+fn table_cells(lines: &[String]) -> Vec<Vec<String>> {
+    let cells =
+        |l: &str| -> Vec<String> { l.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect() };
+    let header = lines.first().map(|l| cells(l)).unwrap_or_default();
+    let age = header.iter().position(|h| h == "AGE");
+    let mut rows: Vec<Vec<String>> = lines.iter().map(|l| cells(l)).collect();
+    for row in rows.iter_mut().skip(1) {
+        if let Some(cell) = age.and_then(|i| row.get_mut(i)) {
+            *cell = "<age>".to_owned();
+        }
+    }
+    rows
+}
+
+/// Runs after the webhook is gone (an over-budget policy is stored, so the sample shows every
+/// reason): the README's `kubectl get epol` and `-o wide` samples are what kubectl prints for
+/// them, up to AGE.
+fn readme_get_epol_samples_are_what_kubectl_prints(env: &Env) -> anyhow::Result<()> {
+    let ns = "shop";
+    namespace(env, ns)?;
+    service(env, ns, "echo")?;
+    apply_ok(env, ns, "echo-uds", "echo", "sockets/app.sock")?;
+    apply_ok(env, ns, "echo-uds-v2", "echo", "sock/app.sock")?;
+    apply_ok(env, ns, "echo-long", "echo", "sockets/app1.sock")?;
+    apply_ok(env, ns, "grpc-api-uds", "grpc-api", "grpc/api.sock")?;
+    wait_reason(env, ns, "echo-uds", "Accepted", &[])?;
+    wait_reason(env, ns, "echo-uds-v2", "Conflicted", &[])?;
+    wait_reason(env, ns, "echo-long", "Invalid", &[])?;
+    wait_reason(env, ns, "grpc-api-uds", "TargetNotFound", &[])?;
+    for (argv, want) in readme_samples()? {
+        let got: Vec<String> = env.cp.kubectl_ok(&argv)?.lines().map(String::from).collect();
+        ensure!(
+            table_cells(&got) == table_cells(&want),
+            "README.md's `kubectl {}` sample differs; kubectl printed:\n{}",
+            argv.join(" "),
+            got.join("\n")
+        );
+    }
+    Ok(())
+}
+
 /// A metric, its labels, and how much it must at least have grown.
 type Check<'a> = (&'a str, &'a [(&'a str, &'a str)], f64);
 
@@ -375,6 +436,10 @@ fn main() {
             suite::case(
                 "a_policy_admitted_without_the_webhook_is_invalid_and_never_wins",
                 a_policy_admitted_without_the_webhook_is_invalid_and_never_wins,
+            ),
+            suite::case(
+                "readme_get_epol_samples_are_what_kubectl_prints",
+                readme_get_epol_samples_are_what_kubectl_prints,
             ),
         ],
         setup,
