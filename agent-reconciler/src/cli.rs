@@ -16,7 +16,7 @@ pub use crate::logging::{LogFormat, LogLevel};
 /// endpoint.aether.io/uds-socket annotation first, then the policy of its Service, else TCP), and
 /// serves the result to the node's Envoy over xDS (ADS: CDS + LDS + ECDS).
 #[derive(Parser, Debug)]
-#[command(name = "aether-agent", version = aether_process_metrics::build_info::VERSION_LINE, about, long_about)]
+#[command(name = "aether-agent", version = aether_process::build_info::VERSION_LINE, about, long_about)]
 pub struct Cli {
     /// Log format: plain text or one JSON object per line.
     #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]

@@ -18,8 +18,8 @@
 //! | `aether_xds_last_nack_timestamp_seconds` | gauge (seconds since the epoch) | `type` | when Envoy last NACKed that type (0: never); Envoy's message is in `/readyz` and the log, never a label ([`crate::xds::metrics::NackMetrics`]) |
 //! | `aether_xds_change_to_ack_seconds` | histogram (seconds) | | from a watch event to Envoy's ACK of the version it produced |
 //! | `aether_xds_connected_streams` | gauge | | ADS streams from Envoy open now (from the first request that names a node to the stream's end) |
-//! | `aether_build_info` | info | `version`, `git_sha` | the build ([`aether_process_metrics`]) |
-//! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`, `process_start_time_seconds` | counter, gauges | | the process's resources, read from `/proc` at scrape time ([`aether_process_metrics::process`]) |
+//! | `aether_build_info` | info | `version`, `git_sha` | the build ([`aether_process`]) |
+//! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`, `process_start_time_seconds` | counter, gauges | | the process's resources, read from `/proc` at scrape time ([`aether_process::process`]) |
 //!
 //! The `aether_agent_*` gauges are set from the reconcile loop's [`Status`] at scrape time;
 //! counters, the histogram and `aether_xds_connected_streams` move as things happen. Every label
@@ -191,7 +191,7 @@ impl Metrics {
         watches.register(&mut registry);
         let listeners = aether_serve_policy::ListenerMetrics::new();
         listeners.register(&mut registry);
-        aether_process_metrics::register(&mut registry);
+        aether_process::register(&mut registry);
         Metrics { registry, pods, fallbacks, crd, conflicts, pod_events, xds, watches, clusters, listeners }
     }
 
@@ -265,8 +265,8 @@ mod tests {
         }
         let build = format!(
             "aether_build_info{{version=\"{}\",git_sha=\"{}\"}} 1",
-            aether_process_metrics::build_info::VERSION,
-            aether_process_metrics::build_info::GIT_SHA
+            aether_process::build_info::VERSION,
+            aether_process::build_info::GIT_SHA
         );
         assert!(text.lines().any(|l| l == build), "missing {build:?} in\n{text}");
     }

@@ -28,7 +28,7 @@ use crate::webhook::{DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES};
 /// the namespace) or Conflicted (another valid policy for the Service has a smaller name; the
 /// message names it). One replica writes, elected through a Lease.
 #[derive(Parser, Debug)]
-#[command(name = "aether-controller", version = aether_process_metrics::build_info::VERSION_LINE, about, long_about)]
+#[command(name = "aether-controller", version = aether_process::build_info::VERSION_LINE, about, long_about)]
 pub struct Cli {
     /// Log format: plain text or one JSON object per line.
     #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]

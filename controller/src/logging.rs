@@ -1,8 +1,8 @@
-//! Log set-up for the binary: [`aether_webhook_certs::logging`] (`--log-format`, `--log-level`,
-//! `RUST_LOG` as the fine-grained override, flat JSON lines), shared with aether-webhook-certs.
+//! Log set-up for the binary: [`aether_process::logging`] (`--log-format`, `--log-level`,
+//! `RUST_LOG` as the fine-grained override, flat JSON lines), the same in every aether binary.
 //! docs/install.md, "Logs", has the precedence and the defaults.
 
-pub use aether_webhook_certs::logging::{DEFAULT_FILTER, LogFormat, LogLevel, QUIET_WATCHER, directives, init};
+pub use aether_process::logging::{DEFAULT_FILTER, LogFormat, LogLevel, QUIET_WATCHER, directives, init};
 
 #[cfg(test)]
 mod tests {

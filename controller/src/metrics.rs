@@ -1,7 +1,7 @@
 //! Prometheus metrics of aether-controller, served as text on the admin port's `/metrics`: the
 //! fields of [`Metrics`], plus `aether_build_info{version,git_sha}` and the standard `process_*`
 //! metrics (CPU seconds, resident and virtual memory, open and max fds, start time; read from
-//! `/proc` at scrape time) of [`aether_process_metrics`].
+//! `/proc` at scrape time) of [`aether_process`].
 
 use std::sync::Arc;
 
@@ -101,7 +101,7 @@ impl Default for Metrics {
         listeners.register(&mut registry);
         let watches = crate::admin::watches::Watches::default();
         watches.register_metrics(&mut registry);
-        aether_process_metrics::register(&mut registry);
+        aether_process::register(&mut registry);
         Metrics {
             registry: Arc::new(registry),
             requests,
@@ -181,8 +181,8 @@ mod tests {
         let text = Metrics::default().encode();
         let build = format!(
             "aether_build_info{{version=\"{}\",git_sha=\"{}\"}} 1",
-            aether_process_metrics::build_info::VERSION,
-            aether_process_metrics::build_info::GIT_SHA
+            aether_process::build_info::VERSION,
+            aether_process::build_info::GIT_SHA
         );
         assert!(text.lines().any(|l| l == build), "missing {build:?} in\n{text}");
         let value = |name: &str| -> f64 {

@@ -12,7 +12,7 @@ pub use crate::logging::{LogFormat, LogLevel};
 
 /// Certificates for aether-controller's admission webhook.
 #[derive(Parser, Debug)]
-#[command(version = aether_process_metrics::build_info::VERSION_LINE, about)]
+#[command(version = aether_process::build_info::VERSION_LINE, about)]
 pub struct Cli {
     /// Log format: plain text or one JSON object per line.
     #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]

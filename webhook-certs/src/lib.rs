@@ -8,7 +8,7 @@
 //! its updates; [`bootstrap`] creates the Secret and sets the webhook configuration's `caBundle`
 //! (the chart's hook Job); [`cleanup`] deletes that Secret again after `helm uninstall` (the
 //! chart's post-delete hook Job), and only if bootstrap created it. [`cli`] is the command line
-//! of the `aether-webhook-certs` binary; [`logging`] sets up its logs (and aether-controller's).
+//! of the `aether-webhook-certs` binary; [`logging`] (shared by every aether binary) sets up its logs.
 
 use std::fs;
 use std::io::Write;
@@ -30,7 +30,8 @@ pub const KEY_FILE: &str = "tls.key";
 pub mod bootstrap;
 pub mod cleanup;
 pub mod cli;
-pub mod logging;
+/// The log set-up every aether binary shares ([`aether_process::logging`]).
+pub use aether_process::logging;
 pub mod reload;
 
 pub use reload::{CheckOutcome, LoadError, ReloadingCertResolver};

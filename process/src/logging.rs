@@ -38,7 +38,7 @@ pub enum LogLevel {
     Error,
     /// Errors and warnings.
     Warn,
-    /// Errors, warnings and what the process does (start-up, leadership, status writes, ...).
+    /// Errors, warnings and what the process does (start-up, watch outages, decisions, ...).
     #[default]
     Info,
     /// Also every decision and retry, kube-runtime's watcher retries included.

@@ -1,4 +1,6 @@
-//! The process's own Prometheus metrics, the same in every aether binary (issue 16):
+//! What every aether binary does the same as a process (issue 16): which build it is
+//! ([`build_info`]: the `--version` line and `aether_build_info`), its logs ([`logging`]:
+//! `--log-level`, `--log-format`, `RUST_LOG`, flat JSON), and its own Prometheus metrics:
 //!
 //! | metric | type | labels | meaning |
 //! |---|---|---|---|
@@ -21,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod build_info;
+pub mod logging;
 pub mod process;
 
 use prometheus_client::registry::Registry;

@@ -1,5 +1,5 @@
 //! Which build this is: the one version (the workspace's `workspace.package.version`, which the
-//! chart's `appVersion` and the default image tags repeat; `process-metrics/tests/release.rs`
+//! chart's `appVersion` and the default image tags repeat; `process/tests/release.rs`
 //! keeps them equal) and the git commit it was built from (`build.rs`: `AETHER_GIT_SHA`, else
 //! `git rev-parse --short HEAD`, else `unknown`).
 

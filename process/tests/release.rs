@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("process-metrics/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("process/ has a parent").to_path_buf()
 }
 
 fn read(rel: &str) -> String {
@@ -48,7 +48,7 @@ fn the_charts_app_version_is_the_binaries_version() {
     let app = chart["appVersion"].as_str().expect("Chart.yaml has a string appVersion");
     assert_eq!(
         app,
-        aether_process_metrics::build_info::VERSION,
+        aether_process::build_info::VERSION,
         "charts/aether/Chart.yaml appVersion must equal workspace.package.version in Cargo.toml (the binaries' \
          version, printed by --version); change both together"
     );

@@ -7,7 +7,7 @@ use prometheus_client::registry::Registry;
 
 fn scrape() -> prometheus_parse::Scrape {
     let mut registry = Registry::default();
-    aether_process_metrics::register(&mut registry);
+    aether_process::register(&mut registry);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("the exposition parses")
