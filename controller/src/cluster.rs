@@ -20,7 +20,8 @@
 //! - Both watches report to [`crate::admin::watches`]: each error is counted, an outage is logged
 //!   once when it starts and once when it ends, and `/readyz` lists them. A cache counts as synced
 //!   after its first list and while its watch is not failing; the watch recovers when the API
-//!   server accepts it again (the client's [`WatchStartLayer`]), without waiting for a re-list.
+//!   server accepts it again (the client's
+//!   [`WatchStartLayer`](crate::admin::watches::WatchStartLayer)), without waiting for a re-list.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,7 +45,7 @@ use kube::runtime::{WatchStreamExt, reflector};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
 
-use crate::admin::watches::{WatchHandle, WatchStartLayer, Watches};
+use crate::admin::watches::{WatchHandle, Watches};
 use crate::admission::ClusterFacts;
 use crate::lease::{Elector, LeaseConfig};
 use crate::metrics::Metrics;
@@ -371,7 +372,7 @@ pub fn start(
     let service_health = watches.register("", "services");
     let client = kube::client::ClientBuilder::try_from(cfg.kube)
         .map_err(|e| anyhow::anyhow!("cannot build a Kubernetes client: {e}"))?
-        .with_layer(&WatchStartLayer::new(watches.clone()))
+        .with_layer(&watches.layer())
         .build();
     let (policies, policy_writer) = store::<EndpointPolicy>();
     let (services, service_writer) = store::<ServiceMeta>();
