@@ -35,7 +35,7 @@ use envoy_types::pb::envoy::config::core::v3::{
     AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, ExtensionConfigSource, TypedExtensionConfig,
     config_source::ConfigSourceSpecifier, data_source,
 };
-use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::{
     DirectResponseAction, HeaderMatcher, Route, RouteConfiguration, RouteMatch, VirtualHost,
     header_matcher::HeaderMatchSpecifier, route, route_match::PathSpecifier,
@@ -44,7 +44,6 @@ use envoy_types::pb::envoy::extensions::common::matching::v3::ExtensionWithMatch
 use envoy_types::pb::envoy::extensions::filters::http::composite::v3::{Composite, ExecuteFilterAction};
 use envoy_types::pb::envoy::extensions::filters::http::health_check::v3::HealthCheck as HealthCheckFilter;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
-use envoy_types::pb::envoy::extensions::filters::network::connection_limit::v3::ConnectionLimit;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter,
     http_connection_manager::{CodecType, RouteSpecifier},
@@ -54,7 +53,7 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{
     HttpRequestHeaderMatchInput, StringMatcher, string_matcher::MatchPattern,
 };
 use envoy_types::pb::envoy::r#type::v3::Percent;
-use envoy_types::pb::google::protobuf::{Any, BoolValue, UInt64Value};
+use envoy_types::pb::google::protobuf::{Any, BoolValue};
 use envoy_types::pb::xds::core::v3::TypedExtensionConfig as XdsExtensionConfig;
 use envoy_types::pb::xds::r#type::matcher::v3::matcher::{OnMatch, on_match};
 use envoy_types::util::pack_any;
@@ -95,11 +94,6 @@ const COMPOSITE_FILTER: &str = "envoy.filters.http.composite";
 pub fn render_health_listener(opts: &RenderOptions) -> Result<Option<Listener>, RenderError> {
     let Some(socket) = &opts.health_socket else { return Ok(None) };
     validate_pipe_path(socket)?;
-    let limit = ConnectionLimit {
-        stat_prefix: HEALTH_LISTENER_NAME.to_owned(),
-        max_connections: Some(UInt64Value { value: opts.health_max_connections }),
-        ..Default::default()
-    };
     let discovered = HttpFilter {
         name: HEALTH_CHECKS_NAME.to_owned(),
         config_type: Some(http_filter::ConfigType::ConfigDiscovery(ExtensionConfigSource {
@@ -149,19 +143,12 @@ pub fn render_health_listener(opts: &RenderOptions) -> Result<Option<Listener>, 
     Ok(Some(Listener {
         name: HEALTH_LISTENER_NAME.to_owned(),
         address: Some(super::resources::pipe_address(socket, opts.health_socket_mode)),
-        filter_chains: vec![FilterChain {
-            filters: vec![
-                Filter {
-                    name: "envoy.filters.network.connection_limit".to_owned(),
-                    config_type: Some(filter::ConfigType::TypedConfig(pack_any(limit))),
-                },
-                Filter {
-                    name: "envoy.filters.network.http_connection_manager".to_owned(),
-                    config_type: Some(filter::ConfigType::TypedConfig(pack_any(hcm))),
-                },
-            ],
-            ..Default::default()
-        }],
+        filter_chains: vec![super::resources::connection_limited(
+            HEALTH_LISTENER_NAME,
+            opts.health_max_connections,
+            "envoy.filters.network.http_connection_manager",
+            pack_any(hcm),
+        )],
         ..Default::default()
     }))
 }
@@ -289,6 +276,9 @@ mod sorted {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use envoy_types::pb::envoy::config::listener::v3::filter;
+    use envoy_types::pb::envoy::extensions::filters::network::connection_limit::v3::ConnectionLimit;
+    use envoy_types::pb::google::protobuf::UInt64Value;
     use envoy_types::pb::xds::r#type::matcher::v3::matcher::{MatcherType, matcher_tree::TreeType};
 
     fn unwrap(config: &TypedExtensionConfig) -> ExtensionWithMatcher {

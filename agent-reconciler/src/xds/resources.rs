@@ -277,6 +277,28 @@ fn pb_duration(d: Duration) -> PbDuration {
     }
 }
 
+/// One filter chain: Envoy's `connection_limit` network filter (at most `max_connections` open
+/// connections, stats under `stat_prefix`; one past it is closed at once and counted in
+/// `connection_limit.<stat_prefix>.limited_connections`), then the network filter `name` with
+/// `config`. Every listener the agent serves is capped this way.
+pub(super) fn connection_limited(stat_prefix: &str, max_connections: u64, name: &str, config: Any) -> FilterChain {
+    let limit = ConnectionLimit {
+        stat_prefix: stat_prefix.to_owned(),
+        max_connections: Some(UInt64Value { value: max_connections }),
+        ..Default::default()
+    };
+    FilterChain {
+        filters: vec![
+            Filter {
+                name: "envoy.filters.network.connection_limit".to_owned(),
+                config_type: Some(filter::ConfigType::TypedConfig(pack_any(limit))),
+            },
+            Filter { name: name.to_owned(), config_type: Some(filter::ConfigType::TypedConfig(config)) },
+        ],
+        ..Default::default()
+    }
+}
+
 /// A `pipe` address at `path` with file mode `mode` (0: Envoy's default).
 pub(super) fn pipe_address(path: &str, mode: u32) -> Address {
     Address { address: Some(address::Address::Pipe(Pipe { path: path.to_owned(), mode })) }
@@ -398,11 +420,6 @@ pub fn render_inbound_listener(spec: &ListenerSpec, opts: &RenderOptions) -> Res
     } else {
         Vec::new()
     };
-    let limit = ConnectionLimit {
-        stat_prefix: spec.name.clone(),
-        max_connections: Some(UInt64Value { value: opts.inbound_max_connections }),
-        ..Default::default()
-    };
     let proxy = TcpProxy {
         stat_prefix: spec.name.clone(),
         cluster_specifier: Some(ClusterSpecifier::Cluster(spec.cluster.clone())),
@@ -414,19 +431,12 @@ pub fn render_inbound_listener(spec: &ListenerSpec, opts: &RenderOptions) -> Res
         address: Some(on(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))),
         additional_addresses,
         enable_reuse_port: Some(BoolValue { value: false }),
-        filter_chains: vec![FilterChain {
-            filters: vec![
-                Filter {
-                    name: "envoy.filters.network.connection_limit".to_owned(),
-                    config_type: Some(filter::ConfigType::TypedConfig(pack_any(limit))),
-                },
-                Filter {
-                    name: "envoy.filters.network.tcp_proxy".to_owned(),
-                    config_type: Some(filter::ConfigType::TypedConfig(pack_any(proxy))),
-                },
-            ],
-            ..Default::default()
-        }],
+        filter_chains: vec![connection_limited(
+            &spec.name,
+            opts.inbound_max_connections,
+            "envoy.filters.network.tcp_proxy",
+            pack_any(proxy),
+        )],
         ..Default::default()
     })
 }

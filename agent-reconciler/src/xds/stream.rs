@@ -206,25 +206,64 @@ impl Stream {
     }
 }
 
-async fn run_stream(
-    mut inbound: Streaming<DiscoveryRequest>,
-    mut stream: Stream,
+/// One ADS session of either mode (state of the world: [`Stream`]; delta:
+/// `super::delta::DeltaStream`), as [`serve`] drives it.
+pub(super) trait Session: Send {
+    /// What the client sends: `DiscoveryRequest` or `DeltaDiscoveryRequest`.
+    type Request: Send;
+    /// The stream's name in log lines (`xDS`, `delta xDS`).
+    const LABEL: &'static str;
+    /// The node id (empty until a request carries one) and the peer address, for log lines.
+    fn names(&self) -> (&str, &str);
+    /// Handles one request against the resources served now; false when the client is gone.
+    fn on_request(&mut self, req: Self::Request, current: &Arc<Resources>) -> impl Future<Output = bool> + Send;
+    /// Sends what changed after the published resources changed; false when the client is gone.
+    fn on_change(&mut self, current: &Arc<Resources>) -> impl Future<Output = bool> + Send;
+}
+
+impl Session for Stream {
+    type Request = DiscoveryRequest;
+    const LABEL: &'static str = "xDS";
+
+    fn names(&self) -> (&str, &str) {
+        (&self.node, &self.peer)
+    }
+
+    fn on_request(&mut self, req: DiscoveryRequest, current: &Arc<Resources>) -> impl Future<Output = bool> + Send {
+        self.request(req, current)
+    }
+
+    fn on_change(&mut self, current: &Arc<Resources>) -> impl Future<Output = bool> + Send {
+        self.push_changes(current)
+    }
+}
+
+/// Serves one session until the client ends it, a stream error, or the server's shutdown:
+/// requests go to the session as they come, and each change of the published resources (after
+/// `debounce`, which coalesces bursts) is offered to it. When the publisher is gone the session
+/// keeps serving what it has.
+pub(super) async fn serve<S: Session>(
+    mut inbound: Streaming<S::Request>,
+    mut session: S,
     mut resources: watch::Receiver<Arc<Resources>>,
     mut shutdown: watch::Receiver<bool>,
     debounce: Duration,
-) {
+) where
+    Streaming<S::Request>: futures::Stream<Item = Result<S::Request, Status>> + Unpin,
+{
     let mut current = resources.borrow_and_update().clone();
     let mut watching = true;
     loop {
         tokio::select! {
             msg = inbound.next() => match msg {
                 Some(Ok(req)) => {
-                    if !stream.request(req, &current).await {
+                    if !session.on_request(req, &current).await {
                         break;
                     }
                 }
                 Some(Err(status)) => {
-                    tracing::info!(node = %stream.node, peer = %stream.peer, %status, "xDS stream error");
+                    let (node, peer) = session.names();
+                    tracing::info!(node, peer, %status, "{} stream error", S::LABEL);
                     break;
                 }
                 None => break,
@@ -239,7 +278,7 @@ async fn run_stream(
                     tokio::time::sleep(debounce).await;
                 }
                 current = resources.borrow_and_update().clone();
-                if !stream.push_changes(&current).await {
+                if !session.on_change(&current).await {
                     break;
                 }
             }
@@ -247,7 +286,8 @@ async fn run_stream(
             () = async { drop(shutdown.wait_for(|closed| *closed).await) } => break,
         }
     }
-    tracing::info!(node = %stream.node, peer = %stream.peer, "xDS stream closed");
+    let (node, peer) = session.names();
+    tracing::info!(node, peer, "{} stream closed", S::LABEL);
 }
 
 #[tonic::async_trait]
@@ -269,13 +309,7 @@ impl AggregatedDiscoveryService for XdsServer {
             tracker: self.tracker.clone(),
             metrics: self.metrics.clone(),
         };
-        tokio::spawn(run_stream(
-            request.into_inner(),
-            stream,
-            self.resources.clone(),
-            self.shutdown.clone(),
-            self.debounce,
-        ));
+        tokio::spawn(serve(request.into_inner(), stream, self.resources.clone(), self.shutdown.clone(), self.debounce));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 

@@ -33,7 +33,6 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
-use futures::StreamExt;
 use prost::Message;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
@@ -242,15 +241,13 @@ impl DeltaStream {
 /// Serves one delta stream of `server` until the client ends it, an error, or the server's
 /// shutdown ([`XdsServer::close_streams`]); responses go to `out`.
 pub(super) async fn run(
-    mut inbound: Streaming<DeltaDiscoveryRequest>,
+    inbound: Streaming<DeltaDiscoveryRequest>,
     server: XdsServer,
     peer: String,
     out: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
 ) {
-    let mut resources = server.resources.clone();
-    let mut shutdown = server.shutdown.clone();
-    let debounce = server.debounce;
-    let mut stream = DeltaStream {
+    let (resources, shutdown, debounce) = (server.resources.clone(), server.shutdown.clone(), server.debounce);
+    let stream = DeltaStream {
         node: String::new(),
         connection: None,
         peer,
@@ -260,39 +257,26 @@ pub(super) async fn run(
         metrics: server.metrics.clone(),
         versions: server.versions.clone(),
     };
-    let mut current = resources.borrow_and_update().clone();
-    let mut watching = true;
-    loop {
-        tokio::select! {
-            msg = inbound.next() => match msg {
-                Some(Ok(req)) => {
-                    if !stream.request(req, &current).await {
-                        break;
-                    }
-                }
-                Some(Err(status)) => {
-                    tracing::info!(node = %stream.node, peer = %stream.peer, %status, "delta xDS stream error");
-                    break;
-                }
-                None => break,
-            },
-            changed = resources.changed(), if watching => {
-                if changed.is_err() {
-                    // The publisher is gone: keep serving what we have.
-                    watching = false;
-                    continue;
-                }
-                if !debounce.is_zero() {
-                    tokio::time::sleep(debounce).await;
-                }
-                current = resources.borrow_and_update().clone();
-                if !stream.push_changes(&current).await {
-                    break;
-                }
-            }
-            // The `Ref` wait_for returns is not Send: drop it inside the branch future.
-            () = async { drop(shutdown.wait_for(|closed| *closed).await) } => break,
-        }
+    super::stream::serve(inbound, stream, resources, shutdown, debounce).await;
+}
+
+impl super::stream::Session for DeltaStream {
+    type Request = DeltaDiscoveryRequest;
+    const LABEL: &'static str = "delta xDS";
+
+    fn names(&self) -> (&str, &str) {
+        (&self.node, &self.peer)
     }
-    tracing::info!(node = %stream.node, peer = %stream.peer, "delta xDS stream closed");
+
+    fn on_request(
+        &mut self,
+        req: DeltaDiscoveryRequest,
+        current: &Arc<Resources>,
+    ) -> impl Future<Output = bool> + Send {
+        self.request(req, current)
+    }
+
+    fn on_change(&mut self, current: &Arc<Resources>) -> impl Future<Output = bool> + Send {
+        self.push_changes(current)
+    }
 }
