@@ -152,6 +152,10 @@ pub struct TypedResources {
     pub version: String,
     /// The resources, sorted by name.
     pub resources: Vec<NamedResource>,
+    /// Each resource's [`resource_digest`], aligned with `resources`: computed once when the
+    /// resource is rendered, and the source of its delta-xDS version
+    /// ([`super::delta::resource_version`]).
+    pub digests: Vec<[u8; 32]>,
 }
 
 /// SHA-256 over one resource's name, packed type URL and encoded bytes (each length-prefixed).
@@ -184,7 +188,8 @@ impl TypedResources {
             h.update(digest);
         }
         let version = h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect();
-        TypedResources { type_url, version, resources: digested.into_iter().map(|(_, r)| r).collect() }
+        let (digests, resources) = digested.into_iter().unzip();
+        TypedResources { type_url, version, resources, digests }
     }
 
     /// Names of the resources, sorted.

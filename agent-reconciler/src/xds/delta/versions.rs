@@ -1,18 +1,20 @@
-//! Per-resource versions for delta xDS: [`VersionCache`] computes, once per published
+//! Per-resource versions for delta xDS: [`VersionCache`] derives, once per published
 //! [`Resources`] and for every delta stream together, each resource's version
-//! ([`resource_version`]), reusing the previous one of every resource whose encoded bytes did not
-//! change (a 10,000-pod node hashes one cluster when one pod changes, and compares the rest).
+//! ([`resource_version`]) from the digest the renderer computed when it rendered the resource
+//! ([`TypedResources::digests`]): nothing is hashed or compared again per publish.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::super::resources::{NamedResource, Resources, TypedResources, resource_digest};
+use super::super::resources::Resources;
+#[cfg(doc)]
+use super::super::resources::{TypedResources, resource_digest};
 
-/// The version of one resource: hex of the first 16 bytes of its [`resource_digest`] (name, type
-/// URL and encoded bytes), 32 characters. Same content, same version, across agent restarts, so a
-/// reconnecting Envoy's `initial_resource_versions` match what a new agent serves.
-pub fn resource_version(r: &NamedResource) -> String {
-    resource_digest(r)[..16].iter().map(|b| format!("{b:02x}")).collect()
+/// The version of one resource from its [`resource_digest`] (name, type URL and encoded bytes):
+/// hex of the first 16 bytes, 32 characters. Same content, same version, across agent restarts,
+/// so a reconnecting Envoy's `initial_resource_versions` match what a new agent serves.
+pub fn resource_version(digest: &[u8; 32]) -> String {
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The `(name, version)` of every resource of every served type, in each set's (name) order.
@@ -28,26 +30,16 @@ impl Versions {
         self.by_type.get(type_url).map_or(&[], Vec::as_slice)
     }
 
-    /// Computes the versions of `resources`, taking each unchanged resource's from `previous`
-    /// (the last published resources and their versions).
-    fn compute(resources: &Resources, previous: Option<(&Resources, &Versions)>) -> Versions {
+    /// The versions of `resources`, from their digests.
+    fn compute(resources: &Resources) -> Versions {
         let mut by_type = HashMap::new();
         for type_url in resources.type_urls() {
             let Some(set) = resources.get(type_url) else { continue };
-            let before = previous.and_then(|(r, v)| Some((r.get(type_url)?, v.of(type_url))));
-            let pairs =
-                set.resources.iter().map(|r| (r.name.clone(), reuse(before, r).unwrap_or_else(|| resource_version(r))));
+            let pairs = set.resources.iter().zip(&set.digests).map(|(r, d)| (r.name.clone(), resource_version(d)));
             by_type.insert(type_url.to_owned(), pairs.collect());
         }
         Versions { by_type }
     }
-}
-
-/// The version `before` had for `r`, if it held a resource of that name with the same bytes.
-fn reuse(before: Option<(&TypedResources, &[(String, String)])>, r: &NamedResource) -> Option<String> {
-    let (set, versions) = before?;
-    let i = set.resources.binary_search_by(|p| p.name.cmp(&r.name)).ok()?;
-    (set.resources[i].resource == r.resource).then(|| versions.get(i).map(|(_, v)| v.clone())).flatten()
 }
 
 /// The [`Versions`] of the last published [`Resources`], shared by the delta streams of one
@@ -67,7 +59,7 @@ impl VersionCache {
     }
 
     /// The versions of `resources`: cached when it is the same `Arc` as last time, else computed
-    /// (reusing the last set's versions of unchanged resources) and cached.
+    /// and cached.
     pub fn versions(&self, resources: &Arc<Resources>) -> Arc<Versions> {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((r, v)) = last.as_ref()
@@ -75,7 +67,7 @@ impl VersionCache {
         {
             return v.clone();
         }
-        let versions = Arc::new(Versions::compute(resources, last.as_ref().map(|(r, v)| (&**r, &**v))));
+        let versions = Arc::new(Versions::compute(resources));
         *last = Some((resources.clone(), versions.clone()));
         versions
     }
@@ -104,7 +96,8 @@ mod tests {
         assert!(Arc::ptr_eq(&v1, &cache.versions(&one)), "the same Arc is computed once");
         let pairs = v1.of(CLUSTER_TYPE_URL);
         assert_eq!(pairs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["a", "b"]);
-        assert_eq!(pairs[0].1, resource_version(&one.clusters.resources[0]));
+        let digest = crate::xds::resources::resource_digest(&one.clusters.resources[0]);
+        assert_eq!(pairs[0].1, resource_version(&digest));
         assert_eq!(pairs[0].1.len(), 32);
         assert_ne!(pairs[0].1, pairs[1].1, "different content, different version");
 
@@ -113,7 +106,7 @@ mod tests {
         let after = v2.of(CLUSTER_TYPE_URL);
         assert_eq!(after[0], pairs[0], "a is unchanged");
         assert_ne!(after[1].1, pairs[1].1, "b changed");
-        // Reused or computed, a version is the content's: a fresh cache (a restarted agent) agrees.
+        // A version is the content's: a fresh cache (a restarted agent) agrees.
         assert_eq!(*VersionCache::new().versions(&two), *v2);
         assert!(v2.of("type.googleapis.com/unknown").is_empty());
     }
