@@ -13,6 +13,14 @@
 //! event delivers is extracted once, before timing (`common::pod`/`policy` build an API object
 //! and run the agent's extraction), and cloned per event, as a watch hands over a fresh record.
 //!
+//! The live agent's own path (issue 15), `agent_*` groups, 110 / 1k / 10k pods and 10 policies:
+//! a `Driver` (no state dir) fed the watch events as API objects, publishing the pods it
+//! re-rendered on a `pod_specs` channel, and the renderer task's step on it (encoded, digested,
+//! versioned resources ready for the ADS streams; no debounce, no send):
+//! - `agent_full_build`: boot (the policy list and the pod list) and the first render;
+//! - `agent_policy_change`: one policy's socket edited (the 5 pods of its service change);
+//! - `agent_pod_change`: one pod's health path edited.
+//!
 //! Before timing, one event of each kind is applied to count what it re-renders: pods folded
 //! (`Change::rerendered`) and clusters re-encoded (specs that differ from the previous snapshot,
 //! which is exactly what the `Renderer` cache misses). The counts go to
@@ -24,10 +32,18 @@ mod common;
 
 use std::time::Duration;
 
-use aether_agent_reconciler::xds::resources::Endpoint;
-use aether_agent_reconciler::{PodRecord, PolicyRecord};
+use std::net::Ipv4Addr;
+
+use aether_agent_reconciler::cni::CniRecords;
+use aether_agent_reconciler::driver::{Driver, Event as Watch, Status};
+use aether_agent_reconciler::xds::publish::{PodSpecs, RenderSource, pod_specs};
+use aether_agent_reconciler::xds::resources::{Endpoint, RenderOptions, Renderer, Resources};
+use aether_agent_reconciler::{Index, PodRecord, PolicyRecord};
+use aether_crds::EndpointPolicy;
 use common::{Node, clusters_changed, pod, pods, policies, policy};
 use criterion::{BatchSize, BenchmarkId, Criterion};
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::watch;
 
 const PODS: [usize; 3] = [110, 1_000, 10_000];
 const POLICIES: [usize; 3] = [1, 10, 2_000];
@@ -178,6 +194,93 @@ fn stages(c: &mut Criterion) {
     group.finish();
 }
 
+/// Pod `i` as the API server hands it over (the same node as `common::pod`).
+fn api_pod(i: usize, edited: bool) -> Pod {
+    let s = i / common::PODS_PER_SERVICE;
+    let ip = Ipv4Addr::new(10, (i / 62_500) as u8, (i / 250 % 250) as u8, (i % 250) as u8 + 1);
+    aether_fixtures::pod(&format!("ns-{}", s % common::NAMESPACES), &format!("svc-{s}-{i}"))
+        .uid(&aether_fixtures::uid(i))
+        .sa(&format!("svc-{s}"))
+        .emptydir("s")
+        .ip(&ip.to_string())
+        .annotation_health_path(if edited { "/healthz" } else { "/ready" })
+        .build()
+}
+
+/// Policy `k` as the API server hands it over (the same as `common::policy`).
+fn api_policy(k: usize, alt: bool) -> EndpointPolicy {
+    aether_fixtures::policy(&format!("ns-{}", k % common::NAMESPACES), &format!("pol-{k}"))
+        .target(&format!("svc-{k}"))
+        .socket(if alt { "s/alt.sock" } else { "s/app.sock" })
+        .build()
+}
+
+/// The live agent minus its I/O: the driver loop and the renderer task's step, wired by the
+/// channel the agent uses.
+struct Agent {
+    driver: Driver,
+    specs: PodSpecs,
+    renderer: Renderer,
+    resources: Resources,
+}
+
+impl Agent {
+    /// Boots on `pods` and `policies` (as the watches' first lists) and renders everything.
+    fn boot(pods: Vec<Pod>, policies: Vec<EndpointPolicy>) -> Agent {
+        let (tx, mut specs) = pod_specs();
+        let (status, _) = watch::channel(Status::default());
+        let mut driver = Driver::new(Index::new(common::settings()), None, CniRecords::default(), tx, status);
+        driver.handle(Watch::PoliciesListed(policies));
+        // The watch hands over the records of the listed pods (it keeps no Pod objects).
+        driver.handle(Watch::PodsListed(pods.iter().filter_map(|p| PodRecord::from_pod(p).ok().flatten()).collect()));
+        let mut renderer = Renderer::new(RenderOptions::default());
+        let resources = specs.render(&mut renderer, true);
+        Agent { driver, specs, renderer, resources }
+    }
+
+    /// One watch event through the driver, then the renderer's step.
+    fn event(&mut self, event: Watch) {
+        self.driver.handle(event);
+        self.resources = self.specs.render(&mut self.renderer, false);
+    }
+}
+
+/// The agent's own path at 110 / 1k / 10k pods with 10 policies (see the module doc).
+fn agent(c: &mut Criterion) {
+    for n_pods in PODS {
+        let id = id(n_pods, 10);
+        let (all_pods, all_policies): (Vec<Pod>, Vec<EndpointPolicy>) =
+            ((0..n_pods).map(|i| api_pod(i, false)).collect(), (0..10).map(|k| api_policy(k, false)).collect());
+        c.benchmark_group("agent_full_build").bench_function(BenchmarkId::from_parameter(&id), |b| {
+            b.iter_batched(
+                || (all_pods.clone(), all_policies.clone()),
+                |(p, q)| Agent::boot(p, q),
+                BatchSize::LargeInput,
+            )
+        });
+        let mut node = Agent::boot(all_pods.clone(), all_policies.clone());
+        let before = node.renderer.encoded();
+        node.event(Watch::PolicyApplied(Box::new(api_policy(0, true))));
+        let encoded = node.renderer.encoded() - before;
+        println!("{id:>10} agent policy change: clusters encoded {encoded} of {}", node.resources.clusters.len());
+        let edits = [api_policy(0, false), api_policy(0, true)];
+        let mut flip = false;
+        c.benchmark_group("agent_policy_change").bench_function(BenchmarkId::from_parameter(&id), |b| {
+            b.iter(|| {
+                flip = !flip;
+                node.event(Watch::PolicyApplied(Box::new(edits[usize::from(flip)].clone())))
+            })
+        });
+        let edits = [api_pod(n_pods - 1, false), api_pod(n_pods - 1, true)];
+        c.benchmark_group("agent_pod_change").bench_function(BenchmarkId::from_parameter(&id), |b| {
+            b.iter(|| {
+                flip = !flip;
+                node.event(Watch::PodApplied(Box::new(edits[usize::from(flip)].clone())))
+            })
+        });
+    }
+}
+
 fn main() {
     let counts = counts();
     let text = serde_json::to_string_pretty(&counts).expect("counts serialize");
@@ -200,6 +303,7 @@ fn main() {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .configure_from_args();
+    agent(&mut c);
     bench(&mut c);
     stages(&mut c);
     c.final_summary();

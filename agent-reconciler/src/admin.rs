@@ -16,18 +16,27 @@
 //! is required and why), and `/readyz` is 503 while a *required* watch has been failing for at
 //! least `--watch-grace-seconds` ([`aether_agent_core::status::overdue`]). The agent keeps serving
 //! its last good state meanwhile: readiness reports, it withdraws nothing.
+//!
+//! Decisions ([`crate::decisions`], issue 16): `GET /debug/pods/{namespace}/{name}` answers the
+//! agent's live decision for one pod as JSON ([`aether_agent_core::decision`] documents the
+//! shape), or 404 with `{"error", "namespace", "name", "node"}` when the agent does not know the
+//! pod (not managed, not on this node, or not seen yet); `GET /debug/pods` lists them
+//! ([`crate::decisions::Listing`], at most [`crate::decisions::LIST_CAP`], `truncated` says so).
+//! `kubectl aether why` reads them through the API server's pod proxy.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::Json;
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::sync::watch;
 
+use crate::decisions::Decisions;
 use crate::driver::Status;
 use crate::metrics::Metrics;
 use crate::status::overdue;
@@ -81,12 +90,13 @@ pub struct AdminState {
     metrics: Arc<Metrics>,
     envoy: Option<EnvoyView>,
     watches: Option<WatchView>,
+    decisions: Option<Decisions>,
 }
 
 impl AdminState {
     /// Admin state over the loop's `status`, with a fresh [`Metrics`] registry.
     pub fn new(xds_bound: Arc<AtomicBool>, status: watch::Receiver<Status>) -> Self {
-        AdminState { xds_bound, status, metrics: Arc::new(Metrics::new()), envoy: None, watches: None }
+        AdminState { xds_bound, status, metrics: Arc::new(Metrics::new()), envoy: None, watches: None, decisions: None }
     }
 
     /// Same state, reporting the node's Envoy on `/readyz` (and requiring it to be caught up if
@@ -103,6 +113,13 @@ impl AdminState {
         self
     }
 
+    /// Same state, serving the reconcile loop's per-pod decisions on `/debug/pods` (without it,
+    /// those routes answer 404).
+    pub fn with_decisions(mut self, decisions: Decisions) -> Self {
+        self.decisions = Some(decisions);
+        self
+    }
+
     /// Same state, serving `metrics` (shared with the event task and the xDS server).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
@@ -116,6 +133,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/debug/pods", get(list_decisions))
+        .route("/debug/pods/{namespace}/{name}", get(decision))
         .with_state(state)
 }
 
@@ -173,6 +192,41 @@ fn status_lines(st: &Status) -> String {
     out
 }
 
+/// `GET /debug/pods/{namespace}/{name}`: the pod's decision, or 404 with a JSON error.
+async fn decision(State(s): State<AdminState>, Path((namespace, name)): Path<(String, String)>) -> Response {
+    let Some(board) = &s.decisions else {
+        return (StatusCode::NOT_FOUND, Json(serde_json::json!({"error": "this agent serves no decisions"})))
+            .into_response();
+    };
+    match board.get(&namespace, &name) {
+        // Fields in the documented order (aether_agent_core::decision).
+        Some(d) => Json(d).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({
+                "error": format!(
+                    "the agent on node {} knows no managed pod {namespace}/{name} (not labelled aether.io/managed=true, \
+                     not on this node, or not seen yet)",
+                    board.node()
+                ),
+                "namespace": namespace,
+                "name": name,
+                "node": board.node(),
+            })),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /debug/pods`: every decision (capped), or 404 with a JSON error.
+async fn list_decisions(State(s): State<AdminState>) -> Response {
+    match &s.decisions {
+        Some(board) => Json(board.list()).into_response(),
+        None => (StatusCode::NOT_FOUND, Json(serde_json::json!({"error": "this agent serves no decisions"})))
+            .into_response(),
+    }
+}
+
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     let st = s.status.borrow().clone();
     let out = s.metrics.encode(&st);
@@ -209,6 +263,39 @@ mod tests {
         )
         .with_code(403);
         kube::runtime::watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(status)))
+    }
+
+    async fn get_json(state: AdminState, path: &str) -> (StatusCode, serde_json::Value) {
+        let response = router(state).oneshot(Request::get(path).body(Body::empty()).unwrap()).await.expect("answers");
+        let code = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.expect("body");
+        (code, serde_json::from_slice(&bytes).expect("a JSON body"))
+    }
+
+    #[tokio::test]
+    async fn debug_pods_serves_the_decision_of_a_known_pod_and_a_json_404_otherwise() {
+        let mut index = crate::index::Index::new(crate::fold::Settings::new("/var/lib/kubelet/pods", true));
+        let pod = aether_fixtures::pod("shop", "cart-1").uid(aether_fixtures::UID).sa("cart").emptydir("s");
+        let rec = crate::record::PodRecord::from_pod(&pod.annotation_socket("s/app.sock").ip("10.1.2.3").build());
+        let change = index.apply_pod(rec.unwrap().unwrap());
+        let board = Decisions::new("node-a");
+        board.changed(&index.snapshot(), &change, &std::collections::HashMap::new());
+        let (_tx, status) = watch::channel(Status::default());
+        let state = AdminState::new(Arc::new(AtomicBool::new(true)), status).with_decisions(board);
+        let (code, body) = get_json(state.clone(), "/debug/pods/shop/cart-1").await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert_eq!((body["delivery"].as_str(), body["source"].as_str()), (Some("pipe"), Some("annotation")), "{body}");
+        assert_eq!(body["uid"], aether_fixtures::UID);
+        let (code, body) = get_json(state.clone(), "/debug/pods/shop/nope").await;
+        assert_eq!(code, StatusCode::NOT_FOUND);
+        assert!(body["error"].as_str().is_some_and(|e| e.contains("node-a") && e.contains("shop/nope")), "{body}");
+        let (code, body) = get_json(state, "/debug/pods").await;
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(
+            (body["node"].as_str(), body["total"].as_u64(), body["truncated"].as_bool()),
+            (Some("node-a"), Some(1), Some(false))
+        );
+        assert_eq!(body["pods"][0]["name"], "cart-1");
     }
 
     #[tokio::test]

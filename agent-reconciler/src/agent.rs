@@ -27,7 +27,7 @@ use crate::recorder::{self, NoticeSender};
 use crate::shutdown;
 use crate::store::StateStore;
 use crate::watch as watchers;
-use crate::xds::resources::{RenderOptions, Renderer, Snapshot};
+use crate::xds::resources::{RenderOptions, Renderer};
 use crate::xds::server::{self as xds, XdsAddr, XdsListener, XdsServer};
 
 /// The container-runtime netns lookup (`--cri-endpoint`; none when it is empty) and the channel
@@ -69,10 +69,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let stop = stop_on_signal()?;
     let store =
         StateStore::open(&args.state_dir).with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
-    let (snap_tx, snap_rx) = watch::channel(Arc::new(Snapshot::default()));
+    // Only the pods a change re-rendered travel to the renderer (issue 15).
+    let (snap_tx, snap_rx) = crate::xds::publish::pod_specs();
     let (status_tx, status_rx) = watch::channel(Status::default());
     let metrics = Arc::new(Metrics::new());
     let (notices, notice_rx) = NoticeSender::channel(metrics.clone());
+    let decisions = crate::decisions::Decisions::new(&args.node_name);
     let mut driver = Driver::new(
         Index::new(settings.clone()),
         Some(store),
@@ -82,7 +84,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .with_notices(notices)
     .with_change_clock(metrics.xds.clock.clone())
-    .with_cluster_metrics(metrics.clusters.clone());
+    .with_cluster_metrics(metrics.clusters.clone())
+    .with_decisions(decisions.clone());
     let pinner = match &args.pin_dir {
         Some(dir) => Some(
             crate::pin::Pinner::new(&args.delivery.kubelet_pods_dir, dir)
@@ -144,7 +147,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let envoy = EnvoyView { tracker: tracker.clone(), resources, required: args.readyz_requires_envoy };
     let xds_task = tokio::spawn(xds::serve_listener(listener, server, stopped(stop.clone())));
 
-    tracing::info!(addr = %args.admin_addr, "admin endpoints (/healthz, /readyz, /metrics) listening");
+    tracing::info!(addr = %args.admin_addr, "admin endpoints (/healthz, /readyz, /metrics, /debug/pods) listening");
     let board = watchers::WatchBoard::new(metrics.watches.clone());
     let (pod_watch, policy_watch) = watchers::register(&board, settings.uds_workloads());
     let watch_view = admin::WatchView { board: board.clone(), grace: Duration::from_secs(args.watch_grace_seconds) };
@@ -152,7 +155,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         AdminState::new(xds_bound.clone(), status_rx)
             .with_metrics(metrics.clone())
             .with_envoy(envoy)
-            .with_watches(watch_view),
+            .with_watches(watch_view)
+            .with_decisions(decisions),
     );
     tokio::spawn(async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(stopped(stop)).await });
 

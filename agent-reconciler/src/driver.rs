@@ -1,16 +1,19 @@
 //! The reconcile loop: the one task that owns the [`Index`]. Watch drivers send it [`Event`]s;
 //! after each it checks the re-rendered pipes on disk ([`crate::fscheck`]), persists what changed
-//! ([`StateStore`]), renders ([`crate::render`]) and publishes a new xDS [`Snapshot`] only when
-//! it differs. Fallbacks and conflicts are logged once per change, never per resync.
+//! ([`StateStore`]), re-renders ([`crate::render::render_pod`]) only the pods the change touched
+//! (the index's [`Index::take_changed`] and the pods whose on-disk verdict moved) and sends the
+//! renderer task only those whose rendering differs ([`PodSpecsSender`]): the work of a change is
+//! in proportion to the pods it touched, and the status's counts are kept by difference (issue
+//! 15). Fallbacks and conflicts are logged once per change, never per resync.
 //!
 //! Pod Events: every re-rendered pod (and every pod whose on-disk check changed) is observed by
 //! the [`Ledger`] of [`crate::pod_events`]; what it decides is queued to the event task without
 //! waiting ([`NoticeSender`]). The ledger and the "stranded" service keys (policies known when
 //! the CRD went away) are kept in the state dir, so a restarted agent does not repeat an Event.
-//! A change that alters the published snapshot is stamped on the xDS [`ChangeClock`] with the
+//! A change that alters what the renderer is sent is stamped on the xDS [`ChangeClock`] with the
 //! arrival time of the event that caused it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,7 +32,8 @@ use crate::recorder::NoticeSender;
 use crate::render::{self, Effective};
 use crate::runtime::{NetnsLookup, NetnsUpdate};
 use crate::store::StateStore;
-use crate::xds::resources::Snapshot;
+use crate::xds::publish::PodSpecsSender;
+use crate::xds::resources::PodRender;
 use crate::xds::server::ChangeClock;
 
 /// What the watch drivers tell the loop.
@@ -40,9 +44,11 @@ pub enum Event {
     PodApplied(Box<Pod>),
     /// A pod on this node was deleted.
     PodDeleted(Box<Pod>),
-    /// A complete list of this node's managed pods (start-up, or a relist after 410 Gone).
-    /// Finished pods in it count as absent: they and their state-dir records are pruned.
-    PodsListed(Vec<Pod>),
+    /// The records of a complete list of this node's managed pods (start-up, or a relist after
+    /// 410 Gone), made by the watch as each pod arrives so the list is never held as Pod objects
+    /// ([`crate::watch`], issue 15 item 3). Finished pods have no record, so they count as absent:
+    /// they and their state-dir records are pruned.
+    PodsListed(Vec<PodRecord>),
     /// An EndpointPolicy was added or changed (already parsed; malformed ones never get here).
     PolicyApplied(Box<EndpointPolicy>),
     /// An EndpointPolicy was deleted.
@@ -93,7 +99,14 @@ pub struct Driver {
     cni: CniRecords,
     refused: HashMap<PodKey, Refusal>,
     logged: HashMap<PodKey, String>,
-    snapshot: watch::Sender<Arc<Snapshot>>,
+    snapshot: PodSpecsSender,
+    /// Each pod's last rendering (what the renderer was sent) and what it counts for.
+    rendered: HashMap<PodKey, (Arc<PodRender>, Tally)>,
+    /// Pods whose on-disk verdict changed since the last publish (the index reports its own
+    /// changes, [`Index::take_changed`]).
+    dirty: BTreeSet<PodKey>,
+    /// The status's and the cluster metrics' counts, kept per change.
+    counts: Counts,
     status: watch::Sender<Status>,
     ledger: Ledger,
     stranded: BTreeMap<ServiceKey, String>,
@@ -119,6 +132,8 @@ pub struct Driver {
     no_netns_told: HashSet<String>,
     /// Served clusters, the cap and the refused pods, set on every publish.
     cluster_metrics: Option<crate::metrics::ClusterMetrics>,
+    /// The live per-pod decisions (`/debug/pods`), updated only for the pods a change touched.
+    decisions: Option<crate::decisions::Decisions>,
 }
 
 /// What the driver knows of pods' network namespaces from the container runtime: asked when a
@@ -187,7 +202,7 @@ impl Driver {
         index: Index,
         store: Option<StateStore>,
         cni: CniRecords,
-        snapshot: watch::Sender<Arc<Snapshot>>,
+        snapshot: PodSpecsSender,
         status: watch::Sender<Status>,
     ) -> Self {
         Driver {
@@ -197,6 +212,9 @@ impl Driver {
             refused: HashMap::new(),
             logged: HashMap::new(),
             snapshot,
+            rendered: HashMap::new(),
+            dirty: BTreeSet::new(),
+            counts: Counts::default(),
             status,
             ledger: Ledger::new(),
             stranded: BTreeMap::new(),
@@ -211,6 +229,7 @@ impl Driver {
             booting: false,
             deferred: Vec::new(),
             cluster_metrics: None,
+            decisions: None,
         }
     }
 
@@ -218,6 +237,13 @@ impl Driver {
     /// on every publish.
     pub fn with_cluster_metrics(mut self, metrics: crate::metrics::ClusterMetrics) -> Self {
         self.cluster_metrics = Some(metrics);
+        self
+    }
+
+    /// Same loop, keeping each touched pod's decision on `board` (served on the admin port's
+    /// `/debug/pods`): updated per change, only for the pods it touched.
+    pub fn with_decisions(mut self, board: crate::decisions::Decisions) -> Self {
+        self.decisions = Some(board);
         self
     }
 
@@ -342,22 +368,11 @@ impl Driver {
                 Err(e) => tracing::warn!(pod = %pod_name(&pod), error = %e, "ignoring a pod the agent cannot read"),
             },
             Event::PodDeleted(pod) => self.delete_pod(&pod),
-            Event::PodsListed(pods) => {
-                let records: Vec<PodRecord> = pods
-                    .iter()
-                    .filter_map(|p| match PodRecord::from_pod(p) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            tracing::warn!(pod = %pod_name(p), error = %e, "ignoring a pod the agent cannot read");
-                            None
-                        }
-                    })
-                    .collect();
+            Event::PodsListed(records) => {
                 let keep: HashSet<String> = records.iter().map(|r| r.uid.clone()).collect();
                 records.iter().for_each(|r| self.netns.ask(r));
                 let gone: Vec<String> = self.netns.asked.keys().filter(|u| !keep.contains(*u)).cloned().collect();
                 gone.iter().for_each(|u| self.netns.forget(u));
-                let by_uid: HashMap<String, PodRecord> = records.iter().map(|r| (r.uid.clone(), r.clone())).collect();
                 let mut change = self.index.reset_pods(records);
                 if let Some(pinner) = &self.pinner {
                     match pinner.retain(&keep) {
@@ -367,10 +382,10 @@ impl Driver {
                 }
                 if let Some(store) = &self.store {
                     // Only what the relist changed is written; a relist of the same state writes nothing.
-                    for key in &change.rerendered {
-                        if let Some(r) = by_uid.get(&key.uid) {
-                            self.save_pod(&r.uid, r);
-                        }
+                    // The index holds the records: no second copy of the list.
+                    let rerendered: HashSet<&str> = change.rerendered.iter().map(|k| k.uid.as_str()).collect();
+                    for r in self.index.pods().filter(|r| rerendered.contains(r.uid.as_str())) {
+                        self.save_pod(&r.uid, r);
                     }
                     match store.retain_pods(&keep) {
                         Ok(0) => {}
@@ -534,6 +549,7 @@ impl Driver {
             if !self.index.mark_inbound_failed(&key.uid, f.port).map_changed {
                 continue;
             }
+            self.decided(std::slice::from_ref(key));
             changed = true;
             let note = format!(
                 "the node proxy could not listen on port {} in the pod's network namespace ({}); \
@@ -571,6 +587,7 @@ impl Driver {
             change.map_changed |= one.map_changed;
         }
         change.rerendered.sort();
+        self.decided(&change.rerendered);
         change
     }
 
@@ -645,6 +662,7 @@ impl Driver {
             let before = self.refused.get(key);
             if before != verdict.as_ref() {
                 changed.push(key.clone());
+                self.dirty.insert(key.clone());
                 match verdict {
                     Some(r) => {
                         tracing::warn!(pod = %key, reason = r.label(), detail = %r, "refusing the pod's socket path; delivering over TCP");
@@ -659,6 +677,7 @@ impl Driver {
         if stuck {
             self.save_events();
         }
+        self.decided(&changed);
         changed
     }
 
@@ -687,6 +706,9 @@ impl Driver {
             }
         }
         let fs_changed = !self.check_pipes(&change.rerendered).is_empty();
+        if let Some(board) = &self.decisions {
+            board.changed(&self.index.snapshot(), &change, &self.refused);
+        }
         self.observe(&change.rerendered);
         if change.map_changed || fs_changed {
             self.log_deliveries(&change.rerendered);
@@ -694,6 +716,13 @@ impl Driver {
         }
         if policy_event || !change.conflicts.is_empty() || !change.resolved.is_empty() {
             self.save_policies();
+        }
+    }
+
+    /// Re-decides the pods `keys` on the decision board, if any: O(`keys`).
+    fn decided(&self, keys: &[PodKey]) {
+        if let Some(board) = &self.decisions {
+            board.update(&self.index.snapshot(), keys, &self.refused);
         }
     }
 
@@ -707,7 +736,8 @@ impl Driver {
     fn observe(&mut self, keys: &[PodKey]) {
         let map = self.index.snapshot();
         let budget = self.index.settings().budget().ok();
-        let before = self.ledger.clone();
+        // Only the observed pods' entries can change: compare those, not the whole ledger.
+        let before: Vec<_> = keys.iter().map(|k| self.ledger.get(&k.uid)).collect();
         let observed = keys.iter().filter_map(|k| {
             let entry = map.get(k)?;
             let stranded = self.stranded.get(&entry.pod.service_key()).map(String::as_str);
@@ -724,7 +754,7 @@ impl Driver {
                 tx.send(n);
             }
         }
-        if self.ledger != before {
+        if keys.iter().zip(before).any(|(k, was)| self.ledger.get(&k.uid) != was) {
             self.save_events();
             self.publish_status();
         }
@@ -809,54 +839,133 @@ impl Driver {
         }
     }
 
+    /// Re-renders the pods the index changed since the last publish and those whose on-disk
+    /// verdict changed (nothing else: O(changed), never a pass over the node), updates the
+    /// status's and the metrics' counts by their difference, and sends the renderer the pods whose
+    /// rendering differs, stamping the change on the clock. A resync that changed nothing sends
+    /// nothing.
     fn publish(&mut self) {
         let map = self.index.snapshot();
-        let rendered = render::render(&map, &self.refused);
-        let mut pods: HashMap<&'static str, usize> = HashMap::new();
-        let mut by_source: BTreeMap<(&'static str, &'static str), usize> = BTreeMap::new();
-        for (key, e) in &rendered.effective {
-            let k = match e {
-                Effective::Pipe(_) => "pipe",
-                Effective::Tcp => "tcp",
-                Effective::Waiting => "waiting",
-                Effective::Refused => "refused",
+        let mut keys = self.index.take_changed();
+        keys.append(&mut self.dirty);
+        let mut sent: Vec<(PodKey, Option<Arc<PodRender>>)> = Vec::new();
+        for key in keys {
+            let now = map.get(&key).map(|entry| {
+                let render = render::render_pod(entry, self.refused.get(&key));
+                let tally = Tally::of(entry, &render);
+                (Arc::new(render), tally)
+            });
+            let before = match &now {
+                Some(n) => self.rendered.insert(key.clone(), n.clone()),
+                None => self.rendered.remove(&key),
             };
-            *pods.entry(k).or_default() += 1;
-            let source = match map.get(key) {
-                Some(entry) if entry.pod.uds_socket.is_some() => "annotation",
-                Some(entry) if entry.delivery.policy.is_some() => "policy",
-                _ => "none",
-            };
-            *by_source.entry((k, source)).or_default() += 1;
+            if let Some((_, t)) = &before {
+                self.counts.remove(t);
+            }
+            if let Some((_, t)) = &now {
+                self.counts.add(t);
+            }
+            if before.as_ref().map(|(r, _)| r.as_ref()) != now.as_ref().map(|(r, _)| r.as_ref()) {
+                sent.push((key, now.map(|(r, _)| r)));
+            }
         }
         if let Some(m) = &self.cluster_metrics {
-            let mut refused: BTreeMap<crate::TcpReason, usize> = BTreeMap::new();
-            for reason in map.iter().filter_map(|(_, e)| e.delivery.tcp_reason()).filter(|r| r.serves_nothing()) {
-                *refused.entry(reason).or_default() += 1;
-            }
-            m.set(rendered.snapshot.clusters.len(), self.index.admission().max(), &refused);
+            m.set(self.counts.clusters, self.index.admission().max(), &self.counts.refused);
         }
         let conflicts = self.index.conflicts().count();
         let fallbacks = pod_events::by_label(&self.ledger.counts());
+        let (pods, by_source) = (self.counts.pods.clone(), self.counts.by_source.clone());
         self.status.send_modify(|s| {
             s.pods = pods;
             s.by_source = by_source;
             s.fallbacks = fallbacks;
             s.conflicts = conflicts;
         });
-        let (clock, at) = (&self.clock, self.event_at.unwrap_or_else(Instant::now));
-        self.snapshot.send_if_modified(|current| {
-            if **current == rendered.snapshot {
-                false
-            } else {
-                // Stamped before receivers are woken, so the renderer always finds it.
-                if let Some(clock) = clock {
-                    clock.changed(at);
-                }
-                *current = Arc::new(rendered.snapshot);
-                true
-            }
-        });
+        if sent.is_empty() {
+            return;
+        }
+        // Stamped before the renderer is woken, so it always finds it.
+        if let Some(clock) = &self.clock {
+            clock.changed(self.event_at.unwrap_or_else(Instant::now));
+        }
+        self.snapshot.send(sent);
+    }
+}
+
+/// What one pod counts for in the status and the cluster metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tally {
+    /// `pipe`, `tcp`, `waiting` or `refused` (its effective delivery).
+    kind: &'static str,
+    /// `annotation`, `policy` or `none`: what asked for a socket.
+    source: &'static str,
+    /// Clusters it renders.
+    clusters: usize,
+    /// The cap that refused it any cluster, if one did.
+    refused: Option<crate::TcpReason>,
+}
+
+impl Tally {
+    fn of(entry: &crate::index::PodDelivery, render: &PodRender) -> Tally {
+        let kind = match render.effective {
+            Effective::Pipe(_) => "pipe",
+            Effective::Tcp => "tcp",
+            Effective::Waiting => "waiting",
+            Effective::Refused => "refused",
+        };
+        let source = if entry.pod.uds_socket.is_some() {
+            "annotation"
+        } else if entry.delivery.policy.is_some() {
+            "policy"
+        } else {
+            "none"
+        };
+        let refused = entry.delivery.tcp_reason().filter(|r| r.serves_nothing());
+        Tally { kind, source, clusters: render.clusters.len(), refused }
+    }
+}
+
+/// The node's counts (pods by delivery and source, clusters, pods refused by a cap), kept by
+/// adding and removing each re-rendered pod's [`Tally`]; a count that drops to zero is removed,
+/// as a fresh count would not list it.
+#[derive(Debug, Default)]
+struct Counts {
+    pods: HashMap<&'static str, usize>,
+    by_source: BTreeMap<(&'static str, &'static str), usize>,
+    clusters: usize,
+    refused: BTreeMap<crate::TcpReason, usize>,
+}
+
+impl Counts {
+    fn add(&mut self, t: &Tally) {
+        *self.pods.entry(t.kind).or_default() += 1;
+        *self.by_source.entry((t.kind, t.source)).or_default() += 1;
+        self.clusters += t.clusters;
+        if let Some(r) = t.refused {
+            *self.refused.entry(r).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, t: &Tally) {
+        /// Decrements a count; true when it reached zero.
+        fn dec(n: Option<&mut usize>) -> bool {
+            n.is_some_and(|n| {
+                *n -= 1;
+                *n == 0
+            })
+        }
+        if dec(self.pods.get_mut(t.kind)) {
+            self.pods.remove(t.kind);
+        }
+        if dec(self.by_source.get_mut(&(t.kind, t.source))) {
+            self.by_source.remove(&(t.kind, t.source));
+        }
+        self.clusters -= t.clusters;
+        if let Some(r) = t.refused
+            && dec(self.refused.get_mut(&r))
+        {
+            self.refused.remove(&r);
+        }
     }
 }
 
@@ -908,17 +1017,23 @@ mod tests {
             .emptydir("s")
     }
 
+    /// [`Event::PodsListed`] of `pods`, as the watch makes it: the records of the readable,
+    /// managed, unfinished ones.
+    fn listed(pods: Vec<Pod>) -> Event {
+        Event::PodsListed(pods.iter().filter_map(|p| PodRecord::from_pod(p).ok().flatten()).collect())
+    }
+
     /// [`cart`] annotated with socket [`SOCKET`].
     fn pod(name: &str, uid: &str) -> Pod {
         cart(name, uid).annotation_socket(SOCKET).build()
     }
 
-    fn driver(state: &std::path::Path) -> (Driver, watch::Receiver<Arc<Snapshot>>) {
+    fn driver(state: &std::path::Path) -> (Driver, crate::xds::publish::PodSpecs) {
         driver_with(state, Settings::new("/var/lib/kubelet/pods", true))
     }
 
-    fn driver_with(state: &std::path::Path, settings: Settings) -> (Driver, watch::Receiver<Arc<Snapshot>>) {
-        let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+    fn driver_with(state: &std::path::Path, settings: Settings) -> (Driver, crate::xds::publish::PodSpecs) {
+        let (tx, rx) = crate::xds::publish::pod_specs();
         let (status, _) = watch::channel(Status::default());
         let store = StateStore::open(state).unwrap();
         let d = Driver::new(Index::new(settings), Some(store), CniRecords::default(), tx, status);
@@ -935,8 +1050,8 @@ mod tests {
     }
 
     /// The endpoint of `shop/<name>`'s app cluster in the last published snapshot.
-    fn app_endpoint(rx: &watch::Receiver<Arc<Snapshot>>, name: &str) -> crate::xds::resources::Endpoint {
-        let snap = rx.borrow().clone();
+    fn app_endpoint(rx: &crate::xds::publish::PodSpecs, name: &str) -> crate::xds::resources::Endpoint {
+        let snap = rx.snapshot();
         let cluster = snap.clusters.iter().find(|c| c.name == format!("app_shop_{name}_8080")).expect("app cluster");
         cluster.endpoint.clone()
     }
@@ -948,7 +1063,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut d, rx) = driver(dir.path());
         let p = cart("a", UID_A).ip("10.1.2.3").build();
-        d.handle(Event::PodsListed(vec![p.clone()]));
+        d.handle(listed(vec![p.clone()]));
         let by_ip = Endpoint::Tcp { address: "10.1.2.3".parse().unwrap(), port: 8080, netns: None };
         assert_eq!(app_endpoint(&rx, "a"), by_ip);
 
@@ -982,7 +1097,7 @@ mod tests {
     fn a_cni_record_is_read_on_the_pods_events_and_the_recheck_never_per_publish() {
         use crate::xds::resources::Endpoint;
         let (state, records) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (tx, rx) = crate::xds::publish::pod_specs();
         let (status, _) = watch::channel(Status::default());
         let cni = CniRecords::new(Some(records.path().to_owned()));
         let settings = Settings::new("/var/lib/kubelet/pods", true);
@@ -1013,12 +1128,12 @@ mod tests {
         let (d, rx) = driver(dir.path());
         let (mut d, mut events) = with_notices(d);
         let p = cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build();
-        d.handle(Event::PodsListed(vec![p]));
+        d.handle(listed(vec![p]));
         let dirs = crate::runtime::NetnsDirs::new(std::path::Path::new("/run/netns"), None).unwrap();
         let netns = dirs.translate("/var/run/netns/cni-1").unwrap();
         d.handle(Event::Netns(vec![(UID_A.into(), Ok(Some(netns)))]));
-        let listeners = |rx: &watch::Receiver<Arc<Snapshot>>| -> Vec<String> {
-            rx.borrow().listeners.iter().map(|l| l.name.clone()).collect()
+        let listeners = |rx: &crate::xds::publish::PodSpecs| -> Vec<String> {
+            rx.snapshot().listeners.iter().map(|l| l.name.clone()).collect()
         };
         assert_eq!(listeners(&rx), ["inbound_shop_a_8080"]);
         drain(&mut events);
@@ -1045,18 +1160,18 @@ mod tests {
         let (d, rx) = driver(dir.path());
         let (mut d, mut events) = with_notices(d);
         let tcp_pod = cart("t", UID_B).ip("10.1.2.4").build();
-        d.handle(Event::PodsListed(vec![cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build(), tcp_pod]));
+        d.handle(listed(vec![cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build(), tcp_pod]));
         drain(&mut events);
         for _ in 0..2 {
             d.handle(Event::Netns(vec![(UID_A.into(), Ok(None)), (UID_B.into(), Ok(None))]));
         }
         assert_eq!(drain(&mut events), [pod_events::INBOUND_NO_NETNS_REASON], "once, and not for the TCP pod");
-        assert!(rx.borrow().listeners.is_empty());
+        assert!(rx.snapshot().listeners.is_empty());
 
         // A runtime that cannot be asked: the same Event, once, naming the error.
         let (d2, _rx2) = driver(tempfile::tempdir().unwrap().path());
         let (mut d2, mut events2) = with_notices(d2);
-        d2.handle(Event::PodsListed(vec![cart("b", UID_B).annotation_socket(SOCKET).ip("10.1.2.5").build()]));
+        d2.handle(listed(vec![cart("b", UID_B).annotation_socket(SOCKET).ip("10.1.2.5").build()]));
         drain(&mut events2);
         let timeout = || crate::runtime::RuntimeError::Timeout {
             endpoint: "unix:///x".into(),
@@ -1081,14 +1196,14 @@ mod tests {
         let volume = pods.path().join(UID_A).join("volumes/kubernetes.io~empty-dir/s");
         std::fs::create_dir_all(&volume).unwrap();
         std::os::unix::fs::symlink("/elsewhere/app.sock", volume.join("app.sock")).unwrap();
-        let app_is_pipe = |rx: &watch::Receiver<Arc<Snapshot>>| {
-            rx.borrow().clusters.iter().any(|c| {
+        let app_is_pipe = |rx: &crate::xds::publish::PodSpecs| {
+            rx.snapshot().clusters.iter().any(|c| {
                 c.name == "app_shop_a_8080" && matches!(c.endpoint, crate::xds::resources::Endpoint::Pipe { .. })
             })
         };
         let p = cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build();
         let (mut d, rx) = driver_with(state.path(), settings());
-        d.handle(Event::PodsListed(vec![p.clone()]));
+        d.handle(listed(vec![p.clone()]));
         assert!(!app_is_pipe(&rx), "a symlinked socket is refused");
         // The pod puts a real socket back: still refused, at every re-check.
         std::fs::remove_file(volume.join("app.sock")).unwrap();
@@ -1099,7 +1214,7 @@ mod tests {
         drop(d);
         let (mut again, rx) = driver_with(state.path(), settings());
         again.boot();
-        again.handle(Event::PodsListed(vec![p.clone()]));
+        again.handle(listed(vec![p.clone()]));
         again.handle(Event::Recheck);
         assert!(!app_is_pipe(&rx), "the refusal sticks across a restart");
         // The pod is gone: forgotten; a pod re-created (new UID) starts clean.
@@ -1111,42 +1226,40 @@ mod tests {
     fn a_restarted_driver_serves_the_same_snapshot_from_the_state_dir_before_any_list() {
         let dir = tempfile::tempdir().unwrap();
         let (mut d, rx) = driver(dir.path());
-        d.handle(Event::PodsListed(vec![pod("a", UID_A), pod("b", UID_B)]));
-        let served = rx.borrow().clone();
+        d.handle(listed(vec![pod("a", UID_A), pod("b", UID_B)]));
+        let served = rx.snapshot();
         assert_eq!(served.clusters.len(), 4, "{served:?}");
         drop(d);
         let (mut again, rx2) = driver(dir.path());
         again.boot();
-        assert_eq!(*rx2.borrow().clone(), *served);
+        assert_eq!(rx2.snapshot(), served);
     }
 
     #[test]
     fn deleted_pods_lose_their_record_and_a_relist_prunes_stale_ones() {
         let dir = tempfile::tempdir().unwrap();
         let (mut d, _rx) = driver(dir.path());
-        d.handle(Event::PodsListed(vec![pod("a", UID_A), pod("b", UID_B)]));
+        d.handle(listed(vec![pod("a", UID_A), pod("b", UID_B)]));
         assert_eq!(records(dir.path()), [format!("{UID_A}.json"), format!("{UID_B}.json")]);
         d.handle(Event::PodDeleted(Box::new(pod("a", UID_A))));
         assert_eq!(records(dir.path()), [format!("{UID_B}.json")]);
         // A pod deleted while the agent was down: the next complete list removes its record.
         let (mut fresh, _rx) = driver(dir.path());
         fresh.boot();
-        fresh.handle(Event::PodsListed(vec![pod("a", UID_A)]));
+        fresh.handle(listed(vec![pod("a", UID_A)]));
         assert_eq!(records(dir.path()), [format!("{UID_A}.json")]);
     }
 
     /// The cluster names of the last published snapshot, sorted.
-    fn cluster_names(rx: &watch::Receiver<Arc<Snapshot>>) -> Vec<String> {
-        let mut names: Vec<String> = rx.borrow().clusters.iter().map(|c| c.name.clone()).collect();
+    fn cluster_names(rx: &crate::xds::publish::PodSpecs) -> Vec<String> {
+        let mut names: Vec<String> = rx.snapshot().clusters.iter().map(|c| c.name.clone()).collect();
         names.sort();
         names
     }
 
     /// A driver whose [`Status`] (what `aether_agent_pods` reports) the test can read.
-    fn driver_with_status(
-        state: &std::path::Path,
-    ) -> (Driver, watch::Receiver<Arc<Snapshot>>, watch::Receiver<Status>) {
-        let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+    fn driver_with_status(state: &std::path::Path) -> (Driver, crate::xds::publish::PodSpecs, watch::Receiver<Status>) {
+        let (tx, rx) = crate::xds::publish::pod_specs();
         let (status_tx, status) = watch::channel(Status::default());
         let index = Index::new(Settings::new("/var/lib/kubelet/pods", true));
         let d = Driver::new(index, Some(StateStore::open(state).unwrap()), CniRecords::default(), tx, status_tx);
@@ -1167,7 +1280,7 @@ mod tests {
         // Pod a has a ledger entry (an over-budget socket) so the test sees it handled too.
         // Running with an IP, so a TCP-delivered pod gets clusters, not "waiting".
         let a = cart("a", UID_A).annotation_socket(LONG).phase("Running").ip("10.1.2.3");
-        d.handle(Event::PodsListed(vec![a.clone().build(), pod("b", UID_B)]));
+        d.handle(listed(vec![a.clone().build(), pod("b", UID_B)]));
         assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
         assert_eq!(cluster_names(&rx).len(), 4);
         assert_eq!(counted(&status), 2);
@@ -1199,7 +1312,7 @@ mod tests {
     fn a_failed_pod_gets_no_clusters_from_its_first_event() {
         let dir = tempfile::tempdir().unwrap();
         let (mut d, rx, status) = driver_with_status(dir.path());
-        d.handle(Event::PodsListed(vec![pod("b", UID_B)]));
+        d.handle(listed(vec![pod("b", UID_B)]));
         d.handle(Event::PodApplied(Box::new(cart("a", UID_A).annotation_socket(SOCKET).phase("Failed").build())));
         assert_eq!(cluster_names(&rx), B_CLUSTERS);
         assert_eq!(counted(&status), 1);
@@ -1212,7 +1325,7 @@ mod tests {
         let (d, _rx) = driver(dir.path());
         let (mut d, mut events) = with_notices(d);
         let a = cart("a", UID_A).annotation_socket(LONG).phase("Running").ip("10.1.2.3");
-        d.handle(Event::PodsListed(vec![a.clone().build(), pod("b", UID_B)]));
+        d.handle(listed(vec![a.clone().build(), pod("b", UID_B)]));
         assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
         drop(d);
         // The pod finished while the agent was down: the boot serves it from the state dir, the
@@ -1221,7 +1334,7 @@ mod tests {
         let (mut again, mut events) = with_notices(again);
         again.boot();
         assert_eq!(cluster_names(&rx).len(), 4);
-        again.handle(Event::PodsListed(vec![a.phase("Failed").build(), pod("b", UID_B)]));
+        again.handle(listed(vec![a.phase("Failed").build(), pod("b", UID_B)]));
         assert_eq!(cluster_names(&rx), B_CLUSTERS);
         assert_eq!(counted(&status), 1);
         assert_eq!(records(dir.path()), [format!("{UID_B}.json")]);
@@ -1234,7 +1347,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut d, mut rx, status) = driver_with_status(dir.path());
         let a = cart("a", UID_A).annotation_socket(SOCKET).phase("Running").ip("10.1.2.3");
-        d.handle(Event::PodsListed(vec![a.clone().build(), pod("b", UID_B)]));
+        d.handle(listed(vec![a.clone().build(), pod("b", UID_B)]));
         let served = cluster_names(&rx);
         assert_eq!(served.len(), 4);
         rx.mark_unchanged();
@@ -1242,8 +1355,8 @@ mod tests {
         // Being deleted (a `deletionTimestamp`): kubelet is stopping it.
         let draining = a.deleting("2030-01-01T00:00:00Z");
         d.handle(Event::PodApplied(Box::new(draining.clone().build())));
-        d.handle(Event::PodsListed(vec![draining.clone().build(), pod("b", UID_B)]));
-        assert!(!rx.has_changed().unwrap(), "a deletionTimestamp alone changed the snapshot");
+        d.handle(listed(vec![draining.clone().build(), pod("b", UID_B)]));
+        assert!(!rx.has_changed(), "a deletionTimestamp alone changed the snapshot");
         assert_eq!(cluster_names(&rx), served);
         assert_eq!(counted(&status), 2);
         assert_eq!(records(dir.path()), [format!("{UID_A}.json"), format!("{UID_B}.json")]);
@@ -1258,14 +1371,14 @@ mod tests {
     fn a_relist_of_the_same_state_writes_nothing_and_publishes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let (mut d, mut rx) = driver(dir.path());
-        d.handle(Event::PodsListed(vec![pod("a", UID_A)]));
+        d.handle(listed(vec![pod("a", UID_A)]));
         rx.mark_unchanged();
         let file = dir.path().join(format!("pods/{UID_A}.json"));
         let before = std::fs::metadata(&file).unwrap().modified().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
-        d.handle(Event::PodsListed(vec![pod("a", UID_A)]));
+        d.handle(listed(vec![pod("a", UID_A)]));
         assert_eq!(std::fs::metadata(&file).unwrap().modified().unwrap(), before, "record rewritten");
-        assert!(!rx.has_changed().unwrap(), "a snapshot was published for a no-op relist");
+        assert!(!rx.has_changed(), "a snapshot was published for a no-op relist");
     }
 
     fn with_notices(d: Driver) -> (Driver, tokio::sync::mpsc::Receiver<pod_events::Notice>) {
@@ -1288,15 +1401,51 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_change_sends_the_renderer_only_the_pods_of_its_service_and_a_resync_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut d, rx, status) = driver_with_status(dir.path());
+        let other =
+            |name: &str, uid: &str| aether_fixtures::pod("shop", name).uid(uid).sa("other").ip("10.0.0.9").build();
+        let pods = vec![
+            cart("a", UID_A).ip("10.0.0.1").build(),
+            cart("b", UID_B).ip("10.0.0.2").build(),
+            other("x", "22222222-2222-4333-8444-555555555555"),
+            other("y", "33333333-2222-4333-8444-555555555555"),
+        ];
+        d.handle(listed(pods));
+        assert_eq!(rx.take(false).len(), 4, "the first list sends every pod");
+        assert_eq!(status.borrow().pods.get("tcp"), Some(&4));
+
+        d.handle(Event::PolicyApplied(Box::new(cart_policy())));
+        let sent: Vec<String> =
+            rx.take(false).into_iter().map(|(k, r)| format!("{}:{}", k.name, r.is_some())).collect();
+        assert_eq!(sent, ["a:true", "b:true"], "only the policy's service's pods, re-rendered");
+        let s = status.borrow().clone();
+        assert_eq!((s.pods.get("tcp"), s.pods.values().sum::<usize>()), (Some(&2), 4), "counts kept by difference");
+        assert_eq!(s.by_source.get(&("tcp", "none")), Some(&2));
+
+        d.handle(Event::PolicyApplied(Box::new(cart_policy())));
+        d.handle(Event::PodApplied(Box::new(other("x", "22222222-2222-4333-8444-555555555555"))));
+        assert!(rx.take(false).is_empty(), "a resync sends nothing");
+
+        d.handle(Event::PodDeleted(Box::new(other("y", "33333333-2222-4333-8444-555555555555"))));
+        let sent: Vec<String> =
+            rx.take(false).into_iter().map(|(k, r)| format!("{}:{}", k.name, r.is_some())).collect();
+        assert_eq!(sent, ["y:false"]);
+        assert_eq!(status.borrow().pods.values().sum::<usize>(), 3);
+        assert_eq!(rx.snapshot().health_clusters.len(), 3, "the whole picture is still there");
+    }
+
+    #[test]
     fn a_fallback_event_is_queued_once_across_resyncs_and_an_agent_restart() {
         let dir = tempfile::tempdir().unwrap();
         let (d, _rx) = driver(dir.path());
         let (mut d, mut events) = with_notices(d);
         let long = cart("a", UID_A).annotation_socket(LONG).build();
-        d.handle(Event::PodsListed(vec![long.clone(), pod("b", UID_B)]));
+        d.handle(listed(vec![long.clone(), pod("b", UID_B)]));
         assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
         d.handle(Event::PodApplied(Box::new(long.clone())));
-        d.handle(Event::PodsListed(vec![long.clone(), pod("b", UID_B)]));
+        d.handle(listed(vec![long.clone(), pod("b", UID_B)]));
         d.handle(Event::Recheck);
         assert_eq!(drain(&mut events), Vec::<&str>::new());
         drop(d);
@@ -1304,14 +1453,14 @@ mod tests {
         let (again, _rx) = driver(dir.path());
         let (mut again, mut events) = with_notices(again);
         again.boot();
-        again.handle(Event::PodsListed(vec![long.clone(), pod("b", UID_B)]));
+        again.handle(listed(vec![long.clone(), pod("b", UID_B)]));
         assert_eq!(drain(&mut events), Vec::<&str>::new());
         assert_eq!(again.ledger().get(UID_A), Some(crate::TcpReason::PathTooLong));
         // Fixed: one Normal event; deleted while away: forgotten by the relist.
         again.handle(Event::PodApplied(Box::new(cart("a", UID_A).annotation_socket(SOCKET).build())));
         assert_eq!(drain(&mut events), [pod_events::DELIVERED_REASON]);
         again.handle(Event::PodApplied(Box::new(long.clone())));
-        again.handle(Event::PodsListed(vec![pod("b", UID_B)]));
+        again.handle(listed(vec![pod("b", UID_B)]));
         assert!(again.ledger().is_empty());
         assert_eq!(drain(&mut events), ["UdsPathTooLong"]);
     }
@@ -1321,7 +1470,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (d, _rx) = driver_with(dir.path(), Settings::new("/var/lib/kubelet/pods", false));
         let (mut d, mut events) = with_notices(d);
-        d.handle(Event::PodsListed(vec![pod("a", UID_A), pod("b", UID_B)]));
+        d.handle(listed(vec![pod("a", UID_A), pod("b", UID_B)]));
         assert_eq!(drain(&mut events), ["UdsDisabled", "UdsDisabled"]);
         drop(d);
         // Restarted with --uds-workloads=true: the boot decides "delivered" but says nothing
@@ -1330,18 +1479,18 @@ mod tests {
         let (mut again, mut events) = with_notices(again);
         again.boot();
         assert_eq!(drain(&mut events), Vec::<&str>::new(), "nothing before the API server confirms");
-        again.handle(Event::PodsListed(vec![pod("a", UID_A)]));
+        again.handle(listed(vec![pod("a", UID_A)]));
         let sent: Vec<pod_events::Notice> = std::iter::from_fn(|| events.try_recv().ok()).collect();
         assert_eq!(sent.len(), 1, "{sent:?}");
         assert_eq!((sent[0].reason, sent[0].pod.uid.as_str()), (pod_events::DELIVERED_REASON, UID_A));
-        again.handle(Event::PodsListed(vec![pod("a", UID_A)]));
+        again.handle(listed(vec![pod("a", UID_A)]));
         assert_eq!(drain(&mut events), Vec::<&str>::new(), "sent once");
     }
 
     #[test]
     fn pods_of_a_policy_whose_crd_went_away_get_one_crd_missing_event_and_the_gauge_follows() {
         let dir = tempfile::tempdir().unwrap();
-        let (tx, _rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (tx, _rx) = crate::xds::publish::pod_specs();
         let (status_tx, status) = watch::channel(Status::default());
         let d = Driver::new(
             Index::new(Settings::new("/var/lib/kubelet/pods", true)),
@@ -1352,14 +1501,14 @@ mod tests {
         );
         let (mut d, mut events) = with_notices(d);
         d.handle(Event::PoliciesListed(vec![cart_policy()]));
-        d.handle(Event::PodsListed(vec![cart("a", UID_A).build()]));
+        d.handle(listed(vec![cart("a", UID_A).build()]));
         assert_eq!(drain(&mut events), Vec::<&str>::new());
         assert_eq!(status.borrow().by_source.get(&("pipe", "policy")), Some(&1));
         d.handle(Event::CrdAbsent);
         assert_eq!(drain(&mut events), ["UdsPolicyCrdMissing"]);
         assert_eq!(status.borrow().fallbacks.get("policy-crd-missing"), Some(&1));
         d.handle(Event::CrdAbsent);
-        d.handle(Event::PodsListed(vec![cart("a", UID_A).build()]));
+        d.handle(listed(vec![cart("a", UID_A).build()]));
         assert_eq!(drain(&mut events), Vec::<&str>::new());
         // Served again (CRD re-installed, its objects gone): the cause ends without an event.
         d.handle(Event::PoliciesListed(vec![]));
@@ -1374,7 +1523,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut d, _rx) = driver(dir.path());
         d.handle(Event::PoliciesListed(vec![cart_policy()]));
-        d.handle(Event::PodsListed(vec![cart("a", UID_A).build()]));
+        d.handle(listed(vec![cart("a", UID_A).build()]));
         let key = |d: &Driver| d.index.snapshot().iter().next().map(|(_, e)| e.delivery.policy.clone()).unwrap();
         assert_eq!(key(&d), Some("cart-uds".to_owned()));
         drop(d);
@@ -1399,12 +1548,12 @@ mod tests {
         let metrics = crate::metrics::Metrics::new();
         let (d, rx) = driver_with(dir.path(), capped());
         let (mut d, mut events) = with_notices(d.with_cluster_metrics(metrics.clusters.clone()));
-        d.handle(Event::PodsListed(vec![dated("a", UID_A, 200), dated("b", UID_B, 300)]));
+        d.handle(listed(vec![dated("a", UID_A, 200), dated("b", UID_B, 300)]));
         // Created before both, seen after them (scheduled here late): it waits.
         d.handle(Event::PodApplied(Box::new(dated("late", UID_C, 100))));
         assert_eq!(drain(&mut events), ["UdsNodeClusterCapReached"]);
-        let names = |rx: &watch::Receiver<Arc<Snapshot>>| -> Vec<String> {
-            let mut v: Vec<String> = rx.borrow().clusters.iter().map(|c| c.name.clone()).collect();
+        let names = |rx: &crate::xds::publish::PodSpecs| -> Vec<String> {
+            let mut v: Vec<String> = rx.snapshot().clusters.iter().map(|c| c.name.clone()).collect();
             v.sort();
             v
         };
@@ -1425,7 +1574,7 @@ mod tests {
         let (mut d, mut events) = with_notices(d);
         d.boot();
         assert_eq!(names(&rx), served);
-        d.handle(Event::PodsListed(vec![dated("late", UID_C, 100), dated("a", UID_A, 200), dated("b", UID_B, 300)]));
+        d.handle(listed(vec![dated("late", UID_C, 100), dated("a", UID_A, 200), dated("b", UID_B, 300)]));
         assert_eq!(names(&rx), served);
         assert_eq!(drain(&mut events), Vec::<&str>::new());
         // b goes: the late pod gets its room.

@@ -13,8 +13,8 @@
 //! ```text
 //! watch (Pods on this node, CRD-gated EndpointPolicies)   runtime / cni (pod netns)
 //!   └─► driver: Event ─► core Index (record ─► fold, + netns facts) ─► fscheck (lstat)
-//!                          │ store (--state-dir)          core render ─► model::Snapshot
-//!                          ▼                                                      ▼
+//!                          │ store (--state-dir)          core render_pod (changed pods only)
+//!                          ▼                                                      ▼ pod_specs
 //!                  replay at boot                xds: encoder (resources) ─► ADS server ─► Envoy
 //! ```
 //!
@@ -28,9 +28,10 @@
 //! [`xds::readiness`] (is Envoy caught up: pure), [`recorder`] (the pod Event
 //! task), [`metrics`] and [`admin`] (`/healthz`, `/readyz`, `/metrics`), [`shutdown`] (which
 //! socket files to remove at exit: pure decisions, then `lstat`/unlink), [`agent`] (`run`),
-//! [`startup`] (`run` from its flags: the tokio runtime, the exit code), [`cli`] (the command
-//! line, and [`cli::dispatch`] to the subcommand), [`plan`] (`aether-agent plan`: reads and
-//! prints), [`logging`].
+//! [`decisions`] (the live per-pod decision board served at `/debug/pods`), [`startup`] (`run`
+//! from its flags: the tokio runtime, the exit code), [`cli`] (the command line, and
+//! [`cli::dispatch`] to the subcommand), [`plan`] (`aether-agent plan`: reads and prints),
+//! [`logging`].
 
 #![forbid(unsafe_code)]
 
@@ -38,6 +39,7 @@ pub mod admin;
 pub mod agent;
 pub mod cli;
 pub mod cni;
+pub mod decisions;
 pub mod driver;
 pub mod fscheck;
 pub mod logging;

@@ -1,7 +1,11 @@
 //! Watch drivers (kube-runtime reflector-style watchers) that feed the reconcile loop.
 //!
 //! - Pods: only this node's (`spec.nodeName=<node>` field selector) and only managed ones
-//!   (`aether.io/managed=true` label selector).
+//!   (`aether.io/managed=true` label selector), each read as a [`ProjectedPod`] (the few fields
+//!   the agent uses; the rest of the object is skipped by the parser, never allocated), the
+//!   complete list streamed object by object ([`ListStrategy::Streaming`], Kubernetes streaming
+//!   lists) or, where the API server does not serve those, in pages of [`PAGE_SIZE`] (issue 15
+//!   item 3: the agent used to hold the whole list as full Pod objects, ~25 KiB per pod).
 //! - EndpointPolicies: gated on the CRD being served, dynamically. While it is absent the gate
 //!   polls discovery with bounded, jittered backoff ([`crd_check_delays`]: 1 s doubling to 30 s,
 //!   each plus a random part of up to its own length) and logs the absence once; once
@@ -21,14 +25,16 @@
 //! fails, the loop keeps serving the last good state: a watch error withdraws nothing.
 
 pub mod health;
+pub mod projected;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aether_crds::EndpointPolicy;
 use aether_crds::pod::{MANAGED_LABEL, MANAGED_VALUE};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject};
 use kube::core::ApiResource;
 use kube::runtime::WatchStreamExt;
@@ -37,7 +43,9 @@ use kube::{Client, Resource};
 use tokio::sync::mpsc;
 
 use crate::driver::Event;
+use crate::record::PodRecord;
 pub use health::{Watch, WatchBoard, WatchMetrics, WatchStartLayer};
+pub use projected::ProjectedPod;
 
 /// Why `/readyz` depends on the pod watch (shown there).
 pub const PODS_REQUIRED: &str = "pods of this node that are created, changed or deleted reach Envoy only through it";
@@ -67,40 +75,156 @@ pub async fn client(board: &WatchBoard) -> Result<Client, kube::Error> {
     Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&WatchStartLayer::new(board.clone())).build())
 }
 
+/// How the pod watch gets its complete lists (at start and after a 410 Gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListStrategy {
+    /// A watch with `sendInitialEvents=true` (Kubernetes "streaming lists", the `WatchList`
+    /// feature, on by default since 1.34): the API server streams the list from its watch cache
+    /// one object at a time; no list response is ever held whole.
+    Streaming,
+    /// Paginated `list` calls of [`PAGE_SIZE`] pods, then a watch (any API server).
+    Paged,
+}
+
+/// Pods per `list` call with [`ListStrategy::Paged`] (client-go's default page size).
+pub const PAGE_SIZE: u32 = 500;
+
+/// The first Kubernetes minor version (of 1.x) whose API server knows `sendInitialEvents`; older
+/// ones ignore the parameter and would never end the initial list.
+pub const STREAMING_SINCE_MINOR: u32 = 27;
+
+impl ListStrategy {
+    /// The strategy for an API server of version 1.`minor` (`None`: unparsable): streaming from
+    /// [`STREAMING_SINCE_MINOR`] on, paged before. A server that knows the parameter but has the
+    /// `WatchList` feature off (the default in 1.27–1.31 and 1.33) refuses it, and
+    /// [`refused_streaming`] switches to [`ListStrategy::Paged`] then (for the rest of the
+    /// process), as does a `watch` the RBAC refuses.
+    pub fn for_minor(minor: Option<u32>) -> Self {
+        match minor {
+            Some(m) if m >= STREAMING_SINCE_MINOR => ListStrategy::Streaming,
+            _ => ListStrategy::Paged,
+        }
+    }
+
+    /// The watcher configuration for this node's managed pods.
+    pub fn config(self, node: &str) -> watcher::Config {
+        let cfg = watcher::Config::default()
+            .fields(&format!("spec.nodeName={node}"))
+            .labels(&format!("{MANAGED_LABEL}={MANAGED_VALUE}"));
+        match self {
+            ListStrategy::Streaming => cfg.streaming_lists(),
+            ListStrategy::Paged => cfg.page_size(PAGE_SIZE),
+        }
+    }
+}
+
+/// The Kubernetes minor version of 1.x the API server reports (`GET /version`; a `+` suffix as in
+/// `27+` is dropped), `None` when it cannot be read.
+fn server_minor(info: &k8s_openapi::apimachinery::pkg::version::Info) -> Option<u32> {
+    (info.major.trim() == "1").then(|| info.minor.trim_end_matches('+').parse().ok()).flatten()
+}
+
+/// Whether `e` is the API server refusing the watch call that starts a streaming list in a way
+/// a paged list may not be refused: HTTP 400 or 422 (the `WatchList` feature is off) or 403 (RBAC
+/// grants `list` but not `watch`: a paged list still delivers the pods, as before issue 15, and
+/// its watch then fails and is reported like any failing watch).
+pub fn refused_streaming(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 422))
+}
+
 /// Watches this node's managed pods forever, sending events to `tx` and reporting to `health`.
 /// Returns when `tx` closes.
+///
+/// Each pod is read as a [`ProjectedPod`] (only the fields the agent uses are ever allocated) and
+/// the complete list comes as a stream of objects ([`ListStrategy`], chosen from the API server's
+/// version); each listed pod becomes its record at once ([`ProjectedPod::record`]), so neither a
+/// whole list response nor Pod objects are held: the buffer that becomes [`Event::PodsListed`]
+/// holds records. A pod that cannot be read is logged and left out.
 pub async fn pods(client: Client, node: String, tx: mpsc::Sender<Event>, health: Watch) {
-    let api: Api<Pod> = Api::all(client);
-    let cfg = watcher::Config::default()
-        .fields(&format!("spec.nodeName={node}"))
-        .labels(&format!("{MANAGED_LABEL}={MANAGED_VALUE}"));
-    let mut stream = without_init(watcher::watcher(api, cfg)).default_backoff().boxed();
-    let mut buffer: Vec<Pod> = Vec::new();
+    let mut delays = crd_check_delays().build();
+    let mut strategy = loop {
+        match client.apiserver_version().await {
+            Ok(info) => break ListStrategy::for_minor(server_minor(&info)),
+            Err(e) => health.failed_request(&e),
+        }
+        tokio::time::sleep(delays.next().unwrap_or(CRD_CHECK_MAX)).await;
+    };
+    loop {
+        tracing::info!(strategy = ?strategy, "watching this node's pods");
+        match watch_pods(&client, strategy.config(&node), &tx, &health).await {
+            PodWatchEnd::Closed => return,
+            PodWatchEnd::StreamingRefused(e) => {
+                tracing::info!(error = %e, "the API server refuses streaming lists; listing pods in pages instead");
+                strategy = ListStrategy::Paged;
+            }
+        }
+    }
+}
+
+/// Why [`watch_pods`] returned.
+enum PodWatchEnd {
+    /// `tx` closed.
+    Closed,
+    /// The API server refused a streaming list ([`refused_streaming`]).
+    StreamingRefused(watcher::Error),
+}
+
+/// One pod watcher until `tx` closes or a streaming list is refused.
+///
+/// The records of a list are buffered until its `InitDone`. A list that starts again (kube-runtime
+/// yields `Init` first: after an error of a paged list, or a streaming list whose stream ended)
+/// drops what the partial one buffered. Errors themselves do not: a streaming list resumes after a
+/// stream error without starting again, so its objects so far still count.
+async fn watch_pods(client: &Client, cfg: watcher::Config, tx: &mpsc::Sender<Event>, health: &Watch) -> PodWatchEnd {
+    let streaming = cfg.initial_list_strategy == watcher::InitialListStrategy::StreamingList;
+    let api: Api<ProjectedPod> = Api::all(client.clone());
+    // `Init` is seen here, before [`without_init`] drops it (see there why).
+    let restarted = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&restarted);
+    let events = watcher::watcher(api, cfg).inspect(move |e| {
+        if matches!(e, Ok(WEvent::Init)) {
+            seen.store(true, Ordering::Relaxed);
+        }
+    });
+    let mut stream = without_init(events).default_backoff().boxed();
+    let mut buffer: Vec<PodRecord> = Vec::new();
     loop {
         let event = match stream.next().await {
-            None => return,
+            None => return PodWatchEnd::Closed,
+            Some(Err(e)) if streaming && refused_streaming(&e) => return PodWatchEnd::StreamingRefused(e),
             Some(Err(e)) => {
-                buffer.clear();
                 health.failed(&e);
                 continue;
             }
             Some(Ok(ev)) => ev,
         };
+        if matches!(event, WEvent::InitApply(_) | WEvent::InitDone) && restarted.swap(false, Ordering::Relaxed) {
+            buffer = Vec::new();
+        }
         if matches!(event, WEvent::InitDone | WEvent::Apply(_) | WEvent::Delete(_)) {
             health.ok();
         }
         let sent = match event {
             WEvent::Init => Ok(()),
             WEvent::InitApply(p) => {
-                buffer.push(p);
+                let name = p.name();
+                match p.record() {
+                    Ok(Some(record)) => buffer.push(record),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(pod = %name, error = %e, "ignoring a pod the agent cannot read"),
+                }
                 Ok(())
             }
-            WEvent::InitDone => tx.send(Event::PodsListed(std::mem::take(&mut buffer))).await,
-            WEvent::Apply(p) => tx.send(Event::PodApplied(Box::new(p))).await,
-            WEvent::Delete(p) => tx.send(Event::PodDeleted(Box::new(p))).await,
+            WEvent::InitDone => {
+                let listed = std::mem::take(&mut buffer);
+                tracing::info!(pods = listed.len(), "listed this node's pods");
+                tx.send(Event::PodsListed(listed)).await
+            }
+            WEvent::Apply(p) => tx.send(Event::PodApplied(Box::new(p.into_pod()))).await,
+            WEvent::Delete(p) => tx.send(Event::PodDeleted(Box::new(p.into_pod()))).await,
         };
         if sent.is_err() {
-            return;
+            return PodWatchEnd::Closed;
         }
     }
 }
@@ -240,7 +364,8 @@ fn parse(obj: DynamicObject) -> Option<EndpointPolicy> {
 /// Drops `Init` (the start of a relist) before the backoff: kube-runtime's backoff resets on every
 /// successful item, and `Init` comes before the list call, so while the API server is down it
 /// would reset the backoff on every attempt and retry every second forever. A relist's partial
-/// items are discarded on the error that ends it, so nothing is lost.
+/// items are discarded on the error that ends it (policies) or when the next list starts (pods,
+/// which observe `Init` before this filter), so nothing stale is kept.
 fn without_init<K: Send + 'static>(
     stream: impl futures::Stream<Item = watcher::Result<WEvent<K>>> + Send + 'static,
 ) -> impl futures::Stream<Item = watcher::Result<WEvent<K>>> + Send {
@@ -261,5 +386,38 @@ mod tests {
             }
         }
         assert!(runs.iter().any(|r| r != &runs[0]), "no jitter: {runs:?}");
+    }
+
+    fn version(major: &str, minor: &str) -> k8s_openapi::apimachinery::pkg::version::Info {
+        k8s_openapi::apimachinery::pkg::version::Info { major: major.into(), minor: minor.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn streaming_lists_from_1_27_on_pages_before_or_when_the_version_is_unreadable() {
+        let strategy = |major, minor| ListStrategy::for_minor(server_minor(&version(major, minor)));
+        assert_eq!(strategy("1", "37"), ListStrategy::Streaming);
+        assert_eq!(strategy("1", "27+"), ListStrategy::Streaming);
+        assert_eq!(strategy("1", "26"), ListStrategy::Paged);
+        assert_eq!(strategy("1", ""), ListStrategy::Paged);
+        assert_eq!(strategy("2", "40"), ListStrategy::Paged);
+        let streaming = ListStrategy::Streaming.config("n1");
+        assert_eq!(streaming.initial_list_strategy, watcher::InitialListStrategy::StreamingList);
+        assert_eq!(streaming.field_selector.as_deref(), Some("spec.nodeName=n1"));
+        assert_eq!(streaming.label_selector.as_deref(), Some("aether.io/managed=true"));
+        let paged = ListStrategy::Paged.config("n1");
+        assert_eq!(paged.initial_list_strategy, watcher::InitialListStrategy::ListWatch);
+        assert_eq!(paged.page_size, Some(PAGE_SIZE));
+    }
+
+    #[test]
+    fn only_a_refused_streaming_watch_start_switches_to_pages() {
+        let status =
+            |code| Box::new(kube::core::Status::failure("sendInitialEvents is forbidden", "Invalid").with_code(code));
+        let start = |code| watcher::Error::WatchStartFailed(kube::Error::Api(status(code)));
+        assert!(refused_streaming(&start(422)));
+        assert!(refused_streaming(&start(400)));
+        assert!(refused_streaming(&start(403)), "list without watch: a paged list may still succeed");
+        assert!(!refused_streaming(&start(500)));
+        assert!(!refused_streaming(&watcher::Error::WatchError(status(410))));
     }
 }

@@ -107,7 +107,9 @@ impl Admission {
     /// the room freed by the batch admitted.
     pub fn update(&mut self, edits: impl IntoIterator<Item = Edit>) -> Vec<String> {
         let mut room_grew = false;
-        let mut candidates: Vec<(Rank, usize)> = Vec::new();
+        // Keyed by uid: the last edit of a pod in the batch wins (a relist of 10k pods is one
+        // batch, so a linear search per edit would make it quadratic).
+        let mut candidates: HashMap<String, (Rank, usize)> = HashMap::new();
         let mut was_admitted: HashMap<String, bool> = HashMap::new();
         for (uid, edit) in edits {
             let held = self.granted.remove(&uid);
@@ -119,15 +121,18 @@ impl Admission {
                 was_admitted.entry(uid.clone()).or_insert(held.is_some());
             }
             match (edit, held) {
-                (None, held) => room_grew |= held.is_some_and(|g| g > 0),
+                (None, held) => {
+                    // Gone later in the same batch: no longer a candidate either.
+                    candidates.remove(&uid);
+                    room_grew |= held.is_some_and(|g| g > 0);
+                }
                 (Some((_, demand)), Some(g)) if demand <= g => {
                     self.grant(uid, demand);
                     room_grew |= demand < g;
                 }
                 (Some((rank, demand)), held) => {
                     room_grew |= held.is_some_and(|g| g > 0);
-                    candidates.retain(|(r, _)| r.uid != uid);
-                    candidates.push((rank, demand));
+                    candidates.insert(uid, (rank, demand));
                 }
             }
         }
@@ -137,11 +142,11 @@ impl Admission {
             for (rank, demand) in std::mem::take(&mut self.refused) {
                 self.refused_rank.remove(&rank.uid);
                 was_admitted.entry(rank.uid.clone()).or_insert(false);
-                candidates.push((rank, demand));
+                candidates.insert(rank.uid.clone(), (rank, demand));
             }
         }
         let late = |rank: &Rank| self.refused_before.contains(&rank.uid);
-        let mut queue: Vec<(bool, Rank, usize)> = candidates.into_iter().map(|(r, d)| (late(&r), r, d)).collect();
+        let mut queue: Vec<(bool, Rank, usize)> = candidates.into_values().map(|(r, d)| (late(&r), r, d)).collect();
         queue.sort();
         let mut changed = Vec::new();
         for (_, rank, demand) in queue {
@@ -232,6 +237,18 @@ mod tests {
         // A shrinking pod keeps its (smaller) grant.
         assert!(a.update([pod("a", 1, 2)]).is_empty());
         assert_eq!(a.granted(), 6);
+    }
+
+    #[test]
+    fn a_pod_edited_twice_in_one_batch_counts_its_last_edit_only() {
+        let mut a = Admission::new(Some(4));
+        // Grown, then shrunk, in one batch: one grant of its last demand.
+        a.update([pod("a", 1, 3), pod("b", 2, 1), pod("a", 1, 2)]);
+        assert_eq!((a.granted(), a.refused()), (3, 0));
+        // Listed, then gone, in one batch: nothing granted, nothing refused, room for c.
+        a.update([pod("c", 3, 2), gone("c")]);
+        assert_eq!(admitted(&a, &["a", "b", "c"]), ["a", "b"]);
+        assert_eq!((a.granted(), a.refused()), (3, 0));
     }
 
     #[test]

@@ -135,6 +135,10 @@ pub struct Index {
     /// Who holds the node's clusters under `--max-clusters`.
     admission: Admission,
     map: Arc<DeliveryMap>,
+    /// Pods whose entry in `map` was added, replaced or removed since the last
+    /// [`Index::take_changed`]: what the next publish re-renders (issue 15: per-change work in
+    /// proportion to the pods a change touched, never a pass over the whole map).
+    changed: BTreeSet<PodKey>,
 }
 
 impl Index {
@@ -151,6 +155,7 @@ impl Index {
             admission: Admission::new(settings.max_clusters()),
             settings,
             map: Arc::default(),
+            changed: BTreeSet::new(),
         }
     }
 
@@ -174,6 +179,13 @@ impl Index {
     /// The current delivery map; cheap (one `Arc` clone) and never altered afterwards.
     pub fn snapshot(&self) -> Arc<DeliveryMap> {
         Arc::clone(&self.map)
+    }
+
+    /// The pods whose entry in the [`DeliveryMap`] was added, replaced or removed since the last
+    /// call (all of them on the first call after a build), sorted; the set is emptied. A pod
+    /// whose entry came back to what it was is listed too: the caller compares.
+    pub fn take_changed(&mut self) -> BTreeSet<PodKey> {
+        std::mem::take(&mut self.changed)
     }
 
     /// The open conflicts, by service key.
@@ -290,6 +302,7 @@ impl Index {
                 let old_key = old.key();
                 if new_key.as_ref() != Some(&old_key) {
                     Arc::make_mut(&mut self.map).entries.remove(&old_key);
+                    self.changed.insert(old_key.clone());
                     change.removed.push(old_key);
                     change.map_changed = true;
                 }
@@ -409,6 +422,7 @@ impl Index {
         let entry = PodDelivery { pod, delivery, dial, netns, inbound_failed };
         if self.map.entries.get(&key).map(Arc::as_ref) != Some(&entry) {
             Arc::make_mut(&mut self.map).entries.insert(key.clone(), Arc::new(entry));
+            self.changed.insert(key.clone());
             change.map_changed = true;
         }
         change.rerendered.push(key);

@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 
-use crate::index::DeliveryMap;
+use crate::index::{DeliveryMap, PodDelivery};
 use crate::model::{self as xds, ClusterSpec, Endpoint, ListenerSpec, Snapshot};
 use crate::names;
 use crate::record::{AppProtocol, HealthCheck, PodKey, PodRecord};
@@ -59,66 +59,96 @@ fn tcp_endpoint(pod: &PodRecord, port: u16, netns: Option<&str>) -> Option<Endpo
     }
 }
 
+/// What one pod contributes to the [`Snapshot`]: its clusters (app clusters in port order, then
+/// its health cluster), its inbound listeners, the name of its health cluster (listed even when
+/// no cluster is served) and its effective delivery. The unit the shell keeps per pod, so a change
+/// re-renders only the pods it touched ([`render_pod`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodRender {
+    /// Its delivery and health clusters, in the order [`render`] lists them.
+    pub clusters: Vec<ClusterSpec>,
+    /// Its inbound listeners, one per declared port that has one.
+    pub listeners: Vec<ListenerSpec>,
+    /// `health_<ns>_<pod>`: answered by the health gateway (503 while no cluster serves it).
+    pub health_cluster: String,
+    /// How the pod is delivered after the on-disk check.
+    pub effective: Effective,
+}
+
+/// Renders one pod's entry of the map: pure, no I/O. `refused` is the on-disk check's refusal of its
+/// pipe, if any. [`render`] is this, in key order, over the whole map.
+pub fn render_pod(entry: &PodDelivery, refused: Option<&Refusal>) -> PodRender {
+    let pod = &entry.pod;
+    let pipe = entry.dial.clone().filter(|_| refused.is_none());
+    let ns = entry.netns.as_deref();
+    let endpoint_for = |port: u16| match &pipe {
+        Some(path) => Some(Endpoint::Pipe { path: path.clone() }),
+        None => tcp_endpoint(pod, port, ns),
+    };
+    let primary = pod.primary_port();
+    // Listed even while waiting: the gateway then answers 503 (known, not healthy), not 404.
+    let mut out = PodRender {
+        clusters: Vec::new(),
+        listeners: Vec::new(),
+        health_cluster: names::health_cluster(&pod.namespace, &pod.name),
+        effective: Effective::Refused,
+    };
+    if entry.delivery.tcp_reason().is_some_and(crate::TcpReason::serves_nothing) {
+        return out;
+    }
+    let Some(health_endpoint) = endpoint_for(primary.port) else {
+        out.effective = Effective::Waiting;
+        return out;
+    };
+    for p in &pod.ports {
+        let Some(endpoint) = endpoint_for(p.port) else { continue };
+        out.clusters.push(ClusterSpec {
+            name: names::app_cluster(&pod.namespace, &pod.name, p.port),
+            endpoint,
+            health: None,
+            http2: p.protocol == AppProtocol::H2,
+        });
+    }
+    // Only once the pod has its IPs: Envoy refuses to change a listener's addresses in place in
+    // the same netns, so the IPv6 address must be known before the listener is first offered.
+    if let (Some(_), Some(netns), false) = (&pipe, ns, pod.pod_ips.is_empty()) {
+        let ipv6 = pod.pod_ips.iter().any(IpAddr::is_ipv6);
+        for p in pod.ports.iter().filter(|p| !entry.inbound_failed.contains(&p.port)) {
+            out.listeners.push(ListenerSpec {
+                name: names::inbound_listener(&pod.namespace, &pod.name, p.port),
+                netns: netns.to_owned(),
+                port: p.port,
+                ipv6,
+                cluster: names::app_cluster(&pod.namespace, &pod.name, p.port),
+            });
+        }
+    }
+    let h2 = primary.protocol == AppProtocol::H2;
+    let health = match &pod.health {
+        HealthCheck::Http { path } => xds::HealthCheck::Http { path: path.clone(), h2 },
+        HealthCheck::Connect => xds::HealthCheck::Connect,
+    };
+    out.clusters.push(ClusterSpec {
+        name: out.health_cluster.clone(),
+        endpoint: health_endpoint,
+        health: Some(health),
+        http2: h2,
+    });
+    out.effective = pipe.map_or(Effective::Tcp, Effective::Pipe);
+    out
+}
+
 /// Renders `map` into clusters: pure, no I/O. Each entry's [`crate::PodDelivery::netns`] (a node
 /// fact the shell stored in the index) says where TCP is dialed; `refused` holds the pods whose
-/// pipe the on-disk check refused.
+/// pipe the on-disk check refused. The pods' [`render_pod`] output, concatenated in key order.
 pub fn render(map: &DeliveryMap, refused: &HashMap<PodKey, Refusal>) -> Rendered {
     let mut out = Rendered::default();
     for (key, entry) in map.iter() {
-        let pod = &entry.pod;
-        let pipe = entry.dial.clone().filter(|_| !refused.contains_key(key));
-        let ns = entry.netns.as_deref();
-        let endpoint_for = |port: u16| match &pipe {
-            Some(path) => Some(Endpoint::Pipe { path: path.clone() }),
-            None => tcp_endpoint(pod, port, ns),
-        };
-        let primary = pod.primary_port();
-        let health_name = names::health_cluster(&pod.namespace, &pod.name);
-        // Listed even while waiting: the gateway then answers 503 (known, not healthy), not 404.
-        out.snapshot.health_clusters.push(health_name.clone());
-        if entry.delivery.tcp_reason().is_some_and(crate::TcpReason::serves_nothing) {
-            out.effective.insert(key.clone(), Effective::Refused);
-            continue;
-        }
-        let Some(health_endpoint) = endpoint_for(primary.port) else {
-            out.effective.insert(key.clone(), Effective::Waiting);
-            continue;
-        };
-        for p in &pod.ports {
-            let Some(endpoint) = endpoint_for(p.port) else { continue };
-            out.snapshot.clusters.push(ClusterSpec {
-                name: names::app_cluster(&pod.namespace, &pod.name, p.port),
-                endpoint,
-                health: None,
-                http2: p.protocol == AppProtocol::H2,
-            });
-        }
-        // Only once the pod has its IPs: Envoy refuses to change a listener's addresses in place in
-        // the same netns, so the IPv6 address must be known before the listener is first offered.
-        if let (Some(_), Some(netns), false) = (&pipe, ns, pod.pod_ips.is_empty()) {
-            let ipv6 = pod.pod_ips.iter().any(IpAddr::is_ipv6);
-            for p in pod.ports.iter().filter(|p| !entry.inbound_failed.contains(&p.port)) {
-                out.snapshot.listeners.push(ListenerSpec {
-                    name: names::inbound_listener(&pod.namespace, &pod.name, p.port),
-                    netns: netns.to_owned(),
-                    port: p.port,
-                    ipv6,
-                    cluster: names::app_cluster(&pod.namespace, &pod.name, p.port),
-                });
-            }
-        }
-        let h2 = primary.protocol == AppProtocol::H2;
-        let health = match &pod.health {
-            HealthCheck::Http { path } => xds::HealthCheck::Http { path: path.clone(), h2 },
-            HealthCheck::Connect => xds::HealthCheck::Connect,
-        };
-        out.snapshot.clusters.push(ClusterSpec {
-            name: health_name,
-            endpoint: health_endpoint,
-            health: Some(health),
-            http2: h2,
-        });
-        out.effective.insert(key.clone(), pipe.map_or(Effective::Tcp, Effective::Pipe));
+        let pod = render_pod(entry, refused.get(key));
+        out.snapshot.health_clusters.push(pod.health_cluster);
+        out.snapshot.clusters.extend(pod.clusters);
+        out.snapshot.listeners.extend(pod.listeners);
+        out.effective.insert(key.clone(), pod.effective);
     }
     out
 }
@@ -248,6 +278,42 @@ mod tests {
         index.set_netns(UID, Some("/run/netns/cni-2".into()));
         let r = render(&index.snapshot(), &HashMap::new());
         assert_eq!(listener_names(&r), ["inbound_shop_cart-1_8080", "inbound_shop_cart-1_9090"]);
+    }
+
+    #[test]
+    fn the_index_names_exactly_the_pods_a_change_touched_and_render_pod_rerenders_them() {
+        let mut index = Index::new(Settings::new("/var/lib/kubelet/pods", true));
+        let p = |name: &str, uid: &str, sa: &str| {
+            let api = aether_fixtures::pod("shop", name).uid(uid).sa(sa).emptydir("s").ip("10.1.2.3").build();
+            PodRecord::from_pod(&api).unwrap().unwrap()
+        };
+        let (a, b) = ("11111111-2222-4333-8444-555555555555", "22222222-2222-4333-8444-555555555555");
+        index.reset_pods([p("a", a, "cart"), p("b", b, "web")]);
+        assert_eq!(index.take_changed().len(), 2);
+        assert!(index.take_changed().is_empty(), "taken once");
+        let before = render(&index.snapshot(), &HashMap::new());
+
+        let policy = aether_fixtures::policy("shop", "cart-uds").target("cart").socket("s/app.sock").build();
+        index.apply_policy(crate::PolicyRecord::from_policy(&policy, index.settings()).unwrap());
+        index.apply_pod(p("b", b, "web"));
+        let changed: Vec<String> = index.take_changed().into_iter().map(|k| k.name).collect();
+        assert_eq!(changed, ["a"], "the policy's pod only; an equal pod event changes nothing");
+
+        // Re-rendering the changed pod alone gives what a whole render gives.
+        let map = index.snapshot();
+        let after = render(&map, &HashMap::new());
+        let (key, entry) = map.iter().next().unwrap();
+        let one = render_pod(entry, None);
+        assert_eq!(one.clusters, after.snapshot.clusters[..2]);
+        assert_eq!(after.snapshot.clusters[2..], before.snapshot.clusters[2..], "the other pod is untouched");
+        assert!(matches!(one.effective, Effective::Pipe(_)) && after.effective[key] == one.effective);
+
+        index.delete_pod(b);
+        assert_eq!(
+            index.take_changed().into_iter().map(|k| k.name).collect::<Vec<_>>(),
+            ["b"],
+            "a removal is a change"
+        );
     }
 
     #[test]

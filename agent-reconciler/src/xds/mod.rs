@@ -21,8 +21,10 @@
 //! - [`readiness`]: whether Envoy has applied what the server would send now (the `/readyz`
 //!   line, [`EnvoyReadiness`]).
 //!
-//! Wiring: `watch::Sender<Arc<Snapshot>>` → [`spawn_renderer`] → `watch::Receiver<Arc<Resources>>`
-//! → [`XdsServer::new`] → [`serve`] on `unix://<path>` or `<ip>:<port>`.
+//! Wiring: the driver's [`publish::pod_specs`] channel (only the pods whose rendering changed;
+//! a whole `watch::Receiver<Arc<Snapshot>>` is still accepted, e.g. by tests) → [`spawn_renderer`]
+//! → `watch::Receiver<Arc<Resources>>` (persistent maps: a new version shares what did not
+//! change) → [`XdsServer::new`] → [`serve`] on `unix://<path>` or `<ip>:<port>`.
 //!
 //! Envoy features used: `pipe` addresses (cluster endpoints and listeners), the `health_check`
 //! HTTP filter with `cluster_min_healthy_percentages` behind the composite filter and an

@@ -1,47 +1,187 @@
-//! From snapshots to served resources: a task that renders each published [`Snapshot`] (after a
-//! debounce that coalesces bursts) and publishes the [`Resources`] the ADS server sends, only
-//! when a version changed.
+//! From the driver's output to served resources: a task that renders what the driver published
+//! (after a debounce that coalesces bursts) and publishes the [`Resources`] the ADS server sends,
+//! only when a version changed.
+//!
+//! Two inputs ([`RenderSource`]):
+//! - the agent's: a [`PodSpecs`] channel ([`pod_specs`]): the driver publishes only the pods whose
+//!   rendering changed, the renderer takes exactly those ([`Renderer::update_pods`]): the work of a
+//!   change is in proportion to the pods it touched, not to the node (issue 15);
+//! - a `watch` channel of whole [`Snapshot`]s (tests, tools): each is rendered whole
+//!   ([`Renderer::render`], cached by cluster).
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use aether_agent_core::record::PodKey;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::metrics::ChangeClock;
-use super::resources::{Renderer, Resources, Snapshot};
+use super::resources::{PodRender, Renderer, Resources, Snapshot};
 
-/// Renders every snapshot `snapshots` receives (after `debounce`, so a burst renders once) with
-/// a caching [`Renderer`] and publishes the result, only when a version changed. Returns the
-/// receiver to give [`XdsServer::new`] and the task, which ends when `snapshots`' sender is
-/// dropped. Rejected specs are logged (warn) and listed in [`Resources::rejected`].
+/// The per-pod renderings the driver publishes, as a whole (for tests and diagnostics) and as
+/// the set of pods changed since the renderer last took them.
+#[derive(Debug, Default)]
+struct Shared {
+    pods: BTreeMap<PodKey, Arc<PodRender>>,
+    changed: BTreeSet<PodKey>,
+}
+
+/// The driver's end of a [`pod_specs`] channel.
+#[derive(Debug)]
+pub struct PodSpecsSender {
+    shared: Arc<Mutex<Shared>>,
+    notify: watch::Sender<u64>,
+}
+
+/// The renderer's end of a [`pod_specs`] channel (cheap to clone; one renderer takes the changes).
+#[derive(Clone, Debug)]
+pub struct PodSpecs {
+    shared: Arc<Mutex<Shared>>,
+    notify: watch::Receiver<u64>,
+}
+
+/// A channel of per-pod renderings from the driver to the renderer task: the driver sends only
+/// the pods whose rendering changed, and the renderer takes only those.
+pub fn pod_specs() -> (PodSpecsSender, PodSpecs) {
+    let shared = Arc::new(Mutex::new(Shared::default()));
+    let (notify, rx) = watch::channel(0);
+    (PodSpecsSender { shared: shared.clone(), notify }, PodSpecs { shared, notify: rx })
+}
+
+fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl PodSpecsSender {
+    /// Publishes new renderings of some pods (`None`: the pod is gone) and wakes the renderer.
+    /// Costs O(k log n) for k pods. Nothing happens for an empty batch.
+    pub fn send(&self, pods: impl IntoIterator<Item = (PodKey, Option<Arc<PodRender>>)>) {
+        let mut shared = lock(&self.shared);
+        let mut any = false;
+        for (key, render) in pods {
+            match render {
+                Some(r) => shared.pods.insert(key.clone(), r),
+                None => shared.pods.remove(&key),
+            };
+            shared.changed.insert(key);
+            any = true;
+        }
+        drop(shared);
+        if any {
+            self.notify.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Everything published so far as one [`Snapshot`] (in pod key order, as
+    /// `aether_agent_core::render::render` lists it). O(pods): for tests and diagnostics.
+    pub fn snapshot(&self) -> Snapshot {
+        snapshot_of(&lock(&self.shared))
+    }
+}
+
+impl PodSpecs {
+    /// [`PodSpecsSender::snapshot`], from the renderer's end.
+    pub fn snapshot(&self) -> Snapshot {
+        snapshot_of(&lock(&self.shared))
+    }
+
+    /// Whether something was published since the last [`PodSpecs::mark_unchanged`] (or since the
+    /// renderer last rendered).
+    pub fn has_changed(&self) -> bool {
+        self.notify.has_changed().unwrap_or(false)
+    }
+
+    /// Marks what was published so far as seen.
+    pub fn mark_unchanged(&mut self) {
+        self.notify.mark_unchanged();
+    }
+
+    /// Takes the pods changed since the last call, with their current rendering; every pod when
+    /// `all`.
+    pub(crate) fn take(&self, all: bool) -> Vec<(PodKey, Option<Arc<PodRender>>)> {
+        let mut shared = lock(&self.shared);
+        let changed = std::mem::take(&mut shared.changed);
+        if all {
+            return shared.pods.iter().map(|(k, r)| (k.clone(), Some(r.clone()))).collect();
+        }
+        changed.into_iter().map(|k| (k.clone(), shared.pods.get(&k).cloned())).collect()
+    }
+}
+
+fn snapshot_of(shared: &Shared) -> Snapshot {
+    let mut s = Snapshot::default();
+    for pod in shared.pods.values() {
+        s.health_clusters.push(pod.health_cluster.clone());
+        s.clusters.extend(pod.clusters.iter().cloned());
+        s.listeners.extend(pod.listeners.iter().cloned());
+    }
+    s
+}
+
+/// What [`spawn_renderer`] renders from: a [`PodSpecs`] channel (only the changed pods) or a
+/// `watch` channel of whole [`Snapshot`]s.
+pub trait RenderSource: Send + 'static {
+    /// Waits for the next publication; `false` when the publisher is gone.
+    fn changed(&mut self) -> impl Future<Output = bool> + Send;
+    /// Renders what was published: everything when `first`, else what changed since the last
+    /// call.
+    fn render(&mut self, renderer: &mut Renderer, first: bool) -> Resources;
+}
+
+impl RenderSource for PodSpecs {
+    async fn changed(&mut self) -> bool {
+        self.notify.changed().await.is_ok()
+    }
+
+    fn render(&mut self, renderer: &mut Renderer, first: bool) -> Resources {
+        self.notify.borrow_and_update();
+        renderer.update_pods(self.take(first))
+    }
+}
+
+impl RenderSource for watch::Receiver<Arc<Snapshot>> {
+    async fn changed(&mut self) -> bool {
+        watch::Receiver::changed(self).await.is_ok()
+    }
+
+    fn render(&mut self, renderer: &mut Renderer, _first: bool) -> Resources {
+        let snapshot = self.borrow_and_update().clone();
+        renderer.render(&snapshot)
+    }
+}
+
+/// Renders everything `source` publishes (after `debounce`, so a burst renders once) with
+/// `renderer` and publishes the result, only when a version changed. Returns the receiver to give
+/// [`XdsServer::new`] and the task, which ends when the source's sender is dropped. Rejected
+/// specs are logged (warn) and listed in [`Resources::rejected`].
 ///
 /// [`XdsServer::new`]: super::server::XdsServer::new
 pub fn spawn_renderer(
-    snapshots: watch::Receiver<Arc<Snapshot>>,
+    source: impl RenderSource,
     renderer: Renderer,
     debounce: Duration,
 ) -> (watch::Receiver<Arc<Resources>>, JoinHandle<()>) {
-    spawn_renderer_with_clock(snapshots, renderer, debounce, ChangeClock::new())
+    spawn_renderer_with_clock(source, renderer, debounce, ChangeClock::new())
 }
 
 /// [`spawn_renderer`] that also stamps every new version on `clock` (see [`ChangeClock`]).
 pub fn spawn_renderer_with_clock(
-    mut snapshots: watch::Receiver<Arc<Snapshot>>,
+    mut source: impl RenderSource,
     mut renderer: Renderer,
     debounce: Duration,
     clock: ChangeClock,
 ) -> (watch::Receiver<Arc<Resources>>, JoinHandle<()>) {
-    let first = Arc::new(render_logged(&mut renderer, &snapshots.borrow_and_update()));
+    let first = Arc::new(logged(source.render(&mut renderer, true)));
     clock.discard_unrendered();
     let (tx, rx) = watch::channel(first);
     let task = tokio::spawn(async move {
-        while snapshots.changed().await.is_ok() {
+        while source.changed().await {
             if !debounce.is_zero() {
                 tokio::time::sleep(debounce).await;
             }
-            let snapshot = snapshots.borrow_and_update().clone();
-            let next = render_logged(&mut renderer, &snapshot);
+            let next = logged(source.render(&mut renderer, false));
             tx.send_if_modified(|current| {
                 // Stamp before receivers are notified, so an ACK can never precede its stamp.
                 clock.rendered(current, &next);
@@ -57,11 +197,57 @@ pub fn spawn_renderer_with_clock(
     (rx, task)
 }
 
-fn render_logged(renderer: &mut Renderer, snapshot: &Snapshot) -> Resources {
-    let resources = renderer.render(snapshot);
+fn logged(resources: Resources) -> Resources {
     for r in &resources.rejected {
         tracing::warn!(cluster = %r.name, reason = r.error.label(), error = %r.error,
             "xDS resource left out before rendering");
     }
     resources
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xds::resources::{ClusterSpec, Endpoint, RenderOptions, render};
+    use aether_agent_core::render::Effective;
+
+    fn pod(i: usize, path: &str) -> (PodKey, Option<Arc<PodRender>>) {
+        let key = PodKey { namespace: "ns".into(), name: format!("p{i}"), uid: format!("u{i}") };
+        let spec = |name: String| ClusterSpec {
+            name,
+            endpoint: Endpoint::Pipe { path: path.to_owned() },
+            health: None,
+            http2: false,
+        };
+        let render = PodRender {
+            clusters: vec![spec(format!("app_ns_p{i}_8080")), spec(format!("health_ns_p{i}"))],
+            listeners: vec![],
+            health_cluster: format!("health_ns_p{i}"),
+            effective: Effective::Pipe(path.to_owned()),
+        };
+        (key, Some(Arc::new(render)))
+    }
+
+    #[tokio::test]
+    async fn the_renderer_task_takes_only_the_pods_sent_and_serves_what_a_whole_render_serves() {
+        let (tx, rx) = pod_specs();
+        tx.send((0..200).map(|i| pod(i, &format!("/s{i}"))));
+        let opts = RenderOptions::default();
+        let (mut served, _task) = spawn_renderer(rx.clone(), Renderer::new(opts.clone()), Duration::ZERO);
+        let first = served.borrow_and_update().clone();
+        assert_eq!(first.clusters.len(), 400, "the first render takes every pod published before it");
+
+        tx.send([pod(7, "/moved")]);
+        served.changed().await.unwrap();
+        let next = served.borrow_and_update().clone();
+        let moved: Vec<String> =
+            first.clusters.resources.diff(&next.clusters.resources).map(|d| format!("{d:?}")).collect();
+        assert_eq!(moved.len(), 2, "only pod 7's two clusters differ: {moved:?}");
+        assert_eq!(*next, render(&rx.snapshot(), &opts), "the same as rendering the whole node");
+
+        tx.send([(pod(8, "").0, None)]);
+        served.changed().await.unwrap();
+        assert_eq!(served.borrow().clusters.len(), 398);
+        assert!(served.borrow().clusters.get("app_ns_p8_8080").is_none());
+    }
 }

@@ -14,13 +14,16 @@
 //! two maps with the same content. Every map this module fills holds at most one entry, so the
 //! encoding, and therefore the version, depends on the content only.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use aether_agent_core::model::{
     ClusterSpec, Endpoint, HealthCheck, ListenerSpec, RenderError, Snapshot, validate_pipe_path,
 };
+use aether_agent_core::record::PodKey;
+pub use aether_agent_core::render::PodRender;
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster,
     cluster::{ClusterDiscoveryType, CommonLbConfig, DiscoveryType},
@@ -139,23 +142,55 @@ pub struct NamedResource {
     pub resource: Any,
 }
 
-/// All resources of one type URL, sorted by name, with their content-hash version.
+/// One served resource: the packed proto, its [`resource_digest`] (computed once, when it is
+/// rendered) and its delta-xDS version derived from that digest
+/// ([`super::delta::resource_version`]). Two are equal when their digests are.
+#[derive(Clone, Debug)]
+pub struct Served {
+    /// The resource's name and packed proto.
+    pub resource: NamedResource,
+    /// SHA-256 over its name, type URL and encoded bytes.
+    pub digest: [u8; 32],
+    /// Its delta-xDS version: hex of the first 16 bytes of `digest`.
+    pub version: String,
+}
+
+impl PartialEq for Served {
+    fn eq(&self, other: &Served) -> bool {
+        self.digest == other.digest
+    }
+}
+
+impl Served {
+    /// Digests `resource` once.
+    pub fn new(resource: NamedResource) -> Served {
+        let digest = resource_digest(&resource);
+        Served { version: super::delta::resource_version(&digest), resource, digest }
+    }
+}
+
+/// Where a resource sits in a [`TypedResources`] set: its name, then its rank among resources of
+/// that name (0 unless duplicates were handed over on purpose, [`Resources::from_protos`]).
+pub type SetKey = (String, u32);
+
+/// All resources of one type URL, by name, with their content-hash version. The set is a
+/// persistent map ([`imbl::OrdMap`]): cloning it shares its structure, and a change of `k`
+/// resources costs O(k log n), as does finding what differs between two versions of it
+/// ([`imbl::OrdMap::diff`] skips what they share).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TypedResources {
     /// Type URL of every resource ([`CLUSTER_TYPE_URL`], [`LISTENER_TYPE_URL`] or
     /// [`EXTENSION_CONFIG_TYPE_URL`]).
     pub type_url: String,
-    /// Hex SHA-256 (first 16 bytes, 32 hex characters) over the type URL and, per resource in
-    /// name order, its name and [`resource_digest`]: same content, same version. Per-resource
-    /// digests let [`Renderer`] hash only what changed (a 10,000-pod node hashes ~1.5 MB of
-    /// digests per push, not ~8 MB of encoded clusters).
+    /// Hex SHA-256 (first 16 bytes, 32 hex characters) over the type URL, the number of
+    /// resources and the lane-wise wrapping sum of their [`resource_digest`]s (a multiset hash):
+    /// same content, same version, whatever the order; kept up to date per added or removed
+    /// resource, so no pass over the set is needed when one resource changes.
     pub version: String,
-    /// The resources, sorted by name.
-    pub resources: Vec<NamedResource>,
-    /// Each resource's [`resource_digest`], aligned with `resources`: computed once when the
-    /// resource is rendered, and the source of its delta-xDS version
-    /// ([`super::delta::resource_version`]).
-    pub digests: Vec<[u8; 32]>,
+    /// The resources, in name order.
+    pub resources: imbl::OrdMap<SetKey, Arc<Served>>,
+    /// The running sum of the digests (four 64-bit lanes, wrapping).
+    sum: [u64; 4],
 }
 
 /// SHA-256 over one resource's name, packed type URL and encoded bytes (each length-prefixed).
@@ -168,33 +203,102 @@ pub fn resource_digest(r: &NamedResource) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The four 64-bit lanes of a digest.
+fn lanes(digest: &[u8; 32]) -> [u64; 4] {
+    std::array::from_fn(|i| u64::from_be_bytes(digest[i * 8..i * 8 + 8].try_into().unwrap_or_default()))
+}
+
 impl TypedResources {
-    /// Builds the set from packed resources (any order), sorting them by name and computing
-    /// the version. Duplicate names are kept as given (a way to hand Envoy something it NACKs).
-    pub fn new(type_url: impl Into<String>, resources: Vec<NamedResource>) -> Self {
-        let digested = resources.into_iter().map(|r| (resource_digest(&r), r)).collect();
-        Self::from_digested(type_url.into(), digested)
+    /// An empty set of `type_url`, with its version.
+    pub fn empty(type_url: impl Into<String>) -> Self {
+        let mut set = TypedResources {
+            type_url: type_url.into(),
+            version: String::new(),
+            resources: imbl::OrdMap::new(),
+            sum: [0; 4],
+        };
+        set.seal();
+        set
     }
 
-    /// Like [`TypedResources::new`] with each resource's [`resource_digest`] already known.
-    fn from_digested(type_url: String, mut digested: Vec<Digested>) -> Self {
-        digested.sort_by(|a, b| a.1.name.cmp(&b.1.name));
-        let mut h = Sha256::new();
-        h.update((type_url.len() as u64).to_be_bytes());
-        h.update(type_url.as_bytes());
-        for (digest, r) in &digested {
-            h.update((r.name.len() as u64).to_be_bytes());
-            h.update(r.name.as_bytes());
-            h.update(digest);
+    /// Builds the set from packed resources (any order) and computes the version. Duplicate
+    /// names are kept, in the order given (a way to hand Envoy something it NACKs).
+    pub fn new(type_url: impl Into<String>, resources: Vec<NamedResource>) -> Self {
+        Self::from_served(type_url.into(), resources.into_iter().map(|r| Arc::new(Served::new(r))).collect())
+    }
+
+    /// Like [`TypedResources::new`] with each resource already digested.
+    fn from_served(type_url: String, served: Vec<Arc<Served>>) -> Self {
+        let mut set = TypedResources::empty(type_url);
+        let mut ranks: HashMap<String, u32> = HashMap::new();
+        for r in served {
+            let rank = ranks.entry(r.resource.name.clone()).or_default();
+            set.add((r.resource.name.clone(), *rank), r);
+            *rank += 1;
         }
-        let version = h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect();
-        let (digests, resources) = digested.into_iter().unzip();
-        TypedResources { type_url, version, resources, digests }
+        set.seal();
+        set
+    }
+
+    /// Serves `r` under `key` (replacing what was there). Call [`TypedResources::seal`] after a
+    /// batch of changes.
+    fn add(&mut self, key: SetKey, r: Arc<Served>) {
+        for (lane, add) in self.sum.iter_mut().zip(lanes(&r.digest)) {
+            *lane = lane.wrapping_add(add);
+        }
+        if let Some(old) = self.resources.insert(key, r) {
+            self.subtract(&old.digest);
+        }
+    }
+
+    /// Stops serving `key`; call [`TypedResources::seal`] after a batch of changes.
+    fn take(&mut self, key: &SetKey) {
+        if let Some(old) = self.resources.remove(key) {
+            self.subtract(&old.digest);
+        }
+    }
+
+    fn subtract(&mut self, digest: &[u8; 32]) {
+        for (lane, sub) in self.sum.iter_mut().zip(lanes(digest)) {
+            *lane = lane.wrapping_sub(sub);
+        }
+    }
+
+    /// Recomputes `version` from the count and the running sum: O(1).
+    fn seal(&mut self) {
+        let mut h = Sha256::new();
+        h.update((self.type_url.len() as u64).to_be_bytes());
+        h.update(self.type_url.as_bytes());
+        h.update((self.resources.len() as u64).to_be_bytes());
+        for lane in self.sum {
+            h.update(lane.to_be_bytes());
+        }
+        self.version = h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect();
+    }
+
+    /// The served resource named `name` (the first of that name).
+    pub fn get(&self, name: &str) -> Option<&Served> {
+        self.resources.get(&(name.to_owned(), 0)).map(Arc::as_ref)
+    }
+
+    /// The resources in name order.
+    pub fn iter(&self) -> impl Iterator<Item = &Served> {
+        self.resources.values().map(Arc::as_ref)
+    }
+
+    /// Number of resources.
+    pub fn len(&self) -> usize {
+        self.resources.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.resources.is_empty()
     }
 
     /// Names of the resources, sorted.
     pub fn names(&self) -> Vec<&str> {
-        self.resources.iter().map(|r| r.name.as_str()).collect()
+        self.resources.keys().map(|(name, _)| name.as_str()).collect()
     }
 }
 
@@ -446,48 +550,99 @@ pub fn render_inbound_listener(spec: &ListenerSpec, opts: &RenderOptions) -> Res
     })
 }
 
-/// Renders snapshots, re-rendering only the clusters whose spec changed since the last call
-/// (a 10,000-pod node re-encodes one cluster when one pod changes), with each resource's digest
-/// cached beside it. The health gateway's listener depends on the options only (rendered once);
-/// its checks (ECDS) are re-rendered only when the list of health clusters changes.
+/// Renders the node's resources, encoding only what changed. Two ways to drive it (one per
+/// renderer):
+/// - [`Renderer::render`] of a whole [`Snapshot`]: re-encodes only the clusters and listeners
+///   whose spec changed since the last call (a cache by name), but passes over the whole snapshot;
+/// - [`Renderer::update_pods`] with the pods that changed ([`PodRender`]s, what the agent's driver
+///   publishes): only their clusters and listeners are compared, encoded and digested, the served
+///   sets are persistent maps updated in place, and the versions are kept by a running sum, so a
+///   change costs O(changed · log n) whatever the node's size.
+///
+/// The health gateway's listener depends on the options only (rendered once); its checks (ECDS)
+/// are re-rendered only when the set of health cluster names changes.
 #[derive(Debug)]
 pub struct Renderer {
     opts: RenderOptions,
     cache: HashMap<String, Cached>,
     /// Rendered inbound listeners by name, with the spec each came from.
-    inbound: HashMap<String, (ListenerSpec, Digested)>,
+    inbound: HashMap<String, (ListenerSpec, Arc<Served>)>,
     /// The gateway listener (`None`: no `health_socket`), or why it could not be rendered.
-    gateway: Result<Option<Digested>, RenderError>,
-    /// The gateway's checks for the last `health_clusters` list.
-    checks: Option<(Vec<String>, Digested)>,
+    gateway: Result<Option<Arc<Served>>, RenderError>,
+    /// The gateway's checks for the last `health_clusters` list (shared: it lists every name).
+    checks: Option<(Vec<String>, Arc<Served>)>,
+    /// The per-pod state of [`Renderer::update_pods`].
+    pods: PodSets,
+    /// Clusters and listeners encoded so far (both ways of driving): what a test counts to see
+    /// that a change encodes only its own resources.
+    encoded: u64,
 }
 
-/// A resource with its [`resource_digest`].
-type Digested = ([u8; 32], NamedResource);
+/// What [`Renderer::update_pods`] keeps: each pod's render, who claims each name (the smallest
+/// pod key wins a name two pods render, like the first in [`Snapshot`] order), the specs served
+/// under each name, the health cluster names with their number of pods, each pod's rejected
+/// specs, and the served [`Resources`].
+#[derive(Debug, Default)]
+struct PodSets {
+    pods: HashMap<PodKey, Arc<PodRender>>,
+    cluster_owners: HashMap<String, BTreeSet<PodKey>>,
+    listener_owners: HashMap<String, BTreeSet<PodKey>>,
+    served_clusters: HashMap<String, ClusterSpec>,
+    served_listeners: HashMap<String, ListenerSpec>,
+    health: BTreeMap<String, usize>,
+    rejected: BTreeMap<PodKey, (Vec<Rejected>, Vec<Rejected>)>,
+    current: Option<Resources>,
+}
 
-/// One rendered cluster: the spec it came from, the packed proto and its [`resource_digest`].
+/// One rendered cluster: the spec it came from and the served resource.
 #[derive(Debug)]
 struct Cached {
     spec: ClusterSpec,
-    any: Any,
-    digest: [u8; 32],
+    served: Arc<Served>,
+}
+
+fn packed(name: &str, resource: Any) -> Served {
+    Served::new(NamedResource { name: name.to_owned(), resource })
 }
 
 impl Renderer {
     /// A renderer with these node-wide options and an empty cache.
     pub fn new(opts: RenderOptions) -> Self {
-        let gateway = render_health_listener(&opts).map(|listener| {
-            listener.map(|l| {
-                let r = NamedResource { name: l.name.clone(), resource: pack_any(l) };
-                (resource_digest(&r), r)
-            })
-        });
-        Renderer { opts, cache: HashMap::new(), inbound: HashMap::new(), gateway, checks: None }
+        let gateway = render_health_listener(&opts)
+            .map(|listener| listener.map(|l| Arc::new(packed(&l.name.clone(), pack_any(l)))));
+        Renderer {
+            opts,
+            cache: HashMap::new(),
+            inbound: HashMap::new(),
+            gateway,
+            checks: None,
+            pods: PodSets::default(),
+            encoded: 0,
+        }
     }
 
     /// The options this renderer uses.
     pub fn options(&self) -> &RenderOptions {
         &self.opts
+    }
+
+    /// How many clusters and inbound listeners this renderer has encoded since it was made.
+    pub fn encoded(&self) -> u64 {
+        self.encoded
+    }
+
+    /// The gateway's checks of `names` (sorted or not: the encoding is by name), from the cache
+    /// when the list is the one rendered last.
+    fn checks_of(&mut self, names: Vec<String>) -> Arc<Served> {
+        match &self.checks {
+            Some((last, served)) if *last == names => served.clone(),
+            _ => {
+                let config = render_health_checks(&names);
+                let served = Arc::new(packed(&config.name.clone(), pack_any(config)));
+                self.checks = Some((names, served.clone()));
+                served
+            }
+        }
     }
 
     /// Renders `snapshot`: every valid cluster (first of each name wins), the inbound listeners,
@@ -511,9 +666,8 @@ impl Renderer {
                 Some(c) if c.spec == *spec => c,
                 _ => match render_cluster(spec, &self.opts) {
                     Ok(cluster) => {
-                        let any = pack_any(cluster);
-                        let digest = resource_digest(&NamedResource { name: spec.name.clone(), resource: any.clone() });
-                        Cached { spec: spec.clone(), any, digest }
+                        self.encoded += 1;
+                        Cached { spec: spec.clone(), served: Arc::new(packed(&spec.name, pack_any(cluster))) }
                     }
                     Err(error) => {
                         rejected.push(Rejected { name: spec.name.clone(), error });
@@ -521,7 +675,7 @@ impl Renderer {
                     }
                 },
             };
-            clusters.push((cached.digest, NamedResource { name: spec.name.clone(), resource: cached.any.clone() }));
+            clusters.push(cached.served.clone());
             cache.insert(spec.name.clone(), cached);
         }
         self.cache = cache;
@@ -537,12 +691,12 @@ impl Renderer {
                 });
                 continue;
             }
-            let digested = match self.inbound.remove(&spec.name) {
+            let served = match self.inbound.remove(&spec.name) {
                 Some((old, d)) if old == *spec => d,
                 _ => match render_inbound_listener(spec, &self.opts) {
                     Ok(l) => {
-                        let r = NamedResource { name: spec.name.clone(), resource: pack_any(l) };
-                        (resource_digest(&r), r)
+                        self.encoded += 1;
+                        Arc::new(packed(&spec.name, pack_any(l)))
                     }
                     Err(error) => {
                         rejected.push(Rejected { name: spec.name.clone(), error });
@@ -550,30 +704,230 @@ impl Renderer {
                     }
                 },
             };
-            listeners.push(digested.clone());
-            inbound.insert(spec.name.clone(), (spec.clone(), digested));
+            listeners.push(served.clone());
+            inbound.insert(spec.name.clone(), (spec.clone(), served));
         }
         self.inbound = inbound;
         let mut extension_configs = Vec::with_capacity(1);
-        match &self.gateway {
+        match self.gateway.clone() {
             Ok(Some(listener)) => {
-                listeners.push(listener.clone());
-                let fresh = self.checks.as_ref().is_some_and(|(names, _)| *names == snapshot.health_clusters);
-                if !fresh {
-                    let config = render_health_checks(&snapshot.health_clusters);
-                    let r = NamedResource { name: config.name.clone(), resource: pack_any(config) };
-                    self.checks = Some((snapshot.health_clusters.clone(), (resource_digest(&r), r)));
-                }
-                extension_configs.extend(self.checks.as_ref().map(|(_, checks)| checks.clone()));
+                listeners.push(listener);
+                extension_configs.push(self.checks_of(snapshot.health_clusters.clone()));
             }
             Ok(None) => {}
-            Err(error) => rejected.push(Rejected { name: HEALTH_LISTENER_NAME.to_owned(), error: error.clone() }),
+            Err(error) => rejected.push(Rejected { name: HEALTH_LISTENER_NAME.to_owned(), error }),
         }
         Resources {
-            clusters: TypedResources::from_digested(CLUSTER_TYPE_URL.to_owned(), clusters),
-            listeners: TypedResources::from_digested(LISTENER_TYPE_URL.to_owned(), listeners),
-            extension_configs: TypedResources::from_digested(EXTENSION_CONFIG_TYPE_URL.to_owned(), extension_configs),
+            clusters: TypedResources::from_served(CLUSTER_TYPE_URL.to_owned(), clusters),
+            listeners: TypedResources::from_served(LISTENER_TYPE_URL.to_owned(), listeners),
+            extension_configs: TypedResources::from_served(EXTENSION_CONFIG_TYPE_URL.to_owned(), extension_configs),
             rejected,
+        }
+    }
+
+    /// Applies the pods that changed since the last call (`None`: the pod is gone; a pod not
+    /// listed keeps what it had) and returns the served resources: equal to what
+    /// [`Renderer::render`] makes of the [`Snapshot`] of all the pods given so far, in pod key
+    /// order (`aether_agent_core::render::render`). Only the named pods' clusters and listeners
+    /// are compared, and only those whose spec changed are encoded; the sets are updated in
+    /// place (persistent maps, running versions). The gateway's checks are re-rendered when a
+    /// health cluster name appears or goes (they list every name: O(pods), on pod arrivals and
+    /// departures only).
+    pub fn update_pods(&mut self, changes: impl IntoIterator<Item = (PodKey, Option<Arc<PodRender>>)>) -> Resources {
+        let mut current = match self.pods.current.take() {
+            Some(c) => c,
+            None => self.initial(),
+        };
+        let mut clusters = BTreeSet::new();
+        let mut listeners = BTreeSet::new();
+        let mut rejections = BTreeSet::new();
+        // Health cluster names touched, and whether each was listed before.
+        let mut health: BTreeMap<String, bool> = BTreeMap::new();
+        for (key, new) in changes {
+            let old = match &new {
+                Some(n) => self.pods.pods.insert(key.clone(), n.clone()),
+                None => self.pods.pods.remove(&key),
+            };
+            if old.as_deref() == new.as_deref() {
+                continue;
+            }
+            let sets = &mut self.pods;
+            for c in old.iter().flat_map(|o| &o.clusters) {
+                release(&mut sets.cluster_owners, &c.name, &key);
+                clusters.insert(c.name.clone());
+            }
+            for c in new.iter().flat_map(|n| &n.clusters) {
+                sets.cluster_owners.entry(c.name.clone()).or_default().insert(key.clone());
+                clusters.insert(c.name.clone());
+            }
+            for l in old.iter().flat_map(|o| &o.listeners) {
+                release(&mut sets.listener_owners, &l.name, &key);
+                listeners.insert(l.name.clone());
+            }
+            for l in new.iter().flat_map(|n| &n.listeners) {
+                sets.listener_owners.entry(l.name.clone()).or_default().insert(key.clone());
+                listeners.insert(l.name.clone());
+            }
+            for name in old.iter().chain(&new).map(|p| &p.health_cluster) {
+                health.entry(name.clone()).or_insert_with(|| sets.health.contains_key(name));
+            }
+            if let Some(o) = &old {
+                let n = sets.health.entry(o.health_cluster.clone()).or_default();
+                *n -= 1;
+                if *n == 0 {
+                    sets.health.remove(&o.health_cluster);
+                }
+            }
+            if let Some(n) = &new {
+                *sets.health.entry(n.health_cluster.clone()).or_default() += 1;
+            }
+            rejections.insert(key);
+        }
+        for name in &clusters {
+            rejections.extend(self.pods.cluster_owners.get(name).into_iter().flatten().cloned());
+            self.refresh_cluster(&mut current.clusters, name);
+        }
+        for name in &listeners {
+            rejections.extend(self.pods.listener_owners.get(name).into_iter().flatten().cloned());
+            self.refresh_listener(&mut current.listeners, name);
+        }
+        for key in rejections {
+            self.reject(key);
+        }
+        let health_moved = health.iter().any(|(name, was)| self.pods.health.contains_key(name) != *was);
+        if health_moved && let Ok(Some(_)) = &self.gateway {
+            let checks = self.checks_of(self.pods.health.keys().cloned().collect());
+            current.extension_configs.add((checks.resource.name.clone(), 0), checks);
+        }
+        current.clusters.seal();
+        current.listeners.seal();
+        current.extension_configs.seal();
+        current.rejected = self.rejected();
+        self.pods.current = Some(current.clone());
+        current
+    }
+
+    /// The resources of a node with no pod: the gateway's listener and empty checks.
+    fn initial(&mut self) -> Resources {
+        let mut r = Resources::default();
+        if let Ok(Some(listener)) = self.gateway.clone() {
+            r.listeners.add((listener.resource.name.clone(), 0), listener);
+            let checks = self.checks_of(Vec::new());
+            r.extension_configs.add((checks.resource.name.clone(), 0), checks);
+        }
+        r.listeners.seal();
+        r.extension_configs.seal();
+        r
+    }
+
+    /// Serves under cluster `name` the spec of the pod that wins it, encoding it only when it
+    /// differs from the one served; removes the name when no pod renders a valid spec for it.
+    fn refresh_cluster(&mut self, set: &mut TypedResources, name: &str) {
+        let winner = self.pods.cluster_owners.get(name).and_then(|o| o.first());
+        let spec = winner.and_then(|k| self.pods.pods.get(k)).and_then(|p| p.clusters.iter().find(|c| c.name == name));
+        if spec.is_some() && self.pods.served_clusters.get(name) == spec {
+            return;
+        }
+        match spec.map(|s| (s, render_cluster(s, &self.opts))) {
+            Some((spec, Ok(cluster))) => {
+                self.encoded += 1;
+                set.add((name.to_owned(), 0), Arc::new(packed(name, pack_any(cluster))));
+                self.pods.served_clusters.insert(name.to_owned(), spec.clone());
+            }
+            Some((_, Err(_))) | None => {
+                if self.pods.served_clusters.remove(name).is_some() {
+                    set.take(&(name.to_owned(), 0));
+                }
+            }
+        }
+    }
+
+    /// [`Renderer::refresh_cluster`] for inbound listener `name` (never the gateway's name).
+    fn refresh_listener(&mut self, set: &mut TypedResources, name: &str) {
+        let winner =
+            self.pods.listener_owners.get(name).and_then(|o| o.first()).filter(|_| name != HEALTH_LISTENER_NAME);
+        let spec = winner.and_then(|k| self.pods.pods.get(k)).and_then(|p| p.listeners.iter().find(|l| l.name == name));
+        if spec.is_some() && self.pods.served_listeners.get(name) == spec {
+            return;
+        }
+        match spec.map(|s| (s, render_inbound_listener(s, &self.opts))) {
+            Some((spec, Ok(listener))) => {
+                self.encoded += 1;
+                set.add((name.to_owned(), 0), Arc::new(packed(name, pack_any(listener))));
+                self.pods.served_listeners.insert(name.to_owned(), spec.clone());
+            }
+            Some((_, Err(_))) | None => {
+                if self.pods.served_listeners.remove(name).is_some() {
+                    set.take(&(name.to_owned(), 0));
+                }
+            }
+        }
+    }
+
+    /// Decides again what of pod `key`'s specs is left out, as [`Renderer::render`] would: a
+    /// name another pod (a smaller key) also renders, or a spec Envoy would refuse.
+    fn reject(&mut self, key: PodKey) {
+        let Some(pod) = self.pods.pods.get(&key) else {
+            self.pods.rejected.remove(&key);
+            return;
+        };
+        let wins = |owners: &HashMap<String, BTreeSet<PodKey>>, name: &str| {
+            owners.get(name).and_then(|o| o.first()) == Some(&key)
+        };
+        let duplicate = |name: &str| Rejected {
+            name: name.to_owned(),
+            error: RenderError::DuplicateName { name: name.to_owned() },
+        };
+        let mut seen = HashSet::new();
+        let clusters: Vec<Rejected> = pod
+            .clusters
+            .iter()
+            .filter_map(|c| {
+                if !seen.insert(c.name.as_str()) || !wins(&self.pods.cluster_owners, &c.name) {
+                    return Some(duplicate(&c.name));
+                }
+                c.validate().err().map(|error| Rejected { name: c.name.clone(), error })
+            })
+            .collect();
+        let mut seen = HashSet::new();
+        let listeners: Vec<Rejected> = pod
+            .listeners
+            .iter()
+            .filter_map(|l| {
+                if l.name == HEALTH_LISTENER_NAME
+                    || !seen.insert(l.name.as_str())
+                    || !wins(&self.pods.listener_owners, &l.name)
+                {
+                    return Some(duplicate(&l.name));
+                }
+                l.validate().err().map(|error| Rejected { name: l.name.clone(), error })
+            })
+            .collect();
+        if clusters.is_empty() && listeners.is_empty() {
+            self.pods.rejected.remove(&key);
+        } else {
+            self.pods.rejected.insert(key, (clusters, listeners));
+        }
+    }
+
+    /// Everything left out, in [`Renderer::render`]'s order: clusters, listeners, the gateway.
+    fn rejected(&self) -> Vec<Rejected> {
+        let by_pod = self.pods.rejected.values();
+        let mut out: Vec<Rejected> = by_pod.clone().flat_map(|(c, _)| c.iter().cloned()).collect();
+        out.extend(by_pod.flat_map(|(_, l)| l.iter().cloned()));
+        if let Err(error) = &self.gateway {
+            out.push(Rejected { name: HEALTH_LISTENER_NAME.to_owned(), error: error.clone() });
+        }
+        out
+    }
+}
+
+/// Removes `key` from the claimants of `name`, dropping the entry when it empties.
+fn release(owners: &mut HashMap<String, BTreeSet<PodKey>>, name: &str, key: &PodKey) {
+    if let Some(set) = owners.get_mut(name) {
+        set.remove(key);
+        if set.is_empty() {
+            owners.remove(name);
         }
     }
 }
@@ -720,7 +1074,7 @@ mod tests {
         assert_eq!(one.listeners.names(), [HEALTH_LISTENER_NAME]);
         assert_eq!(one.extension_configs.names(), [HEALTH_CHECKS_NAME]);
         assert_eq!(one.extension_configs.type_url, EXTENSION_CONFIG_TYPE_URL);
-        assert_eq!(one.extension_configs.resources[0].resource.type_url, EXTENSION_CONFIG_TYPE_URL);
+        assert_eq!(one.extension_configs.iter().next().unwrap().resource.resource.type_url, EXTENSION_CONFIG_TYPE_URL);
         for change in 0..2 {
             if change == 0 {
                 snap.health_clusters.push("health_ns_b".to_owned());
@@ -818,6 +1172,84 @@ mod tests {
         assert!(matches!(render_inbound_listener(&spec, &opts), Err(RenderError::InvalidPath { .. })));
     }
 
+    /// Pod `ns/p<i>` (uid `u<i>`, or `dup` for a second pod of the same name) rendered as
+    /// `aether_agent_core::render` would: its app cluster on `path`, its health cluster, and an
+    /// inbound listener when `listener`.
+    fn pod(i: usize, uid: &str, path: &str, listener: bool) -> (PodKey, Option<Arc<PodRender>>) {
+        let key = PodKey { namespace: "ns".into(), name: format!("p{i}"), uid: format!("{uid}{i}") };
+        let app = format!("app_ns_p{i}_8080");
+        let render = PodRender {
+            clusters: vec![pipe(&app, path), pipe(&format!("health_ns_p{i}"), path)],
+            listeners: if listener { vec![inbound(&format!("inbound_ns_p{i}_8080"), 8080)] } else { vec![] },
+            health_cluster: format!("health_ns_p{i}"),
+            effective: aether_agent_core::render::Effective::Pipe(path.to_owned()),
+        };
+        (key, Some(Arc::new(render)))
+    }
+
+    /// The whole [`Snapshot`] of `pods`, in key order (what the core's `render` lists).
+    fn whole(pods: &BTreeMap<PodKey, Arc<PodRender>>) -> Snapshot {
+        let mut s = Snapshot::default();
+        for p in pods.values() {
+            s.clusters.extend(p.clusters.iter().cloned());
+            s.listeners.extend(p.listeners.iter().cloned());
+            s.health_clusters.push(p.health_cluster.clone());
+        }
+        s
+    }
+
+    #[test]
+    fn per_pod_updates_serve_exactly_what_a_whole_render_serves() {
+        let opts = RenderOptions::default();
+        let mut r = Renderer::new(opts.clone());
+        let mut all: BTreeMap<PodKey, Arc<PodRender>> = BTreeMap::new();
+        let long = format!("/{}", "x".repeat(200));
+        let steps: Vec<Vec<(PodKey, Option<Arc<PodRender>>)>> = vec![
+            vec![],
+            (0..6).map(|i| pod(i, "u", &format!("/s{i}"), i % 2 == 0)).collect(),
+            vec![pod(2, "u", "/s2-moved", true)],
+            vec![pod(3, "u", &long, false)],
+            // A second pod of the same name: its names are duplicates until the first goes.
+            vec![pod(1, "v", "/other", true)],
+            vec![(pod(1, "u", "", false).0, None)],
+            vec![(pod(4, "u", "", false).0, None), pod(7, "u", "/s7", true), pod(3, "u", "/s3", false)],
+            vec![pod(0, "u", "/s0", true)],
+        ];
+        for (n, step) in steps.into_iter().enumerate() {
+            for (k, v) in &step {
+                match v {
+                    Some(v) => all.insert(k.clone(), v.clone()),
+                    None => all.remove(k),
+                };
+            }
+            assert_eq!(r.update_pods(step), render(&whole(&all), &opts), "step {n}");
+        }
+    }
+
+    #[test]
+    fn a_pod_change_encodes_only_its_own_resources_and_shares_the_rest() {
+        let mut r = Renderer::new(RenderOptions::default());
+        let first = r.update_pods((0..1000).map(|i| pod(i, "u", &format!("/s{i}"), true)));
+        assert_eq!((r.encoded(), first.clusters.len(), first.listeners.len()), (3000, 2000, 1001));
+        let next = r.update_pods([pod(500, "u", "/moved", true)]);
+        assert_eq!(r.encoded(), 3002, "its 2 clusters, nothing else (its listener's spec is the same)");
+        assert_ne!(next.clusters.version, first.clusters.version);
+        assert_eq!(next.listeners, first.listeners);
+        let checks = |r: &Resources| r.extension_configs.resources.values().next().cloned().unwrap();
+        assert!(Arc::ptr_eq(&checks(&first), &checks(&next)), "no health name came or went: checks not re-rendered");
+        let key = |n: &str| (n.to_owned(), 0);
+        let same =
+            |a: &TypedResources, b: &TypedResources, n: &str| Arc::ptr_eq(&a.resources[&key(n)], &b.resources[&key(n)]);
+        assert!(
+            same(&first.clusters, &next.clusters, "app_ns_p499_8080"),
+            "an untouched cluster is shared, not copied"
+        );
+        assert!(!same(&first.clusters, &next.clusters, "app_ns_p500_8080"));
+        assert_eq!(first.clusters.resources.diff(&next.clusters.resources).count(), 2);
+        let again = r.update_pods([pod(500, "u", "/moved", true)]);
+        assert_eq!((r.encoded(), &again.clusters.version), (3002, &next.clusters.version), "an equal pod: nothing");
+    }
+
     #[test]
     fn one_bad_cluster_is_left_out_and_reported_the_rest_render() {
         let long = format!("/{}", "x".repeat(200));
@@ -831,7 +1263,7 @@ mod tests {
         let labels: Vec<_> = r.rejected.iter().map(|x| (x.name.as_str(), x.error.label())).collect();
         assert_eq!(labels, vec![("bad", "pipe-path-too-long"), ("good", "duplicate-name")]);
         // The kept duplicate is the first one.
-        let c = Cluster::decode(r.clusters.resources[0].resource.value.as_slice()).unwrap();
+        let c = Cluster::decode(r.clusters.get("good").unwrap().resource.resource.value.as_slice()).unwrap();
         let ep = c.load_assignment.unwrap().endpoints[0].lb_endpoints[0].clone();
         let Some(HostIdentifier::Endpoint(e)) = ep.host_identifier else { panic!() };
         assert_eq!(e.address.unwrap().address, Some(address::Address::Pipe(Pipe { path: "/g".to_owned(), mode: 0 })));

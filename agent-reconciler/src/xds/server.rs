@@ -31,7 +31,6 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use tokio::sync::watch;
 
 pub use super::acks::{AckTracker, Nack, StreamState, TypeState};
-use super::delta::VersionCache;
 pub use super::listen::{ServeError, XdsAddr, XdsListener};
 pub use super::metrics::{ChangeClock, TypeLabel, XdsMetrics, type_label};
 pub use super::publish::{spawn_renderer, spawn_renderer_with_clock};
@@ -53,8 +52,6 @@ pub struct XdsServer {
     pub(super) shutdown: watch::Receiver<bool>,
     shutdown_tx: Arc<watch::Sender<bool>>,
     gate: Gate,
-    /// Per-resource versions for the delta streams, computed once per published resources.
-    pub(super) versions: VersionCache,
 }
 
 impl XdsServer {
@@ -72,7 +69,6 @@ impl XdsServer {
             shutdown,
             shutdown_tx: Arc::new(shutdown_tx),
             gate: Gate::new(ListenerKind::Xds.default_policy(), &ListenerMetrics::new()),
-            versions: VersionCache::new(),
         }
     }
 

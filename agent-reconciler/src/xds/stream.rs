@@ -108,7 +108,7 @@ impl Stream {
         sent.nonce = Some(nonce.clone());
         let response = DiscoveryResponse {
             version_info: set.version.clone(),
-            resources: set.resources.iter().map(|r| r.resource.clone()).collect(),
+            resources: set.iter().map(|r| r.resource.resource.clone()).collect(),
             type_url: type_url.to_owned(),
             nonce,
             ..Default::default()

@@ -14,6 +14,9 @@
 //!   does not exist instead of waiting for it).
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use super::super::resources::{Served, SetKey};
 
 /// The wildcard resource name.
 pub const WILDCARD: &str = "*";
@@ -94,10 +97,11 @@ impl Held {
 
     /// Records a response built from `plan` over `current` as delivered: the client holds the
     /// sent versions and none of the removed names.
-    pub fn record(&mut self, current: &[(String, String)], plan: &Plan) {
-        for &i in &plan.send {
-            let (name, version) = &current[i];
-            self.0.insert(name.clone(), version.clone());
+    pub fn record<V: Versioned + Clone>(&mut self, current: &imbl::OrdMap<SetKey, V>, plan: &Plan) {
+        for key in &plan.send {
+            if let Some(v) = current.get(key) {
+                self.0.insert(key.0.clone(), v.version().to_owned());
+            }
         }
         for name in &plan.removed {
             self.0.remove(name);
@@ -116,8 +120,8 @@ impl Held {
 /// One delta response's content, before encoding.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
-    /// Indexes into the current set of the resources to send, in the set's (name) order.
-    pub send: Vec<usize>,
+    /// Keys into the current set of the resources to send, in the set's (name) order.
+    pub send: Vec<SetKey>,
     /// Names for `removed_resources`, sorted.
     pub removed: Vec<String>,
 }
@@ -129,35 +133,83 @@ impl Plan {
     }
 }
 
+/// A served resource's delta version.
+pub trait Versioned {
+    /// The version (a content hash).
+    fn version(&self) -> &str;
+}
+
+impl Versioned for String {
+    fn version(&self) -> &str {
+        self
+    }
+}
+
+impl Versioned for Arc<Served> {
+    fn version(&self) -> &str {
+        &self.version
+    }
+}
+
 /// What to send a client holding `held`, subscribed as `subscription`, so that it holds the
-/// subscribed part of `current` (`(name, version)` pairs, sorted by name): every subscribed
-/// resource whose version the client does not hold or that is in `forced`, and the removal of
-/// every held name `current` lacks and of every forced name `current` lacks.
-pub fn plan(held: &Held, current: &[(String, String)], subscription: &Subscription, forced: &BTreeSet<String>) -> Plan {
-    let send = current
-        .iter()
-        .enumerate()
-        .filter(|(_, (name, version))| {
-            subscription.covers(name) && (forced.contains(name) || held.version(name) != Some(version.as_str()))
-        })
-        .map(|(i, _)| i)
-        .collect();
-    let present = |name: &str| current.binary_search_by(|(n, _)| n.as_str().cmp(name)).is_ok();
-    let mut removed: BTreeSet<String> = held.0.keys().filter(|n| !present(n)).cloned().collect();
-    removed.extend(forced.iter().filter(|n| !present(n)).cloned());
-    Plan { send, removed: removed.into_iter().collect() }
+/// subscribed part of `current` (by [`SetKey`], i.e. by name): every subscribed resource whose
+/// version the client does not hold or that is in `forced`, and the removal of every held name
+/// `current` lacks and of every forced name `current` lacks.
+///
+/// `candidates` limits the names looked at (with `forced` always added): the names that can
+/// differ since the client was last brought up to date (what changed in the set since then, and
+/// names whose held state moved outside a response). `None` looks at every name of `current`,
+/// of `held` and of `forced` (a new subscription). Cost: O((candidates + forced) · log n), or
+/// O(n) for `None`.
+pub fn plan<V: Versioned + Clone>(
+    held: &Held,
+    current: &imbl::OrdMap<SetKey, V>,
+    subscription: &Subscription,
+    forced: &BTreeSet<String>,
+    candidates: Option<&BTreeSet<String>>,
+) -> Plan {
+    let names: BTreeSet<&str> = match candidates {
+        Some(c) => c.iter().chain(forced).map(String::as_str).collect(),
+        None => current
+            .keys()
+            .map(|(n, _)| n.as_str())
+            .chain(held.0.keys().map(String::as_str))
+            .chain(forced.iter().map(String::as_str))
+            .collect(),
+    };
+    let mut plan = Plan::default();
+    for name in names {
+        let mut present = false;
+        for (key, v) in current.range((name.to_owned(), 0)..=(name.to_owned(), u32::MAX)) {
+            present = true;
+            if subscription.covers(name) && (forced.contains(name) || held.version(name) != Some(v.version())) {
+                plan.send.push(key.clone());
+            }
+        }
+        if !present && (held.version(name).is_some() || forced.contains(name)) {
+            plan.removed.push(name.to_owned());
+        }
+    }
+    plan
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn set(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect()
+    type Set = imbl::OrdMap<SetKey, String>;
+
+    fn set(pairs: &[(&str, &str)]) -> Set {
+        pairs.iter().map(|(n, v)| (((*n).to_owned(), 0), (*v).to_owned())).collect()
     }
 
-    fn names(current: &[(String, String)], plan: &Plan) -> Vec<String> {
-        plan.send.iter().map(|&i| current[i].0.clone()).collect()
+    fn names(_current: &Set, plan: &Plan) -> Vec<String> {
+        plan.send.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// [`super::plan`] over every name.
+    fn plan(held: &Held, current: &Set, subscription: &Subscription, forced: &BTreeSet<String>) -> Plan {
+        super::plan(held, current, subscription, forced, None)
     }
 
     fn wildcard() -> Subscription {
@@ -235,6 +287,31 @@ mod tests {
         assert!(plan(&held, &current, &s, &BTreeSet::new()).is_empty());
         let again = s.apply(false, &strings(&["checks"]), &[]);
         assert_eq!(names(&current, &plan(&held, &current, &s, &again)), ["checks"], "re-subscribed: resent");
+    }
+
+    #[test]
+    fn a_plan_over_the_names_a_diff_finds_equals_the_plan_over_every_name() {
+        let before: Set = (0..1000).map(|i| ((format!("c{i:04}"), 0), "1".to_owned())).collect();
+        let mut held = Held::default();
+        held.record(&before, &plan(&held, &before, &wildcard(), &BTreeSet::new()));
+        let mut after = before.clone();
+        after.insert(("c0500".to_owned(), 0), "2".to_owned());
+        after.insert(("new".to_owned(), 0), "1".to_owned());
+        after.remove(&("c0007".to_owned(), 0));
+        let candidates: BTreeSet<String> = before
+            .diff(&after)
+            .map(|item| match item {
+                imbl::ordmap::DiffItem::Add((n, _), _) | imbl::ordmap::DiffItem::Remove((n, _), _) => n.clone(),
+                imbl::ordmap::DiffItem::Update { new: ((n, _), _), .. } => n.clone(),
+            })
+            .collect();
+        assert_eq!(candidates.len(), 3, "the diff skips what the two sets share");
+        let limited = super::plan(&held, &after, &wildcard(), &BTreeSet::new(), Some(&candidates));
+        assert_eq!(limited, plan(&held, &after, &wildcard(), &BTreeSet::new()));
+        assert_eq!(
+            (names(&after, &limited), limited.removed.clone()),
+            (strings(&["c0500", "new"]), strings(&["c0007"]))
+        );
     }
 
     #[test]

@@ -33,16 +33,17 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use imbl::ordmap::DiffItem;
 use prost::Message;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 pub use diff::{Held, Plan, Subscription, plan};
-pub use versions::{VersionCache, Versions, resource_version};
+pub use versions::resource_version;
 
 use super::acks::{AckTracker, Nack, StreamState};
 use super::metrics::{MODE_DELTA, XdsMetrics};
-use super::resources::Resources;
+use super::resources::{Resources, Served, SetKey};
 use super::server::XdsServer;
 use super::stream::{Connection, next_nonce};
 
@@ -70,6 +71,14 @@ struct TypeStream {
     /// `system_version_info` of the last response.
     sent_version: Option<String>,
     in_flight: VecDeque<InFlight>,
+    /// The set the last response was planned against (a structural share, not a copy): the
+    /// next plan looks only at the names that differ from it ([`imbl::OrdMap::diff`]), so a
+    /// change costs the stream O(changed · log n). `None` until the first response, or after
+    /// a wildcard subscription: the next plan looks at every name.
+    synced: Option<imbl::OrdMap<SetKey, Arc<Served>>>,
+    /// Names whose held state moved outside a response (unsubscribed, or carried by a NACKed
+    /// response): looked at by the next plan.
+    recheck: BTreeSet<String>,
 }
 
 struct DeltaStream {
@@ -80,7 +89,6 @@ struct DeltaStream {
     out: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
     tracker: AckTracker,
     metrics: Option<XdsMetrics>,
-    versions: VersionCache,
 }
 
 impl DeltaStream {
@@ -94,10 +102,22 @@ impl DeltaStream {
         if t.subscription.is_empty() {
             return true;
         }
-        let versions = self.versions.versions(resources);
-        let current = versions.of(type_url);
-        let plan = plan(&t.held, current, &t.subscription, &t.forced);
+        let current = &set.resources;
+        let candidates: Option<BTreeSet<String>> = t.synced.as_ref().map(|synced| {
+            let mut names: BTreeSet<String> = synced
+                .diff(current)
+                .map(|item| match item {
+                    DiffItem::Add((name, _), _) | DiffItem::Remove((name, _), _) => name.clone(),
+                    DiffItem::Update { new: ((name, _), _), .. } => name.clone(),
+                })
+                .collect();
+            names.append(&mut t.recheck);
+            names
+        });
+        let plan = plan(&t.held, current, &t.subscription, &t.forced, candidates.as_ref());
         t.forced.clear();
+        t.recheck.clear();
+        t.synced = Some(current.clone());
         if plan.is_empty() && !always && t.sent_version.as_deref() == Some(set.version.as_str()) {
             return true;
         }
@@ -108,10 +128,11 @@ impl DeltaStream {
             resources: plan
                 .send
                 .iter()
-                .map(|&i| Resource {
-                    name: current[i].0.clone(),
-                    version: current[i].1.clone(),
-                    resource: Some(set.resources[i].resource.clone()),
+                .filter_map(|key| current.get(key))
+                .map(|r| Resource {
+                    name: r.resource.name.clone(),
+                    version: r.version.clone(),
+                    resource: Some(r.resource.resource.clone()),
                     ..Default::default()
                 })
                 .collect(),
@@ -120,7 +141,7 @@ impl DeltaStream {
             nonce: nonce.clone(),
             ..Default::default()
         };
-        let names = plan.send.iter().map(|&i| current[i].0.clone()).chain(plan.removed.iter().cloned()).collect();
+        let names = plan.send.iter().map(|(name, _)| name.clone()).chain(plan.removed.iter().cloned()).collect();
         if t.in_flight.len() == IN_FLIGHT {
             t.in_flight.pop_front();
         }
@@ -160,7 +181,13 @@ impl DeltaStream {
             t.held = Held::from_initial(req.initial_resource_versions);
             tracing::debug!(node = %self.node, type_url, held = t.held.len(), "delta xDS subscription");
         }
+        let was_wildcard = t.subscription.wildcard;
         let mut forced = t.subscription.apply(first, &req.resource_names_subscribe, &req.resource_names_unsubscribe);
+        if t.subscription.wildcard && !was_wildcard {
+            // Every name is subscribed now: the next plan looks at all of them.
+            t.synced = None;
+        }
+        t.recheck.extend(req.resource_names_unsubscribe.iter().cloned());
         if first {
             // A reconnecting client subscribes again to the names it holds: their versions tell
             // whether they changed, so they are not forced.
@@ -192,6 +219,7 @@ impl DeltaStream {
                 resources = flight.names.len(),
                 "Envoy rejected a delta xDS update (NACK); it keeps its last good config");
             t.held.forget(flight.names.iter());
+            t.recheck.extend(flight.names.iter().cloned());
             if let Some(m) = &self.metrics {
                 XdsMetrics::inc(&m.nacks, type_url);
             }
@@ -255,7 +283,6 @@ pub(super) async fn run(
         out,
         tracker: server.tracker.clone(),
         metrics: server.metrics.clone(),
-        versions: server.versions.clone(),
     };
     super::stream::serve(inbound, stream, resources, shutdown, debounce).await;
 }

@@ -1,82 +1,20 @@
-//! Per-resource versions for delta xDS: [`VersionCache`] derives, once per published
-//! [`Resources`] and for every delta stream together, each resource's version
-//! ([`resource_version`]) from the digest the renderer computed when it rendered the resource
-//! ([`TypedResources::digests`]): nothing is hashed or compared again per publish.
+//! Per-resource versions for delta xDS: [`resource_version`] derives a resource's version from
+//! the digest the renderer computed once, when it rendered the resource
+//! ([`Served`](super::super::resources::Served) keeps both): nothing is hashed or compared again
+//! per publish or per stream.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-use super::super::resources::Resources;
-#[cfg(doc)]
-use super::super::resources::{TypedResources, resource_digest};
-
-/// The version of one resource from its [`resource_digest`] (name, type URL and encoded bytes):
-/// hex of the first 16 bytes, 32 characters. Same content, same version, across agent restarts,
-/// so a reconnecting Envoy's `initial_resource_versions` match what a new agent serves.
+/// The version of one resource from its [`resource_digest`](super::super::resources::resource_digest)
+/// (name, type URL and encoded bytes): hex of the first 16 bytes, 32 characters. Same content,
+/// same version, across agent restarts, so a reconnecting Envoy's `initial_resource_versions`
+/// match what a new agent serves.
 pub fn resource_version(digest: &[u8; 32]) -> String {
     digest[..16].iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The `(name, version)` of every resource of every served type, in each set's (name) order.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Versions {
-    by_type: HashMap<String, Vec<(String, String)>>,
-}
-
-impl Versions {
-    /// The pairs of `type_url`, aligned with its [`TypedResources::resources`]; empty for a type
-    /// not served.
-    pub fn of(&self, type_url: &str) -> &[(String, String)] {
-        self.by_type.get(type_url).map_or(&[], Vec::as_slice)
-    }
-
-    /// The versions of `resources`, from their digests.
-    fn compute(resources: &Resources) -> Versions {
-        let mut by_type = HashMap::new();
-        for type_url in resources.type_urls() {
-            let Some(set) = resources.get(type_url) else { continue };
-            let pairs = set.resources.iter().zip(&set.digests).map(|(r, d)| (r.name.clone(), resource_version(d)));
-            by_type.insert(type_url.to_owned(), pairs.collect());
-        }
-        Versions { by_type }
-    }
-}
-
-/// The [`Versions`] of the last published [`Resources`], shared by the delta streams of one
-/// server; cheap to clone.
-#[derive(Clone, Debug, Default)]
-pub struct VersionCache {
-    last: Arc<Mutex<Option<Computed>>>,
-}
-
-/// Published resources and their versions.
-type Computed = (Arc<Resources>, Arc<Versions>);
-
-impl VersionCache {
-    /// An empty cache.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The versions of `resources`: cached when it is the same `Arc` as last time, else computed
-    /// and cached.
-    pub fn versions(&self, resources: &Arc<Resources>) -> Arc<Versions> {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((r, v)) = last.as_ref()
-            && Arc::ptr_eq(r, resources)
-        {
-            return v.clone();
-        }
-        let versions = Arc::new(Versions::compute(resources));
-        *last = Some((resources.clone(), versions.clone()));
-        versions
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::resources::CLUSTER_TYPE_URL;
+    use crate::xds::resources::{CLUSTER_TYPE_URL, Resources, resource_digest};
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
     use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
@@ -88,26 +26,26 @@ mod tests {
         }
     }
 
+    fn pairs(r: &Resources) -> Vec<(String, String)> {
+        r.get(CLUSTER_TYPE_URL).unwrap().iter().map(|s| (s.resource.name.clone(), s.version.clone())).collect()
+    }
+
     #[test]
     fn versions_follow_content_and_unchanged_resources_keep_theirs() {
-        let cache = VersionCache::new();
-        let one = Arc::new(Resources::from_protos(vec![cluster("a", 1), cluster("b", 1)], vec![]));
-        let v1 = cache.versions(&one);
-        assert!(Arc::ptr_eq(&v1, &cache.versions(&one)), "the same Arc is computed once");
-        let pairs = v1.of(CLUSTER_TYPE_URL);
-        assert_eq!(pairs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["a", "b"]);
-        let digest = crate::xds::resources::resource_digest(&one.clusters.resources[0]);
-        assert_eq!(pairs[0].1, resource_version(&digest));
-        assert_eq!(pairs[0].1.len(), 32);
-        assert_ne!(pairs[0].1, pairs[1].1, "different content, different version");
+        let one = Resources::from_protos(vec![cluster("a", 1), cluster("b", 1)], vec![]);
+        let v1 = pairs(&one);
+        assert_eq!(v1.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        let digest = resource_digest(&one.clusters.get("a").unwrap().resource);
+        assert_eq!(v1[0].1, resource_version(&digest));
+        assert_eq!(v1[0].1.len(), 32);
+        assert_ne!(v1[0].1, v1[1].1, "different content, different version");
 
-        let two = Arc::new(Resources::from_protos(vec![cluster("a", 1), cluster("b", 2), cluster("c", 1)], vec![]));
-        let v2 = cache.versions(&two);
-        let after = v2.of(CLUSTER_TYPE_URL);
-        assert_eq!(after[0], pairs[0], "a is unchanged");
-        assert_ne!(after[1].1, pairs[1].1, "b changed");
-        // A version is the content's: a fresh cache (a restarted agent) agrees.
-        assert_eq!(*VersionCache::new().versions(&two), *v2);
-        assert!(v2.of("type.googleapis.com/unknown").is_empty());
+        let two = Resources::from_protos(vec![cluster("a", 1), cluster("b", 2), cluster("c", 1)], vec![]);
+        let v2 = pairs(&two);
+        assert_eq!(v2[0], v1[0], "a is unchanged");
+        assert_ne!(v2[1].1, v1[1].1, "b changed");
+        // A version is the content's: the same resources built again (a restarted agent) agree.
+        let again = Resources::from_protos(vec![cluster("c", 1), cluster("b", 2), cluster("a", 1)], vec![]);
+        assert_eq!(pairs(&again), v2);
     }
 }

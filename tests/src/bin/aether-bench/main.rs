@@ -8,7 +8,7 @@
 //! ```text
 //! aether-bench --oha PATH [--out docs/benchmarks.md] [--agent-out DIR] [--criterion DIR]
 //!              [--reps 3] [--secs 4] [--changes 50] [--repins 20]
-//!              [--sections agent,webhook,convergence,gateway,repin,dataplane,proxy-memory]
+//!              [--sections agent,webhook,convergence,gateway,repin,dataplane,proxy-memory,rss]
 //! ```
 //!
 //! `repin` (section 3b, [`repin`]) needs root: its agent mounts the socket pins.
@@ -16,6 +16,7 @@
 mod health_gateway;
 mod proxy_memory;
 mod repin;
+mod rss;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -52,7 +53,7 @@ impl Opts {
             secs: 4,
             changes: 50,
             repins: 20,
-            sections: ["agent", "webhook", "convergence", "gateway", "repin", "dataplane", "proxy-memory"]
+            sections: ["agent", "webhook", "convergence", "gateway", "repin", "dataplane", "proxy-memory", "rss"]
                 .map(String::from)
                 .to_vec(),
         };
@@ -119,7 +120,7 @@ fn main() -> anyhow::Result<()> {
     if opts.wants("agent") {
         section_agent(&mut r, &opts).context("section 1 (agent)")?;
     }
-    if ["webhook", "convergence", "repin", "gateway"].iter().any(|s| opts.wants(s)) {
+    if ["webhook", "convergence", "repin", "gateway", "rss"].iter().any(|s| opts.wants(s)) {
         let cp = ControlPlane::start().context("starting the control plane")?;
         if opts.wants("webhook") || opts.wants("convergence") {
             let certs = tempfile::Builder::new().prefix("aether-bench-certs-").tempdir()?;
@@ -139,6 +140,9 @@ fn main() -> anyhow::Result<()> {
         }
         if opts.wants("repin") {
             repin::section_repin(&mut r, &opts, &cp).context("section 3b (re-pin)")?;
+        }
+        if opts.wants("rss") {
+            rss::section_rss(&mut r, &opts, &cp).context("section 3d (agent RSS per pod)")?;
         }
     }
     if opts.wants("dataplane") {
@@ -343,6 +347,38 @@ fn section_agent(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
         figure: format!("{} (5 pods, 10 clusters, at every size)", if only_its_service { "yes" } else { "NO" }),
         met: Some(only_its_service),
         limit: "the O(pods) spec list rebuild per event remains (see section 1)".into(),
+    });
+
+    // The live agent's own path (issue 15): driver → per-pod render → renderer (`agent_*` groups).
+    let mut rows = Vec::new();
+    let mut policy = Vec::new();
+    for n in PODS {
+        let id = format!("{n}x10");
+        let [build, pc, pod] =
+            ["agent_full_build", "agent_policy_change", "agent_pod_change"].map(|g| criterion_time(opts, g, &id));
+        let (build, pc, pod) = (build?, pc?, pod?);
+        policy.push(pc.median);
+        rows.push(vec![show_count(n as f64), build.show(show_secs), pc.show(show_secs), pod.show(show_secs)]);
+    }
+    r.line(
+        "\nThe live agent's path (`agent_*` groups): a `Driver` fed the watch events, re-rendering only the pods the \
+         index reports changed and sending only those to the renderer, whose served sets are persistent maps with \
+         running versions (no state dir, no debounce, no ADS send; 10 policies). The per-event groups above emulate \
+         the earlier whole-map path (`render::render` of every pod, then the cached renderer over the whole list).\n",
+    );
+    r.add(&md_table(&["pods", "boot + first render", "policy change", "pod change"], &rows));
+    let growth = ratio(policy[2], policy[1]);
+    r.goals.push(Goal {
+        goal: "Policy change at 10k pods: agent CPU ≤ 5 ms",
+        figure: show_secs(policy[2]),
+        met: Some(policy[2] <= 0.005),
+        limit: String::new(),
+    });
+    r.goals.push(Goal {
+        goal: "Per-change CPU growth 1k → 10k pods ≤ 1.5×",
+        figure: show_ratio(growth),
+        met: Some(growth.is_some_and(|g| g <= 1.5)),
+        limit: String::new(),
     });
 
     let mem: serde_json::Value = serde_json::from_str(

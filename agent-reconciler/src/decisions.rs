@@ -1,0 +1,215 @@
+//! The decision board: the agent's live per-pod [`Decision`] (issue 16), kept by the reconcile
+//! loop and served by the admin port (`GET /debug/pods/{namespace}/{name}`, `GET /debug/pods`,
+//! see [`crate::admin`]) for `kubectl aether why`.
+//!
+//! Per change, never per pod: the driver ([`crate::driver::Driver::with_decisions`]) updates the
+//! board only for the pods an event touched (re-rendered, removed, or whose on-disk check, netns
+//! or inbound listeners changed) and for the service keys whose conflict appeared, altered or
+//! ended. The conflict of a pod's service key is joined at read time, so a losing policy's edit
+//! (which re-renders no pod) still shows on every pod of that service.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use aether_agent_core::decision::{ConflictView, Decision};
+use aether_crds::tiebreak::ServiceKey;
+
+use crate::index::{Change, DeliveryMap};
+use crate::record::PodKey;
+use aether_agent_core::refusal::Refusal;
+
+/// The most decisions `GET /debug/pods` lists; the answer says when it truncated.
+pub const LIST_CAP: usize = 1000;
+
+/// One pod on the board: its decision and its service key (for the conflict join).
+struct Entry {
+    decision: Arc<Decision>,
+    service: ServiceKey,
+}
+
+#[derive(Default)]
+struct Board {
+    /// `(namespace, name)` → the pod's latest decision.
+    pods: BTreeMap<(String, String), Entry>,
+    /// Open conflicts by service key.
+    conflicts: HashMap<ServiceKey, ConflictView>,
+}
+
+/// The board, shared (cheap to clone) between the reconcile loop, which writes it, and the admin
+/// port, which reads it.
+#[derive(Clone)]
+pub struct Decisions {
+    node: Arc<str>,
+    board: Arc<RwLock<Board>>,
+}
+
+/// `GET /debug/pods`: the decisions of the node's managed pods, by namespace and name.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Listing {
+    /// The node the agent serves (`--node-name`).
+    pub node: String,
+    /// How many managed pods the agent knows.
+    pub total: usize,
+    /// True when `pods` holds only the first [`LIST_CAP`] of them.
+    pub truncated: bool,
+    /// The decisions, at most [`LIST_CAP`].
+    pub pods: Vec<Decision>,
+}
+
+impl Decisions {
+    /// An empty board for the agent of node `node`.
+    pub fn new(node: &str) -> Self {
+        Decisions { node: node.into(), board: Arc::default() }
+    }
+
+    /// The node this board describes.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Re-decides the pods `keys` name from `map` (the index's current map) and the on-disk
+    /// refusals: a pod in the map gets its projection stamped now; a pod no longer in it is
+    /// dropped (unless a newer pod of the same name, another UID, holds the entry). O(`keys`).
+    pub fn update(&self, map: &DeliveryMap, keys: &[PodKey], refused: &HashMap<PodKey, Refusal>) {
+        if keys.is_empty() {
+            return;
+        }
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let mut board = self.board.write().unwrap_or_else(|e| e.into_inner());
+        for key in keys {
+            let id = (key.namespace.clone(), key.name.clone());
+            match map.get(key) {
+                Some(entry) => {
+                    let decision = Decision::project(key, entry, refused.get(key), None, Some(now.clone()));
+                    board.pods.insert(id, Entry { decision: Arc::new(decision), service: entry.pod.service_key() });
+                }
+                None => {
+                    if board.pods.get(&id).is_some_and(|e| e.decision.uid == key.uid) {
+                        board.pods.remove(&id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies one index [`Change`]: removed pods go, re-rendered ones are re-decided, and the
+    /// conflicts that appeared, altered or ended are recorded.
+    pub fn changed(&self, map: &DeliveryMap, change: &Change, refused: &HashMap<PodKey, Refusal>) {
+        self.update(map, &change.removed, refused);
+        self.update(map, &change.rerendered, refused);
+        if change.conflicts.is_empty() && change.resolved.is_empty() {
+            return;
+        }
+        let mut board = self.board.write().unwrap_or_else(|e| e.into_inner());
+        for key in &change.resolved {
+            board.conflicts.remove(key);
+        }
+        for c in &change.conflicts {
+            board.conflicts.insert(c.key.clone(), ConflictView::from(c));
+        }
+    }
+
+    /// The decision for pod `namespace/name`, with the conflict on its service key, if the agent
+    /// knows the pod.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Decision> {
+        let board = self.board.read().unwrap_or_else(|e| e.into_inner());
+        let entry = board.pods.get(&(namespace.to_owned(), name.to_owned()))?;
+        Some(board.with_conflict(entry))
+    }
+
+    /// The first [`LIST_CAP`] decisions by namespace and name, and how many there are.
+    pub fn list(&self) -> Listing {
+        let board = self.board.read().unwrap_or_else(|e| e.into_inner());
+        let pods: Vec<Decision> = board.pods.values().take(LIST_CAP).map(|e| board.with_conflict(e)).collect();
+        Listing { node: self.node.to_string(), total: board.pods.len(), truncated: board.pods.len() > pods.len(), pods }
+    }
+}
+
+impl Board {
+    fn with_conflict(&self, entry: &Entry) -> Decision {
+        let mut d = Decision::clone(&entry.decision);
+        d.conflict = self.conflicts.get(&entry.service).cloned();
+        d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aether_crds::EndpointPolicy;
+
+    use super::*;
+    use crate::fold::Settings;
+    use crate::index::Index;
+    use crate::record::{PodRecord, PolicyRecord};
+
+    const UID: &str = aether_fixtures::UID;
+    const UID_B: &str = "11111111-2222-4333-8444-555555555555";
+
+    fn record(uid: &str, sa: &str) -> PodRecord {
+        let pod = aether_fixtures::pod("shop", "cart-1").uid(uid).sa(sa).emptydir("s").ip("10.1.2.3").build();
+        PodRecord::from_pod(&pod).unwrap().unwrap()
+    }
+
+    fn policy(name: &str, settings: &Settings) -> PolicyRecord {
+        let p: EndpointPolicy = aether_fixtures::policy("shop", name).target("cart").socket("s/app.sock").build();
+        PolicyRecord::from_policy(&p, settings).unwrap()
+    }
+
+    #[test]
+    fn a_losing_policy_shows_on_the_pod_although_it_re_renders_nothing_and_goes_when_resolved() {
+        let settings = Settings::new("/var/lib/kubelet/pods", true);
+        let mut index = Index::new(settings.clone());
+        let board = Decisions::new("node-a");
+        let refused = HashMap::new();
+        for change in [index.apply_policy(policy("a-wins", &settings)), index.apply_pod(record(UID, "cart"))] {
+            board.changed(&index.snapshot(), &change, &refused);
+        }
+        assert_eq!(board.get("shop", "cart-1").unwrap().conflict, None);
+        let change = index.apply_policy(policy("b-loses", &settings));
+        assert!(change.rerendered.is_empty(), "a losing policy re-renders no pod");
+        board.changed(&index.snapshot(), &change, &refused);
+        let c = board.get("shop", "cart-1").unwrap().conflict.expect("the conflict shows");
+        assert_eq!((c.winner.as_str(), c.losers.as_slice()), ("a-wins", &["b-loses".to_owned()][..]));
+        let change = index.delete_policy("shop", "b-loses");
+        board.changed(&index.snapshot(), &change, &refused);
+        assert_eq!(board.get("shop", "cart-1").unwrap().conflict, None);
+    }
+
+    #[test]
+    fn a_deleted_pod_leaves_the_board_but_a_new_pod_of_the_same_name_stays() {
+        let mut index = Index::new(Settings::new("/var/lib/kubelet/pods", true));
+        let board = Decisions::new("node-a");
+        let refused = HashMap::new();
+        let change = index.apply_pod(record(UID, "cart"));
+        board.changed(&index.snapshot(), &change, &refused);
+        assert_eq!(board.get("shop", "cart-1").unwrap().uid, UID);
+        // Re-created under the same name: the old UID is removed, the new one decided.
+        let change = index.reset_pods([record(UID_B, "cart")]);
+        board.changed(&index.snapshot(), &change, &refused);
+        assert_eq!(board.get("shop", "cart-1").unwrap().uid, UID_B);
+        // A late removal of the old UID does not drop the new pod's entry.
+        let old = PodKey { namespace: "shop".into(), name: "cart-1".into(), uid: UID.into() };
+        board.update(&index.snapshot(), &[old], &refused);
+        assert_eq!(board.get("shop", "cart-1").unwrap().uid, UID_B);
+        let change = index.delete_pod(UID_B);
+        board.changed(&index.snapshot(), &change, &refused);
+        assert!(board.get("shop", "cart-1").is_none());
+        let listing = board.list();
+        assert_eq!((listing.node.as_str(), listing.total, listing.truncated), ("node-a", 0, false));
+    }
+
+    #[test]
+    fn the_listing_is_capped_and_says_so() {
+        let mut index = Index::new(Settings::new("/var/lib/kubelet/pods", true));
+        let board = Decisions::new("node-a");
+        let pods = (0..LIST_CAP + 2).map(|i| {
+            let pod = aether_fixtures::pod("shop", &format!("p-{i:05}")).uid(&aether_fixtures::uid(i)).sa("s").build();
+            PodRecord::from_pod(&pod).unwrap().unwrap()
+        });
+        let change = index.reset_pods(pods);
+        board.changed(&index.snapshot(), &change, &HashMap::new());
+        let listing = board.list();
+        assert_eq!((listing.total, listing.truncated, listing.pods.len()), (LIST_CAP + 2, true, LIST_CAP));
+        assert_eq!(listing.pods[0].name, "p-00000", "sorted by namespace and name");
+    }
+}

@@ -1,0 +1,311 @@
+//! Section 3d of `make bench`: the resident size of the running agent per pod (issue 15 item 3).
+//!
+//! The release `aether-agent` (default flags, no Envoy attached) watching the bench's
+//! kube-apiserver; the pods are real API objects on the agent's node, created through the API in
+//! parallel: managed, a service account, one container, one `emptyDir`, and a pod IP (a status
+//! write: no kubelet runs), so each is delivered over TCP and renders its clusters. For each node
+//! size a fresh agent (empty state dir) starts, lists the pods, and its `VmRSS` and `VmHWM`
+//! (`/proc/<pid>/status`, KiB) are read once `aether_agent_pods` counts every pod and its CPU
+//! time has stopped moving. The per-pod figure is the growth over an agent started with no pods.
+//!
+//! The forced relist is a real one: kube-apiserver is stopped, etcd's revision is moved past the
+//! agent's watch (one key written through etcd's v3 JSON gateway) and compacted, and
+//! kube-apiserver is started again, so the agent's resumed watch is answered 410 Gone
+//! (`aether_agent_watch_errors_total{resource="pods",reason="expired"}` counts it) and
+//! kube-runtime lists every pod again.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use aether_fixtures::pod;
+use aether_tests::{ControlPlane, Scrape, free_port, http_get_status};
+use anyhow::{Context, bail, ensure};
+
+use crate::stats::md_table;
+use crate::{Goal, Opts, Proc, Report, api_client, workspace_bin};
+
+const NS: &str = "bench-rss";
+const NODE: &str = "bench-rss-node";
+/// The node sizes measured, in pods.
+const SIZES: [usize; 2] = [1_000, 10_000];
+/// The target of issue 15: live RSS growth per pod at 10k pods, in KiB.
+const TARGET_KIB_PER_POD: f64 = 8.0;
+/// How many API writes run at once while pods are created.
+const WRITERS: usize = 8;
+/// Names another `aether-agent` binary to measure (e.g. one built from an older commit, for a
+/// before/after comparison); default: the release binary beside `aether-bench`.
+const AGENT_ENV: &str = "AETHER_BENCH_AGENT";
+/// The longest wait for the agent to fold a list.
+const FOLD: Duration = Duration::from_secs(180);
+
+/// `VmRSS` and `VmHWM` of `pid`, in KiB.
+fn memory_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("/proc/{pid}/status has no {name}"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// User + system CPU time of `pid`, in clock ticks (`/proc/<pid>/stat` fields 14 and 15).
+fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("malformed /proc/<pid>/stat")?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Ok(f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?)
+}
+
+/// Waits until `pid` used at most 2 ticks of CPU over one second (it has finished folding).
+fn quiet(pid: u32) -> anyhow::Result<()> {
+    let deadline = Instant::now() + FOLD;
+    let mut last = cpu_ticks(pid)?;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = cpu_ticks(pid)?;
+        if now - last <= 2 {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "the agent was still busy after {} s", FOLD.as_secs());
+        last = now;
+    }
+}
+
+/// Creates pods `rss-<from>` .. `rss-<to - 1>` on [`NODE`], each with a pod IP, [`WRITERS`] at a time.
+fn create_pods(cp: &ControlPlane, from: usize, to: usize) -> anyhow::Result<()> {
+    let next = std::sync::atomic::AtomicUsize::new(from);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..WRITERS)
+            .map(|_| {
+                s.spawn(|| -> anyhow::Result<()> {
+                    // A client (and connection) per writer: thousands of streams on one shared
+                    // HTTP/2 connection trip h2's reset-flood guard.
+                    let (api, server) = api_client(cp)?;
+                    let collection = format!("{server}/api/v1/namespaces/{NS}/pods");
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= to {
+                            return Ok(());
+                        }
+                        let name = format!("rss-{i}");
+                        let manifest = pod(NS, &name)
+                            .node(NODE)
+                            .sa("app")
+                            .container("app", "registry.example/app:bench")
+                            .emptydir("s")
+                            .json();
+                        let resp = api.post(&collection).json(&manifest).send()?;
+                        ensure!(resp.status().is_success(), "create {name}: {}", resp.status());
+                        let ip = format!("10.{}.{}.{}", 1 + i / 65_536, (i / 256) % 256, i % 256);
+                        let patch = serde_json::json!({"status": {"podIP": ip, "podIPs": [{"ip": ip}]}});
+                        let resp = api
+                            .patch(format!("{collection}/{name}/status"))
+                            .header("Content-Type", "application/merge-patch+json")
+                            .body(patch.to_string())
+                            .send()?;
+                        ensure!(resp.status().is_success(), "status of {name}: {}", resp.status());
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| w.join().map_err(|_| anyhow::anyhow!("a pod writer panicked"))?)
+    })
+}
+
+/// A fresh release agent (empty state dir in `work/<tag>`), ready.
+fn start_agent(cp: &ControlPlane, work: &Path, tag: &str) -> anyhow::Result<(Proc, u16)> {
+    let dir = work.join(tag);
+    let (pods, run) = (dir.join("pods"), dir.join("run"));
+    std::fs::create_dir_all(&pods)?;
+    std::fs::create_dir_all(&run)?;
+    let admin = free_port();
+    let bin = match std::env::var_os(AGENT_ENV) {
+        Some(path) => path.into(),
+        None => workspace_bin("aether-agent")?,
+    };
+    let mut cmd = Command::new(bin);
+    cmd.arg("run")
+        .args(["--node-name", NODE, "--admin-addr", &format!("127.0.0.1:{admin}")])
+        .arg("--kubelet-pods-dir")
+        .arg(&pods)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--xds-address")
+        .arg(format!("unix://{}", run.join("xds.sock").display()))
+        .arg("--health-socket")
+        .arg(run.join("health.sock"))
+        .env("KUBECONFIG", cp.kubeconfig());
+    let mut agent = Proc::spawn(cmd, dir.join("agent.log"), admin)?;
+    agent.wait_until("aether-agent (rss)", || http_get_status(admin, "/readyz") == Some(200))?;
+    Ok((agent, admin))
+}
+
+/// Waits until the agent's `aether_agent_pods` counts `n` pods and its CPU is quiet.
+fn folded(agent: &mut Proc, admin: u16, n: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + FOLD;
+    loop {
+        let counted = Scrape::get(admin)?.value("aether_agent_pods", &[]);
+        if counted as usize == n {
+            break;
+        }
+        if let Some(status) = agent.child.try_wait()? {
+            bail!("the agent exited ({status}): {}", std::fs::read_to_string(&agent.log).unwrap_or_default());
+        }
+        ensure!(Instant::now() < deadline, "the agent counts {counted} pods of {n} after {} s", FOLD.as_secs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    quiet(agent.child.id())
+}
+
+/// The port of etcd's client URL (from the control plane's `env` file).
+fn etcd_port(cp: &ControlPlane) -> anyhow::Result<u16> {
+    let env = std::fs::read_to_string(cp.dir().join("env"))?;
+    env.lines()
+        .find_map(|l| l.strip_prefix("export AETHER_ETCD_PORT="))
+        .and_then(|p| p.trim().parse().ok())
+        .context("the control plane's env file names no AETHER_ETCD_PORT")
+}
+
+/// Forces a relist: kube-apiserver stopped, one etcd write past the agent's watch, etcd
+/// compacted to its head, kube-apiserver started; then waits for the agent's 410 and its fold.
+fn force_relist(cp: &ControlPlane, agent: &mut Proc, admin: u16, n: usize) -> anyhow::Result<()> {
+    let expired = || -> anyhow::Result<f64> {
+        Ok(Scrape::get(admin)?.value("aether_agent_watch_errors_total", &[("resource", "pods"), ("reason", "expired")]))
+    };
+    let before = expired()?;
+    cp.stop_apiserver()?;
+    let etcd = format!("http://127.0.0.1:{}", etcd_port(cp)?);
+    let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    // base64 of "/aether-bench/relist" and "1".
+    let put: serde_json::Value = http
+        .post(format!("{etcd}/v3/kv/put"))
+        .json(&serde_json::json!({"key": "L2FldGhlci1iZW5jaC9yZWxpc3Q=", "value": "MQ=="}))
+        .send()?
+        .error_for_status()?
+        .json()?;
+    let revision: u64 =
+        put["header"]["revision"].as_str().and_then(|r| r.parse().ok()).context("etcd's put answered no revision")?;
+    http.post(format!("{etcd}/v3/kv/compaction"))
+        .json(&serde_json::json!({"revision": revision.to_string(), "physical": true}))
+        .send()?
+        .error_for_status()?;
+    cp.start_apiserver()?;
+    let deadline = Instant::now() + FOLD;
+    while expired()? <= before {
+        ensure!(Instant::now() < deadline, "the agent's pod watch was never answered 410 after the compaction");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    folded(agent, admin, n)
+}
+
+/// One row: (pods, RSS after the list, HWM after the list, RSS after the relist, HWM after it).
+struct Sample {
+    pods: usize,
+    listed: (u64, u64),
+    relisted: (u64, u64),
+    /// How the agent says it lists pods (`strategy=` of its "watching this node's pods" line).
+    strategy: String,
+}
+
+/// The list strategy the agent logged (`strategy=Streaming` or `strategy=Paged`), or "not logged"
+/// (an agent from before issue 15).
+fn strategy(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains("watching this node's pods"))
+        .filter_map(|l| l.split("strategy=").nth(1))
+        .filter_map(|rest| rest.split(|c: char| !c.is_alphanumeric()).next())
+        .next_back()
+        .map_or_else(|| "not logged".to_owned(), str::to_owned)
+}
+
+/// The section.
+pub(crate) fn section_rss(r: &mut Report, _opts: &Opts, cp: &ControlPlane) -> anyhow::Result<()> {
+    let work = tempfile::Builder::new().prefix("aebr").tempdir_in("/tmp")?;
+    cp.install_crd()?;
+    cp.kubectl_ok(&["create", "namespace", NS])?;
+    cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, "app"])?;
+
+    let (mut agent, admin) = start_agent(cp, work.path(), "empty")?;
+    folded(&mut agent, admin, 0)?;
+    let (baseline, _) = memory_kib(agent.child.id())?;
+    drop(agent);
+
+    let mut samples = Vec::new();
+    let mut created = 0;
+    for n in SIZES {
+        let t0 = Instant::now();
+        create_pods(cp, created, n)?;
+        created = n;
+        eprintln!("rss: {n} pods created in {:.1} s", t0.elapsed().as_secs_f64());
+        let (mut agent, admin) = start_agent(cp, work.path(), &format!("pods-{n}"))?;
+        folded(&mut agent, admin, n)?;
+        let listed = memory_kib(agent.child.id())?;
+        force_relist(cp, &mut agent, admin, n)?;
+        let relisted = memory_kib(agent.child.id())?;
+        samples.push(Sample { pods: n, listed, relisted, strategy: strategy(&agent.log) });
+    }
+
+    r.line("### 3d. The running agent's resident size per pod\n");
+    r.line(&format!(
+        "The release `aether-agent` (default flags, no Envoy attached) watching the bench's kube-apiserver; the pods \
+         are API objects on its node created through the API ({WRITERS} writers at once): managed, a service \
+         account, one container, one `emptyDir` and a pod IP, so each renders its TCP clusters. Each size starts a \
+         fresh agent (empty state dir); `VmRSS`/`VmHWM` from `/proc/<pid>/status` once `aether_agent_pods` counts \
+         every pod and the process's CPU time has stopped moving (≤ 2 ticks in 1 s). Per pod = (RSS − {baseline} \
+         KiB, the RSS of the same agent with no pods) / pods. Relist: kube-apiserver stopped, etcd written once and \
+         compacted to its head, kube-apiserver started, so the agent's resumed pod watch is answered 410 Gone \
+         (counted in `aether_agent_watch_errors_total{{reason=\"expired\"}}`) and it lists every pod again. \
+         \"list strategy\" is what the agent logged: `Streaming` (a watch with `sendInitialEvents`, Kubernetes \
+         streaming lists) or `Paged` (`list` calls of 500).\n"
+    ));
+    let per_pod = |kib: u64, pods: usize| kib.saturating_sub(baseline) as f64 / pods as f64;
+    let rows: Vec<Vec<String>> = samples
+        .iter()
+        .map(|s| {
+            vec![
+                s.pods.to_string(),
+                format!("{} KiB", s.listed.0),
+                format!("{:.1}", per_pod(s.listed.0, s.pods)),
+                format!("{} KiB", s.listed.1),
+                format!("{} KiB", s.relisted.0),
+                format!("{:.1}", per_pod(s.relisted.0, s.pods)),
+                format!("{} KiB", s.relisted.1),
+                s.strategy.clone(),
+            ]
+        })
+        .collect();
+    r.add(&md_table(
+        &[
+            "pods",
+            "RSS after the list",
+            "KiB/pod",
+            "peak (VmHWM)",
+            "RSS after a relist",
+            "KiB/pod",
+            "peak after the relist",
+            "list strategy",
+        ],
+        &rows,
+    ));
+    r.line("");
+    if let Some(big) = samples.iter().max_by_key(|s| s.pods) {
+        let worst = per_pod(big.listed.0.max(big.relisted.0), big.pods);
+        r.goals.push(Goal {
+            goal: "Live agent RSS growth ≤ 8 KiB per pod at 10k pods",
+            figure: format!(
+                "{worst:.1} KiB/pod at {} pods (the larger of after the list and after a relist)",
+                big.pods
+            ),
+            met: Some(worst <= TARGET_KIB_PER_POD),
+            limit: "see section 3d".into(),
+        });
+    }
+    Ok(())
+}
