@@ -56,6 +56,16 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Print the EndpointPolicy CustomResourceDefinition as YAML.
     Crd,
+    /// Prove an installation works (the chart's `helm test` Pod and post-install check Job):
+    /// server-side dry runs (nothing is stored) of an over-budget EndpointPolicy, which the
+    /// webhook endpointpolicies.config.aether.io itself must deny, and of a valid one, which must
+    /// be admitted; then GET /readyz on every node agent pod must answer 200. Prints one line per
+    /// check, "PASS <check>: <reason>" or "FAIL <check>: <reason>", then a summary. Uses
+    /// KUBECONFIG or ~/.kube/config, else the in-cluster service account. RBAC: create
+    /// endpointpolicies in --namespace, list pods in --agent-namespace (and get pods/proxy with
+    /// --agent-access api-server-proxy). Exit 0: every check passed; 1: any failed; 2: no
+    /// Kubernetes client or a bad --kubelet-pods-dir.
+    VerifyInstall(VerifyArgs),
 }
 
 /// Runs a subcommand to its end: `crd` here, `validate` in [`crate::offline::validate`], `run`
@@ -68,6 +78,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         }
         Command::Validate(args) => crate::offline::validate(&args),
         Command::Run(args) => crate::startup::run(*args),
+        Command::VerifyInstall(args) => crate::verify::run(&args),
     }
 }
 
@@ -204,6 +215,42 @@ pub struct ValidateArgs {
     pub output: Output,
 }
 
+/// Flags of `verify-install`.
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// Namespace of the dry-run EndpointPolicies (must exist; the webhook's namespaceSelector
+    /// must match it). Default: the kube configuration's namespace (in a pod, its own).
+    #[arg(long, env = "AETHER_VERIFY_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Namespace of the node agent pods. Default: the kube configuration's namespace.
+    #[arg(long, env = "AETHER_VERIFY_AGENT_NAMESPACE")]
+    pub agent_namespace: Option<String>,
+    /// Label selector of the node agent pods (the chart's node DaemonSet pods); none found fails.
+    #[arg(
+        long,
+        default_value = "app.kubernetes.io/name=aether,app.kubernetes.io/component=node",
+        env = "AETHER_VERIFY_AGENT_SELECTOR"
+    )]
+    pub agent_selector: String,
+    /// The agents' admin port (aether-agent --admin-addr; the chart's agent.adminPort).
+    #[arg(long, default_value_t = 9091, env = "AETHER_VERIFY_AGENT_ADMIN_PORT")]
+    pub agent_admin_port: u16,
+    /// How to reach each agent's /readyz: pod-ip (http://<pod IP>:<port>; the chart's node pod
+    /// is on the host network, so this is its node's IP) or api-server-proxy (the API server's
+    /// pod proxy, for clusters whose NetworkPolicies or host firewalls keep pods off node ports;
+    /// needs get pods/proxy).
+    #[arg(long, value_enum, default_value_t = crate::verify::AgentAccess::PodIp, env = "AETHER_VERIFY_AGENT_ACCESS")]
+    pub agent_access: crate::verify::AgentAccess,
+    /// Retry each failing check with exponential backoff (1 s doubling to 10 s, with jitter)
+    /// until it passes or this many seconds have passed since the start. 0: each check once.
+    #[arg(long, default_value_t = 0, env = "AETHER_VERIFY_RETRY_FOR_SECONDS")]
+    pub retry_for_seconds: u64,
+    /// The kubelet pods dir and socket limit the webhook uses (the over-budget value is one byte
+    /// over this budget; pass the controller's values).
+    #[command(flatten)]
+    pub pods_dir: PodsDirArg,
+}
+
 /// Output of `validate`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Output {
@@ -241,6 +288,24 @@ mod tests {
         };
         assert_eq!(v.pods_dir.rules().budget().map(|b| b.bytes()), Ok(aether_crds::udspath::FILESYSTEM_VALUE_MAX));
         assert!(Cli::try_parse_from(["aether-controller", "validate", "-f", "-", "--socket-limit", "fs"]).is_err());
+    }
+
+    #[test]
+    fn verify_install_defaults_find_the_charts_node_pods_and_check_once() {
+        let Command::VerifyInstall(v) = command(&["verify-install"]) else { unreachable!() };
+        assert_eq!(
+            (v.namespace, v.agent_namespace, v.agent_admin_port, v.retry_for_seconds, v.agent_access),
+            (None, None, 9091, 0, crate::verify::AgentAccess::PodIp)
+        );
+        assert_eq!(v.agent_selector, "app.kubernetes.io/name=aether,app.kubernetes.io/component=node");
+        assert_eq!(v.pods_dir.rules(), aether_crds::Rules::new(aether_crds::udspath::DEFAULT_PODS_DIR));
+        let Command::VerifyInstall(v) =
+            command(&["verify-install", "--retry-for-seconds", "60", "--agent-access", "api-server-proxy"])
+        else {
+            unreachable!()
+        };
+        assert_eq!((v.retry_for_seconds, v.agent_access), (60, crate::verify::AgentAccess::ApiServerProxy));
+        assert!(Cli::try_parse_from(["aether-controller", "verify-install", "--retry-for-seconds", "-1"]).is_err());
     }
 
     #[test]

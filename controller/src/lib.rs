@@ -11,6 +11,7 @@
 //! - [`startup`]: `run` from its flags: the status writer's kube configuration and Lease, the
 //!   TLS files, the tokio runtime, the exit code.
 //! - [`offline`]: `validate`, the same decision for YAML files.
+//! - [`verify`]: `verify-install`, the install check `helm test` and the startup-check Job run.
 //! - [`cli`]: the command line, and [`cli::dispatch`] to the subcommand.
 //! - [`logging`]: `--log-format` and the log set-up.
 
@@ -25,5 +26,6 @@ pub mod offline;
 pub mod server;
 pub mod startup;
 pub mod status;
+pub mod verify;
 pub mod warnings;
 pub mod webhook;

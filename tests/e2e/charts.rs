@@ -41,8 +41,13 @@ fn try_render(sets: &[&str]) -> Result<Vec<Value>, String> {
 }
 
 fn try_render_text(chart_name: &str, sets: &[&str]) -> Result<String, String> {
+    try_render_text_with(chart_name, sets, &[])
+}
+
+/// [`try_render_text`] with extra `helm template` flags (e.g. `--skip-tests`).
+fn try_render_text_with(chart_name: &str, sets: &[&str], flags: &[&str]) -> Result<String, String> {
     let mut cmd = Command::new(helm());
-    cmd.args(["template", RELEASE]).arg(chart(chart_name)).args(["--namespace", NS]);
+    cmd.args(["template", RELEASE]).arg(chart(chart_name)).args(["--namespace", NS]).args(flags);
     for s in sets {
         cmd.args(["--set", s]);
     }
@@ -980,6 +985,209 @@ fn chart_content_changes_bump_the_version() {
     }
 }
 
+// --- verify-install: the startup check Job and the `helm test` Pod ---------------------------
+
+/// The startup check's objects' name (Job, ServiceAccount, Role, RoleBinding).
+const VERIFY: &str = "aether-verify-install";
+/// The `helm test` runner's objects' name (Pod, ServiceAccount, Role, RoleBinding).
+const VERIFY_TEST: &str = "aether-verify-install-test";
+
+/// The verify-install objects of a render: (kind, name, namespace) → the object.
+fn verify_objects(docs: &[Value]) -> BTreeMap<(String, String, String), Value> {
+    docs.iter()
+        .filter(|d| d["metadata"]["name"].as_str().is_some_and(|n| n.starts_with(VERIFY)))
+        .map(|d| {
+            let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
+            ((text(&d["kind"]), text(&d["metadata"]["name"]), text(&d["metadata"]["namespace"])), d.clone())
+        })
+        .collect()
+}
+
+fn key(kind: &str, name: &str, ns: &str) -> (String, String, String) {
+    (kind.to_owned(), name.to_owned(), ns.to_owned())
+}
+
+fn annotation<'a>(d: &'a Value, key: &str) -> &'a str {
+    d["metadata"]["annotations"][key].as_str().unwrap_or_else(|| panic!("{} lacks annotation {key}", d["kind"]))
+}
+
+/// `[(apiGroup, resource, verbs)]` of a Role, sorted.
+fn role_rules(role: &Value) -> Vec<(String, String, Vec<String>)> {
+    let strs = |v: &Value| -> Vec<String> {
+        v.as_array().into_iter().flatten().filter_map(|x| x.as_str().map(str::to_owned)).collect()
+    };
+    let mut out = Vec::new();
+    for r in role["rules"].as_array().into_iter().flatten() {
+        assert!(r.get("resourceNames").is_none(), "no resourceNames expected: {r}");
+        for g in strs(&r["apiGroups"]) {
+            for res in strs(&r["resources"]) {
+                out.push((g.clone(), res, strs(&r["verbs"])));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn rule(group: &str, resource: &str, verbs: &[&str]) -> (String, String, Vec<String>) {
+    (group.to_owned(), resource.to_owned(), verbs.iter().map(|v| v.to_string()).collect())
+}
+
+/// Issue 16 item 2: the startup check Job runs after every install and upgrade, after the
+/// certificate Job has set the webhook's caBundle (hook weight 10 > 0), retries for
+/// `verifyInstall.timeoutSeconds` and fails the release (backoffLimit 0: the binary retries); the
+/// `helm test` Pod checks once; each runs `aether-controller verify-install` from the controller
+/// image under its own ServiceAccount (hook RBAC first, weight 5), with the controller's own
+/// budget flags, the DaemonSet's selector and the agent's admin port, as the other Jobs'
+/// restricted non-root user; every object goes away once a run passed.
+#[test]
+fn verify_install_hooks_run_after_the_cert_job_with_the_controllers_budget_and_the_agents_selector() {
+    let custom = ["proxy.udsWorkloads.mountPath=/k", "agent.adminPort=9555", "verifyInstall.timeoutSeconds=30"];
+    for (sets, timeout) in [(&[][..], 120), (&custom[..], 30)] {
+        let docs = render(sets);
+        let objects = verify_objects(&docs);
+        let mut want: Vec<_> = ["ServiceAccount", "Role", "RoleBinding"]
+            .iter()
+            .flat_map(|k| [key(k, VERIFY, NS), key(k, VERIFY_TEST, NS)])
+            .chain([key("Job", VERIFY, NS), key("Pod", VERIFY_TEST, NS)])
+            .collect();
+        want.sort();
+        assert_eq!(objects.keys().cloned().collect::<Vec<_>>(), want, "{sets:?}");
+        let cert_weight: i64 =
+            annotation(find(&docs, "Job", "aether-webhook-certs"), "helm.sh/hook-weight").parse().unwrap();
+        for ((kind, name, _), d) in &objects {
+            assert_eq!(annotation(d, "helm.sh/hook-delete-policy"), "before-hook-creation,hook-succeeded", "{kind}");
+            let weight: i64 = annotation(d, "helm.sh/hook-weight").parse().unwrap();
+            assert!(weight > cert_weight, "{kind} {name} runs before the cert Job sets the caBundle");
+            let runner = matches!(kind.as_str(), "Job" | "Pod");
+            assert_eq!(weight, if runner { 10 } else { 5 }, "{kind} {name}: RBAC before its runner");
+            let hook = if name == VERIFY_TEST { "test" } else { "post-install,post-upgrade" };
+            assert_eq!(annotation(d, "helm.sh/hook"), hook, "{kind} {name}");
+        }
+
+        let controller =
+            container(&find(&docs, "Deployment", "aether-controller")["spec"]["template"]["spec"], "aether-controller");
+        let ds = find(&docs, "DaemonSet", "aether-node");
+        let agent = container(&ds["spec"]["template"]["spec"], "aether-agent");
+        let selector: Vec<String> = ds["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .expect("matchLabels")
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+            .collect();
+        let job = &objects[&key("Job", VERIFY, NS)];
+        assert_eq!(job["spec"]["backoffLimit"], 0);
+        assert_eq!(job["spec"]["activeDeadlineSeconds"].as_i64(), Some(timeout + 60));
+        let pod = &objects[&key("Pod", VERIFY_TEST, NS)];
+        for (spec, account, retry) in
+            [(&job["spec"]["template"]["spec"], VERIFY, timeout), (&pod["spec"], VERIFY_TEST, 0)]
+        {
+            assert_eq!(spec["serviceAccountName"], account);
+            assert_eq!(spec["restartPolicy"], "Never");
+            let c = container(spec, "verify-install");
+            assert_eq!(c["image"], controller["image"]);
+            assert_eq!(c["command"], serde_json::json!(["aether-controller"]));
+            assert_eq!(args(c)[0], "verify-install");
+            for f in ["--kubelet-pods-dir", "--socket-limit", "--log-format", "--log-level"] {
+                assert_eq!(flag(c, f), flag(controller, f), "{f} differs from the controller's");
+            }
+            let admin = flag(agent, "--admin-addr").unwrap();
+            assert_eq!(Some(admin.rsplit(':').next().unwrap().to_owned()), flag(c, "--agent-admin-port"));
+            let mut theirs: Vec<String> = flag(c, "--agent-selector").unwrap().split(',').map(str::to_owned).collect();
+            theirs.sort();
+            assert_eq!(theirs, selector);
+            assert_eq!(flag(c, "--agent-namespace").as_deref(), Some(NS));
+            assert_eq!(flag(c, "--namespace").as_deref(), Some(NS));
+            assert_eq!(flag(c, "--agent-access").as_deref(), Some("pod-ip"));
+            assert_eq!(flag(c, "--retry-for-seconds"), Some(retry.to_string()));
+            let sc = &c["securityContext"];
+            assert_eq!((sc["runAsNonRoot"].as_bool(), sc["runAsUser"].as_i64()), (Some(true), Some(65532)));
+            assert_eq!(
+                (sc["readOnlyRootFilesystem"].as_bool(), sc["allowPrivilegeEscalation"].as_bool()),
+                (Some(true), Some(false))
+            );
+            assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+            assert_eq!(spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+        }
+    }
+}
+
+/// Each verify-install account gets exactly what its checks use: `create` on EndpointPolicies in
+/// the dry-run namespace (a dry run is authorized as the create) and `list` pods in the release
+/// namespace; `get pods/proxy` only with `agentAccess=apiServerProxy`. Each runner can be turned
+/// off, and `helm template --skip-tests` (GitOps renders) keeps the startup check whole.
+#[test]
+fn verify_install_rbac_is_minimal_and_each_runner_can_be_turned_off() {
+    let policies = rule("config.aether.io", "endpointpolicies", &["create"]);
+    let pods = rule("", "pods", &["list"]);
+    let objects = verify_objects(&render(&[]));
+    for name in [VERIFY, VERIFY_TEST] {
+        assert_eq!(role_rules(&objects[&key("Role", name, NS)]), vec![pods.clone(), policies.clone()], "{name}");
+        let binding = &objects[&key("RoleBinding", name, NS)];
+        assert_eq!(binding["roleRef"]["name"], name);
+        assert_eq!(binding["subjects"], serde_json::json!([{"kind": "ServiceAccount", "name": name, "namespace": NS}]));
+    }
+
+    let objects = verify_objects(&render(&["verifyInstall.namespace=team-a"]));
+    for name in [VERIFY, VERIFY_TEST] {
+        assert_eq!(role_rules(&objects[&key("Role", name, NS)]), vec![pods.clone()], "{name}");
+        assert_eq!(role_rules(&objects[&key("Role", name, "team-a")]), vec![policies.clone()], "{name}");
+        let binding = &objects[&key("RoleBinding", name, "team-a")];
+        assert_eq!(binding["subjects"][0]["namespace"], NS);
+    }
+    let job = &objects[&key("Job", VERIFY, NS)];
+    let c = container(&job["spec"]["template"]["spec"], "verify-install");
+    assert_eq!(flag(c, "--namespace").as_deref(), Some("team-a"));
+
+    let objects = verify_objects(&render(&["verifyInstall.agentAccess=apiServerProxy"]));
+    let proxy = rule("", "pods/proxy", &["get"]);
+    for name in [VERIFY, VERIFY_TEST] {
+        let rules = role_rules(&objects[&key("Role", name, NS)]);
+        assert_eq!(rules, vec![pods.clone(), proxy.clone(), policies.clone()], "{name}");
+    }
+    let pod = &objects[&key("Pod", VERIFY_TEST, NS)];
+    assert_eq!(flag(container(&pod["spec"], "verify-install"), "--agent-access").as_deref(), Some("api-server-proxy"));
+
+    let names = |sets: &[&str]| -> Vec<String> {
+        let mut n: Vec<String> = verify_objects(&render(sets)).into_keys().map(|(_, name, _)| name).collect();
+        n.dedup();
+        n
+    };
+    assert_eq!(names(&["verifyInstall.enabled=false"]), [VERIFY_TEST]);
+    assert_eq!(names(&["verifyInstall.helmTest=false"]), [VERIFY]);
+    assert!(names(&["verifyInstall.enabled=false", "verifyInstall.helmTest=false"]).is_empty());
+
+    let text = try_render_text_with("aether", &[], &["--skip-tests"]).expect("helm template --skip-tests");
+    let skipped: Vec<Value> = yaml_serde::Deserializer::from_str(&text)
+        .map(|de| Value::deserialize(de).expect("YAML"))
+        .filter(|v| !v.is_null())
+        .collect();
+    let kept: Vec<_> = verify_objects(&skipped).into_keys().collect();
+    let want: Vec<_> = ["Job", "Role", "RoleBinding", "ServiceAccount"].iter().map(|k| key(k, VERIFY, NS)).collect();
+    assert_eq!(kept, want, "--skip-tests keeps the startup check and its account, drops the test's");
+}
+
+#[test]
+fn schema_refuses_bad_verify_install_values() {
+    for (sets, needle) in [
+        (&["verifyInstall.timeoutSeconds=29"][..], "timeoutSeconds"),
+        (&["verifyInstall.timeoutSeconds=1801"][..], "timeoutSeconds"),
+        (&["verifyInstall.agentAccess=direct"][..], "agentAccess"),
+        (&["verifyInstall.namespace=Team_A"][..], "namespace"),
+        (&["verifyInstall.enabled=yes"][..], "enabled"),
+        (&["verifyInstall.retryForSeconds=5"][..], "retryForSeconds"),
+    ] {
+        match try_render(sets) {
+            Ok(_) => panic!("{sets:?} rendered; the schema should refuse it"),
+            Err(e) => assert!(e.contains(needle), "{sets:?}: error lacks {needle:?}: {e}"),
+        }
+    }
+    for ok in ["verifyInstall.timeoutSeconds=30", "verifyInstall.timeoutSeconds=1800", "verifyInstall.namespace=team-a"]
+    {
+        try_render(&[ok]).unwrap_or_else(|e| panic!("{ok} refused: {e}"));
+    }
+}
+
 // --- against a real kube-apiserver ---------------------------------------------------------
 
 fn can_i(cp: &ControlPlane, sa: &str, args: &[&str]) -> bool {
@@ -1028,11 +1236,15 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
             ][..],
         ),
     ] {
-        let text = try_render_text("aether", sets).expect("render");
+        // --skip-tests: a dry run creates no ServiceAccount, and the test Pod's admission needs
+        // its account to exist (the startup check Job is admitted without one).
+        let text = try_render_text_with("aether", sets, &["--skip-tests"]).expect("render");
         apply_rendered(&cp, tmp.path(), file, &text, true);
     }
+    let skipped = try_render_text_with("aether", &[], &["--skip-tests"]).expect("render");
+    apply_rendered(&cp, tmp.path(), "defaults-skip-tests.yaml", &skipped, true);
+    // Applied for real, in order: the test Pod's ServiceAccount exists before the Pod.
     let defaults = try_render_text("aether", &[]).expect("render");
-    apply_rendered(&cp, tmp.path(), "defaults.yaml", &defaults, true);
     apply_rendered(&cp, tmp.path(), "defaults.yaml", &defaults, false);
 
     let controller = "aether-controller";
@@ -1056,6 +1268,10 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
         ("aether-webhook-certs", &["update", "validatingwebhookconfigurations/aether-endpointpolicy"]),
         ("aether-webhook-certs-cleanup", &["get", "secrets/aether-webhook-tls", "-n", NS]),
         ("aether-webhook-certs-cleanup", &["delete", "secrets/aether-webhook-tls", "-n", NS]),
+        ("aether-verify-install", &["create", "endpointpolicies.config.aether.io", "-n", NS]),
+        ("aether-verify-install", &["list", "pods", "-n", NS]),
+        ("aether-verify-install-test", &["create", "endpointpolicies.config.aether.io", "-n", NS]),
+        ("aether-verify-install-test", &["list", "pods", "-n", NS]),
     ];
     let no: &[(&str, &[&str])] = &[
         (controller, &["update", "endpointpolicies.config.aether.io", "-n", "shop"]),
@@ -1093,6 +1309,17 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
         ("aether-webhook-certs-cleanup", &["list", "secrets", "-n", NS]),
         ("aether-webhook-certs-cleanup", &["create", "secrets", "-n", NS]),
         ("aether-webhook-certs-cleanup", &["update", "secrets/aether-webhook-tls", "-n", NS]),
+        ("aether-verify-install", &["create", "endpointpolicies.config.aether.io", "-n", "shop"]),
+        ("aether-verify-install", &["get", "endpointpolicies.config.aether.io", "-n", NS]),
+        ("aether-verify-install", &["update", "endpointpolicies.config.aether.io", "-n", NS]),
+        ("aether-verify-install", &["delete", "endpointpolicies.config.aether.io", "-n", NS]),
+        ("aether-verify-install", &["list", "pods", "-n", "shop"]),
+        ("aether-verify-install", &["get", "pods/proxy", "-n", NS]),
+        ("aether-verify-install", &["create", "pods", "-n", NS]),
+        ("aether-verify-install", &["get", "secrets", "-n", NS]),
+        ("aether-verify-install-test", &["create", "endpointpolicies.config.aether.io", "-n", "shop"]),
+        ("aether-verify-install-test", &["get", "pods/proxy", "-n", NS]),
+        ("aether-verify-install-test", &["list", "pods", "-n", "shop"]),
     ];
     let mut wrong = Vec::new();
     for (sa, a) in yes {

@@ -3,7 +3,9 @@
 //! pods whose app serves HTTP on a Unix socket in an emptyDir.
 //!
 //! What it proves (issue: a real node): the chart's containers run as configured (command lines,
-//! paths, probes) with no restarts; the installed webhook is reached through its Service; Envoy
+//! paths, probes) with no restarts; the installed webhook is reached through its Service; `helm
+//! install --wait --wait-for-jobs` runs the startup check (`aether-controller verify-install`) and
+//! `helm test` passes, while both fail, naming the webhook check, when the webhook is broken; Envoy
 //! in the node pod dials the socket an app container made in the kubelet's real emptyDir path
 //! (disk and `medium: Memory`), through the chart's read-only HostToContainer mount; a policy
 //! switches delivery to the socket and back; an app restart (new socket inode), a replaced node
@@ -140,10 +142,11 @@ impl Env {
         self.node.facts().kubelet_root.join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir/{volume}/{file}"))
     }
 
-    /// Pods of the release (label app.kubernetes.io/instance).
+    /// Pods of the release's workloads (label app.kubernetes.io/instance), without the
+    /// verify-install hook runners (the startup check Job's pod and the `helm test` Pod).
     fn release_pods(&self) -> anyhow::Result<Vec<Value>> {
-        let out =
-            self.kube().ok(&["get", "pods", "-n", NS, "-l", "app.kubernetes.io/instance=aether", "-o", "json"])?;
+        let selector = "app.kubernetes.io/instance=aether,app.kubernetes.io/component!=verify-install";
+        let out = self.kube().ok(&["get", "pods", "-n", NS, "-l", selector, "-o", "json"])?;
         let v: Value = serde_json::from_str(&out)?;
         Ok(v["items"].as_array().cloned().unwrap_or_default())
     }
@@ -336,6 +339,196 @@ fn installed_webhook_denies_an_over_budget_policy_with_the_arithmetic(env: &Env)
     // And a valid one is admitted through the same Service.
     let ok = repo_root().join("crds/examples/ok-echo-uds.yaml");
     env.kube().ok(&["apply", "-n", "default", "--dry-run=server", "-f", ok.to_str().context("path")?])?;
+    Ok(())
+}
+
+/// `helm test` of the release: (passed, helm's output, the test Pod's log). The Pod is deleted
+/// when it passes (hook-delete-policy hook-succeeded), so its log is read while it runs.
+fn helm_test(env: &Env) -> anyhow::Result<(bool, String, String)> {
+    let mut log = String::new();
+    let result = std::thread::scope(|scope| {
+        let test = scope.spawn(|| env.node.helm(&["test", RELEASE, "-n", NS, "--timeout", "120s"]));
+        // `kubectl logs -f` ends with the container; the Pod may not exist yet at first.
+        let started = Instant::now();
+        while started.elapsed() < WAIT && !test.is_finished() {
+            if let Ok(out) = env.kube().run(&["logs", "-n", NS, "-f", "pod/aether-verify-install-test"]) {
+                let text = String::from_utf8_lossy(&out.stdout);
+                if out.status.success() && text.contains("checks passed") {
+                    log = text.into_owned();
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        test.join().map_err(|_| anyhow::anyhow!("helm test thread panicked"))
+    })?;
+    Ok(match result {
+        Ok(out) => (true, out, log),
+        Err(e) => {
+            if log.is_empty() {
+                log = env.kube().ok(&["logs", "-n", NS, "pod/aether-verify-install-test"]).unwrap_or_default();
+            }
+            (false, format!("{e:#}"), log)
+        }
+    })
+}
+
+/// Only the PASS/FAIL lines and the summary of a verify-install log (its JSON log lines, the
+/// retries, are left out).
+fn verdict_lines(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.starts_with("PASS ") || l.starts_with("FAIL ") || l.starts_with("verify-install:"))
+        .collect()
+}
+
+/// Issue 16 item 2: the install passed its startup check (setup's `helm install --wait
+/// --wait-for-jobs` would have failed otherwise, and the Job is gone: it passed); `helm test`
+/// passes, with a PASS line for both webhook checks and for the node's agent; with the webhook's
+/// Service pointed at no pod, `helm test` fails and its log names the webhook check and the
+/// webhook; restored, it passes again and leaves no hook object behind.
+fn helm_test_passes_and_fails_naming_the_webhook_when_its_service_is_broken(env: &Env) -> anyhow::Result<()> {
+    let left = env.kube().ok(&[
+        "get",
+        "jobs,pods",
+        "-n",
+        NS,
+        "-l",
+        "app.kubernetes.io/component=verify-install",
+        "-o",
+        "name",
+    ])?;
+    ensure!(left.trim().is_empty(), "the startup check passed, so its Job is deleted: {left}");
+    let (ok, out, log) = helm_test(env)?;
+    println!("helm test (installed):\n{out}\n--- verify-install log\n{}", verdict_lines(&log).join("\n"));
+    ensure!(ok, "helm test failed on a good install: {out}\n{log}");
+    let lines = verdict_lines(&log);
+    ensure!(lines.len() == 4, "2 webhook checks, 1 agent and the summary: {lines:#?}");
+    ensure!(
+        lines[0].starts_with("PASS webhook denies an over-budget policy")
+            && lines[0].contains("admission webhook \"endpointpolicies.config.aether.io\" denied the request"),
+        "{lines:#?}"
+    );
+    ensure!(lines[1].starts_with("PASS webhook admits a valid policy"), "{lines:#?}");
+    ensure!(lines[2].starts_with("PASS agent aether-node-") && lines[2].contains(":9091/readyz: 200 OK"), "{lines:#?}");
+    ensure!(lines[3] == "verify-install: 3 of 3 checks passed", "{lines:#?}");
+
+    // Break the webhook: its Service selects no pod.
+    let patch = |component: &str| {
+        let p = format!(r#"{{"spec":{{"selector":{{"app.kubernetes.io/component":"{component}"}}}}}}"#);
+        env.kube().ok(&["patch", "service", "-n", NS, "aether-controller", "-p", &p])
+    };
+    patch("broken-on-purpose")?;
+    // The API server keeps its HTTP/2 connection to a webhook pod, which conntrack keeps routing
+    // whatever the Service selects: replace the controller pods so that only new connections,
+    // which meet the Service with no endpoints, are left.
+    let broken = env
+        .kube()
+        .ok(&["delete", "pods", "-n", NS, "-l", "app.kubernetes.io/component=controller", "--wait=true"])
+        .and_then(|_| {
+            let example = repo_root().join("crds/examples/deny-over-budget.yaml");
+            let example = example.to_str().context("path")?;
+            eventually("the API server cannot call the webhook", WAIT, || {
+                let out = env.kube().run(&["apply", "-n", "default", "--dry-run=server", "-f", example])?;
+                Ok(String::from_utf8_lossy(&out.stderr).contains("failed calling webhook"))
+            })
+        })
+        .and_then(|_| helm_test(env));
+    patch("controller")?;
+    let (ok, out, log) = broken?;
+    println!("helm test (webhook Service broken):\n{out}\n--- verify-install log\n{}", verdict_lines(&log).join("\n"));
+    ensure!(!ok, "helm test passed with the webhook's Service selecting no pod: {out}");
+    ensure!(out.contains("pod aether-verify-install-test failed"), "helm names the failed test: {out}");
+    let fail = verdict_lines(&log).into_iter().find(|l| l.starts_with("FAIL ")).unwrap_or_default().to_owned();
+    ensure!(
+        fail.starts_with("FAIL webhook denies an over-budget policy")
+            && fail.contains("failed calling webhook \"endpointpolicies.config.aether.io\""),
+        "the first failure names the webhook check and the webhook: {log}"
+    );
+    ensure!(log.contains("PASS agent aether-node-"), "the agents are still checked: {log}");
+
+    check_release_settled(env)?;
+    let mut last = String::new();
+    eventually("helm test passes again with the Service restored", WAIT, || {
+        let (ok, out, log) = helm_test(env)?;
+        last = format!("{out}\n{log}");
+        Ok(ok)
+    })
+    .with_context(|| format!("last: {last}"))?;
+    let left = env.kube().ok(&[
+        "get",
+        "pods,serviceaccounts,roles,rolebindings",
+        "-n",
+        NS,
+        "-l",
+        "app.kubernetes.io/component=verify-install",
+        "-o",
+        "name",
+    ])?;
+    ensure!(left.trim().is_empty(), "a passed helm test leaves no hook object: {left}");
+    Ok(())
+}
+
+/// Issue 16 item 2: an upgrade that breaks the webhook (a caBundle that did not sign its serving
+/// certificate: the API server's TLS check fails) fails through the startup check Job, whose log
+/// names the webhook check; the next good upgrade (its check reaching the agent through the API
+/// server's pod proxy) passes and removes the failed Job.
+fn upgrade_with_a_broken_webhook_fails_through_the_startup_check(env: &Env) -> anyhow::Result<()> {
+    // The cluster's CA (base64 PEM, as a caBundle is given): a real CA, but not the one that
+    // signed the webhook's certificate.
+    let wrong = env.kube().ok(&[
+        "config",
+        "view",
+        "--raw",
+        "--flatten",
+        "--minify",
+        "-o",
+        "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+    ])?;
+    ensure!(wrong.starts_with("LS0tLS1CRUdJTi"), "the kubeconfig's CA is base64 PEM: {wrong}");
+    let bundle = format!("webhook.certs.provided.caBundle={wrong}");
+    let started = Instant::now();
+    let failed = env.helm_aether(
+        "upgrade",
+        &[
+            "webhook.certs.mode=provided",
+            "webhook.certs.provided.secretName=aether-webhook-tls",
+            &bundle,
+            "verifyInstall.timeoutSeconds=30",
+        ],
+    );
+    let took = started.elapsed().as_secs();
+    let err = match failed {
+        Ok(out) => bail!("helm upgrade with a wrong caBundle passed: {out}"),
+        Err(e) => format!("{e:#}"),
+    };
+    let log = env.kube().ok(&["logs", "-n", NS, "job/aether-verify-install"]).unwrap_or_default();
+    println!(
+        "helm upgrade with a wrong caBundle ({took} s):\n{err}\n--- startup check log\n{}",
+        verdict_lines(&log).join("\n")
+    );
+    ensure!(err.contains("post-upgrade hooks failed") && err.contains("aether-verify-install"), "{err}");
+    let fail = verdict_lines(&log).into_iter().find(|l| l.starts_with("FAIL ")).unwrap_or_default().to_owned();
+    ensure!(
+        fail.starts_with("FAIL webhook denies an over-budget policy")
+            && fail.contains("endpointpolicies.config.aether.io"),
+        "the startup check names the webhook check: {log}"
+    );
+
+    // The good upgrade's startup check reaches the agent through the API server's pod proxy this
+    // time (verifyInstall.agentAccess=apiServerProxy): the upgrade passes only if that check does.
+    env.helm_aether("upgrade", &["verifyInstall.agentAccess=apiServerProxy"])?;
+    check_release_settled(env)?;
+    let left = env.kube().ok(&[
+        "get",
+        "jobs,pods",
+        "-n",
+        NS,
+        "-l",
+        "app.kubernetes.io/component=verify-install",
+        "-o",
+        "name",
+    ])?;
+    ensure!(left.trim().is_empty(), "the good upgrade's startup check passed and took the failed Job away: {left}");
     Ok(())
 }
 
@@ -718,6 +911,7 @@ fn chart_values_at_their_edges_run_on_the_real_node(env: &Env) -> anyhow::Result
         "agent.listeners.xds.keepaliveTimeoutSeconds=1",
         "agent.watchGraceSeconds=0",
         "proxy.readinessPort=65535",
+        "verifyInstall.timeoutSeconds=30",
         "daemonset.minReadySeconds=0",
     ];
     env.helm_aether("upgrade", &min)?;
@@ -746,6 +940,7 @@ fn chart_values_at_their_edges_run_on_the_real_node(env: &Env) -> anyhow::Result
         "agent.listeners.xds.keepaliveTimeoutSeconds=3600",
         "agent.watchGraceSeconds=86400",
         "proxy.readinessPort=1024",
+        "verifyInstall.timeoutSeconds=1800",
     ];
     env.helm_aether("upgrade", &max)?;
     check_release_settled(env)?;
@@ -875,6 +1070,10 @@ fn main() {
                 installed_webhook_denies_an_over_budget_policy_with_the_arithmetic,
             ),
             suite::case(
+                "helm_test_passes_and_fails_naming_the_webhook_when_its_service_is_broken",
+                helm_test_passes_and_fails_naming_the_webhook_when_its_service_is_broken,
+            ),
+            suite::case(
                 "annotated_pod_is_served_over_the_kubelets_emptydir_socket",
                 annotated_pod_is_served_over_the_kubelets_emptydir_socket,
             ),
@@ -902,6 +1101,10 @@ fn main() {
             suite::case("replaced_node_pod_resumes_delivery", replaced_node_pod_resumes_delivery),
             suite::case("deleted_pod_clusters_are_withdrawn", deleted_pod_clusters_are_withdrawn),
             suite::case("helm_upgrade_runs_every_chart_variant", helm_upgrade_runs_every_chart_variant),
+            suite::case(
+                "upgrade_with_a_broken_webhook_fails_through_the_startup_check",
+                upgrade_with_a_broken_webhook_fails_through_the_startup_check,
+            ),
             suite::case(
                 "socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin",
                 socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin,
