@@ -309,7 +309,8 @@ async fn readyz_direct(ip: &str, port: u16) -> Result<String, String> {
     let client: HttpClient<_, Empty<Bytes>> = HttpClient::builder(TokioExecutor::new()).build_http();
     let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
     let answer = tokio::time::timeout(AGENT_TIMEOUT, async {
-        let response = client.get(uri).await.map_err(|e| format!("GET {url}: {}", error_chain(&e)))?;
+        let response =
+            client.get(uri).await.map_err(|e| format!("GET {url}: {}", aether_process::logging::error_chain(&e)))?;
         let status = response.status();
         let body = response.into_body().collect().await.map_err(|e| format!("GET {url}: body: {e}"))?.to_bytes();
         Ok::<_, String>((status, body))
@@ -341,21 +342,6 @@ async fn readyz_proxy(client: &kube::Client, pods: &Api<Pod>, name: &str, port: 
 fn first_line(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
     text.lines().next().unwrap_or("").chars().take(200).collect()
-}
-
-/// An error and its sources, joined by ": " (hyper-util's errors hide the cause otherwise).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

@@ -118,6 +118,23 @@ pub fn init(format: LogFormat, level: LogLevel) {
     }
 }
 
+/// An error and its sources as one line, `: `-separated, each source once: a link whose text the
+/// line already holds is skipped (kube's, tonic's and hyper-util's messages often repeat their
+/// source's text, and some hide the cause that matters unless the sources are walked).
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Write;
@@ -183,5 +200,22 @@ mod tests {
         assert!(debug.contains("watcher retry") && debug.contains("a debug line"), "{debug}");
         let error = logged(LogFormat::Plain, &directives(LogLevel::Error, None));
         assert_eq!(error, "");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{text}")]
+    struct Link {
+        text: &'static str,
+        #[source]
+        source: Option<Box<Link>>,
+    }
+
+    #[test]
+    fn an_error_chain_prints_each_source_once_in_order() {
+        let leaf = Link { text: "connection refused (os error 111)", source: None };
+        let mid = Link { text: "tcp connect error: connection refused (os error 111)", source: Some(Box::new(leaf)) };
+        let top = Link { text: "client error (Connect)", source: Some(Box::new(mid)) };
+        assert_eq!(error_chain(&top), "client error (Connect): tcp connect error: connection refused (os error 111)");
+        assert_eq!(error_chain(&Link { text: "alone", source: None }), "alone");
     }
 }

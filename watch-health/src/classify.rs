@@ -30,7 +30,7 @@ pub fn classify_client(error: &kube::Error) -> (WatchErrorReason, String) {
         E::SerdeError(_) | E::FromUtf8(_) | E::LinesCodecMaxLineLengthExceeded => WatchErrorReason::Decode,
         _ => WatchErrorReason::Other,
     };
-    (reason, chain(error))
+    (reason, aether_process::logging::error_chain(error))
 }
 
 /// `HTTP 403 Forbidden: <message>` from a Kubernetes `Status`.
@@ -43,22 +43,6 @@ fn status_text(status: &kube::core::Status) -> String {
     if !status.message.is_empty() {
         out.push_str(": ");
         out.push_str(&status.message);
-    }
-    out
-}
-
-/// An error and its sources, `: `-separated, each source once (kube's messages often repeat
-/// their source's text).
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
     }
     out
 }

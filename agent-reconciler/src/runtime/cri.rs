@@ -173,7 +173,12 @@ impl CriClient {
                     after: CONNECT_TIMEOUT,
                 });
             }
-            Ok(Err(e)) => return Err(RuntimeError::Connect { endpoint: self.endpoint.clone(), detail: chain(&e) }),
+            Ok(Err(e)) => {
+                return Err(RuntimeError::Connect {
+                    endpoint: self.endpoint.clone(),
+                    detail: aether_process::logging::error_chain(&e),
+                });
+            }
             Ok(Ok(channel)) => channel,
         };
         *slot = Some(channel.clone());
@@ -244,21 +249,6 @@ fn is_timeout(status: &tonic::Status) -> bool {
         }
         _ => false,
     }
-}
-
-/// An error and its causes, `: `-joined.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 /// A status's message and its causes (a transport failure's cause is the useful part).
