@@ -20,7 +20,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use aether_fixtures::{Envoy, pod, policy};
-use aether_tests::{Agent, ControlPlane, Scrape, envoy_bin, eventually, unix_get_status, workspace_bin};
+use aether_tests::{
+    Agent, ControlPlane, Scrape, envoy_bin, eventually, start_uds_echo, unix_get_status, workspace_bin,
+};
 use anyhow::{Context, ensure};
 
 const NS: &str = "e2e";
@@ -139,20 +141,8 @@ impl Env {
 
     /// Plays kubelet and the app: the emptyDir dir and a UDS echo server in it.
     fn serve(&self, uid: &str, volume: &str, file: &str, name: &str) -> anyhow::Result<PathBuf> {
-        let dir = self.volume_dir(uid, volume);
-        std::fs::create_dir_all(&dir)?;
-        let socket = dir.join(file);
-        let child = Command::new(workspace_bin("uds-echo")?)
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--name")
-            .arg(name)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
+        let (child, socket) = start_uds_echo(&self.volume_dir(uid, volume), file, name, WAIT)?;
         self.echos.lock().unwrap().push(child);
-        eventually("the echo socket", WAIT, || Ok(socket.exists()))?;
         Ok(socket)
     }
 

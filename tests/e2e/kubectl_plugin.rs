@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use aether_fixtures::{pod, policy};
-use aether_tests::{ControlPlane, eventually, free_port, http_get_status, repo_root, workspace_bin};
+use aether_tests::{ControlPlane, eventually, free_port, http_get_status, repo_root, start_uds_echo, workspace_bin};
 use anyhow::{Context, bail, ensure};
 use serde_json::Value;
 
@@ -122,19 +122,8 @@ impl Env {
     /// Plays kubelet and the app: the emptyDir and a UDS echo server on `file` in it.
     fn serve(&self, uid: &str, file: &str) -> anyhow::Result<PathBuf> {
         let dir = self.pods_dir().join(uid).join("volumes/kubernetes.io~empty-dir/s");
-        std::fs::create_dir_all(&dir)?;
-        let socket = dir.join(file);
-        let child = Command::new(workspace_bin("uds-echo")?)
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--name")
-            .arg(uid)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
+        let (child, socket) = start_uds_echo(&dir, file, uid, WAIT)?;
         self.echos.lock().unwrap().push(child);
-        eventually("the echo socket", WAIT, || Ok(socket.exists()))?;
         Ok(socket)
     }
 }

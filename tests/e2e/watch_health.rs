@@ -19,12 +19,12 @@
 mod suite;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use aether_fixtures::{Envoy, pod, policy};
-use aether_tests::{Agent, ControlPlane, Controller, Scrape, envoy_bin, eventually, http_get, workspace_bin};
+use aether_tests::{Agent, ControlPlane, Controller, Scrape, envoy_bin, eventually, http_get, start_uds_echo};
 use anyhow::{Context, ensure};
 
 /// The workloads' namespace.
@@ -180,19 +180,8 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: {AGENTS}}}]
         let uid = self.cp.kubectl_ok(&["get", "pod", "-n", NS, name, "-o", "jsonpath={.metadata.uid}"])?;
         ensure!(uid.len() == 36, "pod uid {uid:?}");
         let dir = self.pods_dir(node).join(&uid).join("volumes/kubernetes.io~empty-dir/s");
-        std::fs::create_dir_all(&dir)?;
-        let socket = dir.join("app.sock");
-        let child = Command::new(workspace_bin("uds-echo")?)
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--name")
-            .arg(name)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
+        let (child, socket) = start_uds_echo(&dir, "app.sock", name, WAIT)?;
         self.echos.lock().unwrap().push(child);
-        eventually("the echo socket", WAIT, || Ok(socket.exists()))?;
         Ok(socket)
     }
 

@@ -435,6 +435,34 @@ pub fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> anyhow::
     }
 }
 
+/// Plays kubelet and the app: creates the emptyDir directory `dir` and starts the workspace's
+/// `uds-echo` answering as `name` on `dir/file`, waiting up to `timeout` for the socket. The caller
+/// owns (and kills) the returned child. Returns the child and the socket path.
+///
+/// # Errors
+/// When the directory cannot be made, `uds-echo` is not built or does not start, or its socket
+/// does not appear in time.
+pub fn start_uds_echo(dir: &Path, file: &str, name: &str, timeout: Duration) -> anyhow::Result<(Child, PathBuf)> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let socket = dir.join(file);
+    let mut child = Command::new(workspace_bin("uds-echo")?)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--name")
+        .arg(name)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting uds-echo")?;
+    if let Err(e) = eventually("the echo socket", timeout, || Ok(socket.exists())) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
+    Ok((child, socket))
+}
+
 /// One Prometheus text scrape, parsed by `prometheus-parse` (so a malformed exposition fails the
 /// test that scrapes it).
 pub struct Scrape {
