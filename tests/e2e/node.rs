@@ -585,6 +585,73 @@ fn policy_switches_delivery_to_the_socket_and_delete_switches_back(env: &Env) ->
     Ok(())
 }
 
+/// Runs the built `kubectl-aether` with the node's admin kubeconfig; its stdout (it must exit 0).
+fn kubectl_aether(env: &Env, args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new(aether_tests::workspace_bin("kubectl-aether")?)
+        .arg("--kubeconfig")
+        .arg(&env.node.facts().kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("running kubectl-aether")?;
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    ensure!(out.status.success(), "kubectl-aether {args:?} failed ({}): {stderr}{stdout}", out.status);
+    Ok(stdout.into_owned())
+}
+
+/// Issue 16 item 5 on the real node: `kubectl aether why` reads what the node agent decided,
+/// through the API server's pod proxy to the agent's admin port (chart defaults for the agent's
+/// namespace, selector and port), for a pod served over its socket, a pod on TCP with its reason
+/// and a pod whose Service has two policies (the loser named). Prints the text answers.
+fn kubectl_aether_why_reads_the_node_agents_live_decision(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&app_yaml("why-uds", "s", "", true, false))?;
+    // Annotated with a volume the pod does not have: TCP, `volume-not-emptydir`.
+    env.kube().apply(
+        &app_yaml("why-tcp", "s", "", true, true).replace("uds-socket: s/app.sock", "uds-socket: nosuch/app.sock"),
+    )?;
+    env.kube().apply(&app_yaml("why-pol", "s", "", false, false))?;
+    for (name, socket) in [("why-pol-a", "s/app.sock"), ("why-pol-b", "s/other.sock")] {
+        env.kube().apply(&format!(
+            "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata: {{name: {name}, namespace: default}}\n\
+             spec: {{targetRef: {{kind: Service, name: why-pol}}, udsSocket: {socket}}}\n"
+        ))?;
+    }
+    for name in ["why-uds", "why-tcp", "why-pol"] {
+        env.wait_pod_ready("default", name)?;
+    }
+    let why = |name: &str, ok: &dyn Fn(&Value) -> bool| -> anyhow::Result<Value> {
+        let mut last = Value::Null;
+        eventually(&format!("kubectl aether why pod/{name}: a live answer"), WAIT, || {
+            last = serde_json::from_str(&kubectl_aether(
+                env,
+                &["why", &format!("pod/{name}"), "-n", "default", "-o", "json"],
+            )?)?;
+            Ok(last["live"] == true && ok(&last["decision"]))
+        })
+        .with_context(|| format!("last answer: {last:#}"))?;
+        println!(
+            "$ kubectl aether why pod/{name} -n default\n{}",
+            kubectl_aether(env, &["why", &format!("pod/{name}"), "-n", "default"])?
+        );
+        Ok(last)
+    };
+    let uds = why("why-uds", &|d| d["delivery"] == "pipe")?;
+    let d = &uds["decision"];
+    ensure!(d["source"] == "annotation" && d["socket"] == "s/app.sock", "{d:#}");
+    ensure!(d["path"].as_str().is_some_and(|p| p.ends_with("/volumes/kubernetes.io~empty-dir/s/app.sock")), "{d:#}");
+    ensure!(d["clusters"].as_array().is_some_and(|c| c.iter().any(|c| c == "app_default_why-uds_8080")), "{d:#}");
+    let tcp = why("why-tcp", &|d| d["delivery"] == "tcp" && d["reason"] == "volume-not-emptydir")?;
+    ensure!(tcp["decision"]["eventReason"] == "UdsVolumeNotEmptyDir", "{tcp:#}");
+    let pol =
+        why("why-pol", &|d| d["delivery"] == "pipe" && d["conflict"]["losers"] == serde_json::json!(["why-pol-b"]))?;
+    ensure!(pol["decision"]["policy"] == "why-pol-a" && pol["decision"]["source"] == "policy", "{pol:#}");
+    env.kube().ok(&["delete", "endpointpolicy", "-n", "default", "why-pol-a", "why-pol-b"])?;
+    for name in ["why-uds", "why-tcp", "why-pol"] {
+        env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", name, "--wait=true"])?;
+    }
+    Ok(())
+}
+
 fn a_client_pod_reaches_a_uds_only_app_through_its_service_ip(env: &Env) -> anyhow::Result<()> {
     env.kube().apply(&uds_only_app_yaml("inb"))?;
     // Ready means kubelet's httpGet probe on pod IP:8080 passed: through the netns-bound listener.
@@ -1080,6 +1147,10 @@ fn main() {
             suite::case(
                 "policy_switches_delivery_to_the_socket_and_delete_switches_back",
                 policy_switches_delivery_to_the_socket_and_delete_switches_back,
+            ),
+            suite::case(
+                "kubectl_aether_why_reads_the_node_agents_live_decision",
+                kubectl_aether_why_reads_the_node_agents_live_decision,
             ),
             suite::case(
                 "a_client_pod_reaches_a_uds_only_app_through_its_service_ip",
