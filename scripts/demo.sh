@@ -56,6 +56,8 @@ helm install aether-crds "$repo/charts/aether-crds" --wait | grep -E '^(NAME|STA
 helm install aether "$repo/charts/aether" -n $NS --create-namespace --wait --wait-for-jobs --timeout 300s "${images[@]}" \
   | grep -E '^(NAME|STATUS)' | indent
 kubectl get pods -A -o wide | indent
+echo "  \$ helm test aether -n $NS    (aether-controller verify-install: webhook denial, admission, every agent's /readyz)"
+helm test aether -n $NS --logs 2>&1 | grep -E '^(PASS|FAIL|verify-install:|Phase)' | sort -u | indent || true
 
 step "kubectl apply of each example: kube-apiserver calls the installed webhook through its Service"
 kubectl create service clusterip echo --tcp=8080 | indent
@@ -76,7 +78,7 @@ for _ in $(seq 1 50); do
   [ "$(kubectl get epol echo-uds-b -o jsonpath='{.status.conditions[0].reason}')" = Conflicted ] && break; sleep 0.2
 done
 kubectl get epol | indent
-kubectl get epol -o custom-columns='NAME:.metadata.name,REASON:.status.conditions[0].reason,MESSAGE:.status.conditions[0].message' | indent
+kubectl get epol -o wide | indent
 kubectl delete epol --all >/dev/null
 
 app() { # app NAME ANNOTATION TCP: a managed pod serving uds-echo on /s/app.sock (and on TCP :8080 with TCP=tcp)
@@ -157,6 +159,10 @@ step "a pod whose socket value is over the budget gets one Warning Event (delive
 app long 'endpoint.aether.io/uds-socket: sockets/app1.sock' "" | kubectl apply -f - >/dev/null
 for _ in $(seq 1 50); do kubectl get events --field-selector involvedObject.name=long -o name 2>/dev/null | grep . >/dev/null && break; sleep 0.2; done
 kubectl get events --field-selector involvedObject.name=long -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message' | indent
+for pod in web long; do
+  echo "  \$ kubectl aether why pod/$pod    (the node agent's live decision, read through the API server's pod proxy)"
+  "$repo/target/debug/kubectl-aether" --kubeconfig "$KUBECONFIG" why "pod/$pod" 2>&1 | indent || true
+done
 
 step "metrics: the agent (node IP :9091) and a controller replica (pod IP :9090)"
 curl -s "http://$AETHER_NODE_IP:9091/metrics" | grep -E '^aether_agent_(pods|tcp_fallbacks)\{.*\} [1-9]' | indent || true
