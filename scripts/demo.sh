@@ -57,7 +57,7 @@ helm install aether "$repo/charts/aether" -n $NS --create-namespace --wait --wai
   | grep -E '^(NAME|STATUS)' | indent
 kubectl get pods -A -o wide | indent
 echo "  \$ helm test aether -n $NS    (aether-controller verify-install: webhook denial, admission, every agent's /readyz)"
-helm test aether -n $NS --logs 2>&1 | grep -E '^(PASS|FAIL|verify-install:|Phase)' | sort -u | indent || true
+helm test aether -n $NS 2>&1 | grep -E '^(TEST SUITE|Phase|Error)' | sort -u | indent || true
 
 step "kubectl apply of each example: kube-apiserver calls the installed webhook through its Service"
 kubectl create service clusterip echo --tcp=8080 | indent
@@ -159,6 +159,7 @@ step "a pod whose socket value is over the budget gets one Warning Event (delive
 app long 'endpoint.aether.io/uds-socket: sockets/app1.sock' "" | kubectl apply -f - >/dev/null
 for _ in $(seq 1 50); do kubectl get events --field-selector involvedObject.name=long -o name 2>/dev/null | grep . >/dev/null && break; sleep 0.2; done
 kubectl get events --field-selector involvedObject.name=long -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message' | indent
+kubectl wait --for=condition=Ready pod/long --timeout=90s >/dev/null || true
 for pod in web long; do
   echo "  \$ kubectl aether why pod/$pod    (the node agent's live decision, read through the API server's pod proxy)"
   "$repo/target/debug/kubectl-aether" --kubeconfig "$KUBECONFIG" why "pod/$pod" 2>&1 | indent || true
