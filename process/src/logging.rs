@@ -122,12 +122,21 @@ pub fn init(format: LogFormat, level: LogLevel) {
 /// line already holds is skipped (kube's, tonic's and hyper-util's messages often repeat their
 /// source's text, and some hide the cause that matters unless the sources are walked).
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
+    with_sources(error.to_string(), error.source())
+}
+
+/// `head` followed by `source` and its own sources, as [`error_chain`] joins them (no leading
+/// `: ` when `head` is empty). For errors whose useful text is not their `Display`, e.g. a gRPC
+/// status's message.
+pub fn with_sources(head: String, source: Option<&(dyn std::error::Error + 'static)>) -> String {
+    let mut out = head;
+    let mut source = source;
     while let Some(s) = source {
         let text = s.to_string();
         if !out.contains(&text) {
-            out.push_str(": ");
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
             out.push_str(&text);
         }
         source = s.source();
@@ -217,5 +226,8 @@ mod tests {
         let top = Link { text: "client error (Connect)", source: Some(Box::new(mid)) };
         assert_eq!(error_chain(&top), "client error (Connect): tcp connect error: connection refused (os error 111)");
         assert_eq!(error_chain(&Link { text: "alone", source: None }), "alone");
+        // A gRPC status with an empty message: its sources alone, no leading separator.
+        let leaf = Link { text: "connection refused", source: None };
+        assert_eq!(with_sources(String::new(), Some(&leaf)), "connection refused");
     }
 }

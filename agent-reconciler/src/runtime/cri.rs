@@ -253,19 +253,7 @@ fn is_timeout(status: &tonic::Status) -> bool {
 
 /// A status's message and its causes (a transport failure's cause is the useful part).
 fn status_detail(status: &tonic::Status) -> String {
-    let mut out = status.message().to_owned();
-    let mut source = std::error::Error::source(status);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
+    aether_process::logging::with_sources(status.message().to_owned(), std::error::Error::source(status))
 }
 
 #[cfg(test)]
