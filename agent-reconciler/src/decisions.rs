@@ -7,29 +7,42 @@
 //! or inbound listeners changed) and for the service keys whose conflict appeared, altered or
 //! ended. The conflict of a pod's service key is joined at read time, so a losing policy's edit
 //! (which re-renders no pod) still shows on every pod of that service.
+//!
+//! Decided on read (issue 15 item 3: a lean process): the board keeps, per pod, only what the
+//! decision is made of — the pod's index entry ([`PodDelivery`], whose record is shared with the
+//! index, not copied), its on-disk refusal and when it was decided (a 16-byte timestamp) — and
+//! projects the [`Decision`] (cluster and listener names, the sentence, the labels) when it is
+//! asked for. A rendered `Decision` per pod held ~1 KiB of small strings per pod at 10k pods.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use aether_agent_core::decision::{ConflictView, Decision};
-use aether_crds::tiebreak::ServiceKey;
+use k8s_openapi::jiff::Timestamp;
 
-use crate::index::{Change, DeliveryMap};
+use crate::index::{Change, DeliveryMap, PodDelivery};
 use crate::record::PodKey;
 use aether_agent_core::refusal::Refusal;
+use aether_crds::tiebreak::ServiceKey;
 
 /// The most decisions `GET /debug/pods` lists; the answer says when it truncated.
 pub const LIST_CAP: usize = 1000;
 
-/// One pod on the board: its decision and its service key (for the conflict join).
+/// One pod on the board: what its decision is projected from.
 struct Entry {
-    decision: Arc<Decision>,
-    service: ServiceKey,
+    /// `metadata.uid` (the board is keyed by namespace and name).
+    uid: String,
+    /// The pod's index entry when it was last decided.
+    delivery: PodDelivery,
+    /// The on-disk refusal of its socket then, if any.
+    refusal: Option<Refusal>,
+    /// When it was last decided.
+    decided_at: Timestamp,
 }
 
 #[derive(Default)]
 struct Board {
-    /// `(namespace, name)` → the pod's latest decision.
+    /// `(namespace, name)` → what the pod's latest decision is made of.
     pods: BTreeMap<(String, String), Entry>,
     /// Open conflicts by service key.
     conflicts: HashMap<ServiceKey, ConflictView>,
@@ -68,23 +81,29 @@ impl Decisions {
     }
 
     /// Re-decides the pods `keys` name from `map` (the index's current map) and the on-disk
-    /// refusals: a pod in the map gets its projection stamped now; a pod no longer in it is
-    /// dropped (unless a newer pod of the same name, another UID, holds the entry). O(`keys`).
+    /// refusals: a pod in the map gets its entry and refusal recorded, stamped now; a pod no
+    /// longer in it is dropped (unless a newer pod of the same name, another UID, holds the
+    /// entry). O(`keys`).
     pub fn update(&self, map: &DeliveryMap, keys: &[PodKey], refused: &HashMap<PodKey, Refusal>) {
         if keys.is_empty() {
             return;
         }
-        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let now = Timestamp::now();
         let mut board = self.board.write().unwrap_or_else(|e| e.into_inner());
         for key in keys {
             let id = (key.namespace.clone(), key.name.clone());
             match map.get(key) {
-                Some(entry) => {
-                    let decision = Decision::project(key, entry, refused.get(key), None, Some(now.clone()));
-                    board.pods.insert(id, Entry { decision: Arc::new(decision), service: entry.pod.service_key() });
+                Some(delivery) => {
+                    let entry = Entry {
+                        uid: key.uid.clone(),
+                        delivery: delivery.clone(),
+                        refusal: refused.get(key).cloned(),
+                        decided_at: now,
+                    };
+                    board.pods.insert(id, entry);
                 }
                 None => {
-                    if board.pods.get(&id).is_some_and(|e| e.decision.uid == key.uid) {
+                    if board.pods.get(&id).is_some_and(|e| e.uid == key.uid) {
                         board.pods.remove(&id);
                     }
                 }
@@ -113,22 +132,27 @@ impl Decisions {
     /// knows the pod.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Decision> {
         let board = self.board.read().unwrap_or_else(|e| e.into_inner());
-        let entry = board.pods.get(&(namespace.to_owned(), name.to_owned()))?;
-        Some(board.with_conflict(entry))
+        let id = (namespace.to_owned(), name.to_owned());
+        let entry = board.pods.get(&id)?;
+        Some(board.decide(&id, entry))
     }
 
     /// The first [`LIST_CAP`] decisions by namespace and name, and how many there are.
     pub fn list(&self) -> Listing {
         let board = self.board.read().unwrap_or_else(|e| e.into_inner());
-        let pods: Vec<Decision> = board.pods.values().take(LIST_CAP).map(|e| board.with_conflict(e)).collect();
+        let pods: Vec<Decision> = board.pods.iter().take(LIST_CAP).map(|(id, e)| board.decide(id, e)).collect();
         Listing { node: self.node.to_string(), total: board.pods.len(), truncated: board.pods.len() > pods.len(), pods }
     }
 }
 
 impl Board {
-    fn with_conflict(&self, entry: &Entry) -> Decision {
-        let mut d = Decision::clone(&entry.decision);
-        d.conflict = self.conflicts.get(&entry.service).cloned();
+    /// The decision of pod `(namespace, name)` projected from `entry`, with the conflict on its
+    /// service key.
+    fn decide(&self, (namespace, name): &(String, String), entry: &Entry) -> Decision {
+        let key = PodKey { namespace: namespace.clone(), name: name.clone(), uid: entry.uid.clone() };
+        let at = Some(entry.decided_at.to_string());
+        let mut d = Decision::project(&key, &entry.delivery, entry.refusal.as_ref(), None, at);
+        d.conflict = self.conflicts.get(&entry.delivery.pod.service_key()).cloned();
         d
     }
 }
@@ -173,6 +197,32 @@ mod tests {
         let change = index.delete_policy("shop", "b-loses");
         board.changed(&index.snapshot(), &change, &refused);
         assert_eq!(board.get("shop", "cart-1").unwrap().conflict, None);
+    }
+
+    #[test]
+    fn a_decision_is_projected_on_read_from_the_entry_and_refusal_it_was_decided_with() {
+        let settings = Settings::new("/var/lib/kubelet/pods", true);
+        let mut index = Index::new(settings.clone());
+        let board = Decisions::new("node-a");
+        index.apply_policy(policy("a-wins", &settings));
+        let change = index.apply_pod(record(UID, "cart"));
+        let key = change.rerendered[0].clone();
+        let path = index.snapshot().get(&key).unwrap().delivery.path.as_ref().unwrap().as_str().to_owned();
+        let refused = HashMap::from([(key.clone(), Refusal::Symlink { path: path.clone() })]);
+        board.changed(&index.snapshot(), &change, &refused);
+        let d = board.get("shop", "cart-1").unwrap();
+        let expected = Decision::project(&key, index.snapshot().get(&key).unwrap(), refused.get(&key), None, None);
+        assert_eq!(Decision { decided_at: None, ..d.clone() }, expected, "the projection of what was decided");
+        assert_eq!(d.reason.as_deref(), Some(refused[&key].tcp_reason().label()), "the refusal is kept with the pod");
+        assert!(d.detail.contains(&path), "{}", d.detail);
+        assert!(!d.clusters.is_empty(), "rendered on read: {d:?}");
+        // Read again: the same decision, stamped when it was decided, not when it was read.
+        assert_eq!(board.get("shop", "cart-1").unwrap(), d);
+        // Re-decided without the refusal: it is gone.
+        board.update(&index.snapshot(), std::slice::from_ref(&key), &HashMap::new());
+        let again = board.get("shop", "cart-1").unwrap();
+        assert_eq!(again.reason, None, "{again:?}");
+        assert_ne!(again.detail, d.detail);
     }
 
     #[test]

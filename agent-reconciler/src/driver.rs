@@ -98,7 +98,9 @@ pub struct Driver {
     store: Option<StateStore>,
     cni: CniRecords,
     refused: HashMap<PodKey, Refusal>,
-    logged: HashMap<PodKey, String>,
+    /// Each pod's last logged delivery line, as its [`line_digest`] (a digest, not the line:
+    /// 8 bytes per pod instead of a sentence).
+    logged: HashMap<PodKey, u64>,
     snapshot: PodSpecsSender,
     /// Each pod's last rendering (what the renderer was sent) and what it counts for.
     rendered: HashMap<PodKey, (Arc<PodRender>, Tally)>,
@@ -819,7 +821,7 @@ impl Driver {
         for key in keys {
             let Some(entry) = map.get(key) else { continue };
             let d = &entry.delivery;
-            let line = format!("{}: {}", d.source.label(), d.reason);
+            let line = line_digest(d.source.label(), &d.reason);
             if self.logged.get(key) == Some(&line) {
                 continue;
             }
@@ -890,6 +892,16 @@ impl Driver {
         }
         self.snapshot.send(sent);
     }
+}
+
+/// The digest [`Driver`] keeps of a pod's logged delivery line (its source label and reason):
+/// SipHash-1-3 with fixed keys ([`std::hash::DefaultHasher::new`]), so equal lines give equal
+/// digests for the life of the process.
+fn line_digest(source: &str, reason: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    (source, reason).hash(&mut h);
+    h.finish()
 }
 
 /// What one pod counts for in the status and the cluster metrics.
