@@ -14,7 +14,7 @@
 //! two maps with the same content. Every map this module fills holds at most one entry, so the
 //! encoding, and therefore the version, depends on the content only.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -273,7 +273,7 @@ impl TypedResources {
         for lane in self.sum {
             h.update(lane.to_be_bytes());
         }
-        self.version = h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect();
+        self.version = super::delta::resource_version(&h.finalize().into());
     }
 
     /// The served resource named `name` (the first of that name).
@@ -585,13 +585,54 @@ pub struct Renderer {
 #[derive(Debug, Default)]
 struct PodSets {
     pods: HashMap<PodKey, Arc<PodRender>>,
-    cluster_owners: HashMap<String, BTreeSet<PodKey>>,
-    listener_owners: HashMap<String, BTreeSet<PodKey>>,
+    cluster_owners: HashMap<String, Owners>,
+    listener_owners: HashMap<String, Owners>,
     served_clusters: HashMap<String, ClusterSpec>,
     served_listeners: HashMap<String, ListenerSpec>,
     health: BTreeMap<String, usize>,
     rejected: BTreeMap<PodKey, (Vec<Rejected>, Vec<Rejected>)>,
     current: Option<Resources>,
+}
+
+/// The pods that render one name, sorted by key: the first wins. Nearly always one pod, so a
+/// sorted `Vec` (one small allocation) rather than a tree.
+type Owners = Vec<PodKey>;
+
+/// Adds `key` to the claimants of `name` (kept sorted, no duplicates).
+fn claim(owners: &mut HashMap<String, Owners>, name: &str, key: &PodKey) {
+    let set = match owners.get_mut(name) {
+        Some(set) => set,
+        None => owners.entry(name.to_owned()).or_insert_with(|| Vec::with_capacity(1)),
+    };
+    if let Err(at) = set.binary_search(key) {
+        set.insert(at, key.clone());
+    }
+}
+
+/// `msg` packed as an `Any` of `type_url` (the constant, not the formatted `Name::type_url`).
+fn any(type_url: &str, msg: &impl prost::Message) -> Any {
+    Any { type_url: type_url.to_owned(), value: msg.encode_to_vec() }
+}
+
+/// Sorts `v` and drops repeats.
+fn sorted_unique<T: Ord>(mut v: Vec<T>) -> Vec<T> {
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The names touched by a batch, once each, with whether any changed pod released the name.
+fn touched(mut names: Vec<(String, bool)>) -> Vec<(String, bool)> {
+    names.sort_unstable();
+    // `dedup_by` hands (later, kept): fold the later's flag into the kept one.
+    names.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            kept.1 |= later.1;
+        }
+        same
+    });
+    names
 }
 
 /// One rendered cluster: the spec it came from and the served resource.
@@ -667,7 +708,8 @@ impl Renderer {
                 _ => match render_cluster(spec, &self.opts) {
                     Ok(cluster) => {
                         self.encoded += 1;
-                        Cached { spec: spec.clone(), served: Arc::new(packed(&spec.name, pack_any(cluster))) }
+                        let served = Arc::new(packed(&spec.name, any(CLUSTER_TYPE_URL, &cluster)));
+                        Cached { spec: spec.clone(), served }
                     }
                     Err(error) => {
                         rejected.push(Rejected { name: spec.name.clone(), error });
@@ -696,7 +738,7 @@ impl Renderer {
                 _ => match render_inbound_listener(spec, &self.opts) {
                     Ok(l) => {
                         self.encoded += 1;
-                        Arc::new(packed(&spec.name, pack_any(l)))
+                        Arc::new(packed(&spec.name, any(LISTENER_TYPE_URL, &l)))
                     }
                     Err(error) => {
                         rejected.push(Rejected { name: spec.name.clone(), error });
@@ -738,11 +780,19 @@ impl Renderer {
             Some(c) => c,
             None => self.initial(),
         };
-        let mut clusters = BTreeSet::new();
-        let mut listeners = BTreeSet::new();
-        let mut rejections = BTreeSet::new();
+        let changes = changes.into_iter();
+        let hint = changes.size_hint().0;
+        // A boot or relist hands over every pod at once: grow the maps once, not by doubling.
+        self.pods.pods.reserve(hint);
+        self.pods.cluster_owners.reserve(2 * hint);
+        self.pods.served_clusters.reserve(2 * hint);
+        // Names and pods touched (sorted and deduplicated below: cheaper than a tree per insert).
+        // Each name with whether a changed pod released it (its other claimants must be re-decided).
+        let mut clusters: Vec<(String, bool)> = Vec::with_capacity(2 * hint);
+        let mut listeners: Vec<(String, bool)> = Vec::new();
+        let mut rejections: Vec<PodKey> = Vec::with_capacity(hint);
         // Health cluster names touched, and whether each was listed before.
-        let mut health: BTreeMap<String, bool> = BTreeMap::new();
+        let mut health: HashMap<String, bool> = HashMap::with_capacity(hint);
         for (key, new) in changes {
             let old = match &new {
                 Some(n) => self.pods.pods.insert(key.clone(), n.clone()),
@@ -754,19 +804,19 @@ impl Renderer {
             let sets = &mut self.pods;
             for c in old.iter().flat_map(|o| &o.clusters) {
                 release(&mut sets.cluster_owners, &c.name, &key);
-                clusters.insert(c.name.clone());
+                clusters.push((c.name.clone(), true));
             }
             for c in new.iter().flat_map(|n| &n.clusters) {
-                sets.cluster_owners.entry(c.name.clone()).or_default().insert(key.clone());
-                clusters.insert(c.name.clone());
+                claim(&mut sets.cluster_owners, &c.name, &key);
+                clusters.push((c.name.clone(), false));
             }
             for l in old.iter().flat_map(|o| &o.listeners) {
                 release(&mut sets.listener_owners, &l.name, &key);
-                listeners.insert(l.name.clone());
+                listeners.push((l.name.clone(), true));
             }
             for l in new.iter().flat_map(|n| &n.listeners) {
-                sets.listener_owners.entry(l.name.clone()).or_default().insert(key.clone());
-                listeners.insert(l.name.clone());
+                claim(&mut sets.listener_owners, &l.name, &key);
+                listeners.push((l.name.clone(), false));
             }
             for name in old.iter().chain(&new).map(|p| &p.health_cluster) {
                 health.entry(name.clone()).or_insert_with(|| sets.health.contains_key(name));
@@ -781,17 +831,25 @@ impl Renderer {
             if let Some(n) = &new {
                 *sets.health.entry(n.health_cluster.clone()).or_default() += 1;
             }
-            rejections.insert(key);
+            rejections.push(key);
         }
-        for name in &clusters {
-            rejections.extend(self.pods.cluster_owners.get(name).into_iter().flatten().cloned());
-            self.refresh_cluster(&mut current.clusters, name);
+        for (name, released) in touched(clusters) {
+            // Other pods claiming a name a changed pod released or shares: their duplicate
+            // verdicts may move (a sole claimant that did not release it is a changed pod).
+            match self.pods.cluster_owners.get(&name) {
+                Some(owners) if released || owners.len() > 1 => rejections.extend(owners.iter().cloned()),
+                _ => {}
+            }
+            self.refresh_cluster(&mut current.clusters, &name);
         }
-        for name in &listeners {
-            rejections.extend(self.pods.listener_owners.get(name).into_iter().flatten().cloned());
-            self.refresh_listener(&mut current.listeners, name);
+        for (name, released) in touched(listeners) {
+            match self.pods.listener_owners.get(&name) {
+                Some(owners) if released || owners.len() > 1 => rejections.extend(owners.iter().cloned()),
+                _ => {}
+            }
+            self.refresh_listener(&mut current.listeners, &name);
         }
-        for key in rejections {
+        for key in sorted_unique(rejections) {
             self.reject(key);
         }
         let health_moved = health.iter().any(|(name, was)| self.pods.health.contains_key(name) != *was);
@@ -831,7 +889,7 @@ impl Renderer {
         match spec.map(|s| (s, render_cluster(s, &self.opts))) {
             Some((spec, Ok(cluster))) => {
                 self.encoded += 1;
-                set.add((name.to_owned(), 0), Arc::new(packed(name, pack_any(cluster))));
+                set.add((name.to_owned(), 0), Arc::new(packed(name, any(CLUSTER_TYPE_URL, &cluster))));
                 self.pods.served_clusters.insert(name.to_owned(), spec.clone());
             }
             Some((_, Err(_))) | None => {
@@ -853,7 +911,7 @@ impl Renderer {
         match spec.map(|s| (s, render_inbound_listener(s, &self.opts))) {
             Some((spec, Ok(listener))) => {
                 self.encoded += 1;
-                set.add((name.to_owned(), 0), Arc::new(packed(name, pack_any(listener))));
+                set.add((name.to_owned(), 0), Arc::new(packed(name, any(LISTENER_TYPE_URL, &listener))));
                 self.pods.served_listeners.insert(name.to_owned(), spec.clone());
             }
             Some((_, Err(_))) | None => {
@@ -871,31 +929,31 @@ impl Renderer {
             self.pods.rejected.remove(&key);
             return;
         };
-        let wins = |owners: &HashMap<String, BTreeSet<PodKey>>, name: &str| {
-            owners.get(name).and_then(|o| o.first()) == Some(&key)
-        };
+        let wins =
+            |owners: &HashMap<String, Owners>, name: &str| owners.get(name).and_then(|o| o.first()) == Some(&key);
         let duplicate = |name: &str| Rejected {
             name: name.to_owned(),
             error: RenderError::DuplicateName { name: name.to_owned() },
         };
-        let mut seen = HashSet::new();
+        // A pod renders a handful of specs: a scan of the earlier ones finds a repeated name.
         let clusters: Vec<Rejected> = pod
             .clusters
             .iter()
-            .filter_map(|c| {
-                if !seen.insert(c.name.as_str()) || !wins(&self.pods.cluster_owners, &c.name) {
+            .enumerate()
+            .filter_map(|(i, c)| {
+                if pod.clusters[..i].iter().any(|e| e.name == c.name) || !wins(&self.pods.cluster_owners, &c.name) {
                     return Some(duplicate(&c.name));
                 }
                 c.validate().err().map(|error| Rejected { name: c.name.clone(), error })
             })
             .collect();
-        let mut seen = HashSet::new();
         let listeners: Vec<Rejected> = pod
             .listeners
             .iter()
-            .filter_map(|l| {
+            .enumerate()
+            .filter_map(|(i, l)| {
                 if l.name == HEALTH_LISTENER_NAME
-                    || !seen.insert(l.name.as_str())
+                    || pod.listeners[..i].iter().any(|e| e.name == l.name)
                     || !wins(&self.pods.listener_owners, &l.name)
                 {
                     return Some(duplicate(&l.name));
@@ -923,9 +981,11 @@ impl Renderer {
 }
 
 /// Removes `key` from the claimants of `name`, dropping the entry when it empties.
-fn release(owners: &mut HashMap<String, BTreeSet<PodKey>>, name: &str, key: &PodKey) {
+fn release(owners: &mut HashMap<String, Owners>, name: &str, key: &PodKey) {
     if let Some(set) = owners.get_mut(name) {
-        set.remove(key);
+        if let Ok(at) = set.binary_search(key) {
+            set.remove(at);
+        }
         if set.is_empty() {
             owners.remove(name);
         }

@@ -8,7 +8,10 @@
 /// same version, across agent restarts, so a reconnecting Envoy's `initial_resource_versions`
 /// match what a new agent serves.
 pub fn resource_version(digest: &[u8; 32]) -> String {
-    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    let mut head = [0u8; 16];
+    head.copy_from_slice(&digest[..16]);
+    // One formatting call (zero-padded to 32 digits), not one String per byte.
+    format!("{:032x}", u128::from_be_bytes(head))
 }
 
 #[cfg(test)]
