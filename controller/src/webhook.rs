@@ -55,7 +55,13 @@ pub struct WebhookState {
 }
 
 /// The webhook router: `POST /validate`, with the body cap applied.
+///
+/// The state is shared behind one `Arc`: axum clones the state for every request (and the
+/// 413-counting layer once more), and a [`WebhookState`] clone costs one atomic increment per
+/// `Arc` inside [`Metrics`] and the caches — 2.4 % of the webhook's CPU under saturation
+/// (issue 15 profile), against one increment here.
 pub fn router(state: WebhookState, max_body_bytes: usize) -> Router {
+    let state = Arc::new(state);
     Router::new()
         .route("/validate", post(validate))
         .layer(DefaultBodyLimit::disable())
@@ -67,7 +73,7 @@ pub fn router(state: WebhookState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
-async fn count_too_large(State(state): State<WebhookState>, response: Response) -> Response {
+async fn count_too_large(State(state): State<Arc<WebhookState>>, response: Response) -> Response {
     if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
         state.metrics.count("none", "too-large");
         tracing::warn!("answering 413 to an admission request over the body cap");
@@ -83,7 +89,7 @@ fn bad_request(state: &WebhookState, label: &'static str, reason: String) -> Res
 }
 
 async fn validate(
-    State(state): State<WebhookState>,
+    State(state): State<Arc<WebhookState>>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
