@@ -15,15 +15,14 @@
 //! kube-runtime lists every pod again.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use aether_fixtures::pod;
-use aether_tests::{ControlPlane, Scrape, free_port, http_get_status};
-use anyhow::{Context, bail, ensure};
+use aether_tests::{ControlPlane, Scrape};
+use anyhow::{Context, ensure};
 
+use crate::node_pods::{FOLD, PodSet, WRITERS, folded, start_agent};
 use crate::stats::md_table;
-use crate::{Goal, Opts, Proc, Report, api_client, workspace_bin};
+use crate::{Goal, Opts, Proc, Report};
 
 const NS: &str = "bench-rss";
 const NODE: &str = "bench-rss-node";
@@ -31,14 +30,6 @@ const NODE: &str = "bench-rss-node";
 const SIZES: [usize; 2] = [1_000, 10_000];
 /// The target of issue 15: live RSS growth per pod at 10k pods, in KiB.
 const TARGET_KIB_PER_POD: f64 = 8.0;
-/// How many API writes run at once while pods are created.
-const WRITERS: usize = 8;
-/// Names another `aether-agent` binary to measure (e.g. one built from an older commit, for a
-/// before/after comparison); default: the release binary beside `aether-bench`.
-const AGENT_ENV: &str = "AETHER_BENCH_AGENT";
-/// The longest wait for the agent to fold a list.
-const FOLD: Duration = Duration::from_secs(180);
-
 /// `VmRSS` and `VmHWM` of `pid`, in KiB.
 fn memory_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -51,116 +42,6 @@ fn memory_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
             .with_context(|| format!("/proc/{pid}/status has no {name}"))
     };
     Ok((field("VmRSS:")?, field("VmHWM:")?))
-}
-
-/// User + system CPU time of `pid`, in clock ticks (`/proc/<pid>/stat` fields 14 and 15).
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("malformed /proc/<pid>/stat")?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Ok(f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?)
-}
-
-/// Waits until `pid` used at most 2 ticks of CPU over one second (it has finished folding).
-fn quiet(pid: u32) -> anyhow::Result<()> {
-    let deadline = Instant::now() + FOLD;
-    let mut last = cpu_ticks(pid)?;
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = cpu_ticks(pid)?;
-        if now - last <= 2 {
-            return Ok(());
-        }
-        ensure!(Instant::now() < deadline, "the agent was still busy after {} s", FOLD.as_secs());
-        last = now;
-    }
-}
-
-/// Creates pods `rss-<from>` .. `rss-<to - 1>` on [`NODE`], each with a pod IP, [`WRITERS`] at a time.
-fn create_pods(cp: &ControlPlane, from: usize, to: usize) -> anyhow::Result<()> {
-    let next = std::sync::atomic::AtomicUsize::new(from);
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..WRITERS)
-            .map(|_| {
-                s.spawn(|| -> anyhow::Result<()> {
-                    // A client (and connection) per writer: thousands of streams on one shared
-                    // HTTP/2 connection trip h2's reset-flood guard.
-                    let (api, server) = api_client(cp)?;
-                    let collection = format!("{server}/api/v1/namespaces/{NS}/pods");
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= to {
-                            return Ok(());
-                        }
-                        let name = format!("rss-{i}");
-                        let manifest = pod(NS, &name)
-                            .node(NODE)
-                            .sa("app")
-                            .container("app", "registry.example/app:bench")
-                            .emptydir("s")
-                            .json();
-                        let resp = api.post(&collection).json(&manifest).send()?;
-                        ensure!(resp.status().is_success(), "create {name}: {}", resp.status());
-                        let ip = format!("10.{}.{}.{}", 1 + i / 65_536, (i / 256) % 256, i % 256);
-                        let patch = serde_json::json!({"status": {"podIP": ip, "podIPs": [{"ip": ip}]}});
-                        let resp = api
-                            .patch(format!("{collection}/{name}/status"))
-                            .header("Content-Type", "application/merge-patch+json")
-                            .body(patch.to_string())
-                            .send()?;
-                        ensure!(resp.status().is_success(), "status of {name}: {}", resp.status());
-                    }
-                })
-            })
-            .collect();
-        workers.into_iter().try_for_each(|w| w.join().map_err(|_| anyhow::anyhow!("a pod writer panicked"))?)
-    })
-}
-
-/// A fresh release agent (empty state dir in `work/<tag>`), ready.
-fn start_agent(cp: &ControlPlane, work: &Path, tag: &str) -> anyhow::Result<(Proc, u16)> {
-    let dir = work.join(tag);
-    let (pods, run) = (dir.join("pods"), dir.join("run"));
-    std::fs::create_dir_all(&pods)?;
-    std::fs::create_dir_all(&run)?;
-    let admin = free_port();
-    let bin = match std::env::var_os(AGENT_ENV) {
-        Some(path) => path.into(),
-        None => workspace_bin("aether-agent")?,
-    };
-    let mut cmd = Command::new(bin);
-    cmd.arg("run")
-        .args(["--node-name", NODE, "--admin-addr", &format!("127.0.0.1:{admin}")])
-        .arg("--kubelet-pods-dir")
-        .arg(&pods)
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--xds-address")
-        .arg(format!("unix://{}", run.join("xds.sock").display()))
-        .arg("--health-socket")
-        .arg(run.join("health.sock"))
-        .env("KUBECONFIG", cp.kubeconfig());
-    let mut agent = Proc::spawn(cmd, dir.join("agent.log"), admin)?;
-    agent.wait_until("aether-agent (rss)", || http_get_status(admin, "/readyz") == Some(200))?;
-    Ok((agent, admin))
-}
-
-/// Waits until the agent's `aether_agent_pods` counts `n` pods and its CPU is quiet.
-fn folded(agent: &mut Proc, admin: u16, n: usize) -> anyhow::Result<()> {
-    let deadline = Instant::now() + FOLD;
-    loop {
-        let counted = Scrape::get(admin)?.value("aether_agent_pods", &[]);
-        if counted as usize == n {
-            break;
-        }
-        if let Some(status) = agent.child.try_wait()? {
-            bail!("the agent exited ({status}): {}", std::fs::read_to_string(&agent.log).unwrap_or_default());
-        }
-        ensure!(Instant::now() < deadline, "the agent counts {counted} pods of {n} after {} s", FOLD.as_secs());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    quiet(agent.child.id())
 }
 
 /// The port of etcd's client URL (from the control plane's `env` file).
@@ -232,7 +113,8 @@ pub(crate) fn section_rss(r: &mut Report, _opts: &Opts, cp: &ControlPlane) -> an
     cp.kubectl_ok(&["create", "namespace", NS])?;
     cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, "app"])?;
 
-    let (mut agent, admin) = start_agent(cp, work.path(), "empty")?;
+    let pods = PodSet { namespace: NS, node: NODE, prefix: "rss-", service_account: "app", net: 1 };
+    let (mut agent, admin) = start_agent(cp, &work.path().join("empty"), NODE, &[])?;
     folded(&mut agent, admin, 0)?;
     let (baseline, _) = memory_kib(agent.child.id())?;
     drop(agent);
@@ -241,10 +123,10 @@ pub(crate) fn section_rss(r: &mut Report, _opts: &Opts, cp: &ControlPlane) -> an
     let mut created = 0;
     for n in SIZES {
         let t0 = Instant::now();
-        create_pods(cp, created, n)?;
+        pods.create(cp, created..n)?;
         created = n;
         eprintln!("rss: {n} pods created in {:.1} s", t0.elapsed().as_secs_f64());
-        let (mut agent, admin) = start_agent(cp, work.path(), &format!("pods-{n}"))?;
+        let (mut agent, admin) = start_agent(cp, &work.path().join(format!("pods-{n}")), NODE, &[])?;
         folded(&mut agent, admin, n)?;
         let listed = memory_kib(agent.child.id())?;
         force_relist(cp, &mut agent, admin, n)?;
@@ -295,6 +177,12 @@ pub(crate) fn section_rss(r: &mut Report, _opts: &Opts, cp: &ControlPlane) -> an
         &rows,
     ));
     r.line("");
+    r.plots.rss.extend(samples.iter().map(|s| crate::plots::RssPoint {
+        pods: s.pods,
+        baseline_kib: baseline,
+        listed_kib: s.listed.0,
+        relisted_kib: s.relisted.0,
+    }));
     if let Some(big) = samples.iter().max_by_key(|s| s.pods) {
         let worst = per_pod(big.listed.0.max(big.relisted.0), big.pods);
         r.goals.push(Goal {
