@@ -182,9 +182,38 @@ pub(crate) fn folded(agent: &mut Proc, admin: u16, n: usize) -> anyhow::Result<(
     quiet(agent.child.id())
 }
 
+/// ns the process `pid` has been on a CPU: the sum over its threads of the first field of
+/// `/proc/<pid>/task/<tid>/schedstat`. Threads that ended are not counted: the agent's runtime
+/// keeps its workers. Used by 3e and 3f (agent and kube-apiserver CPU per write).
+pub(crate) fn schedstat_ns(pid: u32) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let path = task?.path().join("schedstat");
+        // A thread may end between the listing and the read.
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        total += text
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .with_context(|| format!("{} is not schedstat", path.display()))?;
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_counts_this_process() {
+        let pid = std::process::id();
+        let a = schedstat_ns(pid).unwrap();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(20) {
+            std::hint::black_box(t.elapsed());
+        }
+        assert!(schedstat_ns(pid).unwrap() > a, "20 ms of spinning shows in schedstat");
+    }
 
     #[test]
     fn ips_stay_apart_between_sets_and_roll_over_octets() {

@@ -33,7 +33,7 @@ use aether_fixtures::{Envoy, policy};
 use aether_tests::{ControlPlane, Scrape, envoy_bin};
 use anyhow::{Context, ensure};
 
-use crate::node_pods::{PodSet, folded, quiet, start_agent, xds_socket};
+use crate::node_pods::{PodSet, folded, quiet, schedstat_ns, start_agent, xds_socket};
 use crate::plots::ChangePoint;
 use crate::stats::{md_table, percentile, ratio, show_ratio, show_secs};
 use crate::{Goal, Opts, Proc, Report, api_client};
@@ -112,24 +112,6 @@ struct Run {
     idle_polled: f64,
     /// Writes in all (write → ACK and CPU).
     writes: usize,
-}
-
-/// ns the process `pid` has been on a CPU: the sum over its threads of the first field of
-/// `/proc/<pid>/task/<tid>/schedstat`. Threads that ended are not counted: the agent's runtime
-/// keeps its workers.
-fn schedstat_ns(pid: u32) -> anyhow::Result<u64> {
-    let mut total = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let path = task?.path().join("schedstat");
-        // A thread may end between the listing and the read.
-        let Ok(text) = std::fs::read_to_string(&path) else { continue };
-        total += text
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-            .with_context(|| format!("{} is not schedstat", path.display()))?;
-    }
-    Ok(total)
 }
 
 /// The agent's metrics over one keep-alive client.
@@ -558,17 +540,6 @@ mod tests {
         ];
         assert_eq!(changed_size(&runs, 1_000), Some(2_000.0));
         assert_eq!(changed_size(&runs, 10_000), None);
-    }
-
-    #[test]
-    fn schedstat_counts_this_process() {
-        let pid = std::process::id();
-        let a = schedstat_ns(pid).unwrap();
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_millis(20) {
-            std::hint::black_box(t.elapsed());
-        }
-        assert!(schedstat_ns(pid).unwrap() > a, "20 ms of spinning shows in schedstat");
     }
 
     #[test]
