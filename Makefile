@@ -62,7 +62,7 @@ demo: root tools build ## Real node (root): helm install both charts, the webhoo
 attack: root tools build ## The socket-swap attack for AETHER_ATTACK_SECS (60) against the real agent and Envoy: 0 requests may reach the victim (not in CI)
 	AETHER_ATTACK_SECS=$${AETHER_ATTACK_SECS:-60} $(CARGO) test -p aether-tests --test e2e_delivery -- --nocapture k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic
 
-bench: tools ## Measure agent scale, webhook, convergence, data plane (release; ~10 min); writes docs/benchmarks.md
+bench: tools ## Measure agent scale and memory, webhook, convergence, per-change cost, a fleet, data plane (release; ~30 min); writes docs/benchmarks.md
 	tests/bench/run.sh
 
 clean: ## Remove build output (keeps the .cache/tools control-plane binaries)
