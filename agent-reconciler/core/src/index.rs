@@ -198,6 +198,12 @@ impl Index {
         self.pods.values().map(Arc::as_ref)
     }
 
+    /// Whether a pod of UID `uid` is stored: one hash lookup (a caller checking a batch of
+    /// answers against the live pods asks per answer instead of copying every UID).
+    pub fn has_pod(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid)
+    }
+
     /// The stored policy records (for the state dir), by namespace and name.
     pub fn policies(&self) -> impl Iterator<Item = &PolicyRecord> {
         self.policies.values().map(Arc::as_ref)
