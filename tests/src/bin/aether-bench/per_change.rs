@@ -463,10 +463,11 @@ fn report(r: &mut Report, runs: &[Run], wall: Duration) {
             goal: "Policy change at 10k pods: live agent CPU ≤ 5 ms (Delta, real Envoy)",
             figure: format!(
                 "{} (p50; SotW: {})",
-                show_secs(cpu),
+                show_cpu(cpu),
                 cpu_at(runs, k10, Mode::Sotw).map_or("n/a".into(), show_cpu)
             ),
-            met: Some(cpu <= CPU_TARGET_S),
+            // Below zero is no measurement (the idle baseline was not idle): not measured.
+            met: (cpu >= 0.0).then_some(cpu <= CPU_TARGET_S),
             limit: "see section 3e".into(),
         });
     }
@@ -496,17 +497,21 @@ fn report(r: &mut Report, runs: &[Run], wall: Duration) {
                 figure: format!("{} (p50 {}, {} writes)", show_secs(p99), show_secs(p50(&run.ack)), run.ack.len()),
                 met: Some(p99 <= target),
                 limit: format!(
-                    "not profiled yet; 20 ms of it is the agent's xDS debounce; Envoy (one worker) runs every pod's \
-                     health check; load average at the end of section 3e: {load}"
+                    "20 ms of it is the agent's xDS debounce; the agent's own CPU per change stayed ≤ {} on these \
+                     writes (perf of the agent: no O(pods) step left), so the tail is on Envoy's side, whose main \
+                     thread applies CDS and ACKs while it also holds {} clusters' stats and health checks (Envoy not \
+                     profiled); load average at the end of section 3e: {load}",
+                    show_cpu(run.cpu.iter().copied().fold(f64::NAN, f64::max)),
+                    2 * pods
                 ),
             });
         }
     }
     if let (Some(a), Some(b)) = (cpu_at(runs, k1, Mode::Delta), cpu_at(runs, k10, Mode::Delta)) {
-        let growth = ratio(b, a);
+        let growth = ratio(b, a).filter(|_| a > 0.0 && b >= 0.0);
         r.goals.push(Goal {
             goal: "Growth of live per-change agent CPU 1k → 10k pods ≤ 1.5× (Delta)",
-            figure: format!("{} ({} → {})", show_ratio(growth), show_secs(a), show_secs(b)),
+            figure: format!("{} ({} → {})", show_ratio(growth), show_cpu(a), show_cpu(b)),
             met: growth.map(|g| g <= GROWTH_TARGET),
             limit: "see section 3e".into(),
         });
