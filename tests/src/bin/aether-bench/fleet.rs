@@ -28,7 +28,7 @@ use aether_tests::ControlPlane;
 use anyhow::{Context, ensure};
 
 use crate::ads_client::AdsClient;
-use crate::node_pods::{PodSet, schedstat_ns, start_agent, xds_socket};
+use crate::node_pods::{PodSet, memory_kib, schedstat_ns, start_agent, xds_socket};
 use crate::stats::{md_table, percentile, ratio, show_ratio, show_secs};
 use crate::{Goal, Opts, Proc, Report, api_client};
 
@@ -320,16 +320,6 @@ struct Run {
     rss_kib: f64,
 }
 
-fn rss_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("/proc/<pid>/status has no VmRSS")
-}
-
 fn run(fleet: &Fleet, api: &reqwest::blocking::Client, server: &str) -> anyhow::Result<Run> {
     let n = fleet.members.len();
     let idle = idle(fleet)?;
@@ -349,7 +339,8 @@ fn run(fleet: &Fleet, api: &reqwest::blocking::Client, server: &str) -> anyhow::
     }
     // Read after the writes: an agent's policy watch may still be opening right after it serves.
     let watches = watches(api, server)?;
-    let rss: Vec<u64> = fleet.pids().into_iter().map(rss_kib).collect::<anyhow::Result<_>>()?;
+    let rss: Vec<u64> =
+        fleet.pids().into_iter().map(|p| memory_kib(p).map(|(rss, _)| rss)).collect::<anyhow::Result<_>>()?;
     Ok(Run { agents: n, watches, local, wide, unrelated, rss_kib: rss.iter().sum::<u64>() as f64 / n as f64 })
 }
 

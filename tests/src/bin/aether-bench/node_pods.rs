@@ -182,6 +182,20 @@ pub(crate) fn folded(agent: &mut Proc, admin: u16, n: usize) -> anyhow::Result<(
     quiet(agent.child.id())
 }
 
+/// `VmRSS` and `VmHWM` of `pid`, in KiB (`/proc/<pid>/status`). Used by 3d and 3f.
+pub(crate) fn memory_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("/proc/{pid}/status has no {name}"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
 /// ns the process `pid` has been on a CPU: the sum over its threads of the first field of
 /// `/proc/<pid>/task/<tid>/schedstat`. Threads that ended are not counted: the agent's runtime
 /// keeps its workers. Used by 3e and 3f (agent and kube-apiserver CPU per write).

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use aether_tests::{ControlPlane, Scrape};
 use anyhow::{Context, ensure};
 
-use crate::node_pods::{FOLD, PodSet, WRITERS, folded, start_agent};
+use crate::node_pods::{FOLD, PodSet, WRITERS, folded, memory_kib, start_agent};
 use crate::stats::md_table;
 use crate::{Goal, Opts, Proc, Report};
 
@@ -30,20 +30,6 @@ const NODE: &str = "bench-rss-node";
 const SIZES: [usize; 2] = [1_000, 10_000];
 /// The target of issue 15: live RSS growth per pod at 10k pods, in KiB.
 const TARGET_KIB_PER_POD: f64 = 8.0;
-/// `VmRSS` and `VmHWM` of `pid`, in KiB.
-fn memory_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> anyhow::Result<u64> {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("/proc/{pid}/status has no {name}"))
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
-}
-
 /// The port of etcd's client URL (from the control plane's `env` file).
 fn etcd_port(cp: &ControlPlane) -> anyhow::Result<u16> {
     let env = std::fs::read_to_string(cp.dir().join("env"))?;
