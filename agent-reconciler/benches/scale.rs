@@ -19,7 +19,9 @@
 //! versioned resources ready for the ADS streams; no debounce, no send):
 //! - `agent_full_build`: boot (the policy list and the pod list) and the first render;
 //! - `agent_policy_change`: one policy's socket edited (the 5 pods of its service change);
-//! - `agent_pod_change`: one pod's health path edited.
+//! - `agent_pod_change`: one pod's health path edited;
+//! - `agent_recheck`: the periodic re-check (`--recheck-seconds`) with nothing changed and no
+//!   container runtime configured.
 //!
 //! Before timing, one event of each kind is applied to count what it re-renders: pods folded
 //! (`Change::rerendered`) and clusters re-encoded (specs that differ from the previous snapshot,
@@ -278,6 +280,8 @@ fn agent(c: &mut Criterion) {
                 node.event(Watch::PodApplied(Box::new(edits[usize::from(flip)].clone())))
             })
         });
+        c.benchmark_group("agent_recheck")
+            .bench_function(BenchmarkId::from_parameter(&id), |b| b.iter(|| node.event(Watch::Recheck)));
     }
 }
 

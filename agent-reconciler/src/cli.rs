@@ -190,6 +190,8 @@ pub struct RunArgs {
     )]
     pub max_clusters: usize,
     /// Seconds between re-checks, with lstat, that no pod's socket path has become a symlink.
+    /// The re-check also reads CNI records and retries failed container-runtime lookups whose
+    /// per-pod delay (10 s doubling to 5 min) is past.
     #[arg(long, default_value_t = 10, env = "AETHER_RECHECK_SECONDS")]
     pub recheck_seconds: u64,
     /// Milliseconds a changed snapshot waits for further changes before it is pushed to Envoy

@@ -120,8 +120,9 @@ pub struct Driver {
     /// configuration fix across a restart): sent once the first complete pod list confirms the
     /// pod still exists and is still delivered over its socket.
     deferred: Vec<pod_events::Notice>,
-    /// Pod network namespaces from the container runtime (when `--cri-endpoint` is set).
-    netns: RuntimeNetns,
+    /// Pod network namespaces from the container runtime (when `--cri-endpoint` is set), and
+    /// when to ask again.
+    netns: crate::runtime::PodNetns,
     /// Socket pinning (`--pin-dir`): pins each verified socket inode where Envoy dials it.
     pinner: Option<crate::pin::Pinner>,
     /// inotify on pinned pods' volume dirs, for prompt re-pins.
@@ -136,66 +137,6 @@ pub struct Driver {
     cluster_metrics: Option<crate::metrics::ClusterMetrics>,
     /// The live per-pod decisions (`/debug/pods`), updated only for the pods a change touched.
     decisions: Option<crate::decisions::Decisions>,
-}
-
-/// What the driver knows of pods' network namespaces from the container runtime: asked when a
-/// pod appears or its IPs change (a new sandbox), and again on each re-check for pods the runtime
-/// has not answered for; never per publish. Answers arrive as [`Event::Netns`].
-#[derive(Default)]
-struct RuntimeNetns {
-    lookup: Option<NetnsLookup>,
-    /// Pod UID → netns path as the proxy sees it.
-    known: HashMap<String, String>,
-    /// Pod UID → the pod IPs when it was last asked for.
-    asked: HashMap<String, Vec<std::net::IpAddr>>,
-}
-
-impl RuntimeNetns {
-    /// Asks for `rec`'s netns unless it was asked for with the same pod IPs (same sandbox).
-    fn ask(&mut self, rec: &PodRecord) {
-        let Some(lookup) = &self.lookup else { return };
-        if rec.pod_ips.is_empty() || self.asked.get(&rec.uid) == Some(&rec.pod_ips) {
-            return;
-        }
-        if lookup.request(&rec.uid) != crate::runtime::Requested::Full {
-            self.asked.insert(rec.uid.clone(), rec.pod_ips.clone());
-        }
-    }
-
-    /// Asks again for pods the runtime has not given a netns for.
-    fn ask_unknown<'a>(&mut self, pods: impl Iterator<Item = &'a PodRecord>) {
-        let unknown: Vec<&PodRecord> = pods.filter(|r| !self.known.contains_key(&r.uid)).collect();
-        for rec in unknown {
-            self.asked.remove(&rec.uid);
-            self.ask(rec);
-        }
-    }
-
-    fn forget(&mut self, uid: &str) {
-        self.known.remove(uid);
-        self.asked.remove(uid);
-        if let Some(lookup) = &self.lookup {
-            lookup.forget(uid);
-        }
-    }
-
-    /// Takes one answer; `true` when what is known changed. An error keeps what was known (the
-    /// lookup logs it once per pod); `None` (no ready sandbox, host network) forgets the path.
-    fn update(&mut self, (uid, answer): NetnsUpdate, live: bool) -> bool {
-        if !live {
-            return false;
-        }
-        match answer {
-            Ok(Some(path)) => {
-                let path = path.into_string();
-                let changed = self.known.get(&uid) != Some(&path);
-                self.known.insert(uid, path);
-                changed
-            }
-            Ok(None) => self.known.remove(&uid).is_some(),
-            Err(_) => false,
-        }
-    }
 }
 
 impl Driver {
@@ -221,7 +162,7 @@ impl Driver {
             ledger: Ledger::new(),
             stranded: BTreeMap::new(),
             notices: None,
-            netns: RuntimeNetns::default(),
+            netns: crate::runtime::PodNetns::default(),
             no_netns_told: HashSet::new(),
             link_refused: HashMap::new(),
             pinner: None,
@@ -347,7 +288,7 @@ impl Driver {
     /// Same loop, asking `lookup` for pods' network namespaces (its answers must be fed back as
     /// [`Event::Netns`]).
     pub fn with_netns_lookup(mut self, lookup: NetnsLookup) -> Self {
-        self.netns.lookup = Some(lookup);
+        self.netns = crate::runtime::PodNetns::with_lookup(lookup);
         self
     }
 
@@ -358,7 +299,7 @@ impl Driver {
             Event::PodApplied(pod) => match PodRecord::from_pod(&pod) {
                 Ok(Some(rec)) => {
                     let uid = rec.uid.clone();
-                    self.netns.ask(&rec);
+                    self.netns.ask(&rec.uid, &rec.pod_ips);
                     let mut change = self.index.apply_pod(rec.clone());
                     if !change.rerendered.is_empty() {
                         self.save_pod(&uid, &rec);
@@ -372,9 +313,8 @@ impl Driver {
             Event::PodDeleted(pod) => self.delete_pod(&pod),
             Event::PodsListed(records) => {
                 let keep: HashSet<String> = records.iter().map(|r| r.uid.clone()).collect();
-                records.iter().for_each(|r| self.netns.ask(r));
-                let gone: Vec<String> = self.netns.asked.keys().filter(|u| !keep.contains(*u)).cloned().collect();
-                gone.iter().for_each(|u| self.netns.forget(u));
+                records.iter().for_each(|r| self.netns.ask(&r.uid, &r.pod_ips));
+                self.netns.retain(|u| keep.contains(u));
                 let mut change = self.index.reset_pods(records);
                 if let Some(pinner) = &self.pinner {
                     match pinner.retain(&keep) {
@@ -454,17 +394,18 @@ impl Driver {
                 // make bench section 3e).
                 let mut changed = Vec::new();
                 let mut without = Vec::new();
+                let now = Instant::now();
                 for update in updates {
                     let uid = update.0.clone();
                     let live = self.index.has_pod(&uid);
-                    if live && !self.netns.known.contains_key(&uid) {
+                    if live && !self.netns.is_known(&uid) {
                         match &update.1 {
                             Ok(None) => without.push((uid.clone(), None)),
                             Err(e) => without.push((uid.clone(), Some(e.to_string()))),
                             Ok(Some(_)) => {}
                         }
                     }
-                    if self.netns.update(update, live) {
+                    if self.netns.update(update, live, now) {
                         changed.push(uid);
                     }
                 }
@@ -490,7 +431,8 @@ impl Driver {
                 }
             }
             Event::Recheck => {
-                self.netns.ask_unknown(self.index.pods());
+                let now = Instant::now();
+                self.netns.ask_due(self.index.pods().map(|r| (r.uid.as_str(), r.pod_ips.as_slice())), now);
                 let all: Vec<PodKey> = self.index.snapshot().iter().map(|(k, _)| k.clone()).collect();
                 // CNI records written since the pod's last event are picked up here.
                 let uids: Vec<String> = all.iter().map(|k| k.uid.clone()).collect();
@@ -586,7 +528,7 @@ impl Driver {
     fn refresh_netns<'a>(&mut self, uids: impl IntoIterator<Item = &'a str>) -> Change {
         let mut change = Change::default();
         for uid in uids {
-            let fact = self.netns.known.get(uid).cloned().or_else(|| self.cni.netns(uid));
+            let fact = self.netns.path(uid).map(str::to_owned).or_else(|| self.cni.netns(uid));
             let one = self.index.set_netns(uid, fact);
             change.rerendered.extend(one.rerendered);
             change.map_changed |= one.map_changed;
@@ -1098,14 +1040,14 @@ mod tests {
         d.handle(Event::Netns(vec![(UID_A.into(), Err(timeout))]));
         d.handle(Event::Netns(vec![(UID_B.into(), Ok(Some(netns("cni-2"))))]));
         assert_eq!(app_endpoint(&rx, "a"), inside);
-        assert!(!d.netns.known.contains_key(UID_B));
+        assert!(!d.netns.is_known(UID_B));
 
         // No sandbox netns any more (e.g. host network): back to the pod IP. A delete forgets.
         d.handle(Event::Netns(vec![(UID_A.into(), Ok(None))]));
         assert_eq!(app_endpoint(&rx, "a"), by_ip);
         d.handle(Event::Netns(vec![(UID_A.into(), Ok(Some(netns("cni-3"))))]));
         d.handle(Event::PodDeleted(Box::new(p)));
-        assert!(d.netns.known.is_empty() && d.netns.asked.is_empty());
+        assert!(d.netns.is_empty());
     }
 
     #[test]

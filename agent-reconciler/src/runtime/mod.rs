@@ -51,9 +51,10 @@
 //!
 //! `agent::run` builds a [`CriClient`] unless `--cri-endpoint` is empty (no I/O: the first lookup
 //! connects) and spawns a [`NetnsLookup`]; its answers are forwarded to the driver as
-//! `Event::Netns`. The driver (`driver::RuntimeNetns`) asks when a pod appears or its IPs change
-//! (a new sandbox), and on each periodic re-check for pods the runtime has not answered for;
-//! never per publish, and it never awaits the runtime. An answer `Some(path)` makes TCP delivery
+//! `Event::Netns`. The driver keeps a [`PodNetns`]: it asks when a pod appears or its IPs change
+//! (a new sandbox), and on the periodic re-check for pods whose lookup failed, after a growing
+//! per-pod delay (one probe while the runtime is unreachable); never per publish, and it never
+//! awaits the runtime. An answer `Some(path)` makes TCP delivery
 //! dial `127.0.0.1:<port>` inside that netns; `None` (no ready sandbox, host network) falls back
 //! to a `--cni-records-dir` record, else the pod IP; an error keeps what was known. A deleted pod
 //! is forgotten. Static (mirror) pods: the sandbox carries kubelet's UID (the
@@ -63,12 +64,14 @@
 pub mod cri;
 pub mod lookup;
 pub mod netns;
+pub mod pod_netns;
 
 use std::time::Duration;
 
 pub use cri::{CriClient, CriEndpoint, DEFAULT_CRI_ENDPOINT};
 pub use lookup::{LOOKUP_QUEUE, NetnsLookup, NetnsSource, NetnsUpdate, Requested};
 pub use netns::{DEFAULT_NETNS_DIR, NetnsDirs, NetnsPath, sandbox_netns};
+pub use pod_netns::PodNetns;
 
 /// How long connecting to the CRI socket may take. A runtime that accepts no connection within
 /// it counts as down for this lookup; the next lookup tries again. The socket is local: a healthy
@@ -161,6 +164,18 @@ impl RuntimeError {
             RuntimeError::Call { .. } => "call",
             RuntimeError::VerboseInfo { .. } => "verbose_info",
             RuntimeError::UnsafePath { .. } => "unsafe_path",
+        }
+    }
+
+    /// Whether the runtime itself could not be reached (no connection, a connect timeout, or a
+    /// call answered `UNAVAILABLE`, gRPC's code for a broken transport): every pod would fail
+    /// alike, so lookups are paused to one probe ([`pod_netns`]).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            RuntimeError::Connect { .. } => true,
+            RuntimeError::Timeout { call, .. } => *call == "connect",
+            RuntimeError::Call { code, .. } => *code == tonic::Code::Unavailable,
+            _ => false,
         }
     }
 }
