@@ -9,7 +9,7 @@
 //!   and a shutdown that waits for Envoy to close its streams ([`Drained`]); re-exports the parts
 //!   below.
 //! - `stream` (private): one state-of-the-world ADS stream's request/response loop, nonces,
-//!   debounced pushes.
+//!   a push per rendered version.
 //! - [`delta`]: one incremental (delta) ADS stream: per-resource versions, only what changed and
 //!   the names removed, a reconnecting Envoy's `initial_resource_versions` honoured.
 //! - [`acks`]: the [`AckTracker`]: what each node applied or rejected, which streams are open.

@@ -37,7 +37,9 @@ pub use super::publish::{spawn_renderer, spawn_renderer_with_clock};
 use super::resources::Resources;
 use crate::shutdown::FileId;
 
-/// Default debounce: how long a change waits for further changes before it is pushed.
+/// Default debounce of the renderer ([`spawn_renderer`], `--xds-debounce-ms`): how long a change
+/// waits for further changes before it is rendered and pushed. The only wait on the way: the ADS
+/// streams push each rendered version at once.
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// The ADS service: serves the latest [`Resources`] from a watch channel to every Envoy stream,
@@ -47,7 +49,6 @@ pub struct XdsServer {
     pub(super) resources: watch::Receiver<Arc<Resources>>,
     pub(super) tracker: AckTracker,
     pub(super) metrics: Option<XdsMetrics>,
-    pub(super) debounce: Duration,
     shutdown_wait: Duration,
     pub(super) shutdown: watch::Receiver<bool>,
     shutdown_tx: Arc<watch::Sender<bool>>,
@@ -56,7 +57,7 @@ pub struct XdsServer {
 
 impl XdsServer {
     /// A server of `resources` (whatever the channel holds now and later), with a fresh
-    /// [`AckTracker`], [`DEFAULT_DEBOUNCE`], and the default xDS connection policy
+    /// [`AckTracker`], and the default xDS connection policy
     /// ([`ListenerKind::Xds`]) counting into metrics nobody scrapes.
     pub fn new(resources: watch::Receiver<Arc<Resources>>) -> Self {
         let (shutdown_tx, shutdown) = watch::channel(false);
@@ -64,7 +65,6 @@ impl XdsServer {
             resources,
             tracker: AckTracker::new(),
             metrics: None,
-            debounce: DEFAULT_DEBOUNCE,
             shutdown_wait: Duration::ZERO,
             shutdown,
             shutdown_tx: Arc::new(shutdown_tx),
@@ -77,12 +77,6 @@ impl XdsServer {
     /// none when the policy has an idle timeout instead), counting into the gate's metrics.
     pub fn with_connection_gate(mut self, gate: Gate) -> Self {
         self.gate = gate;
-        self
-    }
-
-    /// Same server, with this debounce (`Duration::ZERO` pushes every change at once).
-    pub fn with_debounce(mut self, debounce: Duration) -> Self {
-        self.debounce = debounce;
         self
     }
 

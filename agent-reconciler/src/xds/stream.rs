@@ -2,7 +2,8 @@
 //! `AggregatedDiscoveryService` of [`XdsServer`] spawns a task per stream.
 //!
 //! The task sends a type's resources when Envoy subscribes and again whenever that type's
-//! version changes (after a short debounce that coalesces bursts), matches each request's nonce
+//! version changes (the renderer already coalesced bursts: no second wait here), matches each
+//! request's nonce
 //! to the last response of its type (a stale nonce is ignored), and records every ACK and NACK
 //! in the shared [`AckTracker`]. A NACK is logged with Envoy's message and the node id; nothing
 //! is re-sent for it: Envoy keeps its last good config (for CDS, every cluster it could accept),
@@ -19,7 +20,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
@@ -239,15 +239,15 @@ impl Session for Stream {
 }
 
 /// Serves one session until the client ends it, a stream error, or the server's shutdown:
-/// requests go to the session as they come, and each change of the published resources (after
-/// `debounce`, which coalesces bursts) is offered to it. When the publisher is gone the session
-/// keeps serving what it has.
+/// requests go to the session as they come, and each change of the published resources is
+/// offered to it at once (the renderer, [`super::publish`], is where bursts are coalesced, by
+/// `--xds-debounce-ms`: a second wait per stream would only add latency). When the publisher is
+/// gone the session keeps serving what it has.
 pub(super) async fn serve<S: Session>(
     mut inbound: Streaming<S::Request>,
     mut session: S,
     mut resources: watch::Receiver<Arc<Resources>>,
     mut shutdown: watch::Receiver<bool>,
-    debounce: Duration,
 ) where
     Streaming<S::Request>: futures::Stream<Item = Result<S::Request, Status>> + Unpin,
 {
@@ -273,9 +273,6 @@ pub(super) async fn serve<S: Session>(
                     // The publisher is gone: keep serving what we have.
                     watching = false;
                     continue;
-                }
-                if !debounce.is_zero() {
-                    tokio::time::sleep(debounce).await;
                 }
                 current = resources.borrow_and_update().clone();
                 if !session.on_change(&current).await {
@@ -309,7 +306,7 @@ impl AggregatedDiscoveryService for XdsServer {
             tracker: self.tracker.clone(),
             metrics: self.metrics.clone(),
         };
-        tokio::spawn(serve(request.into_inner(), stream, self.resources.clone(), self.shutdown.clone(), self.debounce));
+        tokio::spawn(serve(request.into_inner(), stream, self.resources.clone(), self.shutdown.clone()));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -330,6 +327,7 @@ impl AggregatedDiscoveryService for XdsServer {
 mod tests {
     use super::*;
     use crate::xds::resources::CLUSTER_TYPE_URL;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn a_stream_counts_as_connected_until_its_connection_is_dropped() {

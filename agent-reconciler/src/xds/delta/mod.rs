@@ -14,8 +14,8 @@
 //!   version decides, as for the wildcard.
 //! - A response is sent for a type on the stream's first request of it (always, even empty, so
 //!   Envoy's initial fetch completes and the version can be ACKed), when a request subscribes
-//!   names, and after every change of the published resources (same debounce as state of the
-//!   world) when something differs or the type's version moved on.
+//!   names, and after every change of the published resources (as state of the world: at once,
+//!   the renderer has coalesced bursts) when something differs or the type's version moved on.
 //! - `system_version_info` is the type's [`TypedResources`](super::resources::TypedResources)
 //!   version: the full set the response brings the client to. The tracker records it as the sent
 //!   version, and as the ACKed one when Envoy ACKs the response, so `/readyz` reads delta streams
@@ -274,7 +274,7 @@ pub(super) async fn run(
     peer: String,
     out: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
 ) {
-    let (resources, shutdown, debounce) = (server.resources.clone(), server.shutdown.clone(), server.debounce);
+    let (resources, shutdown) = (server.resources.clone(), server.shutdown.clone());
     let stream = DeltaStream {
         node: String::new(),
         connection: None,
@@ -284,7 +284,7 @@ pub(super) async fn run(
         tracker: server.tracker.clone(),
         metrics: server.metrics.clone(),
     };
-    super::stream::serve(inbound, stream, resources, shutdown, debounce).await;
+    super::stream::serve(inbound, stream, resources, shutdown).await;
 }
 
 impl super::stream::Session for DeltaStream {

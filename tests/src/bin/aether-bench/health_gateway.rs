@@ -168,8 +168,7 @@ pub(crate) fn section_health_gateway(r: &mut Report, opts: &Opts, cp: &ControlPl
          listed as waiting and the gateway answers 503); each of {n} removals deletes one (grace period 0). The \
          interval runs from just before the write to the first `GET /healthz/health_{NS}_<pod>` on the kept \
          connection (polled every ~0.2 ms) that is not 404 (add) or is 404 (removal): the API write, the watch \
-         event, the agent's fold and render, its two debounces (the renderer's 20 ms `--xds-debounce-ms` and the \
-         ADS stream's 20 ms: 40 ms of each figure), the CDS and ECDS push, Envoy applying the gateway's checks \
+         event, the agent's fold and render, its 20 ms debounce (`--xds-debounce-ms`), the CDS and ECDS push, Envoy applying the gateway's checks \
          (ECDS: the listener is not touched), one poll.\n",
         n = opts.changes
     ));

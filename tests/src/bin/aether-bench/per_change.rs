@@ -106,6 +106,13 @@ struct Run {
     clusters: Vec<f64>,
     /// Write → the agent counting Envoy's ACK, seconds.
     ack: Vec<f64>,
+    /// On the write → ACK writes: the API request alone (admission webhook and storage included),
+    /// seconds.
+    api: Vec<f64>,
+    /// On the write → ACK writes: the agent's own `aether_xds_change_to_ack_seconds` for the
+    /// write (from the watch event to Envoy's ACK; the mean when it stamped several types),
+    /// seconds.
+    event_ack: Vec<f64>,
     /// Envoy's `cluster_manager.cds.update_success` growth over the writes.
     envoy_updates: u64,
     /// The idle agent's CPU while polled every [`CPU_POLL`], as a fraction of one core.
@@ -129,6 +136,11 @@ impl Metrics {
     fn scrape(&self) -> anyhow::Result<Scrape> {
         Scrape::parse(&self.client.get(&self.url).send()?.error_for_status()?.text()?)
     }
+}
+
+/// `(sum, count)` of the agent's `aether_xds_change_to_ack_seconds` histogram in one scrape.
+fn change_to_ack(s: &Scrape) -> (f64, f64) {
+    (s.value("aether_xds_change_to_ack_seconds_sum", &[]), s.value("aether_xds_change_to_ack_seconds_count", &[]))
 }
 
 /// `(acks, bytes, clusters)` for CDS in `mode` from one scrape.
@@ -236,6 +248,8 @@ fn measure(
         bytes: Vec::new(),
         clusters: Vec::new(),
         ack: Vec::new(),
+        api: Vec::new(),
+        event_ack: Vec::new(),
         envoy_updates: 0,
         idle_polled,
         writes: 0,
@@ -243,10 +257,13 @@ fn measure(
     for k in 0..2 * writes_at(pods) {
         let for_cpu = k >= writes_at(pods);
         let poll = if for_cpu { CPU_POLL } else { POLL };
-        let (acks0, bytes0, clusters0) = cds(&metrics.scrape()?, mode);
+        let before = metrics.scrape()?;
+        let (acks0, bytes0, clusters0) = cds(&before, mode);
+        let hist0 = change_to_ack(&before);
         let cpu0 = schedstat_ns(pid)?;
         let t0 = Instant::now();
         writer.write(k % 2 == 0)?;
+        let written = t0.elapsed().as_secs_f64();
         let acked = loop {
             let now = Instant::now();
             if cds(&metrics.scrape()?, mode).0 > acks0 {
@@ -263,12 +280,18 @@ fn measure(
         };
         std::thread::sleep(SETTLE);
         let cpu1 = schedstat_ns(pid)?;
-        let (_, bytes1, clusters1) = cds(&metrics.scrape()?, mode);
+        let after = metrics.scrape()?;
+        let (_, bytes1, clusters1) = cds(&after, mode);
         let polled = (acked - t0).as_secs_f64();
         if for_cpu {
             run.cpu.push((cpu1 - cpu0) as f64 / 1e9 - idle_polled * polled - idle * SETTLE.as_secs_f64());
         } else {
+            let hist1 = change_to_ack(&after);
             run.ack.push(polled);
+            run.api.push(written);
+            if hist1.1 > hist0.1 {
+                run.event_ack.push((hist1.0 - hist0.0) / (hist1.1 - hist0.1));
+            }
         }
         run.bytes.push(bytes1 - bytes0);
         run.clusters.push(clusters1 - clusters0);
@@ -300,25 +323,40 @@ fn show_cpu(s: f64) -> String {
     if s < 0.0 { "< 0 (idle baseline noise)".to_owned() } else { show_secs(s) }
 }
 
-/// What limits write → ACK at `pods`, from the agent's largest CPU per change on the CPU writes.
-fn ack_limit(cpu: &[f64], pods: usize, load: &str) -> String {
-    let max = cpu.iter().copied().fold(f64::NAN, f64::max);
-    let agent = if max > 0.010 {
-        format!(
-            "the agent's CPU reached {} on some writes: its periodic re-check (--recheck-seconds, 10 s) re-asks the \
-             container runtime about every pod with no known netns (here no runtime runs, so all {pods}), and that \
-             work lands in some writes (perf of the agent)",
-            show_cpu(max)
-        )
-    } else {
-        format!(
-            "the agent's own CPU per change stayed ≤ {}, so the tail is on Envoy's side, whose main thread applies \
-             CDS and ACKs while it also holds {} clusters' stats and health checks (Envoy not profiled)",
-            show_cpu(max),
-            2 * pods
-        )
+/// What limits write → ACK in `run`: the split of its slowest write into the API request, the
+/// agent's event → ACK and the rest (the watch delivering the change), and the agent's largest
+/// CPU per change.
+fn ack_limit(run: &Run, load: &str) -> String {
+    let max = |v: &[f64]| v.iter().copied().fold(f64::NAN, f64::max);
+    let worst = (0..run.ack.len()).max_by(|a, b| run.ack[*a].total_cmp(&run.ack[*b]));
+    let split = match worst {
+        Some(i) if run.event_ack.len() == run.ack.len() => {
+            let (total, api, agent) = (run.ack[i], run.api[i], run.event_ack[i]);
+            let part = if agent >= api && agent >= total - api - agent {
+                format!(
+                    "the agent's watch event → Envoy's ACK (debounce, render, push and Envoy applying CDS; the \
+                     agent's own CPU per change stayed ≤ {}, so most of it is Envoy's main thread, which applies CDS \
+                     and ACKs while it also runs {} clusters' stats and health checks)",
+                    show_cpu(max(&run.cpu)),
+                    2 * run.pods
+                )
+            } else if api >= total - api - agent {
+                "the API request (the admission webhook's call and etcd's write)".to_owned()
+            } else {
+                "the watch delivering the change to the agent (API server → agent)".to_owned()
+            };
+            format!(
+                "the slowest write ({}) was {} API request, {} watch event → ACK in the agent's \
+                 `aether_xds_change_to_ack_seconds` and {} between them: most of it is {part}",
+                show_secs(total),
+                show_secs(api),
+                show_secs(agent),
+                show_secs((total - api - agent).max(0.0)),
+            )
+        }
+        _ => format!("the agent's own CPU per change stayed ≤ {}", show_cpu(max(&run.cpu))),
     };
-    format!("20 ms of it is the agent's xDS debounce; {agent}; load average at the end of section 3e: {load}")
+    format!("20 ms of every write is the agent's xDS debounce; {split}; load average at the end of section 3e: {load}")
 }
 
 /// p50 of `v`, or NaN when empty.
@@ -424,7 +462,9 @@ fn report(r: &mut Report, runs: &[Run], wall: Duration) {
          of a core, more than a change), less the idle agent's rate over the same time (measured over {} s with \
          the same polling; shown). *bytes*, \
          *clusters*: growth of `aether_xds_bytes_sent_total` / `aether_xds_resources_sent_total` \
-         `{{type=\"cluster\"}}` of the stream's mode (protobuf, no gRPC framing). *Envoy CDS updates*: its \
+         `{{type=\"cluster\"}}` of the stream's mode (protobuf, no gRPC framing). *of it*: on the write → ACK writes, the API request \
+         alone (admission webhook and etcd included) and the agent's own `aether_xds_change_to_ack_seconds` \
+         (from the watch event to Envoy's ACK, debounce included); the rest is the watch's delivery. *Envoy CDS updates*: its \
          `cluster_manager.cds.update_success` growth over the writes (cross-check: one per write). p50 (max) over the \
          writes; wall time of the section {:.0} s.\n",
         SIZES.map(|n| n.to_string()).join(" → "),
@@ -447,6 +487,8 @@ fn report(r: &mut Report, runs: &[Run], wall: Duration) {
                 format!("{:.0}", p50(&run.clusters)),
                 show_secs(p50(&run.ack)),
                 percentile(&run.ack, 99.0).map_or("n/a".into(), show_secs),
+                format!("{} ({})", show_secs(p50(&run.api)), show_secs(max(&run.api))),
+                format!("{} ({})", show_secs(p50(&run.event_ack)), show_secs(max(&run.event_ack))),
                 format!("{} / {}", run.envoy_updates, run.writes),
             ]
         })
@@ -462,6 +504,8 @@ fn report(r: &mut Report, runs: &[Run], wall: Duration) {
             "clusters sent",
             "write → ACK p50",
             "p99",
+            "of it: API request",
+            "of it: watch event → ACK (agent)",
             "Envoy CDS updates / writes",
         ],
         &rows,
@@ -517,7 +561,7 @@ fn report(r: &mut Report, runs: &[Run], wall: Duration) {
                 goal,
                 figure: format!("{} (p50 {}, {} writes)", show_secs(p99), show_secs(p50(&run.ack)), run.ack.len()),
                 met: Some(p99 <= target),
-                limit: ack_limit(&run.cpu, pods, &load),
+                limit: ack_limit(run, &load),
             });
         }
     }
@@ -544,6 +588,8 @@ mod tests {
             bytes,
             clusters,
             ack: vec![0.03],
+            api: vec![0.005],
+            event_ack: vec![0.022],
             envoy_updates: 2,
             idle_polled: 0.0,
             writes: 2,
@@ -559,6 +605,22 @@ mod tests {
         ];
         assert_eq!(changed_size(&runs, 1_000), Some(2_000.0));
         assert_eq!(changed_size(&runs, 10_000), None);
+    }
+
+    #[test]
+    fn the_ack_limit_names_the_largest_part_of_the_slowest_write() {
+        let mut r = run(1_000, Mode::Delta, vec![], vec![]);
+        r.ack = vec![0.06, 0.40, 0.07];
+        r.api = vec![0.01, 0.02, 0.01];
+        r.event_ack = vec![0.03, 0.35, 0.04];
+        let limit = ack_limit(&r, "1 1 1");
+        assert!(limit.contains(&show_secs(0.40)) && limit.contains("watch event → Envoy's ACK"), "{limit}");
+        assert!(limit.contains("2000 clusters"), "{limit}");
+        r.api[1] = 0.30;
+        r.event_ack[1] = 0.05;
+        assert!(ack_limit(&r, "1 1 1").contains("most of it is the API request"));
+        r.api[1] = 0.01;
+        assert!(ack_limit(&r, "1 1 1").contains("most of it is the watch delivering"));
     }
 
     #[test]
