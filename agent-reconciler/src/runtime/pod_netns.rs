@@ -46,13 +46,16 @@ struct Retry {
 }
 
 impl Retry {
-    fn after(now: Instant, mut delays: ExponentialBackoff) -> Retry {
-        // Never ends (`without_max_times`); the fallback is for the type only.
-        let delay = delays.next().unwrap_or(RETRY_MAX);
-        Retry { at: now + delay, delays }
+    /// The first retry after a failure at `now`, with fresh delays ([`delays`]).
+    fn start(now: Instant) -> Retry {
+        let mut retry = Retry { at: now, delays: delays() };
+        retry.again(now);
+        retry
     }
 
+    /// The next retry after another failure at `now`.
     fn again(&mut self, now: Instant) {
+        // Never ends (`without_max_times`); the fallback is for the type only.
         self.at = now + self.delays.next().unwrap_or(RETRY_MAX);
     }
 }
@@ -180,7 +183,7 @@ impl PodNetns {
         let failed = match &answer {
             Err(e) if e.is_unreachable() => {
                 if self.unreachable.is_none() {
-                    self.unreachable = Some(Retry::after(now, delays()));
+                    self.unreachable = Some(Retry::start(now));
                 }
                 true
             }
@@ -196,7 +199,7 @@ impl PodNetns {
         if let Some(asked) = self.asked.get_mut(&uid) {
             match (&mut asked.retry, failed) {
                 (Some(r), true) => r.again(now),
-                (None, true) => asked.retry = Some(Retry::after(now, delays())),
+                (None, true) => asked.retry = Some(Retry::start(now)),
                 (_, false) => asked.retry = None,
             }
         }
