@@ -115,6 +115,9 @@ struct Run {
     event_ack: Vec<f64>,
     /// Envoy's `cluster_manager.cds.update_success` growth over the writes.
     envoy_updates: u64,
+    /// Envoy's `main_thread.watchdog_miss` growth over the writes: times its main thread (which
+    /// applies CDS and ACKs) did not come back to its event loop within the watchdog's 200 ms.
+    envoy_stalls: u64,
     /// The idle agent's CPU while polled every [`CPU_POLL`], as a fraction of one core.
     idle_polled: f64,
     /// Writes in all (write → ACK and CPU).
@@ -207,6 +210,10 @@ fn envoy_stat(envoy: &Envoy, name: &str) -> anyhow::Result<u64> {
     }
 }
 
+/// Envoy's count of main-thread stalls: its watchdog's misses (the main thread did not return to
+/// its event loop within the default `miss_timeout`, 200 ms).
+const ENVOY_STALLS: &str = "main_thread.watchdog_miss";
+
 /// The policy writes against one Envoy: create and delete in turn, `writes` in all.
 struct Writer<'a> {
     api: &'a reqwest::blocking::Client,
@@ -241,6 +248,7 @@ fn measure(
     let idle_polled = idle_rate(pid, metrics, Some(CPU_POLL))?;
     let idle = idle_rate(pid, metrics, None)?;
     let updates0 = envoy_stat(envoy, "cluster_manager.cds.update_success")?;
+    let stalls0 = envoy_stat(envoy, ENVOY_STALLS)?;
     let mut run = Run {
         pods,
         mode,
@@ -251,6 +259,7 @@ fn measure(
         api: Vec::new(),
         event_ack: Vec::new(),
         envoy_updates: 0,
+        envoy_stalls: 0,
         idle_polled,
         writes: 0,
     };
@@ -298,6 +307,7 @@ fn measure(
         run.writes += 1;
     }
     run.envoy_updates = envoy_stat(envoy, "cluster_manager.cds.update_success")? - updates0;
+    run.envoy_stalls = envoy_stat(envoy, ENVOY_STALLS)? - stalls0;
     Ok(run)
 }
 
@@ -336,9 +346,12 @@ fn ack_limit(run: &Run, load: &str) -> String {
                 format!(
                     "the agent's watch event → Envoy's ACK (debounce, render, push and Envoy applying CDS; the \
                      agent's own CPU per change stayed ≤ {}, so most of it is Envoy's main thread, which applies CDS \
-                     and ACKs while it also runs {} clusters' stats and health checks)",
+                     and ACKs while it also runs {} clusters' health checks; its watchdog counted {} main-thread \
+                     stalls ≥ 200 ms over the {} writes)",
                     show_cpu(max(&run.cpu)),
-                    2 * run.pods
+                    2 * run.pods,
+                    run.envoy_stalls,
+                    run.writes
                 )
             } else if api >= total - api - agent {
                 "the API request (the admission webhook's call and etcd's write)".to_owned()
@@ -465,8 +478,9 @@ fn report(r: &mut Report, runs: &[Run], wall: Duration) {
          `{{type=\"cluster\"}}` of the stream's mode (protobuf, no gRPC framing). *of it*: on the write → ACK writes, the API request \
          alone (admission webhook and etcd included) and the agent's own `aether_xds_change_to_ack_seconds` \
          (from the watch event to Envoy's ACK, debounce included); the rest is the watch's delivery. *Envoy CDS updates*: its \
-         `cluster_manager.cds.update_success` growth over the writes (cross-check: one per write). p50 (max) over the \
-         writes; wall time of the section {:.0} s.\n",
+         `cluster_manager.cds.update_success` growth over the writes (cross-check: one per write). *Envoy stalls*: \
+         growth of its `main_thread.watchdog_miss` over the writes, the times its main thread (which applies CDS and \
+         ACKs) did not return to its event loop within 200 ms. p50 (max) over the writes; wall time of the section {:.0} s.\n",
         SIZES.map(|n| n.to_string()).join(" → "),
         2 * TARGET_PODS,
         SETTLE.as_millis(),
@@ -490,6 +504,7 @@ fn report(r: &mut Report, runs: &[Run], wall: Duration) {
                 format!("{} ({})", show_secs(p50(&run.api)), show_secs(max(&run.api))),
                 format!("{} ({})", show_secs(p50(&run.event_ack)), show_secs(max(&run.event_ack))),
                 format!("{} / {}", run.envoy_updates, run.writes),
+                run.envoy_stalls.to_string(),
             ]
         })
         .collect();
@@ -507,6 +522,7 @@ fn report(r: &mut Report, runs: &[Run], wall: Duration) {
             "of it: API request",
             "of it: watch event → ACK (agent)",
             "Envoy CDS updates / writes",
+            "Envoy stalls ≥ 200 ms",
         ],
         &rows,
     ));
@@ -591,6 +607,7 @@ mod tests {
             api: vec![0.005],
             event_ack: vec![0.022],
             envoy_updates: 2,
+            envoy_stalls: 1,
             idle_polled: 0.0,
             writes: 2,
         }
@@ -615,7 +632,7 @@ mod tests {
         r.event_ack = vec![0.03, 0.35, 0.04];
         let limit = ack_limit(&r, "1 1 1");
         assert!(limit.contains(&show_secs(0.40)) && limit.contains("watch event → Envoy's ACK"), "{limit}");
-        assert!(limit.contains("2000 clusters"), "{limit}");
+        assert!(limit.contains("2000 clusters") && limit.contains("1 main-thread stalls"), "{limit}");
         r.api[1] = 0.30;
         r.event_ack[1] = 0.05;
         assert!(ack_limit(&r, "1 1 1").contains("most of it is the API request"));
