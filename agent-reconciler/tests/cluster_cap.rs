@@ -124,6 +124,7 @@ async fn a_node_at_the_cluster_cap_serves_exactly_the_pods_admitted_first() {
             timeout: Duration::from_millis(300),
             unhealthy_threshold: 1,
             healthy_threshold: 1,
+            jitter_percent: 0,
         },
         health_socket: Some(health_socket.to_str().unwrap().to_owned()),
         health_socket_mode: 0o666,

@@ -120,6 +120,7 @@ fn options(dir: &Path, max_connections: u64) -> RenderOptions {
             timeout: Duration::from_millis(300),
             unhealthy_threshold: 1,
             healthy_threshold: 1,
+            jitter_percent: 0,
         },
         health_socket: Some(dir.join("health.sock").to_str().unwrap().to_owned()),
         health_max_connections: max_connections,

@@ -115,6 +115,7 @@ fn test_options(dir: &Path) -> RenderOptions {
             timeout: Duration::from_millis(300),
             unhealthy_threshold: 1,
             healthy_threshold: 1,
+            jitter_percent: 0,
         },
         health_socket: Some(dir.join("health.sock").to_str().unwrap().to_owned()),
         ..Default::default()

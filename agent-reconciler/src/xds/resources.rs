@@ -78,16 +78,26 @@ pub struct HealthTiming {
     pub unhealthy_threshold: u32,
     /// Consecutive successes before an unhealthy host is marked healthy again.
     pub healthy_threshold: u32,
+    /// Envoy's `interval_jitter_percent`: each wait is `interval` plus a random 0 to this
+    /// percent of it. Envoy runs every active health check on its main thread, which also applies
+    /// xDS updates; clusters created by one CDS response check in lockstep, and without jitter
+    /// their checks stay one burst per interval that delays any update arriving during it (at
+    /// 10k pods a ~250 ms burst every 2 s: write → ACK p99 ~500 ms, issue 15). A wide jitter
+    /// spreads them over the interval within a few checks. It does not delay a cluster's first
+    /// check (`initial_jitter` would, and Envoy holds a changed cluster warming until then).
+    pub jitter_percent: u32,
 }
 
 impl Default for HealthTiming {
-    /// 2 s interval, 1 s timeout, unhealthy after 2 failures, healthy after 1 success.
+    /// 2 s interval plus up to 50 % jitter (a check every 2–3 s), 1 s timeout, unhealthy after 2
+    /// failures, healthy after 1 success.
     fn default() -> Self {
         HealthTiming {
             interval: Duration::from_secs(2),
             timeout: Duration::from_secs(1),
             unhealthy_threshold: 2,
             healthy_threshold: 1,
+            jitter_percent: 50,
         }
     }
 }
@@ -503,6 +513,7 @@ fn health_check(h: &HealthCheck, t: &HealthTiming) -> PbHealthCheck {
         timeout: Some(pb_duration(t.timeout)),
         interval: Some(pb_duration(t.interval)),
         no_traffic_interval: Some(pb_duration(t.interval)),
+        interval_jitter_percent: t.jitter_percent,
         unhealthy_threshold: Some(UInt32Value { value: t.unhealthy_threshold }),
         healthy_threshold: Some(UInt32Value { value: t.healthy_threshold }),
         health_checker: Some(checker),
@@ -1075,6 +1086,8 @@ mod tests {
         assert_eq!(http.host, "localhost");
         assert_eq!(http.codec_client_type, CodecClientType::Http1 as i32);
         assert_eq!(hc.no_traffic_interval, hc.interval);
+        assert_eq!(hc.interval_jitter_percent, 50);
+        assert_eq!(hc.initial_jitter, None, "a first check delayed by jitter holds a changed cluster warming");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! three intervals: until the pin (`<pin-dir>/<uid>.sock`) holds the new inode (the agent's
 //! inotify watch, the re-verification with `openat2`, the mount); until a request through Envoy
 //! reaches the new app; until Envoy's active health check passes again (the health gateway
-//! answers 200), which waits for Envoy's next check (the agent renders a 2 s interval).
+//! answers 200), which waits for Envoy's next check (the agent renders a 2 s interval plus up to 50 % jitter).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -177,7 +177,7 @@ pub(crate) fn section_repin(r: &mut Report, opts: &Opts, cp: &ControlPlane) -> a
          inode (inotify event, re-verification with `openat2`, the bind mount); until the send time of the first \
          request through Envoy's listener that the new app answers (one request every ~0.5 ms: Envoy keeps dialing \
          the same pin path, so no xDS push is involved); until the health gateway answers 200 again, which waits \
-         for Envoy's next active check (every 2 s). With {} repetitions the p99 is the slowest one.\n",
+         for Envoy's next active check (every 2–3 s: 2 s plus up to 50 % jitter). With {} repetitions the p99 is the slowest one.\n",
         opts.repins,
         percentile(&down, 50.0).map_or("n/a".into(), show_secs),
         opts.repins
