@@ -5,7 +5,7 @@ use aether_crds::policy::{self, EndpointPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::{DynamicObject, GroupVersionKind, Status, TypeMeta};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::warnings::{self, Rival, WarningKind};
 
@@ -275,6 +275,22 @@ fn allowing(req: &Request) -> AdmissionResponse {
     response
 }
 
+/// The AdmissionReview that carries `response`, serialized as kube's `response.into_review()`
+/// is (the same fields in the same order) without cloning the response into a review first.
+#[derive(Debug, Serialize)]
+pub struct Answer<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'a str,
+    kind: &'a str,
+    response: &'a AdmissionResponse,
+}
+
+impl<'a> From<&'a AdmissionResponse> for Answer<'a> {
+    fn from(response: &'a AdmissionResponse) -> Self {
+        Answer { api_version: &response.types.api_version, kind: &response.types.kind, response }
+    }
+}
+
 /// Decides one request. EndpointPolicy CREATE/UPDATE go through [`Rules::review`] (the same
 /// decision as `aether-controller validate` and the agent); DELETE and requests without an
 /// object are allowed; other kinds are allowed (this webhook has no rules for them). Rules
@@ -509,6 +525,8 @@ mod tests {
                     assert_eq!(lean(lean_req.clone()), lean(whole.clone()), "{shown}");
                     let (a, b) =
                         (decide_with_warnings(&lean_req, &rules, None), decide_with_warnings(&whole, &rules, None));
+                    let answer = serde_json::to_vec(&Answer::from(&a.response)).unwrap();
+                    assert_eq!(answer, serde_json::to_vec(&b.response.clone().into_review()).unwrap(), "{shown}");
                     assert_eq!(
                         (a.response, a.result, a.object, a.kind, a.warned),
                         (b.response, b.result, b.object, b.kind, b.warned)
