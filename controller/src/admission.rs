@@ -2,9 +2,10 @@
 
 use aether_crds::Rules;
 use aether_crds::policy::{self, EndpointPolicySpec};
-use kube::core::DynamicObject;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use serde::Deserialize;
+use kube::core::{DynamicObject, GroupVersionKind, Status, TypeMeta};
+use serde::{Deserialize, Serialize};
 
 use crate::warnings::{self, Rival, WarningKind};
 
@@ -90,14 +91,158 @@ fn check_envelope(api_version: Option<&serde_json::Value>, kind: Option<&serde_j
     if problems.is_empty() { Ok(()) } else { Err(BadReview::Envelope { problems: problems.join("; ") }) }
 }
 
-/// Parses a request body into an AdmissionRequest. The envelope must be `apiVersion:
-/// admission.k8s.io/v1`, `kind: AdmissionReview`; a body that is a JSON object with another (or
-/// no) envelope is refused with [`BadReview::Envelope`] whatever the rest of it holds, so that
-/// the reason given is the version, not a field the other version shapes differently.
+/// The part of an AdmissionRequest (v1) the decision reads: everything else a review carries
+/// (`resource`, `userInfo`, `options`, `dryRun`, the objects' metadata but their name, such as
+/// `managedFields` and the last-applied annotation: most of a review's bytes) is skipped unread by
+/// [`parse`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// `request.uid`, echoed in the response.
+    pub uid: String,
+    /// `request.kind`: the kind of the object reviewed.
+    pub kind: GroupVersionKind,
+    /// `request.name` (empty when absent, e.g. a CREATE with `generateName`).
+    pub name: String,
+    /// `request.namespace`.
+    pub namespace: Option<String>,
+    /// `request.operation`.
+    pub operation: Operation,
+    /// `request.object` (`None` when absent or `null`, e.g. a DELETE), as [`ReviewedObject`] reads it.
+    pub object: Option<DynamicObject>,
+    /// `request.oldObject` (an UPDATE's object before it), as [`ReviewedObject`] reads it.
+    pub old_object: Option<DynamicObject>,
+}
+
+impl From<AdmissionRequest<DynamicObject>> for Request {
+    /// The fields the decision reads, from a request parsed whole (objects keep all metadata).
+    fn from(req: AdmissionRequest<DynamicObject>) -> Self {
+        Request {
+            uid: req.uid,
+            kind: req.kind,
+            name: req.name,
+            namespace: req.namespace,
+            operation: req.operation,
+            object: req.object,
+            old_object: req.old_object,
+        }
+    }
+}
+
+/// The wire shape [`parse`] reads: the envelope (any JSON type, so that a wrong type is reported
+/// as a wrong value rather than a parse error) and the request's fields the decision needs, with
+/// the same types as [`AdmissionRequest`]'s, so that whatever it accepts this accepts too.
+#[derive(Deserialize)]
+struct WireReview {
+    #[serde(rename = "apiVersion")]
+    api_version: Option<serde_json::Value>,
+    kind: Option<serde_json::Value>,
+    request: Option<WireRequest>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireRequest {
+    uid: String,
+    kind: GroupVersionKind,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    operation: Operation,
+    object: Option<ReviewedObject>,
+    old_object: Option<ReviewedObject>,
+}
+
+/// An object of a review read for the decision: its top-level fields but `metadata` as JSON
+/// values, `apiVersion` and `kind` as its [`TypeMeta`] when both are strings (as
+/// [`DynamicObject`]'s own parse keeps them), and of `metadata` the name alone (the rest, mostly
+/// `managedFields`, is skipped without being built).
+struct ReviewedObject(DynamicObject);
+
+/// `metadata` as [`ReviewedObject`] reads it: an object (as `ObjectMeta` must be) whose `name`,
+/// when present, is a string.
+#[derive(Deserialize)]
+struct WireMeta {
+    #[serde(default)]
+    name: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for ReviewedObject {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = ReviewedObject;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a Kubernetes object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ReviewedObject, A::Error> {
+                let mut data = serde_json::Map::new();
+                let mut name = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "metadata" {
+                        name = map.next_value::<WireMeta>()?.name;
+                    } else {
+                        data.insert(key, map.next_value()?);
+                    }
+                }
+                let types = match (data.get("apiVersion"), data.get("kind")) {
+                    (Some(serde_json::Value::String(_)), Some(serde_json::Value::String(_))) => {
+                        let mut text = |k: &str| match data.remove(k) {
+                            Some(serde_json::Value::String(s)) => s,
+                            _ => String::new(),
+                        };
+                        Some(TypeMeta { api_version: text("apiVersion"), kind: text("kind") })
+                    }
+                    _ => None,
+                };
+                let metadata = ObjectMeta { name, ..ObjectMeta::default() };
+                Ok(ReviewedObject(DynamicObject { types, metadata, data: serde_json::Value::Object(data) }))
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
+/// Parses a request body into the [`Request`] the decision reads. The envelope must be
+/// `apiVersion: admission.k8s.io/v1`, `kind: AdmissionReview`; a body that is a JSON object with
+/// another (or no) envelope is refused with [`BadReview::Envelope`] whatever the rest of it
+/// holds, so that the reason given is the version, not a field the other version shapes
+/// differently.
+///
+/// Only the fields of [`Request`] are read and type-checked, with [`AdmissionRequest`]'s types;
+/// the rest must be well-formed JSON but is skipped unbuilt (the whole parse into kube's types,
+/// `managedFields` included, was ~50 % of the webhook's CPU per review). So a body this refuses,
+/// kube's parse refuses too, and it is answered with that parse's error (line, column, field),
+/// as before; a review whose unread fields have the wrong types (`userInfo`, `options`,
+/// `metadata.generation`, ...), which an API server never sends, is now decided rather than
+/// answered 400.
 ///
 /// # Errors
 /// [`BadReview`] saying what is wrong, for a 400 answer.
-pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, BadReview> {
+pub fn parse(body: &[u8]) -> Result<Request, BadReview> {
+    let review: WireReview = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        // The error of the whole review's parse: the same reason as ever (line, column, field).
+        Err(lean) => return Err(parse_whole(body).err().unwrap_or_else(|| BadReview::Parse(lean.to_string()))),
+    };
+    check_envelope(review.api_version.as_ref(), review.kind.as_ref())?;
+    let Some(req) = review.request else {
+        return Err(BadReview::NoRequest(kube::core::admission::ConvertAdmissionReviewError.to_string()));
+    };
+    Ok(Request {
+        uid: req.uid,
+        kind: req.kind,
+        name: req.name,
+        namespace: req.namespace,
+        operation: req.operation,
+        object: req.object.map(|o| o.0),
+        old_object: req.old_object.map(|o| o.0),
+    })
+}
+
+/// The whole review parsed into kube's [`AdmissionRequest`], every field type-checked: the error
+/// [`parse`] answers a body it cannot read with.
+fn parse_whole(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, BadReview> {
     let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(e) => {
@@ -116,6 +261,36 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, BadReview> 
         .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| BadReview::NoRequest(e.to_string()))
 }
 
+/// The response allowing `req`, before any denial or warning: what kube's
+/// `AdmissionResponse::from(&AdmissionRequest)` gives for the same review (its type meta is the
+/// review's, which [`parse`] only accepts as [`REVIEW_API_VERSION`] [`REVIEW_KIND`]).
+fn allowing(req: &Request) -> AdmissionResponse {
+    // kube builds an AdmissionResponse only from its own request type or as `invalid`; this is
+    // `invalid`'s turned into `from`'s (the unit tests compare the two).
+    let mut response = AdmissionResponse::invalid("");
+    response.types = TypeMeta { api_version: REVIEW_API_VERSION.to_owned(), kind: REVIEW_KIND.to_owned() };
+    response.uid = req.uid.clone();
+    response.allowed = true;
+    response.result = Status::default();
+    response
+}
+
+/// The AdmissionReview that carries `response`, serialized as kube's `response.into_review()`
+/// is (the same fields in the same order) without cloning the response into a review first.
+#[derive(Debug, Serialize)]
+pub struct Answer<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'a str,
+    kind: &'a str,
+    response: &'a AdmissionResponse,
+}
+
+impl<'a> From<&'a AdmissionResponse> for Answer<'a> {
+    fn from(response: &'a AdmissionResponse) -> Self {
+        Answer { api_version: &response.types.api_version, kind: &response.types.kind, response }
+    }
+}
+
 /// Decides one request. EndpointPolicy CREATE/UPDATE go through [`Rules::review`] (the same
 /// decision as `aether-controller validate` and the agent); DELETE and requests without an
 /// object are allowed; other kinds are allowed (this webhook has no rules for them). Rules
@@ -125,12 +300,12 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, BadReview> 
 /// (e.g. after the pods dir changed), with the violations as a warning: otherwise metadata-only
 /// updates, such as removing a finalizer, could never complete (the same ratcheting the API
 /// server applies to CRD schema validation).
-pub fn decide(req: &AdmissionRequest<DynamicObject>, rules: &Rules) -> Decision {
+pub fn decide(req: &Request, rules: &Rules) -> Decision {
     let object = format!("{}/{}", req.namespace.as_deref().unwrap_or(""), req.name);
     let is_policy = req.kind.group == policy::GROUP && req.kind.kind == policy::KIND;
     // A fixed label set: the kind comes from the request, and metric labels must stay bounded.
     let kind = if is_policy { policy::KIND } else { "other" }.to_owned();
-    let base = AdmissionResponse::from(req);
+    let base = allowing(req);
     let Some(obj) = req.object.as_ref().filter(|_| is_policy && req.operation != Operation::Delete) else {
         return Decision { response: base, result: "allowed", object, kind, warned: vec![] };
     };
@@ -178,7 +353,7 @@ fn reviewed_value(obj: &DynamicObject) -> serde_json::Value {
 }
 
 /// An UPDATE whose `spec` is exactly the old object's.
-fn spec_unchanged(req: &AdmissionRequest<DynamicObject>, obj: &DynamicObject) -> bool {
+fn spec_unchanged(req: &Request, obj: &DynamicObject) -> bool {
     req.operation == Operation::Update
         && req.old_object.as_ref().is_some_and(|old| old.data.get("spec") == obj.data.get("spec"))
 }
@@ -196,11 +371,7 @@ pub trait ClusterFacts {
 /// [`decide`], plus the warnings of [`warnings::for_allowed_policy`] for an allowed, valid
 /// EndpointPolicy CREATE or UPDATE. Without `cluster` (status writer off) only the warnings that
 /// need no cluster state are given (the socket value near the budget).
-pub fn decide_with_warnings(
-    req: &AdmissionRequest<DynamicObject>,
-    rules: &Rules,
-    cluster: Option<&dyn ClusterFacts>,
-) -> Decision {
+pub fn decide_with_warnings(req: &Request, rules: &Rules, cluster: Option<&dyn ClusterFacts>) -> Decision {
     let mut decision = decide(req, rules);
     let (Ok(budget), Some(obj)) = (rules.budget(), req.object.as_ref()) else { return decision };
     let creates_or_updates = matches!(req.operation, Operation::Create | Operation::Update);
@@ -240,7 +411,7 @@ mod tests {
     use super::*;
     use aether_crds::udspath::DEFAULT_PODS_DIR;
 
-    fn fixture(name: &str) -> AdmissionRequest<DynamicObject> {
+    fn fixture(name: &str) -> Request {
         let path = format!("{}/tests/fixtures/admission/{name}", env!("CARGO_MANIFEST_DIR"));
         parse(&std::fs::read(&path).unwrap()).unwrap()
     }
@@ -279,6 +450,96 @@ mod tests {
             messages.insert(whole.message());
         }
         assert!(messages.len() >= 5, "the objects exercise distinct verdicts: {messages:?}");
+    }
+
+    const FIXTURES: [&str; 12] = [
+        "create-deployment-target.json",
+        "create-over-budget.json",
+        "create-traversal.json",
+        "create-unknown-request-field-no-dryrun.json",
+        "create-v1beta1.json",
+        "create-valid-nowarn.json",
+        "create-valid.json",
+        "delete-null-object.json",
+        "no-request.json",
+        "pod-create.json",
+        "update-over-budget.json",
+        "update-valid.json",
+    ];
+
+    /// `request` with only the object metadata the lean parse keeps (its name) and, for an
+    /// object whose type meta is not two strings, without `apiVersion` and `kind` (which of them
+    /// serde's flattened `Option<TypeMeta>` leaves in `data` depends on their order; the review
+    /// ignores both).
+    fn lean(mut request: Request) -> Request {
+        for obj in [&mut request.object, &mut request.old_object].into_iter().flatten() {
+            obj.metadata = ObjectMeta { name: obj.metadata.name.take(), ..ObjectMeta::default() };
+            if let (None, Some(data)) = (&obj.types, obj.data.as_object_mut()) {
+                data.remove("apiVersion");
+                data.remove("kind");
+            }
+        }
+        request
+    }
+
+    /// Each fixture, and variants of a valid one that break it in different places.
+    fn bodies() -> Vec<Vec<u8>> {
+        let dir = format!("{}/tests/fixtures/admission", env!("CARGO_MANIFEST_DIR"));
+        let mut bodies: Vec<Vec<u8>> = FIXTURES.iter().map(|f| std::fs::read(format!("{dir}/{f}")).unwrap()).collect();
+        let valid: serde_json::Value = serde_json::from_slice(&bodies[6]).unwrap();
+        let variants: [(&str, serde_json::Value); 10] = [
+            ("/request/operation", serde_json::json!("PATCH")),
+            ("/request/uid", serde_json::json!(7)),
+            ("/request/kind", serde_json::json!("EndpointPolicy")),
+            ("/request/object", serde_json::json!([])),
+            ("/request/object/metadata", serde_json::Value::Null),
+            ("/request/object/metadata/name", serde_json::json!(1)),
+            ("/request/object/apiVersion", serde_json::json!(1)),
+            ("/request/object/spec", serde_json::json!({"udsSocket": "s/a", "targetRef": {"kind": "Service"}})),
+            ("/apiVersion", serde_json::json!("admission.k8s.io/v1beta1")),
+            ("/request", serde_json::Value::Null),
+        ];
+        for (pointer, value) in variants {
+            let mut v = valid.clone();
+            *v.pointer_mut(pointer).unwrap() = value;
+            bodies.push(serde_json::to_vec(&v).unwrap());
+        }
+        let mut no_metadata = valid.clone();
+        no_metadata["request"]["object"].as_object_mut().unwrap().remove("metadata");
+        bodies.push(serde_json::to_vec(&no_metadata).unwrap());
+        bodies.extend([b"{}".to_vec(), b"[]".to_vec(), b"".to_vec(), b"{\"kind\": 1}".to_vec()]);
+        bodies.push([bodies[6].as_slice(), b"x"].concat());
+        bodies
+    }
+
+    #[test]
+    fn the_lean_parse_reads_what_the_whole_parse_reads_and_fails_with_its_error() {
+        let rules = Rules::new(DEFAULT_PODS_DIR);
+        let mut decided = 0;
+        for body in bodies() {
+            let shown = String::from_utf8_lossy(&body);
+            match (parse(&body), parse_whole(&body)) {
+                (Ok(lean_req), Ok(whole)) => {
+                    assert_eq!(allowing(&lean_req), AdmissionResponse::from(&whole), "{shown}");
+                    let whole = Request::from(whole);
+                    assert_eq!(lean(lean_req.clone()), lean(whole.clone()), "{shown}");
+                    let (a, b) =
+                        (decide_with_warnings(&lean_req, &rules, None), decide_with_warnings(&whole, &rules, None));
+                    let answer = serde_json::to_vec(&Answer::from(&a.response)).unwrap();
+                    assert_eq!(answer, serde_json::to_vec(&b.response.clone().into_review()).unwrap(), "{shown}");
+                    assert_eq!(
+                        (a.response, a.result, a.object, a.kind, a.warned),
+                        (b.response, b.result, b.object, b.kind, b.warned)
+                    );
+                    decided += 1;
+                }
+                (Err(lean_err), Err(whole_err)) => {
+                    assert_eq!((lean_err.label(), lean_err.to_string()), (whole_err.label(), whole_err.to_string()));
+                }
+                (lean_req, whole) => panic!("{shown}: lean {lean_req:?}, whole {whole:?}"),
+            }
+        }
+        assert!(decided >= 11, "the valid bodies are decided ({decided})");
     }
 
     #[test]

@@ -17,8 +17,8 @@ use std::time::Instant;
 use aether_crds::Rules;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use tower_http::limit::RequestBodyLimitLayer;
@@ -88,18 +88,19 @@ fn bad_request(state: &WebhookState, label: &'static str, reason: String) -> Res
     (StatusCode::BAD_REQUEST, reason).into_response()
 }
 
-async fn validate(
-    State(state): State<Arc<WebhookState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Response {
-    let body = match body {
+/// The media type a review must be sent as (parameters such as `; charset=utf-8` may follow).
+const JSON: &[u8] = b"application/json";
+
+async fn validate(State(state): State<Arc<WebhookState>>, request: Request) -> Response {
+    // The header alone, not a clone of the whole map (axum's `HeaderMap` extractor copies it).
+    let content_type = request.headers().get(header::CONTENT_TYPE).cloned();
+    let body = match Bytes::from_request(request, &state).await {
         Ok(b) => b,
         // A 413 is counted by `count_too_large`, whichever layer answers it.
         Err(rejection) => return (rejection.status(), rejection.body_text()).into_response(),
     };
-    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    if !content_type.to_ascii_lowercase().starts_with("application/json") {
+    let content_type = content_type.as_ref().and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !content_type.as_bytes().get(..JSON.len()).is_some_and(|prefix| prefix.eq_ignore_ascii_case(JSON)) {
         return bad_request(
             &state,
             "malformed",
@@ -144,5 +145,5 @@ async fn validate(
     } else {
         decided!(tracing::Level::INFO);
     }
-    axum::Json(decision.response.into_review()).into_response()
+    axum::Json(admission::Answer::from(&decision.response)).into_response()
 }

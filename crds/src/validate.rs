@@ -8,6 +8,7 @@
 
 use std::fmt;
 
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::policy::{EndpointPolicy, EndpointPolicySpec};
@@ -191,7 +192,11 @@ fn unknown_fields(object: &Value) -> Vec<FieldViolation> {
 /// the single decision used by the webhook, `aether-controller validate` and the agent.
 pub fn review(object: &Value, budget: &Budget) -> Verdict {
     let mut violations = unknown_fields(object);
-    match serde_path_to_error::deserialize::<_, EndpointPolicy>(object) {
+    // The plain parse first: tracking the path costs as much again as the parse, and only a
+    // failure's message needs it, so a failure is parsed a second time with the path.
+    let parsed =
+        EndpointPolicy::deserialize(object).or_else(|_| serde_path_to_error::deserialize::<_, EndpointPolicy>(object));
+    match parsed {
         Err(e) => {
             let field = e.path().to_string();
             violations.push(FieldViolation {
