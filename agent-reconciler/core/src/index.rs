@@ -298,15 +298,16 @@ impl Index {
             if self.pods.get(&uid).map(Arc::as_ref) == new.as_ref() {
                 continue;
             }
-            let new_key = new.as_ref().map(PodRecord::key);
             if let Some(old) = self.pods.remove(&uid) {
                 unlink(&mut self.pods_by_service, &old.service_key(), &uid);
                 if new.is_none() {
                     self.netns.remove(&uid);
                     self.inbound_failed.remove(&uid);
                 }
-                let old_key = old.key();
-                if new_key.as_ref() != Some(&old_key) {
+                // The UID is the same: the key is the same when namespace and name are.
+                let same_key = new.as_ref().is_some_and(|n| (&n.namespace, &n.name) == (&old.namespace, &old.name));
+                if !same_key {
+                    let old_key = old.key();
                     Arc::make_mut(&mut self.map).entries.remove(&old_key);
                     self.changed.insert(old_key.clone());
                     change.removed.push(old_key);

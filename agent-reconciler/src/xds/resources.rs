@@ -1236,7 +1236,7 @@ mod tests {
     /// `aether_agent_core::render` would: its app cluster on `path`, its health cluster, and an
     /// inbound listener when `listener`.
     fn pod(i: usize, uid: &str, path: &str, listener: bool) -> (PodKey, Option<Arc<PodRender>>) {
-        let key = PodKey { namespace: "ns".into(), name: format!("p{i}"), uid: format!("{uid}{i}") };
+        let key = PodKey { namespace: "ns".into(), name: format!("p{i}").into(), uid: format!("{uid}{i}").into() };
         let app = format!("app_ns_p{i}_8080");
         let render = PodRender {
             clusters: vec![pipe(&app, path), pipe(&format!("health_ns_p{i}"), path)],
