@@ -795,7 +795,10 @@ impl Driver {
         let map = self.index.snapshot();
         let mut keys = self.index.take_changed();
         keys.append(&mut self.dirty);
-        let mut sent: Vec<(PodKey, Option<Arc<PodRender>>)> = Vec::new();
+        let mut sent: Vec<(PodKey, Option<Arc<PodRender>>)> = Vec::with_capacity(keys.len());
+        // A boot or relist renders every pod at once: grow the map once (by what it may still
+        // lack, so re-rendering known pods never grows it), not by doubling.
+        self.rendered.reserve(keys.len().saturating_sub(self.rendered.len()));
         for key in keys {
             let now = map.get(&key).map(|entry| {
                 let render = render::render_pod(entry, self.refused.get(&key));

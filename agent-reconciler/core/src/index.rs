@@ -227,6 +227,8 @@ impl Index {
     pub fn reset_pods(&mut self, pods: impl IntoIterator<Item = PodRecord>) -> Change {
         let listed: BTreeMap<String, PodRecord> = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
         let gone: Vec<String> = self.pods.keys().filter(|uid| !listed.contains_key(*uid)).cloned().collect();
+        // Grow the pod map once for what it may still lack (a relist of known pods never grows it).
+        self.pods.reserve(listed.len().saturating_sub(self.pods.len()));
         let listed = listed.into_iter().map(|(uid, p)| (uid, Some(p)));
         self.edit_pods(listed.chain(gone.into_iter().map(|uid| (uid, None))))
     }
