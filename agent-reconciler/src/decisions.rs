@@ -91,11 +91,11 @@ impl Decisions {
         let now = Timestamp::now();
         let mut board = self.board.write().unwrap_or_else(|e| e.into_inner());
         for key in keys {
-            let id = (key.namespace.clone(), key.name.clone());
+            let id = (key.namespace.to_string(), key.name.to_string());
             match map.get(key) {
                 Some(delivery) => {
                     let entry = Entry {
-                        uid: key.uid.clone(),
+                        uid: key.uid.to_string(),
                         delivery: delivery.clone(),
                         refusal: refused.get(key).cloned(),
                         decided_at: now,
@@ -103,7 +103,7 @@ impl Decisions {
                     board.pods.insert(id, entry);
                 }
                 None => {
-                    if board.pods.get(&id).is_some_and(|e| e.uid == key.uid) {
+                    if board.pods.get(&id).is_some_and(|e| *e.uid == *key.uid) {
                         board.pods.remove(&id);
                     }
                 }
@@ -149,7 +149,8 @@ impl Board {
     /// The decision of pod `(namespace, name)` projected from `entry`, with the conflict on its
     /// service key.
     fn decide(&self, (namespace, name): &(String, String), entry: &Entry) -> Decision {
-        let key = PodKey { namespace: namespace.clone(), name: name.clone(), uid: entry.uid.clone() };
+        let key =
+            PodKey { namespace: namespace.as_str().into(), name: name.as_str().into(), uid: entry.uid.as_str().into() };
         let at = Some(entry.decided_at.to_string());
         let mut d = Decision::project(&key, &entry.delivery, entry.refusal.as_ref(), None, at);
         d.conflict = self.conflicts.get(&entry.delivery.pod.service_key()).cloned();

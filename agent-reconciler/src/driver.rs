@@ -325,7 +325,7 @@ impl Driver {
                 if let Some(store) = &self.store {
                     // Only what the relist changed is written; a relist of the same state writes nothing.
                     // The index holds the records: no second copy of the list.
-                    let rerendered: HashSet<&str> = change.rerendered.iter().map(|k| k.uid.as_str()).collect();
+                    let rerendered: HashSet<&str> = change.rerendered.iter().map(|k| &*k.uid).collect();
                     for r in self.index.pods().filter(|r| rerendered.contains(r.uid.as_str())) {
                         self.save_pod(&r.uid, r);
                     }
@@ -421,7 +421,7 @@ impl Driver {
                     .index
                     .snapshot()
                     .iter()
-                    .filter(|(k, _)| uids.contains(&k.uid))
+                    .filter(|(k, _)| uids.contains(&*k.uid))
                     .map(|(k, _)| k.clone())
                     .collect();
                 let changed = self.check_pipes(&keys);
@@ -435,7 +435,7 @@ impl Driver {
                 self.netns.ask_due(self.index.pods().map(|r| (r.uid.as_str(), r.pod_ips.as_slice())), now);
                 let all: Vec<PodKey> = self.index.snapshot().iter().map(|(k, _)| k.clone()).collect();
                 // CNI records written since the pod's last event are picked up here.
-                let uids: Vec<String> = all.iter().map(|k| k.uid.clone()).collect();
+                let uids: Vec<String> = all.iter().map(|k| k.uid.to_string()).collect();
                 let netns_moved = self.refresh_netns(uids.iter().map(String::as_str)).map_changed;
                 let changed = self.check_pipes(&all);
                 if !changed.is_empty() {
@@ -459,8 +459,8 @@ impl Driver {
         let by_uid: HashMap<&str, &Option<String>> = answers.iter().map(|(uid, e)| (uid.as_str(), e)).collect();
         let map = self.index.snapshot();
         for (key, entry) in map.iter() {
-            let Some(error) = by_uid.get(key.uid.as_str()) else { continue };
-            if !entry.delivery.is_pipe() || !self.no_netns_told.insert(key.uid.clone()) {
+            let Some(error) = by_uid.get(&*key.uid) else { continue };
+            if !entry.delivery.is_pipe() || !self.no_netns_told.insert(key.uid.to_string()) {
                 continue;
             }
             let why = match error {
@@ -491,7 +491,7 @@ impl Driver {
         let map = self.index.snapshot();
         let mut changed = false;
         for f in failures {
-            let found = map.iter().find(|(k, _)| k.namespace == f.namespace && k.name == f.pod);
+            let found = map.iter().find(|(k, _)| *k.namespace == *f.namespace && *k.name == *f.pod);
             let Some((key, _)) = found else { continue };
             if !self.index.mark_inbound_failed(&key.uid, f.port).map_changed {
                 continue;
@@ -572,7 +572,7 @@ impl Driver {
         let mut stuck = false;
         for key in keys {
             let socket = map.get(key).and_then(|e| e.delivery.path.as_ref());
-            let sticky = socket.and_then(|_| self.link_refused.get(&key.uid).cloned());
+            let sticky = socket.and_then(|_| self.link_refused.get(&*key.uid).cloned());
             let verdict = match (&self.pinner, socket) {
                 _ if sticky.is_some() => sticky,
                 (Some(pinner), Some(p)) => {
@@ -597,13 +597,13 @@ impl Driver {
                 (None, None) => None,
             };
             if let Some(r @ (Refusal::Symlink { .. } | Refusal::HardLink { .. })) = &verdict
-                && !self.link_refused.contains_key(&key.uid)
+                && !self.link_refused.contains_key(&*key.uid)
             {
                 tracing::warn!(pod = %key, reason = r.label(), detail = %r, "the pod's socket path held a link: TCP until the pod is re-created");
                 if let Some(pinner) = &self.pinner {
                     pinner.unpin(&key.uid);
                 }
-                self.link_refused.insert(key.uid.clone(), r.clone());
+                self.link_refused.insert(key.uid.to_string(), r.clone());
                 stuck = true;
             }
             let before = self.refused.get(key);
@@ -642,7 +642,7 @@ impl Driver {
             if let Some(w) = &self.socket_watch {
                 w.unwatch(&key.uid);
             }
-            if self.link_refused.remove(&key.uid).is_some() {
+            if self.link_refused.remove(&*key.uid).is_some() {
                 self.save_events();
             }
             self.refused.remove(key);
@@ -713,7 +713,7 @@ impl Driver {
         let map = self.index.snapshot();
         for n in std::mem::take(&mut self.deferred) {
             let piped = map.get(&n.pod).is_some_and(|e| e.delivery.is_pipe());
-            if !listed.contains(&n.pod.uid) || !piped || self.ledger.get(&n.pod.uid).is_some() {
+            if !listed.contains(&*n.pod.uid) || !piped || self.ledger.get(&n.pod.uid).is_some() {
                 continue;
             }
             tracing::info!(pod = %n.pod, reason = n.reason, note = %n.note, "pod Event");
@@ -795,7 +795,10 @@ impl Driver {
         let map = self.index.snapshot();
         let mut keys = self.index.take_changed();
         keys.append(&mut self.dirty);
-        let mut sent: Vec<(PodKey, Option<Arc<PodRender>>)> = Vec::new();
+        let mut sent: Vec<(PodKey, Option<Arc<PodRender>>)> = Vec::with_capacity(keys.len());
+        // A boot or relist renders every pod at once: grow the map once (by what it may still
+        // lack, so re-rendering known pods never grows it), not by doubling.
+        self.rendered.reserve(keys.len().saturating_sub(self.rendered.len()));
         for key in keys {
             let now = map.get(&key).map(|entry| {
                 let render = render::render_pod(entry, self.refused.get(&key));
@@ -1439,7 +1442,7 @@ mod tests {
         again.handle(listed(vec![pod("a", UID_A)]));
         let sent: Vec<pod_events::Notice> = std::iter::from_fn(|| events.try_recv().ok()).collect();
         assert_eq!(sent.len(), 1, "{sent:?}");
-        assert_eq!((sent[0].reason, sent[0].pod.uid.as_str()), (pod_events::DELIVERED_REASON, UID_A));
+        assert_eq!((sent[0].reason, &*sent[0].pod.uid), (pod_events::DELIVERED_REASON, UID_A));
         again.handle(listed(vec![pod("a", UID_A)]));
         assert_eq!(drain(&mut events), Vec::<&str>::new(), "sent once");
     }

@@ -65,9 +65,9 @@ pub fn pod_reference(n: &Notice) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
-        namespace: Some(n.pod.namespace.clone()),
-        name: Some(n.pod.name.clone()),
-        uid: Some(n.pod.uid.clone()),
+        namespace: Some(n.pod.namespace.to_string()),
+        name: Some(n.pod.name.to_string()),
+        uid: Some(n.pod.uid.to_string()),
         ..ObjectReference::default()
     }
 }

@@ -112,7 +112,7 @@ async fn a_node_at_the_cluster_cap_serves_exactly_the_pods_admitted_first() {
     let _echoes: Vec<_> = [&a, &b, &c].iter().map(|p| echo(&socket_of(&pods, &p.uid), &p.name)).collect();
     index.reset_pods([c.clone(), b.clone(), a.clone()]);
     let refused: Vec<_> =
-        index.snapshot().iter().filter_map(|(k, e)| Some((k.name.clone(), e.delivery.tcp_reason()?))).collect();
+        index.snapshot().iter().filter_map(|(k, e)| Some((k.name.to_string(), e.delivery.tcp_reason()?))).collect();
     assert_eq!(refused, [("c".to_owned(), TcpReason::NodeClusterCap)]);
 
     // The agent's xDS path: render → encoder (fast health checks) → ADS server on a Unix socket.
@@ -156,14 +156,14 @@ async fn a_node_at_the_cluster_cap_serves_exactly_the_pods_admitted_first() {
     let d = pod(4, "d", 1, 1);
     let _d_echo = echo(&socket_of(&pods, &d.uid), "d");
     let change = index.apply_pod(d);
-    assert_eq!(change.rerendered.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(), ["d"]);
+    assert_eq!(change.rerendered.iter().map(|k| &*k.name).collect::<Vec<_>>(), ["d"]);
     feed.send_replace(Arc::new(snapshot(&index)));
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(served(&envoy), capped);
 
     // a goes: its 2 clusters go to the oldest refused pod that fits. d was created first.
     let change = index.delete_pod(&a.uid);
-    assert_eq!(change.rerendered.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(), ["d"]);
+    assert_eq!(change.rerendered.iter().map(|k| &*k.name).collect::<Vec<_>>(), ["d"]);
     feed.send_replace(Arc::new(snapshot(&index)));
     let now = set(&["app_shop_b_8080", "app_shop_b_8081", "app_shop_d_8080", "health_shop_b", "health_shop_d"]);
     eventually("d admitted in a's room", now, || async { served(&envoy) }).await;

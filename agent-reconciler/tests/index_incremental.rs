@@ -237,7 +237,7 @@ fn pod_recreated_under_the_same_name_replaces_its_predecessor() {
     assert_eq!(change.rerendered.len(), 1);
     let map = index.snapshot();
     assert_eq!(map.len(), 1);
-    assert_eq!(map.iter().next().unwrap().0.uid, uid(2));
+    assert_eq!(&*map.iter().next().unwrap().0.uid, uid(2));
 }
 
 #[test]

@@ -186,9 +186,9 @@ impl Decision {
             _ => None,
         };
         Decision {
-            namespace: key.namespace.clone(),
-            name: key.name.clone(),
-            uid: key.uid.clone(),
+            namespace: key.namespace.to_string(),
+            name: key.name.to_string(),
+            uid: key.uid.to_string(),
             managed: true,
             source,
             policy: d.policy.clone(),
@@ -242,7 +242,7 @@ mod tests {
     /// The decision of the only pod of `index` (or the one named `name`).
     fn decision(index: &Index, name: &str, refusal: Option<&Refusal>) -> Decision {
         let map = index.snapshot();
-        let (key, entry) = map.iter().find(|(k, _)| k.name == name).expect("the pod is in the map");
+        let (key, entry) = map.iter().find(|(k, _)| *k.name == *name).expect("the pod is in the map");
         let conflict = index.conflicts().find(|c| c.key == entry.pod.service_key());
         Decision::project(key, entry, refusal, conflict, Some("2026-11-30T16:00:00Z".into()))
     }
@@ -374,7 +374,7 @@ mod tests {
         }
         index.set_netns(uids[0], Some("/run/netns/p".into()));
         let map = index.snapshot();
-        let wait_key = map.iter().find(|(k, _)| k.name == "wait").unwrap().0.clone();
+        let wait_key = map.iter().find(|(k, _)| &*k.name == "wait").unwrap().0.clone();
         let refused = HashMap::from([(wait_key, Refusal::NotDirectory { path: "/x".into() })]);
         let rendered = render::render(&map, &refused);
         for (key, entry) in map.iter() {
@@ -386,7 +386,7 @@ mod tests {
                 Effective::Refused => EffectiveDelivery::Refused,
             };
             assert_eq!(d.delivery, want, "{key}");
-            let mine = |n: &str| n.split('_').nth(2) == Some(key.name.as_str());
+            let mine = |n: &str| n.split('_').nth(2) == Some(&*key.name);
             let clusters: Vec<&str> =
                 rendered.snapshot.clusters.iter().map(|c| c.name.as_str()).filter(|n| mine(n)).collect();
             let listeners: Vec<&str> =

@@ -227,6 +227,8 @@ impl Index {
     pub fn reset_pods(&mut self, pods: impl IntoIterator<Item = PodRecord>) -> Change {
         let listed: BTreeMap<String, PodRecord> = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
         let gone: Vec<String> = self.pods.keys().filter(|uid| !listed.contains_key(*uid)).cloned().collect();
+        // Grow the pod map once for what it may still lack (a relist of known pods never grows it).
+        self.pods.reserve(listed.len().saturating_sub(self.pods.len()));
         let listed = listed.into_iter().map(|(uid, p)| (uid, Some(p)));
         self.edit_pods(listed.chain(gone.into_iter().map(|uid| (uid, None))))
     }
@@ -298,15 +300,16 @@ impl Index {
             if self.pods.get(&uid).map(Arc::as_ref) == new.as_ref() {
                 continue;
             }
-            let new_key = new.as_ref().map(PodRecord::key);
             if let Some(old) = self.pods.remove(&uid) {
                 unlink(&mut self.pods_by_service, &old.service_key(), &uid);
                 if new.is_none() {
                     self.netns.remove(&uid);
                     self.inbound_failed.remove(&uid);
                 }
-                let old_key = old.key();
-                if new_key.as_ref() != Some(&old_key) {
+                // The UID is the same: the key is the same when namespace and name are.
+                let same_key = new.as_ref().is_some_and(|n| (&n.namespace, &n.name) == (&old.namespace, &old.name));
+                if !same_key {
+                    let old_key = old.key();
                     Arc::make_mut(&mut self.map).entries.remove(&old_key);
                     self.changed.insert(old_key.clone());
                     change.removed.push(old_key);

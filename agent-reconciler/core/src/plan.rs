@@ -109,9 +109,9 @@ pub fn plan(pods: &[Value], policies: &[Value], settings: &Settings) -> Result<V
                 clusters.push(names::health_cluster(&key.namespace, &key.name));
             }
             PodPlan {
-                namespace: key.namespace.clone(),
-                name: key.name.clone(),
-                uid: key.uid.clone(),
+                namespace: key.namespace.to_string(),
+                name: key.name.to_string(),
+                uid: key.uid.to_string(),
                 source: match d.source {
                     Source::Tcp(_) | Source::NoSocketDeclared => "tcp".into(),
                     s @ (Source::Annotation | Source::Policy) => s.label().into(),

@@ -23,6 +23,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use aether_crds::EndpointPolicy;
 use aether_crds::pod::{
@@ -124,14 +125,18 @@ impl RecordError {
 /// Ordered by namespace, then name, then UID, so the map iterates in a stable, readable order.
 /// The UID is part of the key so that a pod deleted and re-created under the same name is never
 /// mistaken for its predecessor (its kubelet directory differs).
+///
+/// The parts are shared strings (`Arc<str>`): the agent keeps a pod's key in several maps (the
+/// delivery map, the driver's renderings, the renderer's claims), and a clone copies three
+/// pointers instead of three strings. Comparison, hashing and order are those of the strings.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodKey {
     /// `metadata.namespace`.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// `metadata.name`.
-    pub name: String,
+    pub name: Arc<str>,
     /// `metadata.uid`.
-    pub uid: String,
+    pub uid: Arc<str>,
 }
 
 impl fmt::Display for PodKey {
@@ -462,9 +467,14 @@ impl PodRecord {
         }))
     }
 
-    /// The pod's key in the delivery map.
+    /// The pod's key in the delivery map (three new shared strings: clone the key rather than
+    /// call this again).
     pub fn key(&self) -> PodKey {
-        PodKey { namespace: self.namespace.clone(), name: self.name.clone(), uid: self.uid.clone() }
+        PodKey {
+            namespace: self.namespace.as_str().into(),
+            name: self.name.as_str().into(),
+            uid: self.uid.as_str().into(),
+        }
     }
 
     /// The pod's mesh service key `<namespace>/<service account>` (DESIGN.md "Contracts").

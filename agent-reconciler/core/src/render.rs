@@ -296,7 +296,7 @@ mod tests {
         let policy = aether_fixtures::policy("shop", "cart-uds").target("cart").socket("s/app.sock").build();
         index.apply_policy(crate::PolicyRecord::from_policy(&policy, index.settings()).unwrap());
         index.apply_pod(p("b", b, "web"));
-        let changed: Vec<String> = index.take_changed().into_iter().map(|k| k.name).collect();
+        let changed: Vec<String> = index.take_changed().into_iter().map(|k| k.name.to_string()).collect();
         assert_eq!(changed, ["a"], "the policy's pod only; an equal pod event changes nothing");
 
         // Re-rendering the changed pod alone gives what a whole render gives.
@@ -310,7 +310,7 @@ mod tests {
 
         index.delete_pod(b);
         assert_eq!(
-            index.take_changed().into_iter().map(|k| k.name).collect::<Vec<_>>(),
+            index.take_changed().into_iter().map(|k| k.name.to_string()).collect::<Vec<_>>(),
             ["b"],
             "a removal is a change"
         );

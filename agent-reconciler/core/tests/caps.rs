@@ -49,12 +49,12 @@ fn clusters(index: &Index) -> BTreeSet<String> {
 fn refused(index: &Index) -> Vec<(String, TcpReason)> {
     let map = index.snapshot();
     map.iter()
-        .filter_map(|(k, e)| e.delivery.tcp_reason().filter(|r| r.serves_nothing()).map(|r| (k.name.clone(), r)))
+        .filter_map(|(k, e)| e.delivery.tcp_reason().filter(|r| r.serves_nothing()).map(|r| (k.name.to_string(), r)))
         .collect()
 }
 
 fn names(change: &Change) -> Vec<&str> {
-    change.rerendered.iter().map(|k| k.name.as_str()).collect()
+    change.rerendered.iter().map(|k| &*k.name).collect()
 }
 
 fn set(names: &[&str]) -> BTreeSet<String> {
@@ -81,7 +81,7 @@ fn a_node_at_the_cap_serves_exactly_the_oldest_pods_that_fit_and_refuses_the_res
     );
     assert_eq!(refused(&index), [("c".to_owned(), TcpReason::NodeClusterCap)]);
     let r = rendered(&index);
-    let c = PodKey { namespace: "shop".into(), name: "c".into(), uid: aether_fixtures::uid(3) };
+    let c = PodKey { namespace: "shop".into(), name: "c".into(), uid: aether_fixtures::uid(3).into() };
     assert_eq!(r.effective[&c], Effective::Refused);
     let listeners: Vec<&str> = r.snapshot.listeners.iter().map(|l| l.name.as_str()).collect();
     assert_eq!(listeners, ["inbound_shop_a_8080", "inbound_shop_b_8080", "inbound_shop_b_8081"], "none for c");
@@ -234,7 +234,7 @@ fn the_node_cap_is_told_to_every_refused_pod_and_a_socket_pod_served_again_gets_
         pod_events::decide(ledger, None, observed)
     };
     let notices = decide(&index, &mut ledger);
-    let told: Vec<(&str, &str)> = notices.iter().map(|n| (n.pod.name.as_str(), n.reason)).collect();
+    let told: Vec<(&str, &str)> = notices.iter().map(|n| (&*n.pod.name, n.reason)).collect();
     assert_eq!(told, [("c", "UdsNodeClusterCapReached"), ("plain", "UdsNodeClusterCapReached")]);
     let note = &notices[0].note;
     assert!(
@@ -246,7 +246,7 @@ fn the_node_cap_is_told_to_every_refused_pod_and_a_socket_pod_served_again_gets_
     // b goes: c (a socket pod) and plain are admitted; c gets the Normal event, plain nothing.
     index.delete_pod(&aether_fixtures::uid(2));
     let notices = decide(&index, &mut ledger);
-    let told: Vec<(&str, &str)> = notices.iter().map(|n| (n.pod.name.as_str(), n.reason)).collect();
+    let told: Vec<(&str, &str)> = notices.iter().map(|n| (&*n.pod.name, n.reason)).collect();
     assert_eq!(told, [("c", pod_events::DELIVERED_REASON)]);
     assert!(ledger.is_empty());
 }

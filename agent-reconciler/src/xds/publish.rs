@@ -212,7 +212,7 @@ mod tests {
     use aether_agent_core::render::Effective;
 
     fn pod(i: usize, path: &str) -> (PodKey, Option<Arc<PodRender>>) {
-        let key = PodKey { namespace: "ns".into(), name: format!("p{i}"), uid: format!("u{i}") };
+        let key = PodKey { namespace: "ns".into(), name: format!("p{i}").into(), uid: format!("u{i}").into() };
         let spec = |name: String| ClusterSpec {
             name,
             endpoint: Endpoint::Pipe { path: path.to_owned() },

@@ -598,11 +598,21 @@ struct PodSets {
     pods: HashMap<PodKey, Arc<PodRender>>,
     cluster_owners: HashMap<String, Owners>,
     listener_owners: HashMap<String, Owners>,
-    served_clusters: HashMap<String, ClusterSpec>,
+    /// The spec served under each cluster name, as the pod render it is in and its place there
+    /// (the spec is not copied).
+    served_clusters: HashMap<String, SpecAt>,
     served_listeners: HashMap<String, ListenerSpec>,
     health: BTreeMap<String, usize>,
     rejected: BTreeMap<PodKey, (Vec<Rejected>, Vec<Rejected>)>,
     current: Option<Resources>,
+}
+
+/// A spec inside a pod's render: the render (shared) and the spec's index in its `clusters`.
+type SpecAt = (Arc<PodRender>, usize);
+
+/// The cluster spec `at` points to.
+fn cluster_at((pod, i): &SpecAt) -> &ClusterSpec {
+    &pod.clusters[*i]
 }
 
 /// The pods that render one name, sorted by key: the first wins. Nearly always one pod, so a
@@ -638,6 +648,23 @@ fn touched(mut names: Vec<(String, bool)>) -> Vec<(String, bool)> {
     // `dedup_by` hands (later, kept): fold the later's flag into the kept one.
     names.dedup_by(|later, kept| {
         let same = later.0 == kept.0;
+        if same {
+            kept.1 |= later.1;
+        }
+        same
+    });
+    names
+}
+
+/// [`touched`] for cluster names given as their place in a pod's render (no name copied): each
+/// name once, with whether any changed pod released it, in name order.
+fn touched_clusters(mut names: Vec<(SpecAt, bool)>) -> Vec<(SpecAt, bool)> {
+    fn name(e: &(SpecAt, bool)) -> &str {
+        &cluster_at(&e.0).name
+    }
+    names.sort_unstable_by(|a, b| name(a).cmp(name(b)).then(a.1.cmp(&b.1)));
+    names.dedup_by(|later, kept| {
+        let same = name(later) == name(kept);
         if same {
             kept.1 |= later.1;
         }
@@ -799,7 +826,7 @@ impl Renderer {
         self.pods.served_clusters.reserve(2 * hint);
         // Names and pods touched (sorted and deduplicated below: cheaper than a tree per insert).
         // Each name with whether a changed pod released it (its other claimants must be re-decided).
-        let mut clusters: Vec<(String, bool)> = Vec::with_capacity(2 * hint);
+        let mut clusters: Vec<(SpecAt, bool)> = Vec::with_capacity(2 * hint);
         let mut listeners: Vec<(String, bool)> = Vec::new();
         let mut rejections: Vec<PodKey> = Vec::with_capacity(hint);
         // Health cluster names touched, and whether each was listed before.
@@ -813,13 +840,15 @@ impl Renderer {
                 continue;
             }
             let sets = &mut self.pods;
-            for c in old.iter().flat_map(|o| &o.clusters) {
-                release(&mut sets.cluster_owners, &c.name, &key);
-                clusters.push((c.name.clone(), true));
-            }
-            for c in new.iter().flat_map(|n| &n.clusters) {
-                claim(&mut sets.cluster_owners, &c.name, &key);
-                clusters.push((c.name.clone(), false));
+            for (pod, released) in old.iter().map(|o| (o, true)).chain(new.iter().map(|n| (n, false))) {
+                for (i, c) in pod.clusters.iter().enumerate() {
+                    if released {
+                        release(&mut sets.cluster_owners, &c.name, &key);
+                    } else {
+                        claim(&mut sets.cluster_owners, &c.name, &key);
+                    }
+                    clusters.push(((pod.clone(), i), released));
+                }
             }
             for l in old.iter().flat_map(|o| &o.listeners) {
                 release(&mut sets.listener_owners, &l.name, &key);
@@ -844,14 +873,15 @@ impl Renderer {
             }
             rejections.push(key);
         }
-        for (name, released) in touched(clusters) {
+        for (at, released) in touched_clusters(clusters) {
+            let name = cluster_at(&at).name.as_str();
             // Other pods claiming a name a changed pod released or shares: their duplicate
             // verdicts may move (a sole claimant that did not release it is a changed pod).
-            match self.pods.cluster_owners.get(&name) {
+            match self.pods.cluster_owners.get(name) {
                 Some(owners) if released || owners.len() > 1 => rejections.extend(owners.iter().cloned()),
                 _ => {}
             }
-            self.refresh_cluster(&mut current.clusters, &name);
+            self.refresh_cluster(&mut current.clusters, name);
         }
         for (name, released) in touched(listeners) {
             match self.pods.listener_owners.get(&name) {
@@ -893,15 +923,25 @@ impl Renderer {
     /// differs from the one served; removes the name when no pod renders a valid spec for it.
     fn refresh_cluster(&mut self, set: &mut TypedResources, name: &str) {
         let winner = self.pods.cluster_owners.get(name).and_then(|o| o.first());
-        let spec = winner.and_then(|k| self.pods.pods.get(k)).and_then(|p| p.clusters.iter().find(|c| c.name == name));
-        if spec.is_some() && self.pods.served_clusters.get(name) == spec {
+        let at: Option<SpecAt> = winner
+            .and_then(|k| self.pods.pods.get(k))
+            .and_then(|p| Some((p.clone(), p.clusters.iter().position(|c| c.name == name)?)));
+        if let Some(at) = &at
+            && let Some(served) = self.pods.served_clusters.get_mut(name)
+            && cluster_at(served) == cluster_at(at)
+        {
+            // The same spec: point at the winner's current render, so an old one is not kept.
+            *served = at.clone();
             return;
         }
-        match spec.map(|s| (s, render_cluster(s, &self.opts))) {
-            Some((spec, Ok(cluster))) => {
+        match at.map(|at| {
+            let cluster = render_cluster(cluster_at(&at), &self.opts);
+            (at, cluster)
+        }) {
+            Some((at, Ok(cluster))) => {
                 self.encoded += 1;
                 set.add((name.to_owned(), 0), Arc::new(packed(name, any(CLUSTER_TYPE_URL, &cluster))));
-                self.pods.served_clusters.insert(name.to_owned(), spec.clone());
+                self.pods.served_clusters.insert(name.to_owned(), at);
             }
             Some((_, Err(_))) | None => {
                 if self.pods.served_clusters.remove(name).is_some() {
@@ -1249,7 +1289,7 @@ mod tests {
     /// `aether_agent_core::render` would: its app cluster on `path`, its health cluster, and an
     /// inbound listener when `listener`.
     fn pod(i: usize, uid: &str, path: &str, listener: bool) -> (PodKey, Option<Arc<PodRender>>) {
-        let key = PodKey { namespace: "ns".into(), name: format!("p{i}"), uid: format!("{uid}{i}") };
+        let key = PodKey { namespace: "ns".into(), name: format!("p{i}").into(), uid: format!("{uid}{i}").into() };
         let app = format!("app_ns_p{i}_8080");
         let render = PodRender {
             clusters: vec![pipe(&app, path), pipe(&format!("health_ns_p{i}"), path)],
