@@ -257,11 +257,13 @@ const PODS: [usize; 3] = [110, 1_000, 10_000];
 const POLICIES: [usize; 3] = [1, 10, 2_000];
 /// What bounds the full build of 10k pods, from its profile (`perf record` of the criterion
 /// `agent_full_build/10000x10` bench; see docs/benchmarks.md section 1).
-const FULL_BUILD_BOUND: &str = "perf of agent_full_build/10000x10 (flamegraph: docs/benchmarks/full-build-flamegraph.svg): \
-     no superlinear step is left; it is ~25 µs of per-pod work: the xDS renderer 54 % (encoding 20k clusters ~16 %, \
-     health-check config 8 %, duplicate checks 4 %), the driver 35 % (Index::reset_pods 17 %, publish 17 %), and \
-     across both malloc/free ~20 % and page faults 8.5 %; 50 ms needs ~5 µs per pod, i.e. far fewer allocations \
-     per pod";
+const FULL_BUILD_BOUND: &str = "perf of agent_full_build/10000x10 (10 boots; flamegraph of an earlier profile: \
+     docs/benchmarks/full-build-flamegraph.svg): no superlinear step is left; it is ~15-20 µs of per-pod work spread \
+     thin: the xDS renderer 52 % (encoding 20k clusters 24 %, the node's health-check config 6.6 %, per-pod \
+     duplicate and validity checks 5.3 %, cluster-name ownership 3.5 %, sorting names 2.2 %), the driver 35 % \
+     (Index::reset_pods 17 %, publish 10.4 %), extracting records from the API pods 4.8 % and dropping them 4 %; \
+     by kind malloc/free 18.5 % with drops, SHA-256 digests 4.2 %. 50 ms needs ~5 µs per pod: encoding each \
+     cluster once without building a Cluster message, no per-pod name formatting, one validation per spec";
 const EVENTS: [&str; 4] = ["policy_change", "pod_change", "noop_resync", "relist_noop"];
 
 fn criterion_time(opts: &Opts, group: &str, id: &str) -> anyhow::Result<Spread> {
