@@ -10,7 +10,7 @@
 use std::io;
 use std::pin::Pin;
 
-use axum_server::accept::Accept;
+use axum_server::accept::{Accept, NoDelayAcceptor};
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use futures::future::BoxFuture;
 use tokio::time::Instant;
@@ -28,9 +28,14 @@ pub struct GatedAcceptor<A> {
 
 impl Gate {
     /// axum-server's rustls acceptor for `config` behind this gate, its handshake bounded by
-    /// the policy's first-byte timeout. Use with `axum_server::from_tcp(..)?.acceptor(..)`.
-    pub fn tls_acceptor(&self, config: RustlsConfig) -> GatedAcceptor<RustlsAcceptor> {
-        let tls = RustlsAcceptor::new(config).handshake_timeout(self.policy().first_byte_timeout);
+    /// the policy's first-byte timeout, on TCP connections with `TCP_NODELAY` set (a small
+    /// answer written in two TLS records must not wait for the client's delayed ACK, up to
+    /// 40 ms on Linux; Go's HTTP server, e.g. the API server's, sets it too). Use with
+    /// `axum_server::from_tcp(..)?.acceptor(..)`.
+    pub fn tls_acceptor(&self, config: RustlsConfig) -> GatedAcceptor<RustlsAcceptor<NoDelayAcceptor>> {
+        let tls = RustlsAcceptor::new(config)
+            .handshake_timeout(self.policy().first_byte_timeout)
+            .acceptor(NoDelayAcceptor::new());
         self.metrics().init_handshake(self.policy().listener);
         GatedAcceptor { inner: tls, gate: self.clone() }
     }

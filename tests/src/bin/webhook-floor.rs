@@ -47,6 +47,9 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let app = Router::new().route("/validate", post(validate));
     eprintln!("webhook-floor listening on https://{addr}/validate");
-    axum_server::bind_rustls(addr, tls).serve(app.into_make_service()).await?;
+    // TCP_NODELAY as the webhook's acceptor sets it (serve-policy's `Gate::tls_acceptor`).
+    let acceptor =
+        axum_server::tls_rustls::RustlsAcceptor::new(tls).acceptor(axum_server::accept::NoDelayAcceptor::new());
+    axum_server::bind(addr).acceptor(acceptor).serve(app.into_make_service()).await?;
     Ok(())
 }
