@@ -435,8 +435,7 @@ impl Driver {
                 self.netns.ask_due(self.index.pods().map(|r| (r.uid.as_str(), r.pod_ips.as_slice())), now);
                 let all: Vec<PodKey> = self.index.snapshot().iter().map(|(k, _)| k.clone()).collect();
                 // CNI records written since the pod's last event are picked up here.
-                let uids: Vec<String> = all.iter().map(|k| k.uid.to_string()).collect();
-                let netns_moved = self.refresh_netns(uids.iter().map(String::as_str)).map_changed;
+                let netns_moved = self.refresh_netns(all.iter().map(|k| &*k.uid)).map_changed;
                 let changed = self.check_pipes(&all);
                 if !changed.is_empty() {
                     self.observe(&changed);
