@@ -3,14 +3,17 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CRD_CHART_COPY := charts/aether-crds/templates/endpointpolicy-crd.yaml
 
-.PHONY: all build install tools images crds chart-docs rbac-report test test-unit test-e2e test-node lint demo bench attack clean help
+.PHONY: all deps build install tools images crds chart-docs rbac-report test test-unit test-e2e test-node lint demo bench attack fresh-check clean help
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 all: build
 
-build: ## Build every crate and binary (debug)
+deps: ## Install what the build and tests need beyond Go, Rust, Python and root: the pinned toolchain's name, protoc, openssl, curl, iproute2 (scripts/install-deps.sh)
+	scripts/install-deps.sh toolchain build test
+
+build: deps ## Build every crate and binary (debug)
 	$(CARGO) build --workspace --bins
 
 install: ## Install the kubectl plugin kubectl-aether (`kubectl aether ...`) into PREFIX/bin (default /usr/local) with cargo install --path
@@ -20,7 +23,7 @@ tools: ## Build kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-
 	tests/harness/build-tools.sh
 	tests/harness/install-envoy.sh >/dev/null
 
-images: ## Image tarballs (docker save format) of the debug binaries + Envoy into .cache/images; imports them if AETHER_CONTAINERD_SOCK is set
+images: deps ## Image tarballs (docker save format) of the debug binaries + Envoy into .cache/images; imports them if AETHER_CONTAINERD_SOCK is set
 	tests/harness/images.sh build
 	@if [ -n "$${AETHER_CONTAINERD_SOCK:-}" ]; then tests/harness/images.sh import "$$AETHER_CONTAINERD_SOCK"; fi
 
@@ -33,7 +36,7 @@ chart-docs: ## Regenerate charts/*/README.md from values.yaml and values.schema.
 rbac-report: ## Print every verb/resource each ServiceAccount of charts/aether gets (docs/rbac.md is its output)
 	@python3 tests/harness/rbac-report.py
 
-test-unit: ## Fast loop: unit, property, router, TLS and xDS-with-Envoy tests (no control plane)
+test-unit: deps ## Fast loop: unit, property, router, TLS and xDS-with-Envoy tests (no control plane)
 	tests/harness/install-envoy.sh >/dev/null
 	$(CARGO) test --workspace --exclude aether-tests
 
@@ -46,9 +49,12 @@ test-node: root tools build ## The real-node suite alone (root: kubelet + contai
 test: tools build ## Everything: unit, property, TLS, real-control-plane and real-node tests
 	$(CARGO) test --workspace
 
-lint: ## rustfmt check, clippy with warnings as errors, shell syntax, the agent core's dependency tree
+lint: ## The pinned rustc, rustfmt check, clippy and rustdoc with warnings as errors, cargo-deny (licences, bans, sources), shell syntax, the agent core's dependency tree
+	scripts/install-deps.sh toolchain build lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps -q
+	$${AETHER_CARGO_TOOLS_DIR:-.cache/cargo-tools}/bin/cargo-deny --log-level error check licenses bans sources
 	bash -n tests/harness/*.sh tests/bench/*.sh scripts/*.sh .ci/run
 	scripts/check-core-deps.sh
 	@echo lint: ok
@@ -62,8 +68,11 @@ demo: root tools build ## Real node (root): helm install both charts, the webhoo
 attack: root tools build ## The socket-swap attack for AETHER_ATTACK_SECS (60) against the real agent and Envoy: 0 requests may reach the victim (not in CI)
 	AETHER_ATTACK_SECS=$${AETHER_ATTACK_SECS:-60} $(CARGO) test -p aether-tests --test e2e_delivery -- --nocapture k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic
 
-bench: tools ## Measure agent scale and memory, webhook, convergence, per-change cost, a fleet, data plane (release; ~30 min); writes docs/benchmarks.md
+bench: deps tools ## Measure agent scale and memory, webhook, convergence, per-change cost, a fleet, data plane (release; ~30 min); writes docs/benchmarks.md
 	tests/bench/run.sh
+
+fresh-check: ## Clone HEAD into a temporary folder and run the README's two commands there (make demo, make test), timed; reuses .cache/tools (AETHER_TOOLS_DIR), never a cargo target dir
+	scripts/fresh-clone-check.sh
 
 clean: ## Remove build output (keeps the .cache/tools control-plane binaries)
 	$(CARGO) clean

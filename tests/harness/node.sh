@@ -50,7 +50,6 @@ sysctls=(net/ipv4/ip_forward net/ipv4/conf/all/route_localnet net/bridge/bridge-
   net/netfilter/nf_conntrack_tcp_timeout_established net/netfilter/nf_conntrack_tcp_timeout_close_wait
   vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys
   kernel/keys/root_maxbytes)
-packages=(containerd runc containernetworking-plugins iptables conntrack)
 
 log() { printf '[node %4ss] %s\n' "$SECONDS" "$*" >&2; }
 # shellcheck source=tests/harness/pids.sh
@@ -62,14 +61,10 @@ die() { log "error: $*"; exit 1; }
 
 preflight() {
   [ "$(id -u)" = 0 ] || die "needs root: it creates a bridge, iptables chains, mounts and sysctls (run as root)"
-  local need=() p
-  for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
-  if [ ${#need[@]} -gt 0 ]; then
-    log "installing Debian packages: ${need[*]}"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } >&2 \
-      || die "could not install ${need[*]} with apt-get (is the Debian package mirror reachable?)"
-  fi
-  for p in containerd ctr runc iptables ip; do command -v "$p" >/dev/null || die "$p not found after installing ${packages[*]}"; done
+  # The Debian packages of the node: scripts/install-deps.sh is the one place that installs them.
+  "$repo/scripts/install-deps.sh" node || die "could not install the node's packages (scripts/install-deps.sh node)"
+  local p
+  for p in containerd ctr runc iptables ip; do command -v "$p" >/dev/null || die "$p not found after scripts/install-deps.sh node"; done
   [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge missing (package containernetworking-plugins)"
   for p in kube-apiserver etcd kubectl kubelet kube-controller-manager kube-scheduler kube-proxy; do
     [ -x "$tools/bin/$p" ] || die "$tools/bin/$p missing: run tests/harness/build-tools.sh (make tools)"
