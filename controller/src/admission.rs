@@ -107,9 +107,9 @@ pub struct Request {
     pub namespace: Option<String>,
     /// `request.operation`.
     pub operation: Operation,
-    /// `request.object` (`None` when absent or `null`, e.g. a DELETE), as [`ReviewedObject`] reads it.
+    /// `request.object` (`None` when absent or `null`, e.g. a DELETE), as `ReviewedObject` reads it.
     pub object: Option<DynamicObject>,
-    /// `request.oldObject` (an UPDATE's object before it), as [`ReviewedObject`] reads it.
+    /// `request.oldObject` (an UPDATE's object before it), as `ReviewedObject` reads it.
     pub old_object: Option<DynamicObject>,
 }
 
@@ -159,7 +159,7 @@ struct WireRequest {
 /// `managedFields`, is skipped without being built).
 struct ReviewedObject(DynamicObject);
 
-/// `metadata` as [`ReviewedObject`] reads it: an object (as `ObjectMeta` must be) whose `name`,
+/// `metadata` as `ReviewedObject` reads it: an object (as `ObjectMeta` must be) whose `name`,
 /// when present, is a string.
 #[derive(Deserialize)]
 struct WireMeta {

@@ -1,5 +1,9 @@
 //! The command line of aether-controller. Every flag can also be set from the environment
 //! variable named in its help. [`dispatch`] runs the parsed subcommand.
+//!
+//! The flags' doc comments are their `--help` text (clap), where placeholders such as
+//! `<pod uid>` are meant literally, so rustdoc's HTML-tag check is off for this module.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,6 +1,10 @@
 //! The command line: kubectl-like global flags (`--kubeconfig`, `--context`, `-n`, `-o`), and
 //! the subcommands `why`, `validate`, `budget` and `completion`. Global flags may come before or
 //! after the subcommand, as with kubectl (`kubectl aether why pod/cart-1 -n shop -o json`).
+//!
+//! The flags' doc comments are their `--help` text (clap), where placeholders such as
+//! `<pod uid>` are meant literally, so rustdoc's HTML-tag check is off for this module.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::path::PathBuf;
 

@@ -5,6 +5,10 @@
 //! request/response ports and `--xds-keepalive-{interval,timeout}-seconds` on the xDS port.
 //! Every flag also reads the environment variable named in its help. The defaults are
 //! [`ListenerKind::default_policy`]'s (`docs/listeners.md`).
+//!
+//! The flags' doc comments are their `--help` text (clap), where placeholders such as
+//! `<pod uid>` are meant literally, so rustdoc's HTML-tag check is off for this module.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::time::Duration;
 

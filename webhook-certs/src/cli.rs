@@ -1,5 +1,9 @@
 //! The command line of `aether-webhook-certs`. Every flag can also be set from the environment
 //! variable named in its help. [`dispatch`] runs the parsed subcommand and prints its outcome.
+//!
+//! The flags' doc comments are their `--help` text (clap), where placeholders such as
+//! `<pod uid>` are meant literally, so rustdoc's HTML-tag check is off for this module.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::path::PathBuf;
 

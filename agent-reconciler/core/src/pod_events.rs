@@ -1,6 +1,6 @@
 //! Pod events: which pods are told, with a Kubernetes Event, that they asked for a Unix socket
 //! but are delivered over TCP, and when. Pure: no I/O, no clock; the driver feeds it and the
-//! event task ([`crate::recorder`]) publishes what it decides.
+//! event task (the agent's `recorder` module) publishes what it decides.
 //!
 //! **Asked for a socket** means: a non-empty `endpoint.aether.io/uds-socket` annotation, or a
 //! winning valid EndpointPolicy on the pod's service key (the fold's [`Delivery::socket`]). A pod

@@ -294,7 +294,7 @@ pub struct PodRecord {
     pub health: HealthCheck,
     /// The raw `endpoint.aether.io/uds-socket` value; `None` when absent or empty. Not validated
     /// here: the fold decides (an invalid value still wins over a policy). At most
-    /// [`MAX_SOCKET_VALUE_BYTES`] bytes are kept (see [`capped_socket_value`]).
+    /// [`MAX_SOCKET_VALUE_BYTES`] bytes are kept (see `capped_socket_value`).
     pub uds_socket: Option<String>,
     /// `status.podIPs` (else `status.podIP`); empty while the pod has none. Values that do not
     /// parse as an IP address are left out.

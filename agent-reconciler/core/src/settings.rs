@@ -33,7 +33,7 @@ impl Settings {
 
     /// Settings from the node's [`Rules`] (built once at start-up) and the `--uds-workloads`
     /// switch. Rules without a usable budget are kept as they are: every pod is then delivered
-    /// over TCP with [`TcpReason::BudgetConfig`] (field report F02); the binary also reports it
+    /// over TCP with [`crate::TcpReason::BudgetConfig`] (field report F02); the binary also reports it
     /// loudly at start-up.
     pub fn with_rules(rules: Rules, uds_workloads: bool) -> Self {
         Settings { uds_workloads, rules, pin_dir: None, max_clusters: None }

@@ -61,7 +61,7 @@ pub struct TypeModeLabel {
     pub mode: &'static str,
 }
 
-/// What [`XdsMetrics::inc`] counts one event of a resource type on.
+/// What `XdsMetrics::inc` counts one event of a resource type on.
 pub(super) trait PerType {
     /// One more event of the type `label`.
     fn count(&self, label: TypeLabel);
@@ -73,7 +73,7 @@ impl PerType for Family<TypeLabel, Counter> {
     }
 }
 
-/// The NACK metrics, moved together by one [`XdsMetrics::inc`] (state-of-the-world and delta
+/// The NACK metrics, moved together by one `XdsMetrics::inc` (state-of-the-world and delta
 /// streams alike): `aether_xds_nacks_total{type}` and
 /// `aether_xds_last_nack_timestamp_seconds{type}` (seconds since the Unix epoch; 0 until the
 /// first NACK of that type). Envoy's message is not a label (unbounded text): `/readyz` and the
