@@ -146,8 +146,11 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
         None => (Vec::new(), Duration::ZERO),
     };
     let late: Vec<String> = overdue(&watches, now, grace).iter().map(|w| w.resource()).collect();
+    let holding = s.status.borrow().holding_xds;
     let (code, head) = if !s.xds_bound.load(Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "xDS listener not bound yet".to_owned())
+    } else if holding {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready: not serving Envoy yet (nothing complete to serve)".to_owned())
     } else if !late.is_empty() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -185,6 +188,12 @@ fn status_lines(st: &Status) -> String {
         Some(true) => out.push_str("EndpointPolicy CRD installed\n"),
         Some(false) => out.push_str("EndpointPolicy CRD not installed: only pod annotations apply\n"),
         None => out.push_str("EndpointPolicy CRD: not known yet (API server not reached)\n"),
+    }
+    if st.holding_xds {
+        out.push_str(
+            "xDS: holding Envoy's streams until the agent has a complete state (state dir, or the first pod list \
+             and the socket pods' network namespaces); Envoy keeps its last config meanwhile\n",
+        );
     }
     if !st.pods_synced {
         out.push_str("pods: serving the state dir; no complete pod list from the API server yet\n");

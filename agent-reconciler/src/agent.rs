@@ -71,7 +71,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         StateStore::open(&args.state_dir).with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
     // Only the pods a change re-rendered travel to the renderer (issue 15).
     let (snap_tx, snap_rx) = crate::xds::publish::pod_specs();
-    let (status_tx, status_rx) = watch::channel(Status::default());
+    // Envoy's streams are held unanswered until the loop has a complete state (the driver clears
+    // it: a replayed state dir, or the first pod list and the socket pods' netns).
+    let (status_tx, status_rx) = watch::channel(Status { holding_xds: true, ..Status::default() });
     let metrics = Arc::new(Metrics::new());
     let (notices, notice_rx) = NoticeSender::channel(metrics.clone());
     let decisions = crate::decisions::Decisions::new(&args.node_name);
@@ -145,7 +147,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_connection_gate(aether_serve_policy::Gate::new(xds_policy, &metrics.listeners));
     let tracker = server.tracker();
     let envoy = EnvoyView { tracker: tracker.clone(), resources, required: args.readyz_requires_envoy };
-    let xds_task = tokio::spawn(xds::serve_listener(listener, server, stopped(stop.clone())));
+    let xds_task = tokio::spawn(serve_when_complete(listener, server, status_rx.clone(), stop.clone()));
 
     tracing::info!(addr = %args.admin_addr, "admin endpoints (/healthz, /readyz, /metrics, /debug/pods) listening");
     let board = watchers::WatchBoard::new(metrics.watches.clone());
@@ -211,6 +213,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         Err(e) => {
             tracing::error!(error = %e, "no Kubernetes client configuration; serving the state dir only");
+            let _ = tx.send(Event::NoApiServer).await;
             // No watch can run: both fail from now on (and /readyz says so after the grace).
             pod_watch.failed_request(&e);
             if settings.uds_workloads() {
@@ -261,6 +264,31 @@ fn log_budget(settings: &Settings) {
             tracing::error!(error = %e, "--kubelet-pods-dir gives no usable budget: EVERY POD IS DELIVERED OVER TCP")
         }
     }
+}
+
+/// Serves ADS on `listener` once the loop stops holding ([`Status::holding_xds`]), until `stop`.
+/// Until then the socket is bound but nothing accepts: Envoy's connection waits in the listen
+/// backlog and Envoy keeps its last config, instead of being offered fewer resources than a
+/// previous agent served. A stop while holding removes the socket file and ends nothing.
+async fn serve_when_complete(
+    listener: XdsListener,
+    server: XdsServer,
+    mut status: watch::Receiver<Status>,
+    stop: watch::Receiver<bool>,
+) -> Result<xds::Drained, xds::ServeError> {
+    if status.borrow().holding_xds {
+        tracing::info!("holding Envoy's ADS streams until the agent has a complete state to serve");
+        tokio::select! {
+            _ = status.wait_for(|s| !s.holding_xds) => {}
+            _ = stopped(stop.clone()) => {
+                if let Some((path, id)) = listener.own_socket() {
+                    crate::shutdown::remove_own_socket(&path, id);
+                }
+                return Ok(xds::Drained { left_open: 0 });
+            }
+        }
+    }
+    xds::serve_listener(listener, server, stopped(stop)).await
 }
 
 /// Sends [`Event::Recheck`] every `every` until the loop is gone.

@@ -132,8 +132,11 @@ pub struct RunArgs {
     /// Delivery settings.
     #[command(flatten)]
     pub delivery: DeliveryArgs,
-    /// Where pod records and the last policy map are kept, so the node's Envoy gets the same
-    /// clusters after a restart while the API server is unreachable.
+    /// Where pod records (each with the network namespace it was served with) and the last policy
+    /// map are kept, so the node's Envoy gets the same clusters and inbound listeners after a
+    /// restart while the API server and the container runtime are unreachable. With nothing to
+    /// replay here, Envoy's ADS stream is held unanswered (Envoy keeps its last config) until the
+    /// first pod list and the socket pods' network namespaces are in.
     #[arg(long, default_value = "/var/lib/aether/agent", env = "AETHER_STATE_DIR")]
     pub state_dir: PathBuf,
     /// Where the xDS (ADS gRPC) server listens: unix://<path> or <ip>:<port>.

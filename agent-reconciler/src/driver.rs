@@ -30,8 +30,9 @@ use crate::pod_events::{self, Ledger};
 use crate::record::{self, PodKey, PodRecord, PolicyRecord};
 use crate::recorder::NoticeSender;
 use crate::render::{self, Effective};
+use crate::replay;
 use crate::runtime::{NetnsLookup, NetnsUpdate};
-use crate::store::StateStore;
+use crate::store::{StateStore, StoredPod, StoredPodRef};
 use crate::xds::publish::PodSpecsSender;
 use crate::xds::resources::PodRender;
 use crate::xds::server::ChangeClock;
@@ -75,9 +76,19 @@ pub enum Event {
     /// Something was created, removed or renamed in these pods' volume dirs
     /// ([`crate::socket_watch`]): re-verify (and re-pin) them now.
     SocketsChanged(Vec<String>),
+    /// No Kubernetes client can be configured at all (no in-cluster environment, no kubeconfig):
+    /// no pod list will ever come, so the state dir is all there is to serve and a holding loop
+    /// serves it now ([`Status::holding_xds`]).
+    NoApiServer,
 }
 
 pub use aether_agent_core::status::Status;
+
+/// How long a holding agent ([`Status::holding_xds`]) waits, after the first complete pod list,
+/// for the container runtime's netns answers before it serves Envoy without the missing ones
+/// (checked on the periodic re-check, so up to one `--recheck-seconds` later). Every lookup
+/// answers within its own timeout; this bounds a queue that could not take every pod at once.
+pub const HOLD_NETNS_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What the state dir keeps for pod Events (`pod-events.json`).
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -133,6 +144,12 @@ pub struct Driver {
     link_refused: HashMap<String, Refusal>,
     /// Pods told (once) that the runtime reports no netns for them, so no inbound listener.
     no_netns_told: HashSet<String>,
+    /// While set, the xDS server holds Envoy's streams unanswered ([`Status::holding_xds`]): the
+    /// loop has nothing complete to serve yet. Taken from the status at start; cleared once.
+    holding: bool,
+    /// When the first complete pod list arrived while holding: the bound on waiting for the
+    /// runtime's netns answers ([`HOLD_NETNS_WAIT`]).
+    listed_at: Option<Instant>,
     /// Served clusters, the cap and the refused pods, set on every publish.
     cluster_metrics: Option<crate::metrics::ClusterMetrics>,
     /// The live per-pod decisions (`/debug/pods`), updated only for the pods a change touched.
@@ -148,6 +165,7 @@ impl Driver {
         snapshot: PodSpecsSender,
         status: watch::Sender<Status>,
     ) -> Self {
+        let holding = status.borrow().holding_xds;
         Driver {
             index,
             store,
@@ -164,6 +182,8 @@ impl Driver {
             notices: None,
             netns: crate::runtime::PodNetns::default(),
             no_netns_told: HashSet::new(),
+            holding,
+            listed_at: None,
             link_refused: HashMap::new(),
             pinner: None,
             socket_watch: None,
@@ -224,9 +244,29 @@ impl Driver {
     /// before the API server answers. Unusable files are logged and skipped.
     pub fn boot(&mut self) {
         let Some(store) = &self.store else { return };
-        let (pods, errors): (Vec<PodRecord>, _) = store.load_pods();
+        let (stored, errors): (Vec<StoredPod<PodRecord>>, _) = store.load_pods();
         for e in errors {
             tracing::warn!(error = %e, "skipping a pod record in the state dir");
+        }
+        // Each pod's netns as it was served, so the first push offers Envoy the same inbound
+        // listeners and in-netns clusters as before the restart; the runtime is asked to confirm.
+        let (mut replayed, mut gone) = (Vec::new(), 0usize);
+        let mut pods = Vec::with_capacity(stored.len());
+        for StoredPod { record, netns } in stored {
+            if let Some(path) = netns {
+                match replay::netns_present(std::path::Path::new(&path)) {
+                    replay::Presence::Gone => {
+                        tracing::info!(pod = %format!("{}/{}", record.namespace, record.name), netns = %path,
+                            "the pod's network namespace from the state dir is gone; asking the runtime again");
+                        gone += 1;
+                    }
+                    _ => {
+                        self.netns.replay(&record.uid, path, &record.pod_ips);
+                        replayed.push(record.uid.clone());
+                    }
+                }
+            }
+            pods.push(record);
         }
         // With UDS workloads off no policy is watched or applies, so a policy map left in the
         // state dir by an earlier run must not count pods as policy-governed.
@@ -258,10 +298,13 @@ impl Driver {
         }
         tracing::info!(
             pods = pods.len(),
+            netns_replayed = replayed.len(),
+            netns_gone = gone,
             policies = policies.len(),
             reported = self.ledger.len(),
             "loaded the state dir"
         );
+        let any = !pods.is_empty();
         let uids: HashSet<String> = pods.iter().map(|p| p.uid.clone()).collect();
         // Pods refused for the cluster cap before the restart stay behind the others.
         let capped = self.ledger.reported_with(crate::TcpReason::NodeClusterCap).map(str::to_owned);
@@ -270,8 +313,12 @@ impl Driver {
         self.booting = true;
         let mut change = self.index.reset_pods(pods);
         merge(&mut change, self.index.reset_policies(policies));
+        merge(&mut change, self.refresh_netns(replayed.iter().map(String::as_str)));
         self.after(change, false);
         self.booting = false;
+        if any {
+            self.serve("the pods of the state dir, as a previous agent served them");
+        }
         if self.ledger.retain(|uid| uids.contains(uid)) {
             self.save_events();
         }
@@ -339,6 +386,10 @@ impl Driver {
                 merge(&mut change, self.refresh_netns(keep.iter().map(String::as_str)));
                 self.after(change, false);
                 self.send_deferred(&keep);
+                if self.holding {
+                    self.listed_at.get_or_insert_with(Instant::now);
+                    self.serve_when_complete(false);
+                }
             }
             Event::PolicyApplied(policy) => match PolicyRecord::from_policy(&policy, self.index.settings()) {
                 Ok(rec) => {
@@ -413,8 +464,12 @@ impl Driver {
                 if self.refresh_netns(changed.iter().map(String::as_str)).map_changed {
                     self.publish();
                 }
+                if self.holding && self.listed_at.is_some() {
+                    self.serve_when_complete(false);
+                }
             }
             Event::InboundBindFailed(failures) => self.inbound_bind_failed(failures),
+            Event::NoApiServer => self.serve("the state dir only: no Kubernetes client configuration"),
             Event::SocketsChanged(uids) => {
                 let uids: HashSet<String> = uids.into_iter().collect();
                 let keys: Vec<PodKey> = self
@@ -443,8 +498,41 @@ impl Driver {
                 if !changed.is_empty() || netns_moved {
                     self.publish();
                 }
+                if self.holding && self.listed_at.is_some_and(|t| now.duration_since(t) >= HOLD_NETNS_WAIT) {
+                    self.serve_when_complete(true);
+                }
             }
         }
+    }
+
+    /// While holding: serves once every listed pod delivered over its socket that has pod IPs has
+    /// its netns answered by the runtime (a path, none, or an error), or at once when `deadline`
+    /// (then naming how many answers are missing).
+    fn serve_when_complete(&mut self, deadline: bool) {
+        let map = self.index.snapshot();
+        let awaiting = map
+            .iter()
+            .filter(|(k, e)| e.delivery.is_pipe() && !e.pod.pod_ips.is_empty() && self.netns.awaiting(&k.uid))
+            .count();
+        match (awaiting, deadline) {
+            (0, _) => self.serve("the first pod list and the socket pods' network namespaces"),
+            (n, true) => {
+                tracing::warn!(awaiting = n, wait = ?HOLD_NETNS_WAIT,
+                    "the container runtime has not answered for every socket pod's network namespace; serving Envoy without those pods' inbound listeners");
+                self.serve("the first pod list, without some network namespaces");
+            }
+            (_, false) => {}
+        }
+    }
+
+    /// Ends holding: the xDS server answers Envoy from now on ([`Status::holding_xds`]).
+    fn serve(&mut self, from: &str) {
+        if !std::mem::take(&mut self.holding) {
+            return;
+        }
+        let pods = self.index.pods().count();
+        tracing::info!(pods, from, "serving Envoy");
+        self.status.send_modify(|s| s.holding_xds = false);
     }
 
     /// Tells each pod in `answers` delivered over its socket, once while it lives, that its network
@@ -529,6 +617,13 @@ impl Driver {
         for uid in uids {
             let fact = self.netns.path(uid).map(str::to_owned).or_else(|| self.cni.netns(uid));
             let one = self.index.set_netns(uid, fact);
+            // The netns is part of what a restarted agent replays: keep it with the pod's record.
+            if !one.rerendered.is_empty()
+                && !self.booting
+                && let Some(rec) = self.index.pod(uid)
+            {
+                self.save_pod(uid, rec);
+            }
             change.rerendered.extend(one.rerendered);
             change.map_changed |= one.map_changed;
         }
@@ -555,8 +650,9 @@ impl Driver {
     }
 
     fn save_pod(&self, uid: &str, rec: &PodRecord) {
+        let stored = StoredPodRef { record: rec, netns: self.index.netns(uid) };
         if let Some(store) = &self.store
-            && let Err(e) = store.save_pod(uid, rec)
+            && let Err(e) = store.save_pod(uid, &stored)
         {
             tracing::warn!(pod = %format!("{}/{}", rec.namespace, rec.name), error = %e, "cannot persist the pod record");
         }
@@ -1192,6 +1288,109 @@ mod tests {
         let (mut again, rx2) = driver(dir.path());
         again.boot();
         assert_eq!(rx2.snapshot(), served);
+    }
+
+    /// A netns the runtime answers with, as a file in `dir` (the host and proxy netns dir).
+    fn netns_in(dir: &std::path::Path, file: &str) -> crate::runtime::NetnsPath {
+        std::fs::write(dir.join(file), b"").unwrap();
+        let dirs = crate::runtime::NetnsDirs::new(dir, None).unwrap();
+        dirs.translate(&dir.join(file).display().to_string()).unwrap()
+    }
+
+    #[test]
+    fn a_restarted_driver_replays_each_pods_netns_so_its_first_push_equals_what_was_served() {
+        let (state, netns_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (mut d, rx) = driver(state.path());
+        let socket_pod = cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build();
+        let tcp_pod = cart("b", UID_B).ip("10.1.2.4").build();
+        d.handle(listed(vec![socket_pod, tcp_pod]));
+        d.handle(Event::Netns(vec![
+            (UID_A.into(), Ok(Some(netns_in(netns_dir.path(), "cni-a")))),
+            (UID_B.into(), Ok(Some(netns_in(netns_dir.path(), "cni-b")))),
+        ]));
+        let served = rx.snapshot();
+        assert_eq!(served.listeners.len(), 1, "the socket pod's inbound listener: {served:?}");
+        drop(d);
+
+        // No API server, no runtime answer yet: the state dir alone gives the same push.
+        let (mut again, rx2) = driver(state.path());
+        again.boot();
+        assert_eq!(rx2.snapshot(), served, "listeners and in-netns clusters replayed");
+
+        // A netns that is gone (the sandbox was replaced while the agent was down) is not
+        // replayed: that pod loses its listener and dials its pod IP until the runtime answers.
+        std::fs::remove_file(netns_dir.path().join("cni-a")).unwrap();
+        std::fs::remove_file(netns_dir.path().join("cni-b")).unwrap();
+        let (mut third, rx3) = driver(state.path());
+        third.boot();
+        let replayed = rx3.snapshot();
+        assert!(replayed.listeners.is_empty(), "{replayed:?}");
+        let by_ip =
+            crate::xds::resources::Endpoint::Tcp { address: "10.1.2.4".parse().unwrap(), port: 8080, netns: None };
+        assert_eq!(app_endpoint(&rx3, "b"), by_ip);
+    }
+
+    /// A driver whose status starts holding Envoy's streams, as `aether-agent run` starts it,
+    /// with a netns lookup that never answers by itself (the test hands the answers over).
+    fn holding_driver(state: &std::path::Path) -> (Driver, watch::Receiver<Status>) {
+        struct Silent;
+        impl crate::runtime::NetnsSource for Silent {
+            fn endpoint(&self) -> &str {
+                "unix:///silent"
+            }
+            fn netns_of(
+                &self,
+                _: &str,
+            ) -> impl Future<Output = Result<Option<crate::runtime::NetnsPath>, crate::runtime::RuntimeError>> + Send
+            {
+                std::future::pending()
+            }
+        }
+        let (tx, _rx) = crate::xds::publish::pod_specs();
+        let (status, status_rx) = watch::channel(Status { holding_xds: true, ..Status::default() });
+        let store = StateStore::open(state).unwrap();
+        let settings = Settings::new("/var/lib/kubelet/pods", true);
+        let (lookup, _answers) = crate::runtime::NetnsLookup::spawn(Silent, 16);
+        let d =
+            Driver::new(Index::new(settings), Some(store), CniRecords::default(), tx, status).with_netns_lookup(lookup);
+        (d, status_rx)
+    }
+
+    #[tokio::test]
+    async fn a_new_agent_serves_envoy_only_after_the_pod_list_and_its_socket_pods_netns() {
+        let (state, netns_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (mut d, status) = holding_driver(state.path());
+        d.boot();
+        assert!(status.borrow().holding_xds, "an empty state dir: nothing complete to serve");
+        d.handle(listed(vec![cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build()]));
+        assert!(status.borrow().holding_xds, "listed, but the socket pod's netns is not answered yet");
+        d.handle(Event::Netns(vec![(UID_A.into(), Ok(Some(netns_in(netns_dir.path(), "cni-a"))))]));
+        assert!(!status.borrow().holding_xds, "every socket pod answered");
+
+        // TCP pods wait for nothing; an error is an answer too (the pod is told why it has no listener).
+        let (mut d2, status2) = holding_driver(tempfile::tempdir().unwrap().path());
+        d2.handle(listed(vec![cart("t", UID_B).ip("10.1.2.4").build()]));
+        assert!(!status2.borrow().holding_xds, "a TCP pod's netns is never waited for");
+        let (mut d5, status5) = holding_driver(tempfile::tempdir().unwrap().path());
+        d5.handle(listed(vec![cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build()]));
+        let refused = crate::runtime::RuntimeError::Connect { endpoint: "unix:///x".into(), detail: "refused".into() };
+        d5.handle(Event::Netns(vec![(UID_A.into(), Err(refused))]));
+        assert!(!status5.borrow().holding_xds);
+
+        // A runtime that never answers is waited for HOLD_NETNS_WAIT after the list, then served.
+        let (mut d3, status3) = holding_driver(tempfile::tempdir().unwrap().path());
+        d3.handle(listed(vec![cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build()]));
+        d3.handle(Event::Recheck);
+        assert!(status3.borrow().holding_xds);
+        d3.listed_at = Some(Instant::now() - HOLD_NETNS_WAIT);
+        d3.handle(Event::Recheck);
+        assert!(!status3.borrow().holding_xds);
+
+        // A restarted agent with pods in its state dir serves them at once.
+        drop(d);
+        let (mut again, status4) = holding_driver(state.path());
+        again.boot();
+        assert!(!status4.borrow().holding_xds);
     }
 
     #[test]

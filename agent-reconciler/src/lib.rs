@@ -19,7 +19,8 @@
 //! ```
 //!
 //! I/O: [`fscheck`] (symlink refusal), [`pin`] (`--pin-dir`: the verified socket inode mounted
-//! on an agent-owned path Envoy dials), [`store`] (state dir), [`cni`] (netns records, read on a
+//! on an agent-owned path Envoy dials), [`store`] (state dir), [`replay`] (what of it a restarted
+//! agent may replay: is a pod's netns still there), [`cni`] (netns records, read on a
 //! pod's events and the periodic re-check), [`runtime`] (pod netns from the container runtime over
 //! CRI), [`watch`] (kube-runtime watchers), [`driver`] (the reconcile loop), [`xds::resources`]
 //! (the encoder: Envoy protos, content-hash versions), [`xds::server`] with `xds::stream`,
@@ -47,6 +48,7 @@ pub mod metrics;
 pub mod pin;
 pub mod plan;
 pub mod recorder;
+pub mod replay;
 pub mod runtime;
 pub mod shutdown;
 pub mod socket_watch;

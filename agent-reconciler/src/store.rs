@@ -6,10 +6,15 @@
 //! directory, fsync, rename):
 //!
 //! ```text
-//! <state-dir>/pods/<pod uid>.json   {"version": 1, "record": <pod record>}
+//! <state-dir>/pods/<pod uid>.json   {"version": 1, "record": {<pod record>, "netns": "/run/netns/cni-..."}}
 //! <state-dir>/policies.json         {"version": 1, "record": [<policy record>, ...]}
 //! <state-dir>/pod-events.json       {"version": 1, "record": {"ledger": ..., "stranded": [...]}}
 //! ```
+//!
+//! A pod's file holds its record and the node facts it was last served with ([`StoredPod`]: the
+//! network namespace the runtime reported, absent for a pod without one), so a restarted agent
+//! offers Envoy the same clusters and inbound listeners before it can ask the runtime or the API
+//! server again. Files written before `netns` was kept read as pods without one.
 //!
 //! `pod-events.json` holds which pods were already told about a TCP fallback (with a Kubernetes
 //! Event) and why, so a restarted agent does not tell them again.
@@ -34,6 +39,31 @@ pub const FORMAT_VERSION: u32 = 1;
 struct Envelope<T> {
     version: u32,
     record: T,
+}
+
+/// One pod's state file as written: the pod's record with the node facts it was served with
+/// (its fields and `netns` side by side in one JSON object).
+#[derive(Serialize)]
+pub struct StoredPodRef<'a, T> {
+    /// The pod's record.
+    #[serde(flatten)]
+    pub record: &'a T,
+    /// The pod's network-namespace path as the proxy opens it (the runtime's answer); `None` when
+    /// none is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub netns: Option<&'a str>,
+}
+
+/// One pod's state file as read back ([`StoredPodRef`]).
+#[derive(serde::Deserialize)]
+pub struct StoredPod<T> {
+    /// The pod's record.
+    #[serde(flatten)]
+    pub record: T,
+    /// The network-namespace path it was served with; `None` when none was known (or the file
+    /// predates it).
+    #[serde(default)]
+    pub netns: Option<String>,
 }
 
 /// Errors of the state store; each names the file.

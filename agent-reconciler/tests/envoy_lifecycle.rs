@@ -301,3 +301,75 @@ async fn sigterm_with_envoy_still_connected_keeps_the_health_socket_envoy_serves
     // Envoy still answers on the health listener (404: no such health cluster).
     assert_eq!(gateway(&health, "/healthz/none").await, Some(404), "{}", envoy.log_tail());
 }
+
+/// Envoy's count of listeners removed by LDS since it started (`listener_manager.listener_removed`).
+fn listeners_removed(envoy: &Envoy) -> u64 {
+    let (_, body) = envoy.admin_get("/stats?filter=^listener_manager.listener_removed$").unwrap();
+    let value = body.trim().rsplit(": ").next().unwrap_or_default();
+    value.parse().unwrap_or_else(|_| panic!("listener_removed stat: {body:?}"))
+}
+
+/// An agent killed (SIGKILL) and started again with the API server unreachable (here: no client
+/// configuration at all) serves Envoy, from its state dir alone, the inbound listener it served
+/// before: Envoy removes no listener, and a client in the pod's netns is answered before and after.
+/// The first agent learns the pod's netns (from a CNI record, at its first re-check) and keeps it
+/// with the pod's record; the record is gone before the second starts, so only the state dir has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restarted_without_the_api_server_offers_envoy_every_listener_it_served() {
+    use aether_agent_reconciler::store::{StateStore, StoredPodRef};
+    let pod_netns = support::netns_with_lo("rst");
+    // Short paths: the socket value's budget is 107 - len(pods dir) - 70 bytes.
+    let dir = tempfile::Builder::new().prefix("ar").tempdir_in("/tmp").unwrap();
+    let pods = dir.path().join("p");
+    let uid = support::UID;
+    let socket = pods.join(format!("{uid}/volumes/kubernetes.io~empty-dir/sockets/a.sock"));
+    let _app = support::start_echo(&socket, "app-a");
+    // What a previous agent kept of the pod before any netns was known.
+    let record = support::pod_with_socket("shop", "a", uid, "a", "sockets/a.sock");
+    let store = StateStore::open(dir.path().join("state")).unwrap();
+    store.save_pod(uid, &StoredPodRef { record: &record, netns: None }).unwrap();
+    let cni = dir.path().join("cni");
+    std::fs::create_dir_all(&cni).unwrap();
+    let cni_record = cni.join(format!("{uid}.json"));
+    std::fs::write(&cni_record, serde_json::json!({ "netns": pod_netns.path() }).to_string()).unwrap();
+    let pods_flag = pods.display().to_string();
+    let cni_flag = cni.display().to_string();
+    let flags = |recheck: &'static str| {
+        vec![
+            "--kubelet-pods-dir".to_owned(),
+            pods_flag.clone(),
+            "--cri-endpoint=".to_owned(),
+            "--cni-records-dir".to_owned(),
+            cni_flag.clone(),
+            "--recheck-seconds".to_owned(),
+            recheck.to_owned(),
+            "--readyz-requires-envoy".to_owned(),
+        ]
+    };
+    let first_flags = flags("1");
+    let first = Agent::start(dir.path(), &first_flags.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let envoy = start_envoy(dir.path(), "node-rst");
+    let served = until(
+        "the inbound listener in the pod's netns",
+        || async { pod_netns.get(8080, "/before").ok() },
+        || format!("{}\n{}", first.log_text(), envoy.log_tail()),
+    )
+    .await;
+    assert_eq!(served, "app-a HTTP/1.1 GET /before");
+    let removed = listeners_removed(&envoy);
+
+    std::fs::remove_file(&cni_record).unwrap();
+    drop(first); // SIGKILL: no shutdown path runs
+    let second_flags = flags("3600");
+    let second = Agent::start(dir.path(), &second_flags.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    until(
+        "Envoy to apply the restarted agent's CDS and LDS",
+        || async { second.readyz().await.0.eq(&200).then_some(()) },
+        || format!("{}\n{}", second.log_text(), envoy.log_tail()),
+    )
+    .await;
+    let log = second.log_text();
+    assert!(log.contains("netns_replayed=1"), "the pod's netns came from the state dir:\n{log}");
+    assert_eq!(listeners_removed(&envoy), removed, "no listener removed across the restart:\n{}", envoy.log_tail());
+    assert_eq!(pod_netns.get(8080, "/after").as_deref(), Ok("app-a HTTP/1.1 GET /after"));
+}

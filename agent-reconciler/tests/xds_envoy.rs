@@ -25,48 +25,12 @@ use aether_agent_reconciler::xds::{
 use aether_fixtures::envoy::{Envoy, WAIT};
 use envoy_types::pb::envoy::config::core::v3::{Pipe, address};
 use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
-use support::client_builder;
+use support::{Netns, client_builder, netns_with_lo, start_echo, start_h2_only_echo};
 use tokio::sync::{oneshot, watch};
 
 // ---------------------------------------------------------------------------------------------
 // Harness
 // ---------------------------------------------------------------------------------------------
-
-/// A UDS HTTP echo server (HTTP/1.1 and h2c): answers `<tag> <version> <method> <path>` with
-/// 200, except `/unhealthy` (503). Binds a Unix socket only, never a TCP port.
-fn start_echo(socket: &Path, tag: &str) -> tokio::task::JoinHandle<()> {
-    echo_server(socket, tag, false)
-}
-
-/// Like [`start_echo`], but every request that is not HTTP/2 gets 505, as from a gRPC server
-/// that speaks only h2.
-fn start_h2_only_echo(socket: &Path, tag: &str) -> tokio::task::JoinHandle<()> {
-    echo_server(socket, tag, true)
-}
-
-fn echo_server(socket: &Path, tag: &str, h2_only: bool) -> tokio::task::JoinHandle<()> {
-    use axum::http::{StatusCode, Version};
-    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    let listener = tokio::net::UnixListener::bind(socket).expect("bind echo socket");
-    let tag = tag.to_owned();
-    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
-        let tag = tag.clone();
-        async move {
-            let status = if h2_only && req.version() != Version::HTTP_2 {
-                StatusCode::HTTP_VERSION_NOT_SUPPORTED
-            } else if req.uri().path() == "/unhealthy" {
-                StatusCode::SERVICE_UNAVAILABLE
-            } else {
-                StatusCode::OK
-            };
-            let body = format!("{tag} {:?} {} {}", req.version(), req.method(), req.uri().path());
-            (status, body)
-        }
-    });
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    })
-}
 
 fn http_client() -> reqwest::Client {
     client_builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap()
@@ -144,18 +108,28 @@ impl Fixture {
     }
 
     async fn with_snapshot_debounce(node: &str, snapshot: Snapshot, debounce: Duration) -> Fixture {
+        Self::with_snapshot_envoy(node, snapshot, debounce, None).await
+    }
+
+    /// With Envoy's `--drain-time-s` set to `drain_time_s` instead of the chart's.
+    async fn with_snapshot_envoy(
+        node: &str,
+        snapshot: Snapshot,
+        debounce: Duration,
+        drain_time_s: Option<u32>,
+    ) -> Fixture {
         let dir = tempfile::Builder::new().prefix("axds").tempdir().unwrap();
         let (tx, rx) = watch::channel(Arc::new(snapshot));
         let renderer = Renderer::new(test_options(dir.path()));
         let metrics = XdsMetrics::new();
         let (resources, _task) = spawn_renderer_with_clock(rx, renderer, debounce, metrics.clock.clone());
-        Self::start(dir, node, Feed::Snapshots(tx), resources, metrics).await
+        Self::start(dir, node, Feed::Snapshots(tx), resources, metrics, drain_time_s).await
     }
 
     async fn with_resources(node: &str, initial: Resources) -> Fixture {
         let dir = tempfile::Builder::new().prefix("axds").tempdir().unwrap();
         let (tx, rx) = watch::channel(Arc::new(initial));
-        Self::start(dir, node, Feed::Raw(tx), rx, XdsMetrics::new()).await
+        Self::start(dir, node, Feed::Raw(tx), rx, XdsMetrics::new(), None).await
     }
 
     async fn start(
@@ -164,9 +138,14 @@ impl Fixture {
         feed: Feed,
         resources: watch::Receiver<Arc<Resources>>,
         metrics: XdsMetrics,
+        drain_time_s: Option<u32>,
     ) -> Fixture {
         let (server, tracker) = RunningServer::start(dir.path(), resources.clone(), &metrics).await;
-        let mut envoy = Envoy::builder(dir.path().join("xds.sock"), node, dir.path()).inbound().sotw().start().unwrap();
+        let mut builder = Envoy::builder(dir.path().join("xds.sock"), node, dir.path()).inbound().sotw();
+        if let Some(s) = drain_time_s {
+            builder = builder.drain_time(s);
+        }
+        let mut envoy = builder.start().unwrap();
         envoy.wait_ready().unwrap();
         let inbound = envoy.inbound_port().unwrap();
         let fixture = Fixture {
@@ -627,15 +606,6 @@ async fn http2_upstreams_get_h2_for_traffic_and_health_checks() {
     assert_eq!(f.gateway("/healthz/health_ns_h2").await, 200);
 }
 
-/// A network namespace made with `ip netns add`, deleted on drop.
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
 /// A child process killed and reaped on drop.
 struct Proc(Child);
 
@@ -722,49 +692,6 @@ async fn envoy_keeps_serving_while_the_agent_restarts_and_gets_the_same_version_
     assert_eq!(f.tracker.acked_version("node-r", CLUSTER_TYPE_URL), Some(before));
     assert_eq!(f.tracker.nack_count("node-r", CLUSTER_TYPE_URL), 0);
     assert_eq!(f.via_inbound("app_ns_r_8080", "/again").await.0, 200);
-}
-
-/// A fresh network namespace with loopback up, deleted on drop (test runs as root).
-fn netns_with_lo(tag: &str) -> Netns {
-    let name = format!("aether-{tag}-{}", std::process::id());
-    let status = Command::new("ip").args(["netns", "add", &name]).status().expect("run `ip` (iproute2)");
-    assert!(status.success(), "`ip netns add {name}` failed: this test needs root and iproute2 (the CI runs as root)");
-    let ns = Netns(name);
-    assert!(ns.exec(&["ip", "link", "set", "lo", "up"]).status().unwrap().success());
-    ns
-}
-
-impl Netns {
-    /// `ip netns exec <ns> <args>`.
-    fn exec(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.0]).args(args);
-        cmd
-    }
-
-    /// The path Envoy opens (`network_namespace_filepath`).
-    fn path(&self) -> String {
-        format!("/var/run/netns/{}", self.0)
-    }
-
-    /// GET `http://127.0.0.1:<port><path>` from inside the namespace (a client in the pod):
-    /// `Ok(body)` on 200, `Err(why)` otherwise.
-    fn get(&self, port: u16, path: &str) -> Result<String, String> {
-        self.get_at("127.0.0.1", port, path)
-    }
-
-    /// Like [`Netns::get`] to `host` (`127.0.0.1`, `[::1]`).
-    fn get_at(&self, host: &str, port: u16, path: &str) -> Result<String, String> {
-        let script = format!(
-            "import urllib.request; print(urllib.request.urlopen('http://{host}:{port}{path}', timeout=3).read().decode(), end='')"
-        );
-        let out = self.exec(&["python3", "-c", &script]).output().map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default().to_owned())
-        }
-    }
 }
 
 fn inbound_listener(name: &str, netns: &Netns, port: u16, cluster: &str) -> aether_agent_reconciler::xds::ListenerSpec {
@@ -885,4 +812,42 @@ async fn a_port_the_app_already_holds_fails_only_its_listener_and_config_dump_na
     f.wait_acked().await;
     assert_eq!(ok_pod.get(8081, "/y").as_deref(), Ok("uds-ok HTTP/1.1 GET /y"));
     assert!(busy_pod.get(8081, "/").is_ok());
+}
+
+/// Envoy's `listener_manager.total_listeners_draining` gauge.
+fn listeners_draining(envoy: &Envoy) -> u64 {
+    let (_, body) = envoy.admin_get("/stats?filter=^listener_manager.total_listeners_draining$").unwrap();
+    body.trim().rsplit(": ").next().unwrap_or_default().parse().unwrap_or_else(|_| panic!("draining stat: {body:?}"))
+}
+
+/// A listener that LDS removes (its pod deleted, or switched back to TCP) drains for Envoy's
+/// `--drain-time-s` (the chart's `proxy.drainTimeSeconds`; 2 s here), then is gone: under churn the
+/// draining listeners are bounded by the removals within one drain time, where Envoy's default
+/// (600 s) kept ten minutes of them. The wait below ([`WAIT`], 20 s) is far shorter than 600 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_inbound_listeners_drain_for_the_drain_time_and_then_are_gone() {
+    let pod = netns_with_lo("drn");
+    let f = Fixture::with_snapshot_envoy("node-drn", Snapshot::default(), Duration::from_millis(50), Some(2)).await;
+    let socket = pod_socket(&f, "uid-drn", "app.sock");
+    let _echo = start_echo(&socket, "drn");
+    // Churn: each round serves the pod on another port, so LDS removes the previous listener.
+    let rounds = 6u16;
+    for i in 0..rounds {
+        let port = 8100 + i;
+        f.push(Snapshot {
+            clusters: vec![pipe_cluster("app_ns_drn_8080", &socket, None)],
+            listeners: vec![inbound_listener(&format!("inbound_ns_drn_{port}"), &pod, port, "app_ns_drn_8080")],
+            health_clusters: vec![],
+        });
+        f.wait_acked().await;
+    }
+    f.push(Snapshot::default());
+    f.wait_acked().await;
+    let draining = listeners_draining(&f.envoy);
+    assert!(
+        (1..=u64::from(rounds)).contains(&draining),
+        "every removed listener drains, no more than were removed: {draining}"
+    );
+    f.eventually("every removed listener gone after the drain time", 0, || async { listeners_draining(&f.envoy) })
+        .await;
 }

@@ -204,6 +204,17 @@ impl Index {
         self.pods.contains_key(uid)
     }
 
+    /// The stored record of pod `uid`: one hash lookup.
+    pub fn pod(&self, uid: &str) -> Option<&PodRecord> {
+        self.pods.get(uid).map(Arc::as_ref)
+    }
+
+    /// The network-namespace path of pod `uid` as last set by [`Index::set_netns`] (what its
+    /// renders use), for the state dir: a restarted agent replays it ([`Index::pod`]'s companion).
+    pub fn netns(&self, uid: &str) -> Option<&str> {
+        self.netns.get(uid).map(String::as_str)
+    }
+
     /// The stored policy records (for the state dir), by namespace and name.
     pub fn policies(&self) -> impl Iterator<Item = &PolicyRecord> {
         self.policies.values().map(Arc::as_ref)

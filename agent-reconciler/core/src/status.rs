@@ -20,6 +20,11 @@ pub struct Status {
     pub crd_installed: Option<bool>,
     /// True once the first complete pod list arrived from the API server.
     pub pods_synced: bool,
+    /// True while the agent holds Envoy's ADS streams unanswered because it has nothing complete
+    /// to serve yet: no pod was replayed from the state dir, and the first pod list or the listed
+    /// socket pods' network namespaces have not arrived. Envoy keeps its last config meanwhile,
+    /// instead of being offered fewer listeners and clusters than a previous agent served.
+    pub holding_xds: bool,
     /// Open policy conflicts.
     pub conflicts: usize,
     /// Managed pods by `(delivery, source)`: delivery `pipe`/`tcp`/`waiting`, source

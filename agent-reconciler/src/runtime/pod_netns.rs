@@ -37,6 +37,8 @@ struct Asked {
     ips: Vec<IpAddr>,
     /// Set while its last lookup failed: when to ask again, and the delays after that.
     retry: Option<Retry>,
+    /// Whether any answer (a path, none, or an error) arrived since it was asked.
+    answered: bool,
 }
 
 #[derive(Debug)]
@@ -110,8 +112,23 @@ impl PodNetns {
             return;
         }
         if self.request(uid) {
-            self.asked.insert(uid.to_owned(), Asked { ips: ips.to_vec(), retry: None });
+            self.asked.insert(uid.to_owned(), Asked { ips: ips.to_vec(), retry: None, answered: false });
         }
+    }
+
+    /// Takes `path`, the netns of pod `uid` replayed from the state dir by a restarted agent, as
+    /// known (so the pod is served as it was before the restart) and asks the runtime to confirm
+    /// it (`ips`: the pod IPs of the stored record). An answer with another path or none replaces
+    /// it; an error keeps it.
+    pub fn replay(&mut self, uid: &str, path: String, ips: &[IpAddr]) {
+        self.known.insert(uid.to_owned(), path);
+        self.ask(uid, ips);
+    }
+
+    /// Whether the runtime is still to answer for pod `uid`: a lookup is configured, no path is
+    /// known, and no answer (path, none or error) arrived since it was asked or due.
+    pub fn awaiting(&self, uid: &str) -> bool {
+        self.lookup.is_some() && !self.known.contains_key(uid) && !self.asked.get(uid).is_some_and(|a| a.answered)
     }
 
     /// The periodic re-check: asks again for each of `pods` (UID, pod IPs) the runtime has not
@@ -141,7 +158,7 @@ impl PodNetns {
                 // Pushed out until its answer arrives (which sets the next retry).
                 Some(Asked { retry: Some(r), .. }) => r.at = now + RETRY_MAX,
                 _ => {
-                    self.asked.insert(uid.to_owned(), Asked { ips: ips.to_vec(), retry: None });
+                    self.asked.insert(uid.to_owned(), Asked { ips: ips.to_vec(), retry: None, answered: false });
                 }
             }
             if probing {
@@ -197,6 +214,7 @@ impl PodNetns {
             }
         };
         if let Some(asked) = self.asked.get_mut(&uid) {
+            asked.answered = true;
             match (&mut asked.retry, failed) {
                 (Some(r), true) => r.again(now),
                 (None, true) => asked.retry = Some(Retry::start(now)),

@@ -108,7 +108,7 @@ impl XdsListener {
     }
 
     /// The Unix socket path and the identity of the socket file bound there (`None` for TCP).
-    pub(super) fn own_socket(&self) -> Option<(PathBuf, FileId)> {
+    pub(crate) fn own_socket(&self) -> Option<(PathBuf, FileId)> {
         match self {
             XdsListener::Unix(_, path, id) => Some((path.clone(), *id)),
             XdsListener::Tcp(_) => None,
