@@ -4,6 +4,7 @@
 //!   `tests/harness/build-tools.sh`), stopped on drop, with a `kubectl` of the same version.
 //! - [`Controller`]: the real `aether-controller run` binary on loopback with freshly minted
 //!   certificates, killed on drop.
+//! - [`continuity`]: steady load through the data plane and what an event did to it.
 //! - [`node::RealNode`]: a real single node (kubelet + containerd, controller-manager, scheduler,
 //!   kube-proxy) from `tests/harness/node.sh`, torn down on drop.
 //!
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+pub mod continuity;
 pub mod node;
 
 /// The repository root.

@@ -1,0 +1,354 @@
+//! Steady load through the data plane, and what an event did to it: the measuring client of the
+//! continuity tests (an agent or proxy restarted under load) and of `continuity-load`.
+//!
+//! The load is the one the field reports use: `rate` requests per second, each on a **new** TCP
+//! connection (HTTP/1.1, `Connection: close`), plus `keepalive` connections that each send one
+//! request every `keepalive_every` for the whole run. The client never retries: a request counts
+//! as failed when the connection is refused or reset, when connect-plus-answer takes longer than
+//! `timeout`, when the status is not 200, or when the body does not contain `expect` (another
+//! responder answered). A keep-alive connection that fails is recorded as cut, with when, and is
+//! not reopened.
+//!
+//! Built on hyper's connection API (one `handshake` per connection), so nothing pools, reuses or
+//! retries behind the count.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// What to send, and how fast.
+#[derive(Clone, Debug)]
+pub struct Load {
+    /// Where to connect (e.g. a Service's ClusterIP and port).
+    pub target: SocketAddr,
+    /// The request path.
+    pub path: String,
+    /// A 200 counts only when its body contains this (the expected responder's name).
+    pub expect: String,
+    /// New-connection requests per second (0: none).
+    pub rate: u32,
+    /// Keep-alive connections (0: none).
+    pub keepalive: usize,
+    /// Pause between two requests on one keep-alive connection.
+    pub keepalive_every: Duration,
+    /// Bound on one request: connect (new connections) plus the whole answer.
+    pub timeout: Duration,
+}
+
+impl Load {
+    /// The field reports' load on `target`: 50 new-connection requests per second, 3 keep-alive
+    /// connections with one request every 100 ms each, a 2 s timeout.
+    pub fn field(target: SocketAddr, path: &str, expect: &str) -> Load {
+        Load {
+            target,
+            path: path.to_owned(),
+            expect: expect.to_owned(),
+            rate: 50,
+            keepalive: 3,
+            keepalive_every: Duration::from_millis(100),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why one request failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Failure {
+    /// `ECONNREFUSED`: nothing listened.
+    Refused,
+    /// The connection was reset or closed before a whole answer.
+    Reset,
+    /// No whole answer within the timeout.
+    Timeout,
+    /// An answer other than 200.
+    Status(u16),
+    /// A 200 without the expected responder's name in its body.
+    WrongResponder,
+    /// Any other I/O or protocol error.
+    Other,
+}
+
+/// One request's outcome, `at` seconds after the run started (when it was sent).
+#[derive(Clone, Copy, Debug)]
+pub struct Outcome {
+    /// When it was sent, from the start of the run.
+    pub at: Duration,
+    /// `None`: served by the expected responder.
+    pub failure: Option<Failure>,
+}
+
+/// What happened to one keep-alive connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// Requests it had served when it ended or the run stopped.
+    pub served: u64,
+    /// When it failed (from the start of the run) and why; `None`: it lasted the whole run.
+    pub cut: Option<(Duration, Failure)>,
+}
+
+/// The run's record.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// How long the load ran.
+    pub ran: Duration,
+    /// Every new-connection request, in the order sent.
+    pub requests: Vec<Outcome>,
+    /// Every keep-alive connection.
+    pub keepalive: Vec<KeepAlive>,
+}
+
+impl Report {
+    /// New-connection requests that failed.
+    pub fn failed(&self) -> usize {
+        self.requests.iter().filter(|o| o.failure.is_some()).count()
+    }
+
+    /// The longest time between two served new-connection requests (by send time), including from
+    /// the start of the run to the first and from the last to the end.
+    pub fn longest_gap(&self) -> Duration {
+        let mut last = Duration::ZERO;
+        let mut gap = Duration::ZERO;
+        for o in self.requests.iter().filter(|o| o.failure.is_none()) {
+            gap = gap.max(o.at.saturating_sub(last));
+            last = o.at;
+        }
+        gap.max(self.ran.saturating_sub(last))
+    }
+
+    /// The failures by kind, sorted.
+    pub fn by_kind(&self) -> Vec<(Failure, usize)> {
+        let mut counts = std::collections::BTreeMap::new();
+        for f in self.requests.iter().filter_map(|o| o.failure) {
+            *counts.entry(f).or_insert(0) += 1;
+        }
+        counts.into_iter().collect()
+    }
+
+    /// The first and last failed request's send time, when any failed.
+    pub fn failure_window(&self) -> Option<(Duration, Duration)> {
+        let mut failed = self.requests.iter().filter(|o| o.failure.is_some()).map(|o| o.at);
+        let first = failed.next()?;
+        Some((first, failed.last().unwrap_or(first)))
+    }
+
+    /// One line: `N of M failed (kinds) between +a s and +b s, longest gap g s; keep-alive: k of K cut`.
+    pub fn summary(&self) -> String {
+        let kinds: Vec<String> = self.by_kind().iter().map(|(k, n)| format!("{n} {k:?}")).collect();
+        let window = match self.failure_window() {
+            Some((a, b)) => format!(" between +{:.2} s and +{:.2} s", a.as_secs_f64(), b.as_secs_f64()),
+            None => String::new(),
+        };
+        let cut = self.keepalive.iter().filter(|k| k.cut.is_some()).count();
+        format!(
+            "{} of {} new-connection requests failed{}{window}; longest gap without a success {:.2} s; \
+             keep-alive: {cut} of {} connections cut",
+            self.failed(),
+            self.requests.len(),
+            if kinds.is_empty() { String::new() } else { format!(" ({})", kinds.join(", ")) },
+            self.longest_gap().as_secs_f64(),
+            self.keepalive.len(),
+        )
+    }
+}
+
+/// Runs `load` until `stop` completes, then waits for the requests in flight (at most the
+/// timeout) and returns what happened.
+pub async fn run(load: &Load, stop: impl Future<Output = ()>) -> Report {
+    let started = Instant::now();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Outcome)>();
+    let (halt_tx, halt) = tokio::sync::watch::channel(false);
+    let keepalive: Vec<_> =
+        (0..load.keepalive).map(|_| tokio::spawn(keep_alive(load.clone(), started, halt.clone()))).collect();
+    let mut sent = 0usize;
+    let sender = async {
+        if load.rate == 0 {
+            return std::future::pending().await;
+        }
+        let mut tick = tokio::time::interval(Duration::from_secs(1) / load.rate);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let (load, tx, n) = (load.clone(), tx.clone(), sent);
+            sent += 1;
+            tokio::spawn(async move {
+                let at = started.elapsed();
+                let failure = one_request(&load).await.err();
+                let _ = tx.send((n, Outcome { at, failure }));
+            });
+        }
+    };
+    tokio::select! {
+        _ = stop => {}
+        _ = sender => {}
+    }
+    let ran = started.elapsed();
+    let _ = halt_tx.send(true);
+    drop(tx);
+    let mut requests = vec![None; sent];
+    while let Some((n, o)) = rx.recv().await {
+        requests[n] = Some(o);
+    }
+    let mut kept = Vec::new();
+    for k in keepalive {
+        kept.push(k.await.unwrap_or(KeepAlive { served: 0, cut: Some((ran, Failure::Other)) }));
+    }
+    Report { ran, requests: requests.into_iter().flatten().collect(), keepalive: kept }
+}
+
+/// One request on a new connection.
+async fn one_request(load: &Load) -> Result<(), Failure> {
+    tokio::time::timeout(load.timeout, async {
+        let stream = TcpStream::connect(load.target).await.map_err(io_failure)?;
+        let _ = stream.set_nodelay(true);
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(hyper_failure)?;
+        tokio::spawn(conn);
+        send(&mut sender, load, true).await
+    })
+    .await
+    .unwrap_or(Err(Failure::Timeout))
+}
+
+/// One request on `sender`'s connection; `close` asks the server to close it afterwards.
+async fn send(
+    sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    load: &Load,
+    close: bool,
+) -> Result<(), Failure> {
+    let mut req = hyper::Request::get(load.path.as_str()).header(hyper::header::HOST, load.target.to_string());
+    if close {
+        req = req.header(hyper::header::CONNECTION, "close");
+    }
+    let req = req.body(Empty::<Bytes>::new()).map_err(|_| Failure::Other)?;
+    sender.ready().await.map_err(hyper_failure)?;
+    let resp = sender.send_request(req).await.map_err(hyper_failure)?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.map_err(hyper_failure)?.to_bytes();
+    if status != 200 {
+        return Err(Failure::Status(status));
+    }
+    if !String::from_utf8_lossy(&body).contains(&load.expect) {
+        return Err(Failure::WrongResponder);
+    }
+    Ok(())
+}
+
+/// One keep-alive connection until `halt`: a request every `keepalive_every`; the first failure
+/// ends it.
+async fn keep_alive(load: Load, started: Instant, mut halt: tokio::sync::watch::Receiver<bool>) -> KeepAlive {
+    let mut served = 0;
+    let connected = tokio::time::timeout(load.timeout, async {
+        let stream = TcpStream::connect(load.target).await.map_err(io_failure)?;
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(hyper_failure)
+    })
+    .await
+    .unwrap_or(Err(Failure::Timeout));
+    let mut sender = match connected {
+        Ok((sender, conn)) => {
+            tokio::spawn(conn);
+            sender
+        }
+        Err(f) => return KeepAlive { served, cut: Some((started.elapsed(), f)) },
+    };
+    loop {
+        let at = started.elapsed();
+        match tokio::time::timeout(load.timeout, send(&mut sender, &load, false)).await.unwrap_or(Err(Failure::Timeout))
+        {
+            Ok(()) => served += 1,
+            Err(f) => return KeepAlive { served, cut: Some((at, f)) },
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(load.keepalive_every) => {}
+            _ = halt.wait_for(|h| *h) => return KeepAlive { served, cut: None },
+        }
+    }
+}
+
+fn io_failure(e: std::io::Error) -> Failure {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        ConnectionRefused => Failure::Refused,
+        ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | NotConnected => Failure::Reset,
+        TimedOut => Failure::Timeout,
+        _ => Failure::Other,
+    }
+}
+
+fn hyper_failure(e: hyper::Error) -> Failure {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return io_failure(std::io::Error::new(io.kind(), io.to_string()));
+        }
+        source = s.source();
+    }
+    if e.is_incomplete_message() || e.is_closed() || e.is_canceled() { Failure::Reset } else { Failure::Other }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An HTTP server on 127.0.0.1 answering `name` to every request, until the returned sender
+    /// is used (or dropped); then it closes its listener and every connection.
+    async fn server(name: &'static str, at: Option<SocketAddr>) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let listener =
+            tokio::net::TcpListener::bind(at.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap())).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let app = axum::Router::new().fallback(move || async move { format!("{name}\n") });
+        let serve = axum::serve(listener, app);
+        // Dropping the task drops the listener and every connection task at once: a hard stop.
+        let task = tokio::spawn(async move { serve.await });
+        tokio::spawn(async move {
+            let _ = rx.await;
+            task.abort();
+        });
+        (addr, tx)
+    }
+
+    fn quick(target: SocketAddr, expect: &str) -> Load {
+        Load { rate: 100, keepalive: 2, keepalive_every: Duration::from_millis(20), ..Load::field(target, "/", expect) }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_steady_server_fails_nothing_and_keeps_every_connection() {
+        let (addr, _stop) = server("web", None).await;
+        let report = run(&quick(addr, "web"), tokio::time::sleep(Duration::from_millis(600))).await;
+        assert!(report.requests.len() >= 40, "{}", report.summary());
+        assert_eq!(report.failed(), 0, "{}", report.summary());
+        assert!(report.keepalive.iter().all(|k| k.cut.is_none() && k.served > 5), "{:?}", report.keepalive);
+        assert!(report.longest_gap() < Duration::from_millis(300), "{}", report.summary());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_gone_for_a_while_shows_refusals_cut_connections_and_the_gap() {
+        let (addr, stop) = server("web", None).await;
+        let load = quick(addr, "web");
+        let event = async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let _ = stop.send(());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let _back = server("web", Some(addr)).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(_back);
+        };
+        let report = run(&load, event).await;
+        let refused = report.by_kind().iter().find(|(k, _)| *k == Failure::Refused).map(|(_, n)| *n);
+        assert!(refused.unwrap_or(0) >= 20, "about 50 refused over 0.5 s: {}", report.summary());
+        assert!(report.longest_gap() >= Duration::from_millis(400), "{}", report.summary());
+        assert!(report.keepalive.iter().all(|k| k.cut.is_some()), "{:?}", report.keepalive);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_responder_counts_as_failed() {
+        let (addr, _stop) = server("some-other-pod", None).await;
+        let report = run(&quick(addr, "web"), tokio::time::sleep(Duration::from_millis(200))).await;
+        assert_eq!(report.failed(), report.requests.len(), "{}", report.summary());
+        assert_eq!(report.by_kind()[0].0, Failure::WrongResponder);
+    }
+}
