@@ -5,6 +5,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::registry::Registry;
 
+/// Held by every test of this binary for its whole run: the fd count is per process, and another
+/// test's file open during one scrape and closed by the next would shift the count (seen: 19 of
+/// 20 files counted).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn scrape() -> prometheus_parse::Scrape {
     let mut registry = Registry::default();
     aether_process::register(&mut registry);
@@ -25,18 +34,19 @@ fn value(scrape: &prometheus_parse::Scrape, name: &str) -> f64 {
 
 #[test]
 fn open_fds_follow_the_files_this_process_opens() {
+    let _serial = serial();
     let before = value(&scrape(), "process_open_fds");
     let files: Vec<std::fs::File> = (0..20).map(|_| std::fs::File::open("/proc/self/stat").unwrap()).collect();
     let during = value(&scrape(), "process_open_fds");
     drop(files);
     let after = value(&scrape(), "process_open_fds");
-    // Other test threads may open files meanwhile: the 20 are a lower bound, not an exact delta.
     assert!(during >= before + 20.0, "before {before}, with 20 more open {during}");
     assert!(after <= during - 20.0, "with 20 open {during}, after closing them {after}");
 }
 
 #[test]
 fn max_fds_is_the_soft_open_files_limit() {
+    let _serial = serial();
     let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
     let s = scrape();
     match limit {
@@ -47,6 +57,7 @@ fn max_fds_is_the_soft_open_files_limit() {
 
 #[test]
 fn memory_cpu_and_start_time_describe_this_process() {
+    let _serial = serial();
     let s = scrape();
     // The kernel's own account of the same process, from another file, read after the scrape:
     // its peak resident size bounds the current one from above. (Comparing with VmRSS read at
