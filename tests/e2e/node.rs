@@ -22,6 +22,9 @@ mod suite;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use std::net::SocketAddr;
+
+use aether_tests::continuity::{self, Load, Report};
 use aether_tests::node::RealNode;
 use aether_tests::{Kubectl, eventually, http_get, repo_root, unix_get_status};
 use anyhow::{Context, bail, ensure};
@@ -34,6 +37,8 @@ const RELEASE: &str = "aether";
 const HEALTH_SOCKET: &str = "/run/aether/health.sock";
 /// Envoy's admin port (the chart default, 127.0.0.1 on the host network).
 const ENVOY_ADMIN: u16 = 9901;
+/// The agent's admin port (`agent.adminPort`), on the host network.
+const AGENT_ADMIN: u16 = 9091;
 const WAIT: Duration = Duration::from_secs(90);
 /// The chart's default `agent.pinning.hostPath`: Envoy dials `<PINS>/<pod uid>.sock`.
 const PINS: &str = "/run/aether-pins";
@@ -794,6 +799,142 @@ fn release_containers_have_no_restarts_two_minutes_after_install(env: &Env) -> a
     Ok(())
 }
 
+/// Runs `event` while [`continuity::run`] keeps the field load on `target` (2 s before it, 3 s
+/// after it returns), and returns what the load saw.
+fn under_load(target: SocketAddr, expect: &str, event: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Report> {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let load = Load::field(target, "/continuity", expect);
+    std::thread::scope(|s| {
+        let running = s.spawn(move || -> anyhow::Result<Report> {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            Ok(rt.block_on(continuity::run(&load, async {
+                let _ = stop_rx.await;
+            })))
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let done = event();
+        std::thread::sleep(Duration::from_secs(3));
+        let _ = stop_tx.send(());
+        let report = running.join().map_err(|_| anyhow::anyhow!("the load thread panicked"))??;
+        done?;
+        Ok(report)
+    })
+}
+
+/// The container ID (containerd's) of container `name` in `pod`.
+fn container_id(pod: &Value, name: &str) -> anyhow::Result<String> {
+    let statuses = pod["status"]["containerStatuses"].as_array().context("no containerStatuses")?;
+    let c = statuses.iter().find(|c| c["name"] == name).with_context(|| format!("no container {name}"))?;
+    let id = c["containerID"].as_str().context("no containerID")?;
+    Ok(id.trim_start_matches("containerd://").to_owned())
+}
+
+/// The agent's `process_start_time_seconds` on its admin port (host network): which process answers.
+fn agent_started_at() -> Option<String> {
+    let (_, body) = http_get(AGENT_ADMIN, "/metrics", &[]).ok()?;
+    body.lines().find(|l| l.starts_with("process_start_time_seconds ")).map(str::to_owned)
+}
+
+/// SIGKILLs container `id` through containerd (no API server involved), as a crash would.
+fn kill_container(env: &Env, id: &str) -> anyhow::Result<()> {
+    env.node.ctr(&["-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id]).map(|_| ())
+}
+
+/// Waits until an agent process other than the one that started at `before` answers `/readyz` 200
+/// (Envoy has applied its CDS and LDS): the container was restarted in place.
+fn wait_new_agent_ready(before: &Option<String>) -> anyhow::Result<()> {
+    eventually("a restarted agent, ready (Envoy ACKed it)", WAIT, || {
+        let now = agent_started_at();
+        Ok(now.is_some() && now != *before && http_get(AGENT_ADMIN, "/readyz", &[]).map(|(c, _)| c)? == 200)
+    })
+}
+
+/// Stops (SIGSTOP) the real node's kube-apiserver, and continues it (SIGCONT) when dropped, on
+/// every exit path: the API server is unreachable (connections hang) while this lives.
+struct FrozenApiServer(String);
+
+impl FrozenApiServer {
+    fn freeze(env: &Env) -> anyhow::Result<FrozenApiServer> {
+        let pid = std::fs::read_to_string(env.node.dir().join("cp/apiserver.pid")).context("apiserver.pid")?;
+        let pid = pid.trim().to_owned();
+        let ok = std::process::Command::new("kill").args(["-STOP", &pid]).status()?.success();
+        ensure!(ok, "kill -STOP {pid}");
+        Ok(FrozenApiServer(pid))
+    }
+}
+
+impl Drop for FrozenApiServer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill").args(["-CONT", &self.0]).status();
+    }
+}
+
+/// Agent restarts never touch the data plane (steady load from the host through Service `cont` to
+/// a UDS-only pod: 50 requests/s each on a new connection plus 3 keep-alive connections, no
+/// retries; a refused, reset, timed-out or wrong-responder request fails):
+/// - the agent container killed: 0 failed, no keep-alive connection cut;
+/// - the API server stopped, then the agent container killed while it is down (the agent replays
+///   its state dir, netns included): 0 failed, none cut;
+/// - the suite sees a gap when there is one: the Envoy container killed fails requests.
+///   The node pod is replaced by the next case, so these restarts do not stay on the release.
+fn agent_restarts_under_load_fail_no_request(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&app_yaml("cont", "s", "", true, false))?;
+    env.wait_pod_ready("default", "cont")?;
+    eventually("Envoy's inbound_default_cont_8080 listener is active", WAIT, || {
+        Ok(active_listener_netns("inbound_default_cont_8080")?.is_some())
+    })?;
+    let ip = env.kube().ok(&["get", "service", "-n", "default", "cont", "-o", "jsonpath={.spec.clusterIP}"])?;
+    let target: SocketAddr = format!("{}:8080", ip.trim()).parse().context("ClusterIP")?;
+    let expect = "cont over unix:/s/app.sock";
+    eventually("the Service answers from the host", WAIT, || {
+        let report = under_load_quick(target, expect)?;
+        Ok(report.failed() == 0)
+    })?;
+
+    let killed_agent = under_load(target, expect, || {
+        let before = agent_started_at();
+        kill_container(env, &container_id(&env.node_pod()?, "aether-agent")?)?;
+        wait_new_agent_ready(&before)
+    })?;
+    println!("agent container killed: {}", killed_agent.summary());
+
+    let agent_id = container_id(&env.node_pod()?, "aether-agent")?;
+    let api_down = under_load(target, expect, || {
+        let frozen = FrozenApiServer::freeze(env)?;
+        std::thread::sleep(Duration::from_secs(2));
+        let before = agent_started_at();
+        kill_container(env, &agent_id)?;
+        wait_new_agent_ready(&before)?;
+        std::thread::sleep(Duration::from_secs(5));
+        drop(frozen);
+        Ok(())
+    })?;
+    println!("API server stopped, agent container killed while it is down: {}", api_down.summary());
+
+    let killed_envoy = under_load(target, expect, || {
+        kill_container(env, &container_id(&env.node_pod()?, "envoy")?)?;
+        eventually("Envoy back, with the inbound listener", WAIT, || {
+            Ok(active_listener_netns("inbound_default_cont_8080").ok().flatten().is_some())
+        })
+    })?;
+    println!("envoy container killed (the suite must see this gap): {}", killed_envoy.summary());
+
+    for (event, r) in [("agent killed", &killed_agent), ("API server down, agent killed", &api_down)] {
+        ensure!(r.failed() == 0, "{event}: {}", r.summary());
+        ensure!(r.keepalive.iter().all(|k| k.cut.is_none()), "{event}: {}", r.summary());
+    }
+    ensure!(killed_envoy.failed() > 0, "an Envoy restart must show as failed requests: {}", killed_envoy.summary());
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "cont", "--wait=true"])?;
+    Ok(())
+}
+
+/// One second of the field load on `target`, for a readiness check before measuring.
+fn under_load_quick(target: SocketAddr, expect: &str) -> anyhow::Result<Report> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let load = Load { keepalive: 0, ..Load::field(target, "/ready", expect) };
+    Ok(rt.block_on(async { continuity::run(&load, tokio::time::sleep(Duration::from_secs(1))).await }))
+}
+
 fn replaced_node_pod_resumes_delivery(env: &Env) -> anyhow::Result<()> {
     let old = env.node_pod()?;
     env.kube().ok(&["delete", "pod", "-n", NS, pod_name(&old), "--wait=true"])?;
@@ -1169,6 +1310,7 @@ fn main() {
                 "release_containers_have_no_restarts_two_minutes_after_install",
                 release_containers_have_no_restarts_two_minutes_after_install,
             ),
+            suite::case("agent_restarts_under_load_fail_no_request", agent_restarts_under_load_fail_no_request),
             suite::case("replaced_node_pod_resumes_delivery", replaced_node_pod_resumes_delivery),
             suite::case("deleted_pod_clusters_are_withdrawn", deleted_pod_clusters_are_withdrawn),
             suite::case("helm_upgrade_runs_every_chart_variant", helm_upgrade_runs_every_chart_variant),

@@ -132,7 +132,7 @@ impl Report {
     pub fn failure_window(&self) -> Option<(Duration, Duration)> {
         let mut failed = self.requests.iter().filter(|o| o.failure.is_some()).map(|o| o.at);
         let first = failed.next()?;
-        Some((first, failed.last().unwrap_or(first)))
+        Some((first, failed.next_back().unwrap_or(first)))
     }
 
     /// One line: `N of M failed (kinds) between +a s and +b s, longest gap g s; keep-alive: k of K cut`.
