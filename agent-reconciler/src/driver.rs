@@ -304,7 +304,6 @@ impl Driver {
             reported = self.ledger.len(),
             "loaded the state dir"
         );
-        let any = !pods.is_empty();
         let uids: HashSet<String> = pods.iter().map(|p| p.uid.clone()).collect();
         // Pods refused for the cluster cap before the restart stay behind the others.
         let capped = self.ledger.reported_with(crate::TcpReason::NodeClusterCap).map(str::to_owned);
@@ -316,7 +315,7 @@ impl Driver {
         merge(&mut change, self.refresh_netns(replayed.iter().map(String::as_str)));
         self.after(change, false);
         self.booting = false;
-        if any {
+        if !uids.is_empty() {
             self.serve("the pods of the state dir, as a previous agent served them");
         }
         if self.ledger.retain(|uid| uids.contains(uid)) {

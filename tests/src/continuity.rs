@@ -202,7 +202,7 @@ pub async fn run(load: &Load, stop: impl Future<Output = ()>) -> Report {
 /// One request on a new connection.
 async fn one_request(load: &Load) -> Result<(), Failure> {
     tokio::time::timeout(load.timeout, async {
-        let stream = TcpStream::connect(load.target).await.map_err(io_failure)?;
+        let stream = TcpStream::connect(load.target).await.map_err(|e| io_failure(e.kind()))?;
         let _ = stream.set_nodelay(true);
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(hyper_failure)?;
@@ -242,7 +242,7 @@ async fn send(
 async fn keep_alive(load: Load, started: Instant, mut halt: tokio::sync::watch::Receiver<bool>) -> KeepAlive {
     let mut served = 0;
     let connected = tokio::time::timeout(load.timeout, async {
-        let stream = TcpStream::connect(load.target).await.map_err(io_failure)?;
+        let stream = TcpStream::connect(load.target).await.map_err(|e| io_failure(e.kind()))?;
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(hyper_failure)
     })
     .await
@@ -268,9 +268,9 @@ async fn keep_alive(load: Load, started: Instant, mut halt: tokio::sync::watch::
     }
 }
 
-fn io_failure(e: std::io::Error) -> Failure {
+fn io_failure(kind: std::io::ErrorKind) -> Failure {
     use std::io::ErrorKind::*;
-    match e.kind() {
+    match kind {
         ConnectionRefused => Failure::Refused,
         ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | NotConnected => Failure::Reset,
         TimedOut => Failure::Timeout,
@@ -282,7 +282,7 @@ fn hyper_failure(e: hyper::Error) -> Failure {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
     while let Some(s) = source {
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            return io_failure(std::io::Error::new(io.kind(), io.to_string()));
+            return io_failure(io.kind());
         }
         source = s.source();
     }
