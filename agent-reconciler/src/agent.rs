@@ -2,9 +2,9 @@
 //! and the admin port together.
 //!
 //! On SIGTERM/SIGINT the xDS server stops accepting and removes its socket file (if it is still
-//! the one it bound), waits up to `--shutdown-wait-seconds` for every Envoy ADS stream to close,
-//! ends the rest, and then the agent removes the `--health-socket` file only if every stream
-//! closed by itself within the wait (see [`crate::shutdown`]).
+//! the one it bound) and ends the ADS streams (after up to `--shutdown-wait-seconds` for them to
+//! close, without `--own-daemonset`); then the agent removes the socket pins and the
+//! `--health-socket` file only when the release goes (see [`crate::shutdown`]).
 
 use std::path::Path;
 use std::str::FromStr;
@@ -27,6 +27,7 @@ use crate::recorder::{self, NoticeSender};
 use crate::shutdown;
 use crate::store::StateStore;
 use crate::watch as watchers;
+use crate::watch::owner::Owner;
 use crate::xds::resources::{RenderOptions, Renderer};
 use crate::xds::server::{self as xds, XdsAddr, XdsListener, XdsServer};
 
@@ -143,7 +144,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(%addr, "xDS (ADS: CDS + LDS + ECDS) listening");
     let server = XdsServer::new(resources.clone())
         .with_metrics(metrics.xds.clone())
-        .with_shutdown_wait(Duration::from_secs(args.shutdown_wait_seconds))
+        // With --own-daemonset the DaemonSet decides what stays on the host: nothing to wait for.
+        .with_shutdown_wait(if args.own_daemonset.is_some() {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(args.shutdown_wait_seconds)
+        })
         .with_connection_gate(aether_serve_policy::Gate::new(xds_policy, &metrics.listeners));
     let tracker = server.tracker();
     let envoy = EnvoyView { tracker: tracker.clone(), resources, required: args.readyz_requires_envoy };
@@ -201,8 +207,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
     }
     let loop_task = tokio::spawn(driver.run(rx));
+    let (owner_tx, owner) = watch::channel(Owner::Unknown);
     match watchers::client(&board).await {
         Ok(client) => {
+            if let Some((namespace, name)) = args.own_daemonset.clone() {
+                tokio::spawn(watchers::owner::watch_owner(client.clone(), namespace, name, owner_tx));
+            }
             recorder::spawn(client.clone(), &args.node_name, notice_rx, metrics.clone());
             tokio::spawn(watchers::pods(client.clone(), args.node_name.clone(), tx.clone(), pod_watch));
             if settings.uds_workloads() {
@@ -228,15 +238,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     xds_bound.store(false, Ordering::Release);
     loop_task.abort();
     let drained = result.context("xDS server task")?.context("xDS server")?;
-    shutdown::remove_health_socket(Path::new(&args.health_socket), drained.clients_gone());
-    // Pins are mounts on the host: they stay for an Envoy still serving (only the agent
-    // restarts), and go with it (pod deletion, helm uninstall).
+    let host =
+        shutdown::host_state_at_exit(args.own_daemonset.is_some().then(|| *owner.borrow()), drained.clients_gone());
+    shutdown::remove_health_socket(Path::new(&args.health_socket), host);
+    // Pins are mounts on the host: they stay for an Envoy still serving, and go with the release.
     if let Some(pinner) = pinner {
-        if drained.clients_gone() {
+        if host.remove {
             let n = pinner.retain(&std::collections::HashSet::new());
-            tracing::info!(pin_dir = %pinner.dir().display(), removed = n, "Envoy is gone: removed every socket pin");
+            tracing::info!(pin_dir = %pinner.dir().display(), removed = n, reason = host.why, "removed every socket pin");
         } else {
-            tracing::info!(pin_dir = %pinner.dir().display(), "Envoy is still connected: socket pins stay for it");
+            tracing::info!(pin_dir = %pinner.dir().display(), reason = host.why, "socket pins stay");
         }
     }
     Ok(())

@@ -239,12 +239,20 @@ pub struct RunArgs {
     #[arg(long, env = "AETHER_ENVOY_ADMIN")]
     pub envoy_admin: Option<SocketAddr>,
     /// Seconds to wait on SIGTERM/SIGINT, after the xDS server stops accepting, for every Envoy
-    /// to close its ADS stream. If they all do (Envoy went away too: pod deletion, uninstall),
-    /// the --health-socket file is removed as well; if an Envoy is still connected when the
-    /// wait ends (only the agent restarts), the agent ends its streams and leaves the health
-    /// socket to the Envoy that serves it. The agent's own xDS socket file is removed either way.
+    /// to close its ADS stream; then the agent ends the streams still open. The agent's own xDS
+    /// socket file is removed either way. Without --own-daemonset the wait also decides what
+    /// stays on the host: if every stream closed (Envoy went away too) the socket pins and the
+    /// --health-socket file are removed; if an Envoy is still connected they stay for it.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=600), env = "AETHER_SHUTDOWN_WAIT_SECONDS")]
     pub shutdown_wait_seconds: u64,
+    /// The agent's own DaemonSet, as <namespace>/<name> (the chart: <release namespace>/<node
+    /// DaemonSet>). The agent watches its metadata (RBAC: get, list, watch on that one DaemonSet)
+    /// and at SIGTERM/SIGINT removes the socket pins and the --health-socket file only when it is
+    /// gone or being deleted (helm uninstall). A restart, a roll or a pod deletion leaves them for
+    /// the node's Envoy, which runs in its own pod, and the next agent adopts them; so does an
+    /// exit before the DaemonSet could be read. Unset: --shutdown-wait-seconds decides.
+    #[arg(long, env = "AETHER_OWN_DAEMONSET", value_parser = crate::watch::owner::parse_ref)]
+    pub own_daemonset: Option<(String, String)>,
     /// The admin port's connection policy (docs/listeners.md).
     #[command(flatten)]
     pub admin_listener: aether_serve_policy::cli::AdminListenerArgs,

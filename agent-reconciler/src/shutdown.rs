@@ -1,24 +1,28 @@
 //! What the agent removes from the host when it stops (SIGTERM/SIGINT), so nothing it created
-//! outlives it.
+//! outlives the release.
 //!
 //! - Its own xDS socket file: always, but only while the path still holds the very socket it
 //!   bound (same device and inode, [`FileId`]): a newer agent that replaced it keeps its socket.
-//! - The health-gateway socket (`--health-socket`): Envoy binds it from the agent's LDS and
-//!   unlinks a stale one when it binds, but never removes it on exit. The agent removes it only
-//!   when every Envoy ADS stream closed within `--shutdown-wait-seconds` (the proxy went away
-//!   with the agent: pod deletion, `helm uninstall`), and only if the path is a socket (`lstat`:
-//!   a symlink is never followed, a non-socket never removed). An Envoy still connected when the
-//!   wait ends is still serving that listener (only the agent container is restarting): the
-//!   socket stays.
+//! - The socket pins and the health-gateway socket (`--health-socket`; Envoy binds it from the
+//!   agent's LDS and unlinks a stale one when it binds, but never removes it on exit): only when
+//!   the release goes, as [`host_state_at_exit`] decides. With `--own-daemonset` (the chart) that
+//!   is when the agent's DaemonSet is gone or being deleted (`helm uninstall`;
+//!   [`crate::watch::owner`]); a restart, a roll or a pod deletion leaves them for the node's
+//!   Envoy, which runs in its own pod, and the next agent adopts them. Without it (agent and
+//!   Envoy run together, outside Kubernetes) the agent infers it: every Envoy ADS stream closed
+//!   within `--shutdown-wait-seconds`. The health socket is removed only if the path is a socket
+//!   (`lstat`: a symlink is never followed, a non-socket never removed).
 //!
-//! The decisions ([`own_socket_action`], [`health_socket_action`]) are pure; [`remove_own_socket`]
-//! and [`remove_health_socket`] look at the path, decide, act, and log the decision at info with
-//! the path. Between the look and the unlink another process could replace the file; both run
-//! once, at exit, on paths only the agent and its Envoy use.
+//! The decisions ([`own_socket_action`], [`host_state_at_exit`], [`health_socket_action`]) are
+//! pure; [`remove_own_socket`] and [`remove_health_socket`] look at the path, decide, act, and log
+//! the decision at info with the path. Between the look and the unlink another process could
+//! replace the file; both run once, at exit, on paths only the agent and its Envoy use.
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
+
+use crate::watch::owner::Owner;
 
 /// A file's identity: device and inode numbers (from `lstat`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,11 +99,40 @@ pub fn own_socket_action(bound: FileId, found: Found) -> Action {
     }
 }
 
-/// The health-gateway socket at exit: removed when every Envoy stream closed within the wait
-/// (`envoy_gone`) and the path is a socket.
-pub fn health_socket_action(envoy_gone: bool, found: Found) -> Action {
-    match (envoy_gone, found) {
-        (false, _) => Action::Keep("an Envoy is still connected and serves the health listener"),
+/// Whether the host state the agent keeps for Envoy (socket pins, the health socket) goes with
+/// the agent at exit, and why (for the log).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostState {
+    /// Remove it.
+    pub remove: bool,
+    /// The reason, for the log.
+    pub why: &'static str,
+}
+
+/// Decides [`HostState`] at exit. `owner`: the agent's own DaemonSet as last watched (`None`
+/// without `--own-daemonset`); `envoy_gone`: every Envoy ADS stream closed within the shutdown
+/// wait (used only without `--own-daemonset`).
+pub fn host_state_at_exit(owner: Option<Owner>, envoy_gone: bool) -> HostState {
+    let (remove, why) = match (owner, envoy_gone) {
+        (Some(Owner::Gone), _) => (true, "the agent's DaemonSet is gone (the release is uninstalled)"),
+        (Some(Owner::Deleting), _) => (true, "the agent's DaemonSet is being deleted (the release is uninstalled)"),
+        (Some(Owner::Present), _) => (
+            false,
+            "the agent's DaemonSet stays (a restart, a roll or a pod deletion): the node's Envoy serves it and the next agent adopts it",
+        ),
+        (Some(Owner::Unknown), _) => {
+            (false, "the agent's DaemonSet could not be read (API server unreachable): kept, as for a restart")
+        }
+        (None, true) => (true, "every Envoy ADS stream closed: Envoy went away with the agent"),
+        (None, false) => (false, "an Envoy is still connected and serves it"),
+    };
+    HostState { remove, why }
+}
+
+/// The health-gateway socket at exit: removed when `host` says so and the path is a socket.
+pub fn health_socket_action(host: HostState, found: Found) -> Action {
+    match (host.remove, found) {
+        (false, _) => Action::Keep(host.why),
         (true, Found::Socket(_)) => Action::Remove,
         (true, Found::Missing) => Action::Keep("already gone"),
         (true, Found::Symlink) => Action::Keep("a symlink, never followed or removed"),
@@ -113,8 +146,8 @@ pub fn remove_own_socket(path: &Path, bound: FileId) {
 }
 
 /// Removes the health-gateway socket at `path` per [`health_socket_action`]; logs the decision.
-pub fn remove_health_socket(path: &Path, envoy_gone: bool) {
-    act(path, "health socket", Found::at(path).map(|found| health_socket_action(envoy_gone, found)));
+pub fn remove_health_socket(path: &Path, host: HostState) {
+    act(path, "health socket", Found::at(path).map(|found| health_socket_action(host, found)));
 }
 
 fn act(path: &Path, what: &str, decided: io::Result<Action>) {
@@ -149,15 +182,32 @@ mod tests {
         }
     }
 
+    const GO: HostState = HostState { remove: true, why: "test" };
+    const STAY: HostState = HostState { remove: false, why: "test" };
+
     #[test]
-    fn the_health_socket_is_removed_only_when_envoy_is_gone_and_it_is_a_socket() {
-        assert_eq!(health_socket_action(true, Found::Socket(OURS)), Action::Remove);
+    fn the_health_socket_is_removed_only_when_the_host_state_goes_and_it_is_a_socket() {
+        assert_eq!(health_socket_action(GO, Found::Socket(OURS)), Action::Remove);
         for found in [Found::Socket(OURS), Found::Missing, Found::Symlink, Found::Other] {
-            assert!(matches!(health_socket_action(false, found), Action::Keep(_)), "{found:?}");
+            assert_eq!(health_socket_action(STAY, found), Action::Keep("test"), "{found:?}");
         }
         for found in [Found::Missing, Found::Symlink, Found::Other] {
-            assert!(matches!(health_socket_action(true, found), Action::Keep(_)), "{found:?}");
+            assert!(matches!(health_socket_action(GO, found), Action::Keep(_)), "{found:?}");
         }
+    }
+
+    #[test]
+    fn the_daemonset_decides_when_named_and_envoy_streams_only_otherwise() {
+        for envoy_gone in [false, true] {
+            assert!(host_state_at_exit(Some(Owner::Gone), envoy_gone).remove);
+            assert!(host_state_at_exit(Some(Owner::Deleting), envoy_gone).remove);
+            // A roll or a pod deletion: Envoy (in its own pod) keeps serving, even when its stream
+            // happened to close during the wait.
+            assert!(!host_state_at_exit(Some(Owner::Present), envoy_gone).remove);
+            assert!(!host_state_at_exit(Some(Owner::Unknown), envoy_gone).remove);
+        }
+        assert!(host_state_at_exit(None, true).remove);
+        assert!(!host_state_at_exit(None, false).remove);
     }
 
     #[test]
@@ -176,8 +226,8 @@ mod tests {
         assert_eq!(Found::at(&dir.path().join("none")).unwrap(), Found::Missing);
 
         // The symlink to a socket is left, and so is what it points to.
-        remove_health_socket(&link, true);
-        remove_health_socket(&file, true);
+        remove_health_socket(&link, GO);
+        remove_health_socket(&file, GO);
         assert!(link.symlink_metadata().is_ok() && sock.exists() && file.exists());
         // Our socket, replaced by another one at the same path, is left.
         std::fs::remove_file(&sock).unwrap();

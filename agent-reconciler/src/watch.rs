@@ -25,6 +25,7 @@
 //! fails, the loop keeps serving the last good state: a watch error withdraws nothing.
 
 pub mod health;
+pub mod owner;
 pub mod projected;
 
 use std::sync::Arc;
