@@ -185,7 +185,10 @@ const MATRIX: &[Case] = &[
 fn the_node_pod_runs_as_spc_t_unless_selinux_labelling_is_turned_off() {
     let pod_security = |sets: &[&str]| {
         let docs = render(sets);
-        find(&docs, "DaemonSet", "aether-node")["spec"]["template"]["spec"]["securityContext"].clone()
+        let agent = find(&docs, "DaemonSet", "aether-node")["spec"]["template"]["spec"]["securityContext"].clone();
+        let proxy = &find(&docs, "DaemonSet", "aether-proxy")["spec"]["template"]["spec"]["securityContext"];
+        assert_eq!(&agent, proxy, "{sets:?}: the agent's and the proxy's pods are labelled alike");
+        agent
     };
     assert_eq!(pod_security(&[])["seLinuxOptions"], serde_json::json!({"type": "spc_t"}));
     assert_eq!(
@@ -306,11 +309,31 @@ fn check_webhook(case: &Case, docs: &[Value]) {
 }
 
 fn check_node(case: &Case, docs: &[Value]) {
+    // Two DaemonSets: the agent's (aether-node) and Envoy's (aether-proxy), each with one
+    // container, on the same nodes (the same scheduling values), both on the host network.
     let ds = find(docs, "DaemonSet", "aether-node");
     let pod = &ds["spec"]["template"]["spec"];
+    let proxy = &find(docs, "DaemonSet", "aether-proxy")["spec"]["template"]["spec"];
+    for key in ["hostNetwork", "tolerations", "nodeSelector", "priorityClassName", "securityContext"] {
+        assert_eq!(pod[key], proxy[key], "{}: both node pods share {key}", case.name);
+    }
     assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(
+        (pod["containers"].as_array().map(Vec::len), proxy["containers"].as_array().map(Vec::len)),
+        (Some(1), Some(1))
+    );
+    assert_eq!(proxy["automountServiceAccountToken"], false, "Envoy's pod has no API credentials");
     let agent = container(pod, "aether-agent");
-    let envoy = container(pod, "envoy");
+    let envoy = container(proxy, "envoy");
+    // helm uninstall (this DaemonSet gone) is when the agent removes the pins and health.sock.
+    assert_eq!(flag(agent, "--own-daemonset").as_deref(), Some("$(POD_NAMESPACE)/aether-node"));
+    assert!(
+        agent["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .any(|e| e["name"] == "POD_NAMESPACE" && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace")
+    );
     assert_eq!(envoy["securityContext"]["privileged"], true, "the proxy is privileged");
     assert_eq!(envoy["securityContext"]["readOnlyRootFilesystem"], true);
     // Socket pinning (default on) mounts: the agent is privileged, its pin dir Bidirectional and
@@ -464,7 +487,7 @@ fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
         );
 
         // The DaemonSet's Envoy flags, but for the file and the log level: the launcher's.
-        let ds = find(&docs, "DaemonSet", "aether-node");
+        let ds = find(&docs, "DaemonSet", "aether-proxy");
         let chart_args = args(container(&ds["spec"]["template"]["spec"], "envoy"));
         let mut rest = Vec::new();
         let mut it = chart_args.iter();
@@ -607,6 +630,21 @@ fn every_bounded_integer_value_renders_at_its_edges_and_is_refused_past_them() {
 
 /// `socketLimit` (issue 13 item 4): the main chart passes it to both binaries as `--socket-limit`
 /// (sun-path by default, filesystem when set) and refuses `filesystem` without socket pinning,
+/// The agent and Envoy run in two DaemonSets that meet only on the host: values that would
+/// separate them fail the render, naming the value and why.
+#[test]
+fn values_that_would_separate_agent_and_proxy_fail_naming_the_value() {
+    for (set, says) in [
+        ("proxy.runDirHostPath=", "proxy.runDirHostPath must be set"),
+        ("proxy.hostNetwork=false", "proxy.hostNetwork=false is not supported"),
+    ] {
+        match try_render(&[set]) {
+            Ok(_) => panic!("{set} rendered"),
+            Err(e) => assert!(e.contains(says), "{set}: {e}"),
+        }
+    }
+}
+
 /// where Envoy would dial paths that must fit in sun_path.
 #[test]
 fn socket_limit_reaches_both_binaries_and_filesystem_needs_pinning() {
@@ -1260,6 +1298,8 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
         ("aether-node", &["watch", "pods", "--all-namespaces"]),
         ("aether-node", &["watch", "endpointpolicies.config.aether.io", "--all-namespaces"]),
         ("aether-node", &["create", "events.events.k8s.io", "-n", "shop"]),
+        ("aether-node", &["get", "daemonsets.apps/aether-node", "-n", NS]),
+        ("aether-node", &["watch", "daemonsets.apps/aether-node", "-n", NS]),
         ("aether-webhook-certs", &["create", "secrets", "-n", NS]),
         ("aether-webhook-certs", &["get", "secrets/aether-webhook-tls", "-n", NS]),
         ("aether-webhook-certs", &["update", "secrets/aether-webhook-tls", "-n", NS]),
@@ -1286,6 +1326,9 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
         (controller, &["create", "events", "-n", "shop"]),
         (controller, &["delete", "events.events.k8s.io", "-n", "shop"]),
         (controller, &["patch", "events.events.k8s.io", "-n", "shop"]),
+        ("aether-node", &["get", "daemonsets.apps/aether-proxy", "-n", NS]),
+        ("aether-node", &["list", "daemonsets.apps", "-n", NS]),
+        ("aether-node", &["update", "daemonsets.apps/aether-node", "-n", NS]),
         ("aether-node", &["patch", "events.events.k8s.io", "-n", "shop"]),
         ("aether-node", &["create", "pods", "-n", "shop"]),
         ("aether-node", &["update", "pods", "-n", "shop"]),

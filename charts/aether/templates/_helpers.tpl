@@ -38,8 +38,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: node
 {{- end -}}
 
+{{- define "aether.proxy.selector" -}}
+app.kubernetes.io/name: {{ include "aether.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: proxy
+{{- end -}}
+
 {{- define "aether.controller.fullname" -}}{{ include "aether.fullname" . }}-controller{{- end -}}
 {{- define "aether.node.fullname" -}}{{ include "aether.fullname" . }}-node{{- end -}}
+{{- define "aether.proxy.fullname" -}}{{ include "aether.fullname" . }}-proxy{{- end -}}
 {{- define "aether.certs.fullname" -}}{{ include "aether.fullname" . }}-webhook-certs{{- end -}}
 {{- define "aether.webhook.configName" -}}{{ include "aether.fullname" . }}-endpointpolicy{{- end -}}
 
