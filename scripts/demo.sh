@@ -114,7 +114,7 @@ uid=$(kubectl get pod web -o jsonpath='{.metadata.uid}')
 sock=/var/lib/kubelet/pods/$uid/volumes/kubernetes.io~empty-dir/s/app.sock
 echo "  the socket the app made, at the kubelet's emptyDir path ($(printf %s "$sock" | wc -c) bytes):"
 ls -l "$sock" | indent
-echo "  Envoy (in the node pod, through the read-only HostToContainer pods-dir mount) health-checks it:"
+echo "  Envoy (in the aether-proxy pod, through the read-only HostToContainer pods-dir mount) health-checks it:"
 wait_endpoint app_default_web_8080 "$sock" || true
 endpoint app_default_web_8080 | indent
 health() { curl -s -o /dev/null -w '%{http_code}' --unix-socket /run/aether/health.sock "http://localhost/healthz/$1"; }

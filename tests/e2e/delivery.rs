@@ -784,6 +784,70 @@ fn logs(env: &Env) -> String {
     format!("\n--- agent log (last lines, newest first):\n{}\n--- envoy log:\n{envoy}", tail.join("\n"))
 }
 
+/// The node's Envoy runs in its own DaemonSet, so what the agent leaves on the host for it (the
+/// health socket, the socket pins) outlives the agent unless the release goes: with
+/// `--own-daemonset` the agent keeps them at SIGTERM while its DaemonSet exists (a restart, a
+/// roll, a pod deletion) and removes them once it is deleted (`helm uninstall`). A real API server
+/// holds the DaemonSet; no controller runs it, so it has no pods.
+fn n_the_agent_leaves_envoys_host_state_until_its_daemonset_is_deleted(env: &Env) -> anyhow::Result<()> {
+    const OWNER: &str = "own";
+    let dir = env.work.path().join("own");
+    std::fs::create_dir_all(&dir)?;
+    let health = dir.join("h.sock");
+    let start = |log: &str| {
+        // As Envoy leaves it: a socket file nobody listens on any more.
+        drop(std::os::unix::net::UnixListener::bind(&health));
+        let state = dir.join(format!("{log}-state")).to_string_lossy().into_owned();
+        let xds = format!("unix://{}", dir.join(format!("{log}-x.sock")).display());
+        let owner = format!("{NS}/{OWNER}");
+        let health = health.to_string_lossy().into_owned();
+        let args = [
+            "--node-name",
+            "node-own",
+            "--state-dir",
+            &state,
+            "--xds-address",
+            &xds,
+            "--health-socket",
+            &health,
+            "--own-daemonset",
+            &owner,
+        ];
+        Agent::start(&env.cp.kubeconfig(), &args, &dir.join(format!("{log}.log")))
+    };
+    let log_has = |agent: &Agent, text: &str| std::fs::read_to_string(&agent.log).is_ok_and(|l| l.contains(text));
+    env.cp.kube().apply(&format!(
+        r#"apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{name: {OWNER}, namespace: {NS}}}
+spec:
+  selector: {{matchLabels: {{app: own}}}}
+  template:
+    metadata: {{labels: {{app: own}}}}
+    spec: {{containers: [{{name: c, image: none}}]}}
+"#
+    ))?;
+
+    let mut kept = start("kept")?;
+    eventually("the agent sees its DaemonSet", WAIT, || Ok(log_has(&kept, "the agent's own DaemonSet exists")))?;
+    kept.terminate()?;
+    let log = std::fs::read_to_string(&kept.log)?;
+    ensure!(health.symlink_metadata().is_ok(), "the health socket went with a restart:\n{log}");
+    ensure!(log.contains("health socket left: the agent's DaemonSet stays"), "{log}");
+
+    let mut gone = start("gone")?;
+    eventually("the agent sees its DaemonSet", WAIT, || Ok(log_has(&gone, "the agent's own DaemonSet exists")))?;
+    env.cp.kubectl_ok(&["delete", "daemonset", "-n", NS, OWNER, "--wait=true"])?;
+    eventually("the agent sees its DaemonSet deleted", WAIT, || {
+        Ok(log_has(&gone, "the agent's own DaemonSet is gone"))
+    })?;
+    gone.terminate()?;
+    let log = std::fs::read_to_string(&gone.log)?;
+    ensure!(health.symlink_metadata().is_err(), "the health socket outlived the release:\n{log}");
+    ensure!(log.contains("health socket removed"), "{log}");
+    Ok(())
+}
+
 fn setup() -> anyhow::Result<Env> {
     let cp = ControlPlane::start()?;
     // A short root keeps the socket paths inside sun_path.
@@ -836,6 +900,10 @@ fn main() {
             suite::case(
                 "j_a_finished_pod_loses_its_clusters_and_is_not_counted_while_a_draining_pod_keeps_them",
                 j_a_finished_pod_loses_its_clusters_and_is_not_counted_while_a_draining_pod_keeps_them,
+            ),
+            suite::case(
+                "n_the_agent_leaves_envoys_host_state_until_its_daemonset_is_deleted",
+                n_the_agent_leaves_envoys_host_state_until_its_daemonset_is_deleted,
             ),
             suite::case(
                 "l_new_connections_keep_working_while_the_agent_restarts",

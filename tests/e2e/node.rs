@@ -1378,7 +1378,16 @@ fn context(env: &Env) -> String {
     let events: Vec<&str> = events.lines().rev().take(25).collect();
     format!(
         "{tails}\n--- node pod logs (agent and proxy)\n{}\n--- node conditions\n{node}\n--- kubectl describe pods -n {NS} (not Running)\n{}\n--- kubectl get pods -A\n{}\n--- recent events (newest first)\n{}",
-        text(&["logs", "-n", NS, "-l", "app.kubernetes.io/component in (node,proxy)", "--all-containers", "--tail=15", "--prefix"]),
+        text(&[
+            "logs",
+            "-n",
+            NS,
+            "-l",
+            "app.kubernetes.io/component in (node,proxy)",
+            "--all-containers",
+            "--tail=15",
+            "--prefix"
+        ]),
         text(&["describe", "pods", "-n", NS, "--field-selector=status.phase!=Running"]),
         text(&["get", "pods", "-A", "-o", "wide"]),
         events.join("\n"),

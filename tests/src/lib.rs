@@ -405,6 +405,26 @@ impl Agent {
         Ok(a)
     }
 
+    /// Sends SIGTERM and waits for the agent to exit (at most 30 s, then SIGKILL).
+    ///
+    /// # Errors
+    /// When `kill` cannot run or the agent does not exit in time.
+    pub fn terminate(&mut self) -> anyhow::Result<std::process::ExitStatus> {
+        let ok = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status()?.success();
+        anyhow::ensure!(ok, "kill -TERM {}", self.child.id());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                bail!("aether-agent did not exit within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The body of `/readyz`.
     pub fn readyz(&self) -> String {
         http_get(self.admin, "/readyz", &[]).map(|(_, b)| b).unwrap_or_default()
