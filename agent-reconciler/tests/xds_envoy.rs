@@ -830,24 +830,36 @@ async fn removed_inbound_listeners_drain_for_the_drain_time_and_then_are_gone() 
     let f = Fixture::with_snapshot_envoy("node-drn", Snapshot::default(), Duration::from_millis(50), Some(2)).await;
     let socket = pod_socket(&f, "uid-drn", "app.sock");
     let _echo = start_echo(&socket, "drn");
-    // Churn: each round serves the pod on another port, so LDS removes the previous listener.
-    let rounds = 6u16;
-    for i in 0..rounds {
-        let port = 8100 + i;
+    // Churn for three drain times (2 s): each round serves the pod on another port, so LDS removes
+    // the previous listener. Draining listeners are bounded by the removals of the last drain time,
+    // not by all removals so far.
+    let drain = Duration::from_secs(2);
+    let started = std::time::Instant::now();
+    let (mut removed_at, mut most) = (Vec::new(), 0u64);
+    let mut port = 8100u16;
+    while started.elapsed() < drain * 3 {
         f.push(Snapshot {
             clusters: vec![pipe_cluster("app_ns_drn_8080", &socket, None)],
             listeners: vec![inbound_listener(&format!("inbound_ns_drn_{port}"), &pod, port, "app_ns_drn_8080")],
             health_clusters: vec![],
         });
         f.wait_acked().await;
+        if port > 8100 {
+            removed_at.push(std::time::Instant::now());
+        }
+        let draining = listeners_draining(&f.envoy);
+        // Removed within the last drain time, plus one for a removal at the window's edge.
+        let recent = removed_at.iter().filter(|t| t.elapsed() <= drain).count() as u64 + 1;
+        assert!(draining <= recent, "{draining} listeners draining, only {recent} removed in the last {drain:?}");
+        most = most.max(draining);
+        port += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     f.push(Snapshot::default());
     f.wait_acked().await;
-    let draining = listeners_draining(&f.envoy);
-    assert!(
-        (1..=u64::from(rounds)).contains(&draining),
-        "every removed listener drains, no more than were removed: {draining}"
-    );
+    let total = removed_at.len() + 1;
+    eprintln!("{total} listeners removed over {:?}; at most {most} draining at once", started.elapsed());
+    assert!(most >= 1 && (most as usize) < total / 2, "draining stays bounded: at most {most} of {total}");
     f.eventually("every removed listener gone after the drain time", 0, || async { listeners_draining(&f.envoy) })
         .await;
 }

@@ -136,3 +136,33 @@ template:
         resources:
           {{- toYaml $v.webhook.certs.job.resources | nindent 10 }}
 {{- end -}}
+
+{{/*
+Pod-spec fields both node DaemonSets (the agent's and the proxy's) share, so that both run on the
+same nodes with the same network, labelling and priority: hostNetwork, SELinux options, DNS policy,
+image pull secrets, priority class, node selector and tolerations (daemonset.*).
+*/}}
+{{- define "aether.nodePodPlacement" -}}
+hostNetwork: true
+{{- if .Values.daemonset.seLinux.enabled }}
+securityContext:
+  seLinuxOptions:
+    {{- toYaml .Values.daemonset.seLinux.options | nindent 4 }}
+{{- end }}
+dnsPolicy: ClusterFirstWithHostNet
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.daemonset.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.daemonset.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.daemonset.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
