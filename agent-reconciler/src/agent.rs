@@ -28,6 +28,7 @@ use crate::shutdown;
 use crate::store::StateStore;
 use crate::watch as watchers;
 use crate::watch::owner::Owner;
+use crate::xds::publish::PodSpecs;
 use crate::xds::resources::{RenderOptions, Renderer};
 use crate::xds::server::{self as xds, XdsAddr, XdsListener, XdsServer};
 
@@ -124,7 +125,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let opts = RenderOptions { health_socket: Some(args.health_socket.clone()), ..RenderOptions::default() };
     let (resources, _render_task) = xds::spawn_renderer_with_clock(
-        snap_rx,
+        snap_rx.clone(),
         Renderer::new(opts),
         Duration::from_millis(args.xds_debounce_ms),
         metrics.xds.clock.clone(),
@@ -153,7 +154,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_connection_gate(aether_serve_policy::Gate::new(xds_policy, &metrics.listeners));
     let tracker = server.tracker();
     let envoy = EnvoyView { tracker: tracker.clone(), resources, required: args.readyz_requires_envoy };
-    let xds_task = tokio::spawn(serve_when_complete(listener, server, status_rx.clone(), stop.clone()));
+    let xds_task = tokio::spawn(serve_when_complete(listener, server, status_rx.clone(), snap_rx, stop.clone()));
 
     tracing::info!(addr = %args.admin_addr, "admin endpoints (/healthz, /readyz, /metrics, /debug/pods) listening");
     let board = watchers::WatchBoard::new(metrics.watches.clone());
@@ -277,20 +278,38 @@ fn log_budget(settings: &Settings) {
     }
 }
 
-/// Serves ADS on `listener` once the loop stops holding ([`Status::holding_xds`]), until `stop`.
-/// Until then the socket is bound but nothing accepts: Envoy's connection waits in the listen
-/// backlog and Envoy keeps its last config, instead of being offered fewer resources than a
-/// previous agent served. A stop while holding removes the socket file and ends nothing.
+/// Serves ADS on `listener` once the loop stops holding ([`Status::holding_xds`]) and the
+/// resources the server would send hold the publication that completed the state
+/// ([`Status::serve_from_publication`], [`PodSpecs::served_through`]), until `stop`. Until then
+/// the socket is bound but nothing accepts: Envoy's connection waits in the listen backlog and
+/// Envoy keeps its last config, instead of being offered fewer resources than a previous agent
+/// served (the renderer's debounce lags the loop: answering at once sent the rendering of the pod
+/// list without the inbound listeners, and Envoy removed them for the 20 ms until the next one).
+/// A stop while holding removes the socket file and ends nothing.
 async fn serve_when_complete(
     listener: XdsListener,
     server: XdsServer,
     mut status: watch::Receiver<Status>,
+    specs: PodSpecs,
     stop: watch::Receiver<bool>,
 ) -> Result<xds::Drained, xds::ServeError> {
     if status.borrow().holding_xds {
         tracing::info!("holding Envoy's ADS streams until the agent has a complete state to serve");
+        let rendered = async {
+            let through = status.wait_for(|s| !s.holding_xds).await.map(|s| s.serve_from_publication).unwrap_or(0);
+            let mut tick = tokio::time::interval(RENDER_POLL);
+            let deadline = tokio::time::Instant::now() + RENDER_WAIT;
+            while specs.served_through() < through {
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!(through, served = specs.served_through(), wait = ?RENDER_WAIT,
+                        "the renderer has not caught up with the complete state; serving Envoy what it has");
+                    break;
+                }
+                tick.tick().await;
+            }
+        };
         tokio::select! {
-            _ = status.wait_for(|s| !s.holding_xds) => {}
+            _ = rendered => {}
             _ = stopped(stop.clone()) => {
                 if let Some((path, id)) = listener.own_socket() {
                     crate::shutdown::remove_own_socket(&path, id);
@@ -301,6 +320,12 @@ async fn serve_when_complete(
     }
     xds::serve_listener(listener, server, stopped(stop)).await
 }
+
+/// How often a released hold checks that the renderer caught up ([`serve_when_complete`]).
+const RENDER_POLL: Duration = Duration::from_millis(5);
+/// The longest a released hold waits for the renderer (which renders within its debounce,
+/// `--xds-debounce-ms`, plus the render itself) before serving anyway, with a warning.
+const RENDER_WAIT: Duration = Duration::from_secs(10);
 
 /// Sends [`Event::Recheck`] every `every` until the loop is gone.
 fn spawn_recheck(tx: mpsc::Sender<Event>, every: Duration) {

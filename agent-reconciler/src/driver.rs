@@ -530,8 +530,12 @@ impl Driver {
             return;
         }
         let pods = self.index.pods().count();
-        tracing::info!(pods, from, "serving Envoy");
-        self.status.send_modify(|s| s.holding_xds = false);
+        let through = self.snapshot.published();
+        tracing::info!(pods, from, publication = through, "serving Envoy");
+        self.status.send_modify(|s| {
+            s.holding_xds = false;
+            s.serve_from_publication = through;
+        });
     }
 
     /// Tells each pod in `answers` delivered over its socket, once while it lives, that its network

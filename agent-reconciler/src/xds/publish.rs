@@ -26,6 +26,9 @@ use super::resources::{PodRender, Renderer, Resources, Snapshot};
 struct Shared {
     pods: BTreeMap<PodKey, Arc<PodRender>>,
     changed: BTreeSet<PodKey>,
+    /// The number of the last publication whose rendering the served [`Resources`] hold
+    /// ([`PodSpecs::served_through`]).
+    served: u64,
 }
 
 /// The driver's end of a [`pod_specs`] channel.
@@ -40,6 +43,9 @@ pub struct PodSpecsSender {
 pub struct PodSpecs {
     shared: Arc<Mutex<Shared>>,
     notify: watch::Receiver<u64>,
+    /// The publication number read by the last [`RenderSource::render`], before it took the
+    /// changes (so that render holds at least that publication).
+    rendering: u64,
 }
 
 /// A channel of per-pod renderings from the driver to the renderer task: the driver sends only
@@ -47,7 +53,7 @@ pub struct PodSpecs {
 pub fn pod_specs() -> (PodSpecsSender, PodSpecs) {
     let shared = Arc::new(Mutex::new(Shared::default()));
     let (notify, rx) = watch::channel(0);
-    (PodSpecsSender { shared: shared.clone(), notify }, PodSpecs { shared, notify: rx })
+    (PodSpecsSender { shared: shared.clone(), notify }, PodSpecs { shared, notify: rx, rendering: 0 })
 }
 
 fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
@@ -74,6 +80,12 @@ impl PodSpecsSender {
         }
     }
 
+    /// The number of publications so far (each non-empty [`PodSpecsSender::send`] is one): what
+    /// [`PodSpecs::served_through`] must reach before the served resources hold all of them.
+    pub fn published(&self) -> u64 {
+        *self.notify.borrow()
+    }
+
     /// Everything published so far as one [`Snapshot`] (in pod key order, as
     /// `aether_agent_core::render::render` lists it). O(pods): for tests and diagnostics.
     pub fn snapshot(&self) -> Snapshot {
@@ -82,6 +94,14 @@ impl PodSpecsSender {
 }
 
 impl PodSpecs {
+    /// The number of the last publication ([`PodSpecsSender::published`]) that the resources the
+    /// renderer task serves hold: the ADS server waits for this before answering Envoy after a
+    /// hold, so its first answer is the rendering of the complete state, not of the publication
+    /// before it (the renderer's debounce lags the driver).
+    pub fn served_through(&self) -> u64 {
+        lock(&self.shared).served
+    }
+
     /// [`PodSpecsSender::snapshot`], from the renderer's end.
     pub fn snapshot(&self) -> Snapshot {
         snapshot_of(&lock(&self.shared))
@@ -128,6 +148,9 @@ pub trait RenderSource: Send + 'static {
     /// Renders what was published: everything when `first`, else what changed since the last
     /// call.
     fn render(&mut self, renderer: &mut Renderer, first: bool) -> Resources;
+    /// Called once the last [`RenderSource::render`]'s resources are published to the ADS server
+    /// (or found unchanged).
+    fn served(&mut self) {}
 }
 
 impl RenderSource for PodSpecs {
@@ -136,8 +159,12 @@ impl RenderSource for PodSpecs {
     }
 
     fn render(&mut self, renderer: &mut Renderer, first: bool) -> Resources {
-        self.notify.borrow_and_update();
+        self.rendering = *self.notify.borrow_and_update();
         renderer.update_pods(self.take(first))
+    }
+
+    fn served(&mut self) {
+        lock(&self.shared).served = self.rendering;
     }
 }
 
@@ -176,6 +203,7 @@ pub fn spawn_renderer_with_clock(
     let first = Arc::new(logged(source.render(&mut renderer, true)));
     clock.discard_unrendered();
     let (tx, rx) = watch::channel(first);
+    source.served();
     let task = tokio::spawn(async move {
         while source.changed().await {
             if !debounce.is_zero() {
@@ -192,6 +220,7 @@ pub fn spawn_renderer_with_clock(
                     true
                 }
             });
+            source.served();
         }
     });
     (rx, task)
@@ -249,5 +278,30 @@ mod tests {
         served.changed().await.unwrap();
         assert_eq!(served.borrow().clusters.len(), 398);
         assert!(served.borrow().clusters.get("app_ns_p8_8080").is_none());
+    }
+
+    /// A released hold waits for `served_through` to reach the publication that completed the
+    /// state: it lags by the debounce, and it advances even when a publication changes no version.
+    #[tokio::test]
+    async fn served_through_reaches_each_publication_after_the_debounce() {
+        let (tx, rx) = pod_specs();
+        tx.send([pod(1, "/a")]);
+        let (_served, _task) =
+            spawn_renderer(rx.clone(), Renderer::new(RenderOptions::default()), Duration::from_millis(200));
+        assert_eq!((tx.published(), rx.served_through()), (1, 1), "the first render holds what came before it");
+        tx.send([pod(2, "/b")]);
+        assert_eq!((tx.published(), rx.served_through()), (2, 1), "published, not yet rendered: the debounce");
+        let until = |n: u64| {
+            let rx = rx.clone();
+            async move {
+                while rx.served_through() < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), until(2)).await.expect("rendered after the debounce");
+        // The same rendering again: no version changes, and the publication still counts as served.
+        tx.send([pod(2, "/b")]);
+        tokio::time::timeout(Duration::from_secs(5), until(3)).await.expect("an unchanged render counts");
     }
 }
