@@ -297,15 +297,10 @@ async fn serve_when_complete(
         tracing::info!("holding Envoy's ADS streams until the agent has a complete state to serve");
         let rendered = async {
             let through = status.wait_for(|s| !s.holding_xds).await.map(|s| s.serve_from_publication).unwrap_or(0);
-            let mut tick = tokio::time::interval(RENDER_POLL);
-            let deadline = tokio::time::Instant::now() + RENDER_WAIT;
-            while specs.served_through() < through {
-                if tokio::time::Instant::now() >= deadline {
-                    tracing::warn!(through, served = specs.served_through(), wait = ?RENDER_WAIT,
-                        "the renderer has not caught up with the complete state; serving Envoy what it has");
-                    break;
-                }
-                tick.tick().await;
+            let mut served = specs.served_through();
+            if tokio::time::timeout(RENDER_WAIT, served.wait_for(|n| *n >= through)).await.is_err() {
+                tracing::warn!(through, served = *served.borrow(), wait = ?RENDER_WAIT,
+                    "the renderer has not caught up with the complete state; serving Envoy what it has");
             }
         };
         tokio::select! {
@@ -321,8 +316,6 @@ async fn serve_when_complete(
     xds::serve_listener(listener, server, stopped(stop)).await
 }
 
-/// How often a released hold checks that the renderer caught up ([`serve_when_complete`]).
-const RENDER_POLL: Duration = Duration::from_millis(5);
 /// The longest a released hold waits for the renderer (which renders within its debounce,
 /// `--xds-debounce-ms`, plus the render itself) before serving anyway, with a warning.
 const RENDER_WAIT: Duration = Duration::from_secs(10);

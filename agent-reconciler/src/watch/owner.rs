@@ -61,48 +61,67 @@ pub fn parse_ref(s: &str) -> Result<(String, String), String> {
 /// Errors keep the last state (kube-runtime retries with backoff). Returns when every receiver of
 /// `state` is gone.
 pub async fn watch_owner(client: Client, namespace: String, name: String, state: watch::Sender<Owner>) {
+    let daemonset = format!("{namespace}/{name}");
     // `Api<PartialObjectMeta<_>>` makes metadata-only requests.
     let api: Api<PartialObjectMeta<DaemonSet>> = Api::namespaced(client, &namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher::watcher(api, cfg).default_backoff().boxed();
-    let mut listed: Option<Owner> = None;
+    // What the list under way found: nothing (gone) until an object arrives.
+    let mut listed = Owner::Gone;
+    // Logged once when the watch starts failing and once when it works again, not per retry.
+    let mut failing = false;
     loop {
         let event = match events.try_next().await {
             Ok(Some(e)) => e,
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!(daemonset = %format!("{namespace}/{name}"), error = %e, "cannot watch the agent's own DaemonSet; at exit, pins stay unless it is known gone");
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!(%daemonset, error = %e, "cannot watch the agent's own DaemonSet; at exit, pins stay unless it is known gone");
+                }
                 continue;
             }
         };
+        if std::mem::take(&mut failing) {
+            tracing::info!(%daemonset, "watching the agent's own DaemonSet again");
+        }
         let next = match event {
             WEvent::Init => {
-                listed = Some(Owner::Gone);
+                listed = Owner::Gone;
                 continue;
             }
             WEvent::InitApply(obj) => {
-                listed = Some(owner_of(Some(&obj)));
+                listed = owner_of(Some(&obj));
                 continue;
             }
-            WEvent::InitDone => listed.take().unwrap_or(Owner::Gone),
+            WEvent::InitDone => listed,
             WEvent::Apply(obj) => owner_of(Some(&obj)),
             WEvent::Delete(_) => Owner::Gone,
         };
         if next != *state.borrow() {
-            match next {
-                Owner::Gone => {
-                    tracing::info!(daemonset = %format!("{namespace}/{name}"), "the agent's own DaemonSet is gone: at exit the agent removes its socket pins and the health socket")
-                }
-                Owner::Deleting => {
-                    tracing::info!(daemonset = %format!("{namespace}/{name}"), "the agent's own DaemonSet is being deleted: at exit the agent removes its socket pins and the health socket")
-                }
-                Owner::Present | Owner::Unknown => {
-                    tracing::info!(daemonset = %format!("{namespace}/{name}"), "the agent's own DaemonSet exists: at exit its socket pins and the health socket stay for the node's Envoy")
-                }
-            }
+            tracing::info!(%daemonset, "{}", next.at_exit());
         }
         if state.send(next).is_err() {
             return;
+        }
+    }
+}
+
+impl Owner {
+    /// What this state means for the host state at exit, for the log.
+    fn at_exit(self) -> &'static str {
+        match self {
+            Owner::Gone => {
+                "the agent's own DaemonSet is gone: at exit the agent removes its socket pins and the health socket"
+            }
+            Owner::Deleting => {
+                "the agent's own DaemonSet is being deleted: at exit the agent removes its socket pins and the health socket"
+            }
+            Owner::Present => {
+                "the agent's own DaemonSet exists: at exit its socket pins and the health socket stay for the node's Envoy"
+            }
+            Owner::Unknown => {
+                "the agent's own DaemonSet is not known: at exit its socket pins and the health socket stay"
+            }
         }
     }
 }

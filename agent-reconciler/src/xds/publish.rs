@@ -26,9 +26,6 @@ use super::resources::{PodRender, Renderer, Resources, Snapshot};
 struct Shared {
     pods: BTreeMap<PodKey, Arc<PodRender>>,
     changed: BTreeSet<PodKey>,
-    /// The number of the last publication whose rendering the served [`Resources`] hold
-    /// ([`PodSpecs::served_through`]).
-    served: u64,
 }
 
 /// The driver's end of a [`pod_specs`] channel.
@@ -46,6 +43,9 @@ pub struct PodSpecs {
     /// The publication number read by the last [`RenderSource::render`], before it took the
     /// changes (so that render holds at least that publication).
     rendering: u64,
+    /// The number of the last publication whose rendering the served [`Resources`] hold
+    /// ([`PodSpecs::served_through`]).
+    served: Arc<watch::Sender<u64>>,
 }
 
 /// A channel of per-pod renderings from the driver to the renderer task: the driver sends only
@@ -53,7 +53,8 @@ pub struct PodSpecs {
 pub fn pod_specs() -> (PodSpecsSender, PodSpecs) {
     let shared = Arc::new(Mutex::new(Shared::default()));
     let (notify, rx) = watch::channel(0);
-    (PodSpecsSender { shared: shared.clone(), notify }, PodSpecs { shared, notify: rx, rendering: 0 })
+    let served = Arc::new(watch::Sender::new(0));
+    (PodSpecsSender { shared: shared.clone(), notify }, PodSpecs { shared, notify: rx, rendering: 0, served })
 }
 
 fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
@@ -95,11 +96,12 @@ impl PodSpecsSender {
 
 impl PodSpecs {
     /// The number of the last publication ([`PodSpecsSender::published`]) that the resources the
-    /// renderer task serves hold: the ADS server waits for this before answering Envoy after a
+    /// renderer task serves hold, as a `watch` receiver (it changes after each render, whether or
+    /// not a version changed): the ADS server waits for this before answering Envoy after a
     /// hold, so its first answer is the rendering of the complete state, not of the publication
     /// before it (the renderer's debounce lags the driver).
-    pub fn served_through(&self) -> u64 {
-        lock(&self.shared).served
+    pub fn served_through(&self) -> watch::Receiver<u64> {
+        self.served.subscribe()
     }
 
     /// [`PodSpecsSender::snapshot`], from the renderer's end.
@@ -164,7 +166,7 @@ impl RenderSource for PodSpecs {
     }
 
     fn served(&mut self) {
-        lock(&self.shared).served = self.rendering;
+        self.served.send_replace(self.rendering);
     }
 }
 
@@ -288,15 +290,14 @@ mod tests {
         tx.send([pod(1, "/a")]);
         let (_served, _task) =
             spawn_renderer(rx.clone(), Renderer::new(RenderOptions::default()), Duration::from_millis(200));
-        assert_eq!((tx.published(), rx.served_through()), (1, 1), "the first render holds what came before it");
+        let served = rx.served_through();
+        assert_eq!((tx.published(), *served.borrow()), (1, 1), "the first render holds what came before it");
         tx.send([pod(2, "/b")]);
-        assert_eq!((tx.published(), rx.served_through()), (2, 1), "published, not yet rendered: the debounce");
+        assert_eq!((tx.published(), *served.borrow()), (2, 1), "published, not yet rendered: the debounce");
         let until = |n: u64| {
-            let rx = rx.clone();
+            let mut served = served.clone();
             async move {
-                while rx.served_through() < n {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
+                let _ = served.wait_for(|s| *s >= n).await;
             }
         };
         tokio::time::timeout(Duration::from_secs(5), until(2)).await.expect("rendered after the debounce");
