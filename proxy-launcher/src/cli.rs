@@ -1,0 +1,105 @@
+//! The command line.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use aether_process::logging::{LogFormat, LogLevel};
+use clap::{Parser, Subcommand};
+
+/// PID 1 of the node proxy container: starts Envoy so that replacing the proxy pod hands its
+/// listening sockets over (an Envoy hot restart across the two pods) and refuses no connection.
+///
+/// `run` validates Envoy's configuration (`--mode validate`), picks the restart epoch from the
+/// node's state dir, starts Envoy with the hot restart flags added, and writes the readiness
+/// marker once that Envoy serves (LIVE at its epoch). On SIGTERM it keeps a serving Envoy up until
+/// a successor takes over (at most --successor-wait-seconds), and lets a handed-over Envoy finish
+/// draining. `probe` is the kubelet's readiness check.
+#[derive(Parser, Debug)]
+#[command(name = "aether-proxy-launcher", version = aether_process::build_info::VERSION_LINE, about, long_about)]
+pub struct Cli {
+    /// Log format: plain text or one JSON object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]
+    pub log_format: LogFormat,
+    /// The least severe events logged.
+    #[arg(long, value_enum, default_value_t = LogLevel::Info, env = "AETHER_LOG_LEVEL", global = true)]
+    pub log_level: LogLevel,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run Envoy: `aether-proxy-launcher run [OPTIONS] -- envoy --config-path ... [ENVOY ARGS]`.
+    Run(RunArgs),
+    /// Readiness: exit 0 when the marker was refreshed within --max-age-seconds, else 1 with why.
+    Probe(ProbeArgs),
+}
+
+/// `run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The host directory shared by every proxy pod on the node (hostPath, root-only, on tmpfs):
+    /// the start lock, the alive.<epoch> locks, the live-epoch record and Envoy's hot restart
+    /// sockets.
+    #[arg(long, default_value = "/run/aether-proxy")]
+    pub state_dir: PathBuf,
+    /// The directory that is every proxy pod's /dev/shm (the same host directory in each), where
+    /// Envoy keeps its hot restart segment.
+    #[arg(long, default_value = "/dev/shm")]
+    pub shm_dir: PathBuf,
+    /// Envoy's --base-id: the same on every proxy pod of the node; names the shared memory
+    /// segment and the sockets. A change is a cold replacement.
+    #[arg(long, default_value_t = 7391, value_parser = clap::value_parser!(u32).range(1..=400_000_000))]
+    pub base_id: u32,
+    /// After a successor took over, how long the old Envoy keeps its established connections
+    /// (Envoy's --parent-shutdown-time-s), in seconds; then it exits and ends them.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub parent_shutdown_seconds: u32,
+    /// On SIGTERM while this pod's Envoy serves: how long to keep serving for a successor pod to
+    /// take over (a deleted pod's replacement), in seconds, before stopping Envoy cold. 0 stops at
+    /// once.
+    #[arg(long, default_value_t = 30)]
+    pub successor_wait_seconds: u64,
+    /// How long to wait for an Envoy that takes no part in the hand-over (an older release's) to
+    /// exit before starting cold beside it, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub foreign_wait_seconds: u64,
+    /// How long a started Envoy may take to serve (admin state LIVE at its epoch), in seconds,
+    /// before it is killed and counted as a failed start.
+    #[arg(long, default_value_t = 300)]
+    pub live_timeout_seconds: u64,
+    /// Unexpected Envoy exits restarted in process within 10 minutes; one more and the launcher
+    /// exits 1 (the kubelet's restart back-off takes over).
+    #[arg(long, default_value_t = 5)]
+    pub crash_restarts: usize,
+    /// Envoy's admin address, as the bootstrap binds it (with SO_REUSEPORT, so two Envoys of a
+    /// hand-over can both bind it).
+    #[arg(long, default_value = "127.0.0.1:9901")]
+    pub admin: SocketAddr,
+    /// The readiness marker (a pod-local path, e.g. on an emptyDir).
+    #[arg(long)]
+    pub marker: PathBuf,
+    /// Switch the hand-over off: Envoy runs with --disable-hot-restart and SIGTERM stops it at
+    /// once (the DaemonSet must then replace pods delete-first).
+    #[arg(long)]
+    pub no_hot_restart: bool,
+    /// The Envoy binary and its arguments (without the hot restart flags, which are added per
+    /// epoch: --restart-epoch, --base-id, --socket-path, --socket-mode, --parent-shutdown-time-s,
+    /// --skip-hot-restart-on-no-parent, --skip-hot-restart-parent-stats).
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub envoy: Vec<OsString>,
+}
+
+/// `probe`.
+#[derive(clap::Args, Debug)]
+pub struct ProbeArgs {
+    /// The readiness marker `run` writes.
+    #[arg(long)]
+    pub marker: PathBuf,
+    /// The marker's greatest age, in seconds.
+    #[arg(long, default_value_t = 5)]
+    pub max_age_seconds: u64,
+}

@@ -1,0 +1,17 @@
+//! `aether-proxy-launcher`: PID 1 of the node proxy container. It starts Envoy as a hot restart of
+//! the node's running Envoy, so replacing the proxy pod (a rollout, a `helm upgrade`, a deleted
+//! pod) hands the listening sockets over and refuses no connection (docs/design-notes.md,
+//! "Handing the node proxy over").
+//!
+//! Pure decision in [`epoch`]; I/O in [`state_dir`] (the node's locks and records), [`shm`]
+//! (Envoy's shared memory flag), [`admin`], [`envoy`] (the binary), [`marker`] (readiness), and
+//! the loop in [`supervise`].
+
+pub mod admin;
+pub mod cli;
+pub mod envoy;
+pub mod epoch;
+pub mod marker;
+pub mod shm;
+pub mod state_dir;
+pub mod supervise;

@@ -1,0 +1,59 @@
+//! The readiness marker: a pod-local file the launcher rewrites every second while its Envoy runs
+//! and has been seen LIVE at its own epoch. The kubelet's readiness probe (`aether-proxy-launcher
+//! probe`) checks that it is fresh. A probe of Envoy's own ports cannot tell the two proxy pods of
+//! a hand-over apart: both reach whichever Envoy holds the shared sockets.
+//!
+//! So a successor is Ready only once it took over, and its parent stays Ready until its Envoy
+//! exits: the DaemonSet's `maxUnavailable: 0` holds through the hand-over.
+
+use std::io;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+/// Writes (or refreshes) the marker with a line saying which epoch.
+pub fn touch(path: &Path, epoch: u32) -> io::Result<()> {
+    std::fs::write(path, format!("epoch {epoch} live\n"))
+}
+
+/// Removes the marker (absent is fine).
+pub fn remove(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The probe: Ok with the marker's line when it was written within `max_age`; else an error that
+/// says why (the kubelet shows it in the pod's events).
+pub fn check(path: &Path, max_age: Duration) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("not ready: {}: {e}", path.display()))?;
+    let age = meta.modified().ok().and_then(|m| SystemTime::now().duration_since(m).ok()).unwrap_or_default();
+    if age > max_age {
+        return Err(format!(
+            "not ready: {} is {:.1} s old (the launcher refreshes it every second; limit {} s)",
+            path.display(),
+            age.as_secs_f64(),
+            max_age.as_secs()
+        ));
+    }
+    Ok(std::fs::read_to_string(path).unwrap_or_default().trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_is_ready_stale_or_absent_is_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("ready");
+        assert!(check(&p, Duration::from_secs(5)).unwrap_err().contains("not ready"));
+        touch(&p, 4).unwrap();
+        assert_eq!(check(&p, Duration::from_secs(5)).unwrap(), "epoch 4 live");
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(check(&p, Duration::from_secs(0)).unwrap_err().contains("old"));
+        remove(&p).unwrap();
+        remove(&p).unwrap();
+        assert!(check(&p, Duration::from_secs(5)).is_err());
+    }
+}
