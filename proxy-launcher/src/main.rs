@@ -22,6 +22,16 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Install(i) => match install(&i.to) {
+            Ok(dest) => {
+                println!("installed {}", dest.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("cannot install into {}: {e}", i.to.display());
+                ExitCode::FAILURE
+            }
+        },
         Command::Run(r) => {
             aether_process::logging::init(cli.log_format, cli.log_level);
             let mut envoy = r.envoy.into_iter();
@@ -43,4 +53,16 @@ fn main() -> ExitCode {
             })
         }
     }
+}
+
+/// Copies the running binary to `<dir>/aether-proxy-launcher` (a temporary file, then rename).
+fn install(dir: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    let dest = dir.join("aether-proxy-launcher");
+    let tmp = dir.join(".aether-proxy-launcher.tmp");
+    std::fs::copy(std::env::current_exe()?, &tmp)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&tmp, &dest)?;
+    Ok(dest)
 }

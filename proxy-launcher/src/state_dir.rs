@@ -140,6 +140,38 @@ impl StateDir {
         std::fs::rename(&tmp, self.dir.join("live-epoch"))
     }
 
+    /// Removes the node's hand-over state (records, locks, Envoy's hot restart sockets and the
+    /// shared-memory segment `shm_segment`) when this launcher's Envoy was the last one: no epoch
+    /// alive and no launcher starting (the start lock is taken here first). A pod deletion with
+    /// no successor, e.g. `helm uninstall`, so leaves only the empty host directories. Returns
+    /// whether it cleaned; errors are I/O.
+    pub fn clean_if_last(&self, shm_segment: &Path) -> io::Result<bool> {
+        let lock = self.lock_file("start.lock")?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Ok(false),
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
+        if !self.alive_epochs(None)?.is_empty() {
+            return Ok(false);
+        }
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let ours = ["live-epoch", "start.lock"].contains(&name.as_ref())
+                || ["alive.", "step-down.", "hr_", "live-epoch.tmp."].iter().any(|p| name.starts_with(p));
+            if ours {
+                std::fs::remove_file(entry.path())?;
+            }
+        }
+        match std::fs::remove_file(shm_segment) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        Ok(true)
+    }
+
     /// Asks the launcher of `epoch` to stop its Envoy without a hand-over, saying why.
     pub fn request_step_down(&self, epoch: u32, why: &str) -> io::Result<()> {
         std::fs::write(self.dir.join(format!("step-down.{epoch}")), why)
@@ -211,5 +243,32 @@ mod tests {
         dir.request_step_down(7, "base ids differ").unwrap();
         assert_eq!(dir.take_step_down(7).unwrap().as_deref(), Some("base ids differ"));
         assert_eq!(dir.take_step_down(7).unwrap(), None);
+    }
+
+    #[test]
+    fn the_last_launcher_leaves_only_the_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(tmp.path()).unwrap();
+        std::fs::create_dir(tmp.path().join("shm")).unwrap();
+        let seg = tmp.path().join("shm/envoy_shared_memory_10");
+        std::fs::write(&seg, b"x").unwrap();
+        std::fs::write(tmp.path().join("hr_parent_10"), b"").unwrap();
+        dir.request_step_down(3, "x").unwrap();
+        let rec =
+            LiveRecord { epoch: 1, build: Build { version: Version(1, 40, 0), hot_restart_version: None, base_id: 1 } };
+        dir.write_live(&rec).unwrap();
+        // Another epoch still runs: nothing is removed.
+        let other = dir.hold_alive(2).unwrap();
+        assert!(!dir.clean_if_last(&seg).unwrap());
+        assert!(seg.exists());
+        drop(other);
+        // A launcher is starting: nothing is removed.
+        let starting = dir.lock_start(|| (), || true).unwrap();
+        assert!(!dir.clean_if_last(&seg).unwrap());
+        drop(starting);
+        assert!(dir.clean_if_last(&seg).unwrap());
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("shm")]);
+        assert!(!seg.exists());
     }
 }

@@ -342,6 +342,7 @@ impl Node<'_> {
                 drop(alive);
                 return Ok(if stopped && !stepped_down {
                     info!(epoch, %status, "Envoy stopped");
+                    self.clean_if_last();
                     Outcome::Stopped
                 } else if superseded || stepped_down || self.successor_serves(epoch) || self.successor_runs(epoch) {
                     info!(epoch, %status, "Envoy finished draining and exited");
@@ -395,6 +396,17 @@ impl Node<'_> {
                 }
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// After a stop with no successor: the node's hand-over state goes if no Envoy is left.
+    fn clean_if_last(&self) {
+        if let (Some(state), Some(hr)) = (&self.state, &self.cfg.hot_restart) {
+            match state.clean_if_last(&shm::segment(&hr.shm_dir, hr.base_id)) {
+                Ok(true) => info!("no Envoy left on the node: removed the hand-over state"),
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "cannot remove the hand-over state"),
+            }
         }
     }
 

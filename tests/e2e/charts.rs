@@ -382,14 +382,42 @@ fn check_node(case: &Case, docs: &[Value]) {
             .any(|m| m["name"] == "cri" && m["mountPath"] == "/run/containerd" && m["readOnly"] == true)
     );
     assert!(mounts(envoy).iter().all(|m| m["name"] != "cri"), "Envoy never gets the runtime's socket");
+    // PID 1 is the launcher, installed from the agent's image; Envoy's own args follow `--`.
+    let launcher = "/aether/bin/aether-proxy-launcher";
+    assert_eq!(envoy["command"], serde_json::json!([launcher]));
+    let init = &proxy["initContainers"][0];
+    assert_eq!(
+        init["command"],
+        serde_json::json!(["/usr/local/bin/aether-proxy-launcher", "install", "--to", "/aether/bin"])
+    );
+    assert_eq!(init["image"], agent["image"], "the launcher comes from the agent's image");
+    let all_args = args(envoy);
+    let envoy_args: Vec<String> = all_args.iter().skip_while(|a| *a != "--").skip(1).cloned().collect();
+    assert_eq!(envoy_args.first().map(String::as_str), Some("envoy"), "{all_args:?}");
     // Envoy's parser takes "--flag value" only: "--flag=value" crash-loops it (found on a real node).
-    let envoy_args = args(envoy);
     assert!(envoy_args.iter().all(|a| !(a.starts_with("--") && a.contains('='))), "Envoy args: {envoy_args:?}");
     assert!(envoy_args.windows(2).any(|w| w[0] == "--config-path" && w[1] == "/etc/envoy/envoy.yaml"));
-    assert!(envoy_args.iter().any(|a| a == "--disable-hot-restart"), "no hot restart on the host network");
-    // Readiness that means it: Envoy's readiness listener, the agent waiting for Envoy's ACK.
-    assert_eq!(envoy["readinessProbe"]["httpGet"]["path"], "/ready");
-    assert_eq!(envoy["readinessProbe"]["httpGet"]["port"], "proxy-ready");
+    assert!(envoy_args.windows(2).any(|w| w[0] == "--concurrency" && w[1] == "2"), "pinned for the hand-over");
+    assert!(!all_args.iter().any(|a| a == "--disable-hot-restart"), "the hand-over is on by default");
+    assert_eq!(flag(envoy, "--base-id").as_deref(), Some("7391"));
+    assert_eq!(flag(envoy, "--state-dir").as_deref(), Some("/run/aether-proxy"));
+    // A surge pod must fit beside the old one: no host ports, and readiness from the launcher's
+    // marker (an Envoy port reaches whichever Envoy holds the socket).
+    assert!(envoy.get("ports").is_none(), "no host ports on the proxy: {}", envoy["ports"]);
+    assert_eq!(
+        envoy["readinessProbe"]["exec"]["command"],
+        serde_json::json!([launcher, "probe", "--marker", "/aether/ready"])
+    );
+    let proxy_ds = find(docs, "DaemonSet", "aether-proxy");
+    assert_eq!(
+        proxy_ds["spec"]["updateStrategy"]["rollingUpdate"],
+        serde_json::json!({"maxSurge": 1, "maxUnavailable": 0})
+    );
+    assert!(mounts(envoy).iter().any(|m| m["name"] == "hand-over-shm" && m["mountPath"] == "/dev/shm"));
+    // The new Envoy serves only once it holds the agent's CDS and LDS (no 15 s initial fetch timeout).
+    for c in ["cds_config", "lds_config"] {
+        assert_eq!(boot["dynamic_resources"][c]["initial_fetch_timeout"], "0s", "{c}");
+    }
     assert_eq!(flag(agent, "--readyz-requires-envoy").as_deref(), Some("true"));
     let listeners = boot["static_resources"]["listeners"].as_array().expect("static listeners");
     assert!(listeners.iter().any(|l| l["name"] == "readiness" && l["address"]["socket_address"]["port_value"] == 9902));
@@ -486,14 +514,15 @@ fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
             "{sets:?}: the chart's bootstrap changed; change aether_fixtures::envoy::ChartBootstrap::render with it"
         );
 
-        // The DaemonSet's Envoy flags, but for the file and the log level: the launcher's.
+        // The DaemonSet's Envoy flags (after the proxy launcher's `--` and the binary), but for
+        // the file, the log level and the worker count: the fixture's.
         let ds = find(&docs, "DaemonSet", "aether-proxy");
         let chart_args = args(container(&ds["spec"]["template"]["spec"], "envoy"));
         let mut rest = Vec::new();
-        let mut it = chart_args.iter();
+        let mut it = chart_args.iter().skip_while(|a| *a != "--").skip(2);
         while let Some(a) = it.next() {
             match a.as_str() {
-                "--config-path" | "--log-level" => {
+                "--config-path" | "--log-level" | "--concurrency" => {
                     it.next();
                 }
                 _ => rest.push(a.clone()),
@@ -628,8 +657,21 @@ fn every_bounded_integer_value_renders_at_its_edges_and_is_refused_past_them() {
     eprintln!("{checked} edges of {} bounded values rendered and refused one past", bounded.len());
 }
 
-/// `socketLimit` (issue 13 item 4): the main chart passes it to both binaries as `--socket-limit`
-/// (sun-path by default, filesystem when set) and refuses `filesystem` without socket pinning,
+/// `proxy.handOver.enabled=false` is the old behaviour: Envoy with `--disable-hot-restart`, no
+/// hand-over mounts, delete-first rolls.
+#[test]
+fn the_hand_over_switches_off() {
+    let docs = render(&["proxy.handOver.enabled=false"]);
+    let ds = find(&docs, "DaemonSet", "aether-proxy");
+    assert_eq!(ds["metadata"]["annotations"]["aether.io/proxy-hand-over"], "off");
+    assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"], serde_json::json!({"maxSurge": 0, "maxUnavailable": 1}));
+    let envoy = container(&ds["spec"]["template"]["spec"], "envoy");
+    let a = args(envoy);
+    assert!(a.iter().any(|x| x == "--no-hot-restart") && !a.iter().any(|x| x == "--state-dir"), "{a:?}");
+    let volumes = ds["spec"]["template"]["spec"]["volumes"].as_array().expect("volumes");
+    assert!(volumes.iter().all(|v| v["name"] != "hand-over" && v["name"] != "hand-over-shm"));
+}
+
 /// The agent and Envoy run in two DaemonSets that meet only on the host: values that would
 /// separate them fail the render, naming the value and why.
 #[test]
@@ -645,7 +687,9 @@ fn values_that_would_separate_agent_and_proxy_fail_naming_the_value() {
     }
 }
 
-/// where Envoy would dial paths that must fit in sun_path.
+/// `socketLimit`: the main chart passes it to both binaries as `--socket-limit` (sun-path by
+/// default, filesystem when set) and refuses `filesystem` without socket pinning, where Envoy
+/// would dial paths that must fit in sun_path.
 #[test]
 fn socket_limit_reaches_both_binaries_and_filesystem_needs_pinning() {
     let limits = |sets: &[&str]| {

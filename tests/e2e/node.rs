@@ -49,8 +49,12 @@ struct Env {
     installed_at: Instant,
 }
 
-/// `--set` flags that point the chart at the images built here; everything else is a default.
+/// `--set` flags that point the chart at the images built here, and shorten a handed-over Envoy's
+/// drain (60 s by default) so that proxy rollouts in a row take seconds; everything else is a
+/// default.
 const IMAGE_SETS: &[&str] = &[
+    "proxy.handOver.parentShutdownSeconds=15",
+    "proxy.handOver.successorWaitSeconds=20",
     "images.controller.repository=localhost/aether/aether-controller",
     "images.controller.tag=dev",
     "images.controller.pullPolicy=Never",
@@ -1042,6 +1046,141 @@ fn agent_restarts_under_load_fail_no_request(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `kubectl rollout status` of the proxy DaemonSet: returns once every node runs an updated, Ready
+/// proxy pod.
+fn proxy_rollout_done(env: &Env) -> anyhow::Result<()> {
+    env.kube().ok(&["rollout", "status", "-n", NS, "daemonset/aether-proxy", "--timeout=300s"]).map(|_| ())
+}
+
+/// The launcher's log lines of the proxy pod `pod` (its own, not Envoy's).
+fn launcher_lines(env: &Env, pod: &Value) -> anyhow::Result<Vec<String>> {
+    let log = env.kube().ok(&["logs", "-n", NS, pod_name(pod), "-c", "envoy"])?;
+    Ok(log.lines().filter(|l| l.contains("aether_proxy_launcher")).map(str::to_owned).collect())
+}
+
+/// Planned replacements of the node's Envoy hand its listening sockets over (the load of
+/// [`agent_restarts_under_load_fail_no_request`]: a UDS-only pod through its Service, no client
+/// retries):
+/// - a `helm upgrade` that changes only the proxy, and one that changes the agent and the proxy
+///   (what every release does);
+/// - three `kubectl rollout restart`s in a row, each started when the previous `rollout status`
+///   returned (the second and third wait for the generation still draining);
+/// - the proxy pod deleted (its launcher keeps Envoy serving until the replacement took over).
+///
+/// Each: 0 failed requests, no keep-alive connection cut during the event (the old Envoy keeps
+/// them for `parentShutdownSeconds`, then exits and ends them: shown once, on a longer window),
+/// the new pod's launcher says it took the sockets over, pins unchanged, no proxy container
+/// restarted. Then the suite shows it sees a gap: with `proxy.handOver.enabled=false` the same
+/// rollout fails requests; the way back on is a delete-first roll, measured.
+fn proxy_replacements_under_load_fail_no_request(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&app_yaml("cont", "s", "", true, false))?;
+    env.wait_pod_ready("default", "cont")?;
+    let ip = env.kube().ok(&["get", "service", "-n", "default", "cont", "-o", "jsonpath={.spec.clusterIP}"])?;
+    let target: SocketAddr = format!("{}:8080", ip.trim()).parse().context("ClusterIP")?;
+    let expect = "cont over unix:/s/app.sock";
+    eventually("the Service answers from the host", WAIT, || Ok(under_load_quick(target, expect)?.failed() == 0))?;
+    let pins_before = pins()?;
+    let restart = || env.kube().ok(&["rollout", "restart", "-n", NS, "daemonset/aether-proxy"]).map(|_| ());
+    let mut planned: Vec<(String, Report)> = Vec::new();
+    let mut measure = |event: &str, f: &dyn Fn() -> anyhow::Result<()>| -> anyhow::Result<()> {
+        let before = env.proxy_pod()?;
+        let r = under_load(target, expect, f)?;
+        let after = env.proxy_pod()?;
+        println!("{event}: {}", r.summary());
+        ensure!(uid(&after)? != uid(&before)?, "{event}: the proxy pod was not replaced");
+        let took = launcher_lines(env, &after)?;
+        ensure!(
+            took.iter().any(|l| l.contains("took the listening sockets over from epoch")),
+            "{event}: the new Envoy did not hot restart from the old one; its launcher said:\n{}",
+            took.join("\n")
+        );
+        ensure!(restarts(&after).iter().all(|(_, n)| *n == 0), "{event}: {:?}", restarts(&after));
+        planned.push((event.to_owned(), r));
+        Ok(())
+    };
+    measure("helm upgrade changing only the proxy", &|| {
+        env.helm_aether("upgrade", &["proxy.logLevel=warning"])?;
+        proxy_rollout_done(env)
+    })?;
+    measure("helm upgrade changing the agent and the proxy", &|| {
+        env.helm_aether("upgrade", &["proxy.logLevel=info", "agent.recheckSeconds=9"])?;
+        proxy_rollout_done(env)
+    })?;
+    for n in 1..=3 {
+        measure(&format!("kubectl rollout restart {n} of 3 in a row"), &|| {
+            restart()?;
+            proxy_rollout_done(env)
+        })?;
+    }
+    measure("proxy pod deleted", &|| {
+        let old = env.proxy_pod()?;
+        env.kube().ok(&["delete", "pod", "-n", NS, pod_name(&old), "--wait=false"])?;
+        eventually("a new Ready proxy pod", WAIT, || {
+            let p = env.proxy_pod()?;
+            Ok(uid(&p)? != uid(&old)?
+                && p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True"))
+        })
+    })?;
+    // The keep-alive connections through the replaced Envoy: kept for the parent shutdown time.
+    let drained = under_load(target, expect, || {
+        let old = env.proxy_pod()?;
+        restart()?;
+        proxy_rollout_done(env)?;
+        eventually("the replaced proxy pod gone (its Envoy drained and exited)", Duration::from_secs(120), || {
+            Ok(env.release_pods()?.iter().all(|p| uid(p).ok() != uid(&old).ok()))
+        })
+    })?;
+    println!("rollout restart, watched until the old pod is gone: {}", drained.summary());
+    for k in &drained.keepalive {
+        println!("  keep-alive: served {}, ended {:?}", k.served, k.cut);
+    }
+    ensure!(drained.failed() == 0, "{}", drained.summary());
+    ensure!(
+        drained.keepalive.iter().all(|k| k.cut.is_none_or(|(at, _)| at >= Duration::from_secs(16))),
+        "a keep-alive connection ended before the old Envoy's drain time (15 s): {}",
+        drained.summary()
+    );
+    ensure!(pins()? == pins_before, "pins changed across the proxy replacements");
+    // A keep-alive connection may end only once the old Envoy's drain time (15 s) is up: the
+    // event starts at +2 s, the take-over comes after it.
+    let drained_only =
+        |r: &Report| r.keepalive.iter().all(|k| k.cut.is_none_or(|(at, _)| at >= Duration::from_secs(16)));
+    for (event, r) in &planned {
+        ensure!(r.failed() == 0, "{event}: {}", r.summary());
+        let ends: Vec<String> = r
+            .keepalive
+            .iter()
+            .filter_map(|k| k.cut.map(|(at, f)| format!("+{:.1} s {f:?}", at.as_secs_f64())))
+            .collect();
+        println!("  {event}: keep-alive connections ended at {ends:?}");
+        ensure!(drained_only(r), "{event}: a keep-alive connection ended before the drain time: {ends:?}");
+    }
+
+    // The off switch: the same rollout now fails requests (the suite sees a gap when there is one).
+    env.helm_aether("upgrade", &["proxy.handOver.enabled=false"])?;
+    proxy_rollout_done(env)?;
+    check_release_settled(env)?;
+    let off = under_load(target, expect, || {
+        restart()?;
+        proxy_rollout_done(env)
+    })?;
+    println!("hand-over off, kubectl rollout restart (the suite must see this gap): {}", off.summary());
+    let back = under_load(target, expect, || {
+        env.helm_aether("upgrade", &[])?;
+        proxy_rollout_done(env)
+    })?;
+    println!("hand-over switched back on (a delete-first roll from an Envoy without it): {}", back.summary());
+    check_release_settled(env)?;
+    ensure!(off.failed() > 0, "a rollout without the hand-over must fail requests: {}", off.summary());
+    println!("kubectl get ds,pods -n {NS} -o wide:\n{}", env.kube().ok(&["get", "ds,pods", "-n", NS, "-o", "wide"])?);
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "cont", "--wait=true"])?;
+    Ok(())
+}
+
 /// The socket pins on the host now (file names in the pin dir), sorted.
 fn pins() -> anyhow::Result<Vec<String>> {
     let mut names: Vec<String> =
@@ -1321,6 +1460,15 @@ fn uninstall_leaves_no_release_object_and_nothing_on_the_host(env: &Env) -> anyh
     let run: Vec<_> =
         std::fs::read_dir("/run/aether").map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     ensure!(run.is_empty(), "left in /run/aether: {run:?}");
+    // The proxy's hand-over dir: the last launcher removed the node's state; only the (empty) shm
+    // directory the kubelet created for the hostPath stays.
+    let hand_over: Vec<_> = std::fs::read_dir("/run/aether-proxy")
+        .map(|d| d.flatten().map(|e| e.path()).filter(|p| !(p.ends_with("shm") && p.is_dir())).collect())
+        .unwrap_or_default();
+    ensure!(hand_over.is_empty(), "left in /run/aether-proxy: {hand_over:?}");
+    let shm: Vec<_> =
+        std::fs::read_dir("/run/aether-proxy/shm").map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    ensure!(shm.is_empty(), "left in /run/aether-proxy/shm: {shm:?}");
     // No socket pins: the agent removed them at exit because its DaemonSet was deleted (only the
     // harness's shared bind mount of the dir itself stays, until `node.sh down`).
     let pins: Vec<_> = std::fs::read_dir(PINS).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
@@ -1389,7 +1537,7 @@ fn context(env: &Env) -> String {
     let events = text(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
     let events: Vec<&str> = events.lines().rev().take(25).collect();
     format!(
-        "{tails}\n--- node pod logs (agent and proxy)\n{}\n--- node conditions\n{node}\n--- kubectl describe pods -n {NS} (not Running)\n{}\n--- kubectl get pods -A\n{}\n--- recent events (newest first)\n{}",
+        "{tails}\n--- node pod logs (agent and proxy)\n{}\n--- node conditions\n{node}\n--- kubectl get pods -n {NS} (not Running)\n{}\n--- kubectl get pods -A\n{}\n--- recent events (newest first)\n{}",
         text(&[
             "logs",
             "-n",
@@ -1400,7 +1548,7 @@ fn context(env: &Env) -> String {
             "--tail=15",
             "--prefix"
         ]),
-        text(&["describe", "pods", "-n", NS, "--field-selector=status.phase!=Running"]),
+        text(&["get", "pods", "-n", NS, "--field-selector=status.phase!=Running", "-o", "wide"]),
         text(&["get", "pods", "-A", "-o", "wide"]),
         events.join("\n"),
     )
@@ -1448,6 +1596,7 @@ fn main() {
                 release_containers_have_no_restarts_two_minutes_after_install,
             ),
             suite::case("agent_restarts_under_load_fail_no_request", agent_restarts_under_load_fail_no_request),
+            suite::case("proxy_replacements_under_load_fail_no_request", proxy_replacements_under_load_fail_no_request),
             suite::case("replaced_node_pod_resumes_delivery", replaced_node_pod_resumes_delivery),
             suite::case("deleted_pod_clusters_are_withdrawn", deleted_pod_clusters_are_withdrawn),
             suite::case("helm_upgrade_runs_every_chart_variant", helm_upgrade_runs_every_chart_variant),

@@ -6,7 +6,7 @@
 #
 #   <prefix>/aether-controller:<tag>  aether-controller + aether-webhook-certs; binaries' paths,
 #                                     USER, ENTRYPOINT, CMD, EXPOSE from controller/Dockerfile
-#   <prefix>/aether-agent:<tag>       aether-agent; the same from agent-reconciler/Dockerfile
+#   <prefix>/aether-agent:<tag>       aether-agent + aether-proxy-launcher; the same from agent-reconciler/Dockerfile
 #   <prefix>/envoy:<tag>              the PyPI Envoy (install-envoy.sh) at /usr/local/bin/envoy
 #   <prefix>/uds-echo:<tag>           the test workload (tests/src/bin/uds-echo.rs)
 #   <prefix>/pause:<tag>              the pod sandbox image (tests/src/bin/aether-pause.rs)
@@ -55,7 +55,7 @@ build() {
   if [ "${AETHER_IMAGES_NO_CARGO:-}" != 1 ]; then
     log "cargo build (debug) of the image binaries ..."
     (cd "$repo" && "$CARGO" build -q -p aether-controller -p aether-webhook-certs \
-      -p aether-agent-reconciler -p aether-tests --bins)
+      -p aether-agent-reconciler -p aether-proxy-launcher -p aether-tests --bins)
   fi
   local envoy
   envoy=$("$repo/tests/harness/install-envoy.sh")
@@ -68,9 +68,11 @@ build() {
     --dockerfile "$repo/controller/Dockerfile" --bin-dir "$bin_dir")")
   lines+=("$("${mkimage[@]}" build --ref "$prefix/aether-agent:$tag" --out "$out/aether-agent.tar" \
     --dockerfile "$repo/agent-reconciler/Dockerfile" --bin-dir "$bin_dir")")
-  # The chart runs Envoy as root (proxy.securityContext.runAsUser: 0) with `command: ["envoy"]`.
+  # The chart runs Envoy as root (proxy.securityContext.runAsUser: 0) under the launcher that an
+  # initContainer copies from the agent image; the launcher's libraries (libgcc_s, libc) are in the
+  # upstream envoyproxy/envoy image (Ubuntu), so this image carries them too (--libs-of).
   lines+=("$("${mkimage[@]}" build --ref "$prefix/envoy:$tag" --out "$out/envoy.tar" \
-    --add "$envoy:/usr/local/bin/envoy" --entrypoint '["/usr/local/bin/envoy"]' \
+    --add "$envoy:/usr/local/bin/envoy" --libs-of "$bin_dir/aether-proxy-launcher" --entrypoint '["/usr/local/bin/envoy"]' \
     --cmd '["--config-path","/etc/envoy/envoy.yaml"]' --user 0:0)")
   lines+=("$("${mkimage[@]}" build --ref "$prefix/uds-echo:$tag" --out "$out/uds-echo.tar" \
     --add "$bin_dir/uds-echo:/usr/local/bin/uds-echo" --entrypoint '["/usr/local/bin/uds-echo"]' \

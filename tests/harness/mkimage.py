@@ -11,11 +11,12 @@ nobody (65534) and nonroot (65532) as in distroless, /root, /home/nonroot, and e
 
 Usage:
   mkimage.py build --ref REF --out TAR [--dockerfile FILE --bin-dir DIR]
-                   [--add SRC:DEST ...] [--entrypoint JSON] [--cmd JSON] [--user USER]
+                   [--add SRC:DEST ...] [--libs-of SRC ...] [--entrypoint JSON] [--cmd JSON] [--user USER]
       Builds TAR for REF (e.g. localhost/aether/aether-agent:dev). With --dockerfile, the final
       stage of FILE gives the binaries (each `COPY --from=<stage> /out/<bin>... <dest>` copies
       DIR/<bin>), USER, ENTRYPOINT, CMD and EXPOSE; --entrypoint/--cmd/--user are then refused.
       --add copies the host file SRC to the absolute image path DEST (mode 0755).
+      --libs-of adds only the libraries and interpreter SRC needs (a binary another image brings).
       The digest of every input (this script, the spec, each file's content) is kept next to TAR
       in TAR.inputs: when it is unchanged and TAR exists, nothing is rebuilt.
       Prints one line: REF<TAB>TAR<TAB>SIZE-IN-BYTES<TAB>built|unchanged
@@ -373,6 +374,11 @@ def cmd_build(args):
         files[dest] = (src, 0o755)
         for lib in ldd_paths(src):
             files.setdefault(lib, (os.path.realpath(lib), os.stat(lib).st_mode & 0o777))
+    for src in args.libs_of:
+        if not os.path.isfile(src):
+            raise ImageError(f"{args.ref}: {src} (--libs-of) does not exist: build it first")
+        for lib in ldd_paths(src):
+            files.setdefault(lib, (os.path.realpath(lib), os.stat(lib).st_mode & 0o777))
     with open(os.path.abspath(__file__), "rb") as f:
         builder = hashlib.sha256(f.read()).hexdigest()
     inputs = {
@@ -573,6 +579,8 @@ def main():
     build.add_argument("--dockerfile", help="take binaries, USER, ENTRYPOINT, CMD, EXPOSE from its final stage")
     build.add_argument("--bin-dir", help="where the Dockerfile's /out/<bin> files are (e.g. target/debug)")
     build.add_argument("--add", action="append", default=[], metavar="SRC:DEST", help="add a binary")
+    build.add_argument("--libs-of", action="append", default=[], metavar="SRC",
+                       help="add the shared libraries SRC needs, not SRC itself")
     build.add_argument("--entrypoint", help="JSON array")
     build.add_argument("--cmd", help="JSON array")
     build.add_argument("--user", help="USER of the image config, e.g. 65532:65532")
