@@ -18,7 +18,7 @@ use tracing::{error, info, warn};
 
 use crate::admin::Admin;
 use crate::envoy::{Envoy, HotRestart};
-use crate::epoch::{Build, LiveRecord, Observation, Plan};
+use crate::epoch::{Build, Incompatibility, LiveRecord, Observation, Plan};
 use crate::marker;
 use crate::shm;
 use crate::state_dir::{Held, StateDir};
@@ -181,6 +181,8 @@ impl Node<'_> {
         };
         let mut logged = Once::default();
         let since = Instant::now();
+        // The base id of an Envoy replaced for having another one: its segment goes with it.
+        let mut retired_base: Option<u32> = None;
         loop {
             let live = state.read_live().unwrap_or_else(|e| {
                 warn!(error = %e, "ignoring the live-epoch record");
@@ -191,7 +193,17 @@ impl Node<'_> {
             let plan = crate::epoch::plan(&Observation { live, alive, foreign_admin }, &self.build);
             let first = logged.first(&plan);
             match plan {
-                Plan::Cold => return Ok(Some((0, None, lock))),
+                Plan::Cold => {
+                    if let Some(b) = retired_base.filter(|b| *b != hr.base_id) {
+                        let seg = shm::segment(&hr.shm_dir, b);
+                        match std::fs::remove_file(&seg) {
+                            Ok(()) => info!(segment = %seg.display(), "removed the replaced Envoy's hot restart segment"),
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                            Err(e) => warn!(error = %e, segment = %seg.display(), "cannot remove the replaced Envoy's segment"),
+                        }
+                    }
+                    return Ok(Some((0, None, lock)));
+                }
                 Plan::Successor { parent, epoch } => {
                     match shm::clear_initializing(&shm::segment(&hr.shm_dir, hr.base_id)) {
                         Ok(shm::Flag::Cleared) => {
@@ -254,6 +266,9 @@ impl Node<'_> {
                     }
                 }
                 Plan::Replace { parent, why } => {
+                    if let Incompatibility::BaseId { running, .. } = why {
+                        retired_base = Some(running);
+                    }
                     state.request_step_down(parent, &why.to_string())?;
                     if first {
                         warn!(

@@ -101,10 +101,11 @@ impl AdminListenerArgs {
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 #[command(next_help_heading = HELP_HEADING)]
 pub struct XdsListenerArgs {
-    /// Most connections the xDS server holds open at once. One more is accepted and closed at
-    /// once, and counted in aether_listener_connections_refused_total{listener="xds"}. Only the
-    /// node's Envoy connects (one connection; two for a moment during a hot restart).
-    #[arg(long, default_value_t = XDS_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_CAP as i64), env = "AETHER_XDS_MAX_CONNECTIONS")]
+    /// Most connections the xDS server holds open at once (at least 2). One more is accepted and
+    /// closed at once, and counted in aether_listener_connections_refused_total{listener="xds"}.
+    /// Only the node's Envoy connects: one connection, two while a replaced proxy pod hands over
+    /// (the old Envoy keeps its stream while it drains, and the new one needs its own to serve).
+    #[arg(long, default_value_t = XDS_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(2..=MAX_CAP as i64), env = "AETHER_XDS_MAX_CONNECTIONS")]
     pub xds_max_connections: u32,
     /// Seconds from accept within which an xDS connection must send its first byte (Envoy
     /// sends the HTTP/2 preface at once); else it is closed and counted in

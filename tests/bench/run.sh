@@ -6,7 +6,7 @@
 # sections below and writes docs/benchmarks.md.
 #
 # Environment: BENCH_REPS (3), BENCH_SECS (4), BENCH_CHANGES (50), BENCH_REPINS (20), BENCH_SECTIONS
-# (agent,webhook,convergence,gateway,repin,dataplane,proxy-memory,rss,per-change,fleet; repin needs root), BENCH_OUT (docs/benchmarks.md; "-" = do
+# (agent,webhook,convergence,gateway,repin,dataplane,proxy-memory,continuity,rss,per-change,fleet; repin needs root), BENCH_OUT (docs/benchmarks.md; "-" = do
 # not write).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,7 +14,7 @@ root=$PWD
 cargo=${CARGO:-cargo}
 tools=$root/.cache/tools
 out_dir=$root/target/aether-bench
-sections=${BENCH_SECTIONS:-agent,webhook,convergence,gateway,repin,dataplane,proxy-memory,rss,per-change,fleet}
+sections=${BENCH_SECTIONS:-agent,webhook,convergence,gateway,repin,dataplane,proxy-memory,continuity,rss,per-change,fleet}
 
 log() { printf '\n== %s\n' "$*" >&2; }
 

@@ -1052,6 +1052,14 @@ fn proxy_rollout_done(env: &Env) -> anyhow::Result<()> {
     env.kube().ok(&["rollout", "status", "-n", NS, "daemonset/aether-proxy", "--timeout=300s"]).map(|_| ())
 }
 
+/// The PID (host namespace) of the newest Envoy process the proxy launcher started.
+fn node_envoy_pid() -> anyhow::Result<String> {
+    let out = std::process::Command::new("pgrep").args(["-n", "-f", "config-path /etc/envoy/envoy.yaml"]).output()?;
+    let pid = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    ensure!(!pid.is_empty(), "no Envoy process on the node");
+    Ok(pid)
+}
+
 /// The launcher's log lines of the proxy pod `pod` (its own, not Envoy's).
 fn launcher_lines(env: &Env, pod: &Value) -> anyhow::Result<Vec<String>> {
     let log = env.kube().ok(&["logs", "-n", NS, pod_name(pod), "-c", "envoy"])?;
@@ -1066,6 +1074,9 @@ fn launcher_lines(env: &Env, pod: &Value) -> anyhow::Result<Vec<String>> {
 /// - three `kubectl rollout restart`s in a row, each started when the previous `rollout status`
 ///   returned (the second and third wait for the generation still draining);
 /// - the proxy pod deleted (its launcher keeps Envoy serving until the replacement took over).
+///
+/// Crashes are measured too: the Envoy process killed twice within a minute is started again in
+/// place by the launcher (no container restart), each gap under 5 s.
 ///
 /// Each: 0 failed requests, no keep-alive connection cut during the event (the old Envoy keeps
 /// them for `parentShutdownSeconds`, then exits and ends them: shown once, on a longer window),
@@ -1158,6 +1169,27 @@ fn proxy_replacements_under_load_fail_no_request(env: &Env) -> anyhow::Result<()
             .collect();
         println!("  {event}: keep-alive connections ended at {ends:?}");
         ensure!(drained_only(r), "{event}: a keep-alive connection ended before the drain time: {ends:?}");
+    }
+
+    // Crashes are not planned: Envoy's sockets close with it. The launcher starts a new Envoy in
+    // the same container at once (no kubelet back-off), for a second crash within a minute too.
+    for crash in 1..=2 {
+        let pod = env.proxy_pod()?;
+        let r = under_load(target, expect, || {
+            let pid = node_envoy_pid()?;
+            let ok = std::process::Command::new("kill").args(["-9", &pid]).status()?.success();
+            ensure!(ok, "kill -9 {pid}");
+            eventually("a new Envoy process serving the inbound listener", WAIT, || {
+                Ok(node_envoy_pid().is_ok_and(|p| p != pid)
+                    && active_listener_netns("inbound_default_cont_8080").ok().flatten().is_some())
+            })
+        })?;
+        println!("Envoy process killed (crash {crash} of 2 within a minute): {}", r.summary());
+        ensure!(
+            restarts(&env.proxy_pod()?) == restarts(&pod),
+            "crash {crash}: the kubelet restarted the container; the launcher should have restarted Envoy"
+        );
+        ensure!(r.longest_gap() < Duration::from_secs(5), "crash {crash}: {}", r.summary());
     }
 
     // The off switch: the same rollout now fails requests (the suite sees a gap when there is one).
@@ -1339,12 +1371,15 @@ fn check_release_settled_with(env: &Env, count: usize) -> anyhow::Result<()> {
     })
 }
 
-/// Issue 14 item 7: the chart runs with every bounded integer value at an edge of its schema
-/// bounds (tests/e2e/charts.rs checks each renders there and is refused one past it): one upgrade
-/// with the minimums, one with the maximums (two ports that must differ take opposite edges), then
-/// the defaults. Each time every release pod is Ready with no restarts, the webhook answers
-/// through its Service, and the agent's metrics show the cap it was given. `proxy.adminPort` keeps
-/// its default (this suite reads Envoy's admin there); its edges are rendered only.
+/// The chart runs with every bounded integer value at an edge of its schema bounds
+/// (tests/e2e/charts.rs checks each renders there and is refused one past it): one upgrade with
+/// the minimums, one with the maximums (two ports that must differ take opposite edges), then the
+/// defaults. Each time every release pod is Ready with no restarts, the webhook answers through
+/// its Service, and the agent's metrics show the cap it was given. A changed
+/// `proxy.handOver.baseId` is a cold replacement of Envoy (the launcher logs why). Rendered only:
+/// `proxy.adminPort` (this suite reads Envoy's admin there) and the maximum
+/// `proxy.handOver.parentShutdownSeconds` and `successorWaitSeconds` (the replaced pod would
+/// stay Terminating for up to 70 minutes).
 fn chart_values_at_their_edges_run_on_the_real_node(env: &Env) -> anyhow::Result<()> {
     let denied_through_the_service = || -> anyhow::Result<()> {
         let example = repo_root().join("crds/examples/deny-over-budget.yaml");
@@ -1380,12 +1415,16 @@ fn chart_values_at_their_edges_run_on_the_real_node(env: &Env) -> anyhow::Result
         "agent.listeners.admin.maxConnections=4",
         "agent.listeners.admin.firstByteTimeoutSeconds=1",
         "agent.listeners.admin.idleTimeoutSeconds=1",
-        "agent.listeners.xds.maxConnections=1",
+        "agent.listeners.xds.maxConnections=2",
         "agent.listeners.xds.firstByteTimeoutSeconds=1",
         "agent.listeners.xds.keepaliveIntervalSeconds=1",
         "agent.listeners.xds.keepaliveTimeoutSeconds=1",
         "agent.watchGraceSeconds=0",
         "proxy.readinessPort=65535",
+        "proxy.concurrency=1",
+        "proxy.handOver.baseId=1",
+        "proxy.handOver.parentShutdownSeconds=1",
+        "proxy.handOver.successorWaitSeconds=0",
         "verifyInstall.timeoutSeconds=30",
         "daemonset.minReadySeconds=0",
     ];
@@ -1415,6 +1454,8 @@ fn chart_values_at_their_edges_run_on_the_real_node(env: &Env) -> anyhow::Result
         "agent.listeners.xds.keepaliveTimeoutSeconds=3600",
         "agent.watchGraceSeconds=86400",
         "proxy.readinessPort=1024",
+        "proxy.concurrency=64",
+        "proxy.handOver.baseId=400000000",
         "verifyInstall.timeoutSeconds=1800",
     ];
     env.helm_aether("upgrade", &max)?;

@@ -8,7 +8,7 @@
 //! ```text
 //! aether-bench --oha PATH [--out docs/benchmarks.md] [--agent-out DIR] [--criterion DIR]
 //!              [--reps 3] [--secs 4] [--changes 50] [--repins 20]
-//!              [--sections agent,webhook,convergence,gateway,repin,dataplane,proxy-memory,rss,per-change,fleet]
+//!              [--sections agent,webhook,convergence,gateway,repin,dataplane,proxy-memory,continuity,rss,per-change,fleet]
 //! ```
 //!
 //! `fleet` (section 3f, [`fleet`]) runs 10, then 100 agents with an ADS client each ([`ads_client`]).
@@ -16,6 +16,7 @@
 //! `repin` (section 3b, [`repin`]) needs root: its agent mounts the socket pins.
 
 mod ads_client;
+mod continuity;
 mod fleet;
 mod health_gateway;
 mod node_pods;
@@ -70,6 +71,7 @@ impl Opts {
                 "repin",
                 "dataplane",
                 "proxy-memory",
+                "continuity",
                 "rss",
                 "per-change",
                 "fleet",
@@ -180,6 +182,9 @@ fn main() -> anyhow::Result<()> {
     }
     if opts.wants("proxy-memory") {
         proxy_memory::section(&mut r).context("section 5 (Envoy memory per cluster)")?;
+    }
+    if opts.wants("continuity") {
+        continuity::section(&mut r).context("section 6 (node proxy continuity)")?;
     }
     if let Some(out) = &opts.out {
         plots::section(&mut r, out).context("the SVG plots")?;
