@@ -183,6 +183,9 @@ impl Node<'_> {
         let since = Instant::now();
         // The base id of an Envoy replaced for having another one: its segment goes with it.
         let mut retired_base: Option<u32> = None;
+        // Epochs asked to step down, once each (a request left behind would stop the next Envoy
+        // of that epoch number).
+        let mut asked = std::collections::BTreeSet::new();
         loop {
             let live = state.read_live().unwrap_or_else(|e| {
                 warn!(error = %e, "ignoring the live-epoch record");
@@ -197,9 +200,13 @@ impl Node<'_> {
                     if let Some(b) = retired_base.filter(|b| *b != hr.base_id) {
                         let seg = shm::segment(&hr.shm_dir, b);
                         match std::fs::remove_file(&seg) {
-                            Ok(()) => info!(segment = %seg.display(), "removed the replaced Envoy's hot restart segment"),
+                            Ok(()) => {
+                                info!(segment = %seg.display(), "removed the replaced Envoy's hot restart segment")
+                            }
                             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                            Err(e) => warn!(error = %e, segment = %seg.display(), "cannot remove the replaced Envoy's segment"),
+                            Err(e) => {
+                                warn!(error = %e, segment = %seg.display(), "cannot remove the replaced Envoy's segment")
+                            }
                         }
                     }
                     return Ok(Some((0, None, lock)));
@@ -256,7 +263,9 @@ impl Node<'_> {
                 }
                 Plan::StopDraining { draining } => {
                     for e in &draining {
-                        state.request_step_down(*e, "no epoch serves: a cold start replaces the draining ones")?;
+                        if asked.insert(*e) {
+                            state.request_step_down(*e, "no epoch serves: a cold start replaces the draining ones")?;
+                        }
                     }
                     if first {
                         warn!(
@@ -269,7 +278,9 @@ impl Node<'_> {
                     if let Incompatibility::BaseId { running, .. } = why {
                         retired_base = Some(running);
                     }
-                    state.request_step_down(parent, &why.to_string())?;
+                    if asked.insert(parent) {
+                        state.request_step_down(parent, &why.to_string())?;
+                    }
                     if first {
                         warn!(
                             parent,
@@ -297,6 +308,12 @@ impl Node<'_> {
             _ => (0, None, None),
         };
         let alive = self.state.as_ref().map(|s| s.hold_alive(epoch)).transpose()?;
+        if let Some(state) = &self.state {
+            // A request meant for an earlier Envoy of this epoch number (gone before it read it).
+            if let Some(why) = state.take_step_down(epoch)? {
+                info!(epoch, "dropped a step-down request left for an earlier Envoy of this epoch: {why}");
+            }
+        }
         let flags = hr.zip(self.state.as_ref()).map(|(h, s)| HotRestart {
             base_id: h.base_id,
             socket_path: s.socket_path(),

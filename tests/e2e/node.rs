@@ -1373,8 +1373,9 @@ fn check_release_settled_with(env: &Env, count: usize) -> anyhow::Result<()> {
 
 /// The chart runs with every bounded integer value at an edge of its schema bounds
 /// (tests/e2e/charts.rs checks each renders there and is refused one past it): one upgrade with
-/// the minimums, one with the maximums (two ports that must differ take opposite edges), then the
-/// defaults. Each time every release pod is Ready with no restarts, the webhook answers through
+/// the minimums, one with the defaults, one with the maximums (two ports that must differ take
+/// opposite edges, so the minimums' Envoy port becomes the maximums' agent port: the defaults in
+/// between let the old Envoy go first), then the defaults again. Each time every release pod is Ready with no restarts, the webhook answers through
 /// its Service, and the agent's metrics show the cap it was given. A changed
 /// `proxy.handOver.baseId` is a cold replacement of Envoy (the launcher logs why). Rendered only:
 /// `proxy.adminPort` (this suite reads Envoy's admin there) and the maximum
@@ -1432,6 +1433,10 @@ fn chart_values_at_their_edges_run_on_the_real_node(env: &Env) -> anyhow::Result
     check_release_settled_with(env, 3)?;
     denied_through_the_service()?;
     clusters_max(1024, "2")?;
+    // Through the defaults: the maximums put the agent's admin on 65535, where the minimums' Envoy
+    // keeps its readiness listener until the next Envoy has taken over.
+    env.helm_aether("upgrade", &[])?;
+    check_release_settled(env)?;
 
     let max = [
         "controller.webhookPort=65535",
@@ -1575,10 +1580,27 @@ fn context(env: &Env) -> String {
         "-o",
         "jsonpath={range .items[*]}{.metadata.name} taints={.spec.taints}{range .status.conditions[*]}\n  {.type}={.status} {.reason}: {.message}{end}{end}",
     ]);
+    let launchers: Vec<String> =
+        text(&["logs", "-n", NS, "-l", "app.kubernetes.io/component=proxy", "-c", "envoy", "--tail=-1", "--prefix"])
+            .lines()
+            .filter(|l| l.contains("aether_proxy_launcher"))
+            .map(str::to_owned)
+            .collect();
+    let previous = text(&[
+        "logs",
+        "-n",
+        NS,
+        "-l",
+        "app.kubernetes.io/component in (node,proxy)",
+        "--all-containers",
+        "--previous",
+        "--tail=20",
+        "--prefix",
+    ]);
     let events = text(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
     let events: Vec<&str> = events.lines().rev().take(25).collect();
     format!(
-        "{tails}\n--- node pod logs (agent and proxy)\n{}\n--- node conditions\n{node}\n--- kubectl get pods -n {NS} (not Running)\n{}\n--- kubectl get pods -A\n{}\n--- recent events (newest first)\n{}",
+        "{tails}\n--- node pod logs (agent and proxy)\n{}\n--- the proxy launchers' lines\n{}\n--- restarted node containers' previous logs\n{previous}\n--- node conditions\n{node}\n--- kubectl get pods -n {NS} (not Running)\n{}\n--- kubectl get pods -A\n{}\n--- recent events (newest first)\n{}",
         text(&[
             "logs",
             "-n",
@@ -1589,6 +1611,7 @@ fn context(env: &Env) -> String {
             "--tail=15",
             "--prefix"
         ]),
+        launchers.join("\n"),
         text(&["get", "pods", "-n", NS, "--field-selector=status.phase!=Running", "-o", "wide"]),
         text(&["get", "pods", "-A", "-o", "wide"]),
         events.join("\n"),
