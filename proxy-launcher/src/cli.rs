@@ -36,7 +36,7 @@ pub enum Command {
     Run(RunArgs),
     /// Readiness: exit 0 when the marker was refreshed within --max-age-seconds, else 1 with why.
     Probe(ProbeArgs),
-    /// Copy this binary to <DIR>/aether-proxy-launcher (mode 0755): an initContainer of the
+    /// Copy this binary to `DIR/aether-proxy-launcher` (mode 0755): an initContainer of the
     /// agent's image installs it into an emptyDir the Envoy container runs it from.
     Install(InstallArgs),
 }
@@ -53,7 +53,7 @@ pub struct InstallArgs {
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
     /// The host directory shared by every proxy pod on the node (hostPath, root-only, on tmpfs):
-    /// the start lock, the alive.<epoch> locks, the live-epoch record and Envoy's hot restart
+    /// the start lock, the `alive.EPOCH` locks, the live-epoch record and Envoy's hot restart
     /// sockets.
     #[arg(long, default_value = "/run/aether-proxy")]
     pub state_dir: PathBuf,

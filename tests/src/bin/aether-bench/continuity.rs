@@ -192,7 +192,7 @@ fn under_load(port: u16, event: impl FnOnce() -> anyhow::Result<()>) -> anyhow::
 fn cell(r: &LoadReport) -> String {
     let cut = r.keepalive.iter().filter(|k| k.cut.is_some()).count();
     format!(
-        "{} of {} failed; gap {:.2} s; keep-alive cut {cut} of {}",
+        "{} of {} failed; gap {:.2} s; keep-alive ended {cut} of {}",
         r.failed(),
         r.requests.len(),
         r.longest_gap().as_secs_f64(),
@@ -243,8 +243,9 @@ pub fn section(r: &mut Report) -> anyhow::Result<()> {
         "Two `aether-proxy-launcher` processes as a node's two proxy pods, real Envoys with an LDS `tcp_proxy` \
          listener to a `uds-echo` app on a Unix socket; the field load (50 new-connection requests/s, 3 keep-alive \
          connections, 2 s timeout, no retries), 1 s before and after each event. A handed-over Envoy keeps its \
-         connections {PARENT_SHUTDOWN_S} s here (the chart: `proxy.handOver.parentShutdownSeconds`, 60). The real \
-         node's figures are `e2e_node`'s (docs/upgrade.md, \"Replacing the node proxy\").\n"
+         connections {PARENT_SHUTDOWN_S} s here (the chart: `proxy.handOver.parentShutdownSeconds`, 60) and the \
+         replacement waits for the old launcher to exit, so with the hand-over the keep-alive connections end \
+         inside the event, at the end of that drain; without it, at once. The real node's figures are `e2e_node`'s (docs/upgrade.md, \"Replacing the node proxy\").\n"
     ));
     r.line(&md_table(
         &["event", "hand-over on", "hand-over off (`--no-hot-restart`)"],
