@@ -65,18 +65,33 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts a fresh control plane in a new temporary folder and waits until it is ready.
     ///
+    /// The script picks free ports, then starts etcd and the API server on them, so another
+    /// process can take a port in between ("bind: address already in use", seen in CI with
+    /// tests running in parallel): that failure, and only that one, is retried with new ports,
+    /// at most 3 attempts in all.
+    ///
     /// # Errors
     /// When the binaries are missing or the API server does not become ready; the script's
     /// output (with the tail of the component logs) is included.
     pub fn start() -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new().prefix("aether-cp-").tempdir()?;
         let script = repo_root().join("tests/harness/controlplane.sh");
-        let out = Command::new(&script).arg("start").arg(dir.path()).output()?;
-        let cp = ControlPlane { dir, script };
-        if !out.status.success() {
-            bail!("control plane did not start:\n{}", String::from_utf8_lossy(&out.stderr));
+        let mut attempt = 1;
+        loop {
+            let dir = tempfile::Builder::new().prefix("aether-cp-").tempdir()?;
+            let out = Command::new(&script).arg("start").arg(dir.path()).output()?;
+            let cp = ControlPlane { dir, script: script.clone() };
+            if out.status.success() {
+                return Ok(cp);
+            }
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            drop(cp);
+            if attempt < 3 && stderr.contains("address already in use") {
+                eprintln!("control plane: a port was taken before its component bound it; retrying with new ports");
+                attempt += 1;
+                continue;
+            }
+            bail!("control plane did not start (attempt {attempt}):\n{stderr}");
         }
-        Ok(cp)
     }
 
     /// The admin kubeconfig.
