@@ -28,7 +28,7 @@ pub enum Error {
         output: String,
     },
     /// `--mode validate` rejected the configuration.
-    #[error("Envoy rejects its configuration (--mode validate, exit {status}): {output}")]
+    #[error("Envoy rejects its configuration (--mode validate, {status}): {output}")]
     Invalid {
         /// Its exit status.
         status: String,
@@ -58,12 +58,17 @@ pub struct HotRestart {
     pub parent_shutdown_seconds: u32,
 }
 
-fn output(binary: &Path, args: &[&str]) -> Result<String, Error> {
+/// Runs `binary` with `args`: its exit status and what it printed (stdout, then stderr).
+fn run<S: AsRef<std::ffi::OsStr>>(binary: &Path, args: &[S]) -> Result<(std::process::ExitStatus, String), Error> {
     let out = Command::new(binary)
         .args(args)
         .output()
         .map_err(|source| Error::Run { binary: binary.display().to_string(), source })?;
-    Ok(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    Ok((out.status, format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))))
+}
+
+fn output(binary: &Path, args: &[&str]) -> Result<String, Error> {
+    run(binary, args).map(|(_, text)| text)
 }
 
 /// The release number in `envoy --version`'s line (`envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL`).
@@ -86,18 +91,15 @@ impl Envoy {
 
     /// `envoy --mode validate <args>`: Ok when Envoy accepts the configuration.
     pub fn validate(&self) -> Result<(), Error> {
-        let out = Command::new(&self.binary)
-            .args(&self.args)
-            .args(["--mode", "validate"])
-            .output()
-            .map_err(|source| Error::Run { binary: self.binary.display().to_string(), source })?;
-        if out.status.success() {
+        let args: Vec<std::ffi::OsString> =
+            self.args.iter().cloned().chain(["--mode".into(), "validate".into()]).collect();
+        let (status, text) = run(&self.binary, &args)?;
+        if status.success() {
             return Ok(());
         }
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         let tail: Vec<&str> = text.lines().rev().take(5).collect();
         Err(Error::Invalid {
-            status: out.status.to_string(),
+            status: status.to_string(),
             output: tail.into_iter().rev().collect::<Vec<_>>().join(" | "),
         })
     }

@@ -142,30 +142,22 @@ impl Launcher {
         }
     }
 
-    /// The PID of its Envoy (its only child).
-    fn envoy_pid(&self) -> String {
-        let out = Command::new("pgrep").args(["-P", &self.child.id().to_string()]).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).lines().next().expect("an Envoy child").to_owned()
+    /// The PID of its Envoy (its only child), if it has one now.
+    fn envoy_pid(&self) -> Option<String> {
+        let out = Command::new("pgrep").args(["-P", &self.child.id().to_string()]).output().ok()?;
+        String::from_utf8_lossy(&out.stdout).lines().next().map(str::to_owned)
     }
 }
 
 impl Drop for Launcher {
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
-            let envoy = self.envoy_pid_or_empty();
-            if !envoy.is_empty() {
+            if let Some(envoy) = self.envoy_pid() {
                 let _ = Command::new("kill").args(["-s", "KILL", &envoy]).status();
             }
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-    }
-}
-
-impl Launcher {
-    fn envoy_pid_or_empty(&self) -> String {
-        let out = Command::new("pgrep").args(["-P", &self.child.id().to_string()]).output();
-        out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()).unwrap_or_default()
     }
 }
 
@@ -284,7 +276,7 @@ fn a_crashed_envoy_is_started_again_in_place_without_back_off() {
         let load = Load::start(node.port);
         std::thread::sleep(Duration::from_millis(300));
         let killed = Instant::now();
-        assert!(Command::new("kill").args(["-9", &a.envoy_pid()]).status().unwrap().success());
+        assert!(Command::new("kill").args(["-9", &a.envoy_pid().expect("an Envoy child")]).status().unwrap().success());
         std::thread::sleep(Duration::from_millis(200));
         a.wait_serving(0);
         let back = killed.elapsed();

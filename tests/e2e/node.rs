@@ -1586,31 +1586,17 @@ fn context(env: &Env) -> String {
             .filter(|l| l.contains("aether_proxy_launcher"))
             .map(str::to_owned)
             .collect();
-    let previous = text(&[
-        "logs",
-        "-n",
-        NS,
-        "-l",
-        "app.kubernetes.io/component in (node,proxy)",
-        "--all-containers",
-        "--previous",
-        "--tail=20",
-        "--prefix",
-    ]);
+    // Every container of the node pods (agent and proxy), with `extra` flags.
+    let node_logs = |extra: &[&str]| {
+        let selector = ["logs", "-n", NS, "-l", "app.kubernetes.io/component in (node,proxy)", "--all-containers"];
+        text(&[&selector[..], extra, &["--prefix"]].concat())
+    };
+    let previous = node_logs(&["--previous", "--tail=20"]);
     let events = text(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
     let events: Vec<&str> = events.lines().rev().take(25).collect();
     format!(
         "{tails}\n--- node pod logs (agent and proxy)\n{}\n--- the proxy launchers' lines\n{}\n--- restarted node containers' previous logs\n{previous}\n--- node conditions\n{node}\n--- kubectl get pods -n {NS} (not Running)\n{}\n--- kubectl get pods -A\n{}\n--- recent events (newest first)\n{}",
-        text(&[
-            "logs",
-            "-n",
-            NS,
-            "-l",
-            "app.kubernetes.io/component in (node,proxy)",
-            "--all-containers",
-            "--tail=15",
-            "--prefix"
-        ]),
+        node_logs(&["--tail=15"]),
         launchers.join("\n"),
         text(&["get", "pods", "-n", NS, "--field-selector=status.phase!=Running", "-o", "wide"]),
         text(&["get", "pods", "-A", "-o", "wide"]),

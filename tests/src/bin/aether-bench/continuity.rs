@@ -237,7 +237,7 @@ pub fn section(r: &mut Report) -> anyhow::Result<()> {
     let node = Node::start()?;
     let (on_replace, on_crash) = mode(&node, true).context("hand-over on")?;
     let (off_replace, off_crash) = mode(&node, false).context("hand-over off")?;
-    let _ = std::fs::remove_file(aether_proxy_launcher_segment(node.base_id));
+    let _ = std::fs::remove_file(aether_proxy_launcher::shm::segment(Path::new("/dev/shm"), node.base_id));
     r.line("## 6. Node proxy continuity: replacement and crash, hand-over on and off\n");
     r.line(&format!(
         "Two `aether-proxy-launcher` processes as a node's two proxy pods, real Envoys with an LDS `tcp_proxy` \
@@ -256,10 +256,4 @@ pub fn section(r: &mut Report) -> anyhow::Result<()> {
     ));
     r.line("");
     Ok(())
-}
-
-/// The hot restart segment of `base_id` (the launcher removes it when the last Envoy stops; this
-/// is for a run that failed half-way).
-fn aether_proxy_launcher_segment(base_id: u32) -> PathBuf {
-    Path::new("/dev/shm").join(format!("envoy_shared_memory_{}", u64::from(base_id) * 10))
 }
