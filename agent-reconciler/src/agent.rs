@@ -102,11 +102,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::info!(pin_dir = %pinner.dir().display(), "pinning verified sockets; Envoy dials <pin-dir>/<pod uid>.sock");
         driver = driver.with_pinner(pinner.clone());
         if args.socket_watch_max > 0 {
-            let (tx, rx) = mpsc::channel(64);
-            match crate::socket_watch::SocketWatch::spawn(args.socket_watch_max, tx) {
-                Ok(w) => {
+            match crate::socket_watch::SocketWatch::spawn(args.socket_watch_max, metrics.socket_watch.clone()) {
+                Ok((w, changes)) => {
                     driver = driver.with_socket_watch(w);
-                    socket_events = Some(rx);
+                    socket_events = Some(changes);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "no inotify instance; sockets are re-pinned at each re-check only")
@@ -188,7 +187,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(mut changed) = socket_events {
         let tx = tx.clone();
         tokio::spawn(async move {
-            while let Some(uids) = changed.recv().await {
+            while let Some(uids) = changed.next().await {
                 if tx.send(Event::SocketsChanged(uids)).await.is_err() {
                     return;
                 }

@@ -178,8 +178,11 @@ pub struct RunArgs {
     #[arg(long, env = "AETHER_PIN_DIR", value_parser = parse_pin_dir)]
     pub pin_dir: Option<PathBuf>,
     /// With --pin-dir: how many pods' volume dirs inotify watches, so a re-created socket is
-    /// re-pinned at once; pods past it are re-pinned at the next --recheck-seconds. Each watch
-    /// counts against the node's fs.inotify.max_user_watches. 0: no watches.
+    /// re-pinned at once, and a pod that fell back to TCP because its socket path held a FIFO, a
+    /// file or a directory is served over its socket as soon as a real one is there; pods past
+    /// it wait for the next --recheck-seconds. Only events on the socket's own name count, and a
+    /// pod is re-checked at most every 20 ms however many it makes. Each watch counts against
+    /// the node's fs.inotify.max_user_watches. 0: no watches.
     #[arg(long, default_value_t = crate::socket_watch::DEFAULT_MAX_WATCHES, env = "AETHER_SOCKET_WATCH_MAX")]
     pub socket_watch_max: usize,
     /// The most app_/health_ clusters the node's Envoy is given (its bootstrap clusters not

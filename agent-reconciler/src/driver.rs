@@ -136,8 +136,11 @@ pub struct Driver {
     netns: crate::runtime::PodNetns,
     /// Socket pinning (`--pin-dir`): pins each verified socket inode where Envoy dials it.
     pinner: Option<crate::pin::Pinner>,
-    /// inotify on pinned pods' volume dirs, for prompt re-pins.
+    /// inotify on the volume dirs of pods with a socket path, for prompt re-checks.
     socket_watch: Option<crate::socket_watch::SocketWatch>,
+    /// Pods delivered over a socket that does not exist yet (the app has not bound it, or
+    /// cannot start): they are logged as delivered over their socket once it is verified.
+    awaiting_socket: HashSet<PodKey>,
     /// Pods whose socket path ever held a link (symlink anywhere, or a second hard link): the
     /// refusal sticks until the pod is gone (issue 13: otherwise the pod could retry the swap
     /// after every clean check). Kept in the state dir.
@@ -187,6 +190,7 @@ impl Driver {
             link_refused: HashMap::new(),
             pinner: None,
             socket_watch: None,
+            awaiting_socket: HashSet::new(),
             clock: None,
             event_at: None,
             booting: false,
@@ -470,14 +474,8 @@ impl Driver {
             Event::InboundBindFailed(failures) => self.inbound_bind_failed(failures),
             Event::NoApiServer => self.serve("the state dir only: no Kubernetes client configuration"),
             Event::SocketsChanged(uids) => {
-                let uids: HashSet<String> = uids.into_iter().collect();
-                let keys: Vec<PodKey> = self
-                    .index
-                    .snapshot()
-                    .iter()
-                    .filter(|(k, _)| uids.contains(&*k.uid))
-                    .map(|(k, _)| k.clone())
-                    .collect();
+                // O(batch): a flood of events from one pod never walks the node's pods.
+                let keys: Vec<PodKey> = uids.iter().filter_map(|uid| self.index.pod(uid)).map(PodRecord::key).collect();
                 let changed = self.check_pipes(&keys);
                 if !changed.is_empty() {
                     self.observe(&changed);
@@ -667,33 +665,46 @@ impl Driver {
         let map = self.index.snapshot();
         let pods_dir = self.index.settings().budget().map(|b| b.pods_dir().to_owned()).unwrap_or_default();
         let mut changed = Vec::new();
+        let mut verified = Vec::new();
         let mut stuck = false;
         for key in keys {
             let socket = map.get(key).and_then(|e| e.delivery.path.as_ref());
             let sticky = socket.and_then(|_| self.link_refused.get(&*key.uid).cloned());
-            let verdict = match (&self.pinner, socket) {
-                _ if sticky.is_some() => sticky,
+            let (verdict, present) = match (&self.pinner, socket) {
+                _ if sticky.is_some() => (sticky, true),
                 (Some(pinner), Some(p)) => {
-                    let verdict = pin_verdict(pinner, key, p);
+                    let (verdict, present) = pin_verdict(pinner, key, p);
                     if let Some(w) = &self.socket_watch {
-                        if verdict.is_none() {
-                            w.watch(&key.uid, std::path::Path::new(p.volume_dir()));
-                        } else {
+                        // Watched unless refused for a link (that lasts the pod's life): a pod
+                        // waiting for its socket, or fallen back because the path held a FIFO, a
+                        // file or a directory, is served over its socket as soon as one appears.
+                        if matches!(verdict, Some(Refusal::Symlink { .. } | Refusal::HardLink { .. })) {
                             w.unwatch(&key.uid);
+                        } else {
+                            w.watch(&key.uid, std::path::Path::new(p.volume_dir()), p.file_name());
                         }
                     }
-                    verdict
+                    (verdict, present)
                 }
                 (Some(pinner), None) => {
                     pinner.unpin(&key.uid);
                     if let Some(w) = &self.socket_watch {
                         w.unwatch(&key.uid);
                     }
-                    None
+                    (None, true)
                 }
-                (None, Some(p)) => fscheck::check(&pods_dir, p).err(),
-                (None, None) => None,
+                (None, Some(p)) => match fscheck::check(&pods_dir, p) {
+                    Ok(()) => (None, std::fs::symlink_metadata(p.as_str()).is_ok()),
+                    Err(r) => (Some(r), true),
+                },
+                (None, None) => (None, true),
             };
+            let waiting = verdict.is_none() && !present && socket.is_some();
+            if waiting {
+                self.awaiting_socket.insert(key.clone());
+            } else if self.awaiting_socket.remove(key) {
+                verified.push(key.clone());
+            }
             if let Some(r @ (Refusal::Symlink { .. } | Refusal::HardLink { .. })) = &verdict
                 && !self.link_refused.contains_key(&*key.uid)
             {
@@ -723,6 +734,8 @@ impl Driver {
             self.save_events();
         }
         self.decided(&changed);
+        // A socket that appeared is what makes "delivering over the pod's Unix socket" true.
+        self.log_deliveries(&verified);
         changed
     }
 
@@ -745,6 +758,7 @@ impl Driver {
             }
             self.refused.remove(key);
             self.logged.remove(key);
+            self.awaiting_socket.remove(key);
             if self.ledger.forget(&key.uid) {
                 self.save_events();
                 self.publish_status();
@@ -871,6 +885,11 @@ impl Driver {
             match (d.is_pipe(), &d.socket) {
                 _ if d.tcp_reason().is_some_and(crate::TcpReason::serves_nothing) => {
                     tracing::warn!(pod = %key, reason = d.source.label(), detail = %d.reason, "pod is served no clusters")
+                }
+                (true, _) if self.awaiting_socket.contains(key) => {
+                    // Logged as delivered once the socket is verified (`check_pipes`).
+                    tracing::debug!(pod = %key, path = %d.path.as_ref().map(|p| p.as_str()).unwrap_or(""), "the pod's socket does not exist yet; delivering over it once its app binds it");
+                    continue;
                 }
                 (true, _) => {
                     tracing::info!(pod = %key, source = d.source.label(), path = %d.path.as_ref().map(|p| p.as_str()).unwrap_or(""), "delivering over the pod's Unix socket")
@@ -1030,13 +1049,21 @@ impl Counts {
 /// Pins `key`'s socket; the refusal, if any. A socket that does not exist yet is no refusal (the
 /// pin path reaches nothing: unhealthy, like a port not listening yet); a failed mount is logged
 /// and is no refusal of the pod either (the pin path reaches nothing until a re-check succeeds).
-fn pin_verdict(pinner: &crate::pin::Pinner, key: &PodKey, socket: &aether_crds::SocketPath) -> Option<Refusal> {
+/// Pins pod `key`'s socket: its refusal, if any, and whether a socket is there (pinned, or
+/// refused). A socket that does not exist yet is no refusal: the pin path reaches nothing, like a
+/// port nobody listens on.
+fn pin_verdict(
+    pinner: &crate::pin::Pinner,
+    key: &PodKey,
+    socket: &aether_crds::SocketPath,
+) -> (Option<Refusal>, bool) {
     match pinner.pin(&key.uid, socket) {
-        Ok(_) | Err(crate::pin::PinError::NotYet { .. }) => None,
-        Err(crate::pin::PinError::Refused(r)) => Some(r),
+        Ok(_) => (None, true),
+        Err(crate::pin::PinError::NotYet { .. }) => (None, false),
+        Err(crate::pin::PinError::Refused(r)) => (Some(r), true),
         Err(e @ crate::pin::PinError::Mount { .. }) => {
             tracing::error!(pod = %key, error = %e, "cannot pin the pod's socket; its pipe reaches nothing until a re-check succeeds");
-            None
+            (None, false)
         }
     }
 }

@@ -10,6 +10,7 @@
 //! | `aether_agent_clusters` | gauge | | `app_`/`health_` clusters the node's Envoy is given now (the last published snapshot) |
 //! | `aether_agent_clusters_max` | gauge | | the cap on them, `--max-clusters` (-1: no cap) |
 //! | `aether_agent_pod_events_total` | counter | `reason` = a [`TcpReason::label`] or `socket-delivered`, `result` = `created`/`failed`/`dropped` | pod Events the agent tried to publish |
+//! | `aether_agent_socket_watch_events_total` | counter | `outcome` = `socket`/`other-name`/`overflow` (every one listed, also at zero) | inotify events from the watched pods' volume dirs: on the socket's name or the dir (its pod is re-checked), on another name (dropped after one comparison), or a full kernel queue (every watched pod re-checked); see [`crate::socket_watch`] |
 //! | `aether_agent_policy_crd_installed` | gauge | | 1 served, 0 not, -1 not known yet |
 //! | `aether_agent_policy_conflicts` | gauge | | services targeted by more than one valid EndpointPolicy |
 //! | `aether_agent_watch_errors_total` | counter | `resource` = `pods`/`endpointpolicies`, `reason` = a [`WatchErrorReason::label`](aether_agent_core::status::WatchErrorReason::label) (every one listed, also at zero) | errors of the agent's watches (failed list, watch start or watch stream); see [`crate::watch::health`] |
@@ -138,6 +139,9 @@ pub struct Metrics {
     pub clusters: ClusterMetrics,
     /// The watch metrics (give them to [`crate::watch::WatchBoard::new`]).
     pub watches: WatchMetrics,
+    /// `aether_agent_socket_watch_events_total` (give a clone to
+    /// [`crate::socket_watch::SocketWatch::spawn`]).
+    pub socket_watch: crate::socket_watch::SocketWatchMetrics,
     /// `aether_listener_*{listener="admin"|"xds"}`: open, refused and evicted connections of the
     /// admin port and the xDS server (docs/listeners.md; give them to their `Gate`s).
     pub listeners: aether_serve_policy::ListenerMetrics,
@@ -189,10 +193,12 @@ impl Metrics {
         clusters.register(&mut registry);
         let watches = WatchMetrics::new();
         watches.register(&mut registry);
+        let socket_watch = crate::socket_watch::SocketWatchMetrics::default();
+        socket_watch.register(&mut registry);
         let listeners = aether_serve_policy::ListenerMetrics::new();
         listeners.register(&mut registry);
         aether_process::register(&mut registry);
-        Metrics { registry, pods, fallbacks, crd, conflicts, pod_events, xds, watches, clusters, listeners }
+        Metrics { registry, pods, fallbacks, crd, conflicts, pod_events, xds, watches, socket_watch, clusters, listeners }
     }
 
     /// Counts one pod Event outcome; `label` is the Event's [`crate::pod_events::Notice::label`].

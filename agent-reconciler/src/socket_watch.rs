@@ -1,74 +1,214 @@
-//! Prompt re-pins (issue 13 item 2): inotify on each pinned pod's volume dir, so that when the app
-//! re-creates its socket (a container restart: a new inode, the old pin answers `ECONNREFUSED`)
-//! or removes it, the driver re-verifies that pod at once instead of at the next periodic
-//! re-check, which stays as the safety net.
+//! Prompt re-checks of pod sockets: inotify on the volume dir of each pod delivered (or meant to be
+//! delivered) over its socket, so that when the app re-creates its socket (a container restart: a
+//! new inode, the old pin answers `ECONNREFUSED`), removes it, or puts a real socket back where a
+//! FIFO, a file or a directory stood, the driver re-verifies that pod at once instead of at the
+//! next periodic re-check, which stays as the safety net. Which pods are watched is the driver's
+//! choice (`Driver::check_pipes`): every pod with a socket path, except one refused for a link
+//! (that refusal lasts until the pod is re-created, so no event can change it).
 //!
 //! One inotify instance for the node; one watch per pod, on the volume dir *as resolved when the
-//! pod is pinned* (so on a `medium: Memory` volume's own tmpfs once it is mounted: a watch placed
+//! pod is checked* (so on a `medium: Memory` volume's own tmpfs once it is mounted: a watch placed
 //! on the directory beneath it would see nothing). `IN_DONT_FOLLOW | IN_ONLYDIR`: a symlinked
 //! volume dir is never watched through (it is refused anyway). At most `cap` pods are watched
 //! (`--socket-watch-max`; each watch costs kernel memory and counts against
 //! `fs.inotify.max_user_watches`); pods past it, or whose watch the kernel refuses, rely on the
-//! periodic re-check. An event only triggers a re-check of its pod: nothing a pod does in its
-//! directory can do more.
+//! periodic re-check.
+//!
+//! What one pod can cost the agent is bounded: the volume dir is the pod's to write, so a pod may
+//! create and delete files in it as fast as it likes.
+//! - Only events on the socket's own name (or on the dir itself) count; the reader thread drops
+//!   every other name after one comparison, counted as `other-name` in
+//!   `aether_agent_socket_watch_events_total`.
+//! - The pods named by counted events are gathered into one set ([`Changes`]), taken by the driver
+//!   at most once per [`MIN_BATCH_INTERVAL`]: a pod re-creating its socket in a loop costs at most
+//!   one re-check per interval, however many events it makes.
+//! - A full kernel queue (`IN_Q_OVERFLOW`: events were lost) re-checks every watched pod once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
-use tokio::sync::mpsc;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use tokio::sync::Notify;
 
 /// The default cap on watched pods (`--socket-watch-max`).
 pub const DEFAULT_MAX_WATCHES: usize = 4096;
 
+/// The shortest time between two batches handed to the driver: a batch holds every pod named
+/// since the last one, so a flood of events makes at most 50 driver passes a second, and a
+/// socket's return waits at most this long beyond the event.
+pub const MIN_BATCH_INTERVAL: Duration = Duration::from_millis(20);
+
+/// The `outcome` label values of `aether_agent_socket_watch_events_total`.
+pub const OUTCOMES: [&str; 3] = ["socket", "other-name", "overflow"];
+
+/// Labels of `aether_agent_socket_watch_events_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// `aether_agent_socket_watch_events_total{outcome}`: inotify events read from the watched volume
+/// dirs. `socket`: on the socket's name or the dir itself (its pod is re-checked); `other-name`:
+/// on any other name (dropped); `overflow`: the kernel's queue overflowed (every watched pod is
+/// re-checked). Clones share the counts.
+#[derive(Clone, Debug)]
+pub struct SocketWatchMetrics {
+    family: Family<OutcomeLabel, Counter>,
+    /// The three counters, created once so the reader thread never takes the family's lock.
+    counters: [Counter; 3],
+}
+
+impl Default for SocketWatchMetrics {
+    fn default() -> Self {
+        let family = Family::<OutcomeLabel, Counter>::default();
+        let counters = OUTCOMES.map(|outcome| family.get_or_create(&OutcomeLabel { outcome }).clone());
+        SocketWatchMetrics { family, counters }
+    }
+}
+
+impl SocketWatchMetrics {
+    /// Registers the family (every outcome listed, also at zero).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "aether_agent_socket_watch_events",
+            "inotify events from the watched pods' volume dirs: on the socket's name (re-check), on another name (dropped), or a queue overflow",
+            self.family.clone(),
+        );
+    }
+
+    /// The count of `outcome` (one of [`OUTCOMES`]) so far.
+    pub fn get(&self, outcome: &str) -> u64 {
+        OUTCOMES.iter().position(|o| *o == outcome).map_or(0, |i| self.counters[i].get())
+    }
+}
+
+/// One watched pod.
+#[derive(Debug)]
+struct Watched {
+    wd: i32,
+    dir: PathBuf,
+    /// The socket's file name in `dir`: the only name whose events count.
+    name: Vec<u8>,
+}
+
 #[derive(Debug, Default)]
 struct State {
-    /// Pod UID → (watch descriptor, the dir watched).
-    by_uid: HashMap<String, (i32, PathBuf)>,
-    /// Watch descriptor → pod UIDs (several pods never share a dir, but a wd can be reused).
+    by_uid: HashMap<String, Watched>,
+    /// Watch descriptor → pod UID (several pods never share a dir, but a wd can be reused).
     by_wd: HashMap<i32, String>,
     /// The cap was hit and logged.
     capped: bool,
 }
 
+/// The pods named since the driver last took them, and the bell that tells it.
+#[derive(Debug, Default)]
+struct Pending {
+    uids: Mutex<BTreeSet<String>>,
+    bell: Notify,
+    stopped: AtomicBool,
+}
+
+impl Pending {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.uids.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// The node's socket watch: a handle to add and remove per-pod watches; a thread reads the events
-/// and sends the affected pod UIDs.
+/// and gathers the affected pod UIDs for [`Changes`].
 #[derive(Debug, Clone)]
 pub struct SocketWatch {
     fd: Arc<OwnedFd>,
     state: Arc<Mutex<State>>,
+    pending: Arc<Pending>,
+    metrics: SocketWatchMetrics,
     cap: usize,
 }
 
+/// The receiving end of a [`SocketWatch`]: batches of pod UIDs to re-check.
+#[derive(Debug)]
+pub struct Changes {
+    pending: Arc<Pending>,
+    last: Option<tokio::time::Instant>,
+}
+
+impl Changes {
+    /// The next batch: every pod UID named since the last batch (sorted, each once), at least
+    /// [`MIN_BATCH_INTERVAL`] after the previous batch. `None` once the reader thread has stopped
+    /// (the kernel failed a read); the periodic re-check remains.
+    pub async fn next(&mut self) -> Option<Vec<String>> {
+        loop {
+            if let Some(last) = self.last {
+                tokio::time::sleep_until(last + MIN_BATCH_INTERVAL).await;
+            }
+            let batch: Vec<String> = std::mem::take(&mut *self.pending.lock()).into_iter().collect();
+            if !batch.is_empty() {
+                self.last = Some(tokio::time::Instant::now());
+                return Some(batch);
+            }
+            if self.pending.stopped.load(Ordering::Acquire) {
+                return None;
+            }
+            self.pending.bell.notified().await;
+        }
+    }
+}
+
 impl SocketWatch {
-    /// Starts the inotify instance and its reader thread, which sends each batch of affected pod
-    /// UIDs to `tx` and ends when `tx` is closed.
+    /// Starts the inotify instance and its reader thread; events are counted in `metrics`.
     ///
     /// # Errors
-    /// When the kernel refuses an inotify instance (`fs.inotify.max_user_instances`).
-    pub fn spawn(cap: usize, tx: mpsc::Sender<Vec<String>>) -> std::io::Result<SocketWatch> {
+    /// When the kernel refuses an inotify instance (`fs.inotify.max_user_instances`) or a thread.
+    pub fn spawn(cap: usize, metrics: SocketWatchMetrics) -> std::io::Result<(SocketWatch, Changes)> {
         let fd = Arc::new(inotify::init(CreateFlags::CLOEXEC)?);
-        let watch = SocketWatch { fd, state: Arc::default(), cap };
+        let pending = Arc::new(Pending::default());
+        let watch = SocketWatch { fd, state: Arc::default(), pending: pending.clone(), metrics, cap };
         let reader = watch.clone();
-        std::thread::Builder::new().name("socket-watch".into()).spawn(move || reader.read_loop(tx))?;
-        Ok(watch)
+        std::thread::Builder::new().name("socket-watch".into()).spawn(move || reader.read_loop())?;
+        Ok((watch, Changes { pending, last: None }))
     }
 
-    fn read_loop(&self, tx: mpsc::Sender<Vec<String>>) {
-        let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
+    fn read_loop(&self) {
+        let mut buf = [MaybeUninit::<u8>::uninit(); 16384];
         let mut reader = inotify::Reader::new(self.fd.as_ref(), &mut buf);
+        let [socket, other, overflow] = &self.metrics.counters;
         loop {
             // One blocking read, then the rest of what it returned, as one batch.
-            let (mut uids, mut first) = (Vec::new(), true);
+            let (mut named, mut first) = (Vec::new(), true);
             loop {
                 match reader.next() {
-                    Ok(event) => uids.extend(self.lock().by_wd.get(&event.wd()).cloned()),
+                    Ok(event) if event.events().contains(ReadFlags::QUEUE_OVERFLOW) => {
+                        overflow.inc();
+                        named.extend(self.lock().by_uid.keys().cloned());
+                    }
+                    Ok(event) => {
+                        let st = self.lock();
+                        let Some(uid) = st.by_wd.get(&event.wd()) else { continue };
+                        let ours = match event.file_name() {
+                            Some(name) => st.by_uid.get(uid).is_some_and(|w| w.name == name.to_bytes()),
+                            None => true,
+                        };
+                        if ours {
+                            socket.inc();
+                            named.push(uid.clone());
+                        } else {
+                            other.inc();
+                        }
+                    }
                     Err(rustix::io::Errno::INTR) if first => continue,
                     Err(e) if first => {
                         tracing::warn!(error = %e, "socket watch stopped; the periodic re-check remains");
+                        self.pending.stopped.store(true, Ordering::Release);
+                        self.pending.bell.notify_one();
                         return;
                     }
                     Err(_) => break,
@@ -78,10 +218,9 @@ impl SocketWatch {
                     break;
                 }
             }
-            uids.sort();
-            uids.dedup();
-            if !uids.is_empty() && tx.blocking_send(uids).is_err() {
-                return;
+            if !named.is_empty() {
+                self.pending.lock().extend(named);
+                self.pending.bell.notify_one();
             }
         }
     }
@@ -91,10 +230,11 @@ impl SocketWatch {
     }
 
     /// Watches `dir` (the pod's volume dir, as resolved now) for pod `uid`: creation, removal and
-    /// renames of names in it. Re-watching the same pod moves the watch when the path now
-    /// resolves to another directory (a tmpfs mounted over it). Returns `false` when the pod is
-    /// not watched (the cap, or the kernel refused: missing dir, symlink, `ENOSPC`).
-    pub fn watch(&self, uid: &str, dir: &Path) -> bool {
+    /// renames of `socket_name` in it (events on other names are dropped). Re-watching the same
+    /// pod moves the watch when the path now resolves to another directory (a tmpfs mounted over
+    /// it). Returns `false` when the pod is not watched (the cap, or the kernel refused: missing
+    /// dir, symlink, `ENOSPC`).
+    pub fn watch(&self, uid: &str, dir: &Path, socket_name: &str) -> bool {
         let mut st = self.lock();
         if !st.by_uid.contains_key(uid) && st.by_uid.len() >= self.cap {
             if !st.capped {
@@ -117,23 +257,34 @@ impl SocketWatch {
             Ok(wd) => wd,
             Err(_) => return false,
         };
-        if let Some((old, _)) = st.by_uid.insert(uid.to_owned(), (wd, dir.to_owned()))
-            && old != wd
+        let watched = Watched { wd, dir: dir.to_owned(), name: socket_name.as_bytes().to_vec() };
+        if let Some(old) = st.by_uid.insert(uid.to_owned(), watched)
+            && old.wd != wd
         {
-            st.by_wd.remove(&old);
-            let _ = inotify::remove_watch(self.fd.as_ref(), old);
+            st.by_wd.remove(&old.wd);
+            let _ = inotify::remove_watch(self.fd.as_ref(), old.wd);
         }
         st.by_wd.insert(wd, uid.to_owned());
         true
     }
 
-    /// Stops watching pod `uid` (gone, on TCP, or refused). Nothing for an unwatched pod.
+    /// Stops watching pod `uid` (gone, on TCP, or refused for a link). Nothing for an unwatched pod.
     pub fn unwatch(&self, uid: &str) {
         let mut st = self.lock();
-        if let Some((wd, _)) = st.by_uid.remove(uid) {
-            st.by_wd.remove(&wd);
-            let _ = inotify::remove_watch(self.fd.as_ref(), wd);
+        if let Some(w) = st.by_uid.remove(uid) {
+            st.by_wd.remove(&w.wd);
+            let _ = inotify::remove_watch(self.fd.as_ref(), w.wd);
         }
+    }
+
+    /// True when pod `uid` is watched now.
+    pub fn is_watched(&self, uid: &str) -> bool {
+        self.lock().by_uid.contains_key(uid)
+    }
+
+    /// The dir watched for pod `uid`, if any.
+    pub fn watched_dir(&self, uid: &str) -> Option<PathBuf> {
+        self.lock().by_uid.get(uid).map(|w| w.dir.clone())
     }
 
     /// How many pods are watched now.

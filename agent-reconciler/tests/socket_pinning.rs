@@ -9,9 +9,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use aether_agent_reconciler::fscheck::Refusal;
 use aether_agent_reconciler::pin::{PinError, Pinner, pin_path};
+use aether_agent_reconciler::socket_watch::{Changes, MIN_BATCH_INTERVAL, SocketWatch, SocketWatchMetrics};
 use aether_crds::{Budget, SocketPath};
 
 const ATTACKER: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
@@ -173,7 +175,13 @@ fn a_missing_socket_pins_nothing_and_a_re_created_one_is_re_pinned() {
     // reaches the dead socket.
     drop(first);
     let _second = node.app(ATTACKER, "second");
-    assert_eq!(who(&pin.path), Err(std::io::ErrorKind::ConnectionRefused));
+    // Refused, or reset when a test running alongside forked while the listener was open (the
+    // child holds the CLOEXEC fd until its exec): either way the dead socket answers nothing.
+    let dead = who(&pin.path);
+    assert!(
+        matches!(dead, Err(std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset)),
+        "{dead:?}"
+    );
     let again = node.pinner.pin(ATTACKER, &node.socket(ATTACKER)).unwrap();
     assert_ne!(again.inode, pin.inode);
     assert_eq!(who(&again.path).as_deref(), Ok("second"));
@@ -182,6 +190,38 @@ fn a_missing_socket_pins_nothing_and_a_re_created_one_is_re_pinned() {
     std::fs::remove_file(node.socket(ATTACKER).as_str()).unwrap();
     assert!(matches!(node.pinner.pin(ATTACKER, &node.socket(ATTACKER)), Err(PinError::NotYet { .. })));
     assert!(who(&again.path).is_err());
+}
+
+/// An app re-creating its socket in a tight loop while the agent pins it: the socket verified can
+/// be unlinked before its mount is attached. That race is never a mount error: each pin either
+/// holds a socket the app bound, or reports the socket as not there yet.
+#[test]
+fn a_socket_re_created_while_it_is_pinned_is_never_a_mount_error() {
+    let node = Node::new();
+    let dir = node.volume_dir(ATTACKER);
+    std::fs::create_dir_all(&dir).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let path = dir.join("app.sock");
+    let churn = std::thread::spawn(move || {
+        while !flag.load(Ordering::Relaxed) {
+            let _ = std::fs::remove_file(&path);
+            let _listener = UnixListener::bind(&path);
+        }
+    });
+    let (mut pinned, mut not_yet) = (0u32, 0u32);
+    for _ in 0..3000 {
+        match node.pinner.pin(ATTACKER, &node.socket(ATTACKER)) {
+            Ok(_) => pinned += 1,
+            Err(PinError::NotYet { .. }) => not_yet += 1,
+            // The listener is dropped at once: a socket seen between bind and drop is fine.
+            Err(PinError::Refused(r)) => panic!("refused a plain socket: {r}"),
+            Err(e @ PinError::Mount { .. }) => panic!("a re-created socket made a mount error: {e}"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().unwrap();
+    assert!(pinned > 0, "some pins held ({pinned} pinned, {not_yet} not yet)");
 }
 
 #[test]
@@ -213,51 +253,93 @@ impl Drop for Unmount {
     }
 }
 
+/// The next batch of a socket watch, or `None` after `secs` seconds without one.
+fn next_batch(rt: &tokio::runtime::Runtime, changes: &mut Changes, secs: f64) -> Option<Vec<String>> {
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs_f64(secs), changes.next()).await.ok().flatten() })
+}
+
 #[test]
 fn the_socket_watch_names_the_pod_whose_socket_was_re_created_and_follows_a_tmpfs_mounted_later() {
-    use aether_agent_reconciler::socket_watch::SocketWatch;
-    use std::time::Duration;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     let node = Node::new();
-    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
-    let watch = SocketWatch::spawn(1, tx).unwrap();
+    let (watch, mut changes) = SocketWatch::spawn(1, SocketWatchMetrics::default()).unwrap();
     let dir = node.volume_dir(ATTACKER);
     std::fs::create_dir_all(&dir).unwrap();
-    assert!(watch.watch(ATTACKER, &dir));
-    let next = |rx: &mut tokio::sync::mpsc::Receiver<Vec<String>>| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Ok(uids) = rx.try_recv() {
-                return Some(uids);
-            }
-            if std::time::Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
+    assert!(watch.watch(ATTACKER, &dir, "app.sock"));
     let app = node.app(ATTACKER, "first");
-    assert_eq!(next(&mut rx), Some(vec![ATTACKER.to_owned()]), "the socket's creation is seen");
+    assert_eq!(next_batch(&rt, &mut changes, 5.0), Some(vec![ATTACKER.to_owned()]), "the socket's creation is seen");
     drop(app);
     let _again = node.app(ATTACKER, "second");
-    assert_eq!(next(&mut rx), Some(vec![ATTACKER.to_owned()]), "its re-creation too");
-    while rx.try_recv().is_ok() {}
+    assert_eq!(next_batch(&rt, &mut changes, 5.0), Some(vec![ATTACKER.to_owned()]), "its re-creation too");
+    while next_batch(&rt, &mut changes, 0.1).is_some() {}
 
     // The cap: a second pod is not watched (it relies on the periodic re-check).
     std::fs::create_dir_all(node.volume_dir(VICTIM)).unwrap();
-    assert!(!watch.watch(VICTIM, &node.volume_dir(VICTIM)));
+    assert!(!watch.watch(VICTIM, &node.volume_dir(VICTIM), "app.sock"));
     assert_eq!(watch.len(), 1);
 
     // A tmpfs mounted over the dir after the watch: re-watching moves the watch onto it.
     let mounted = Command::new("mount").args(["-t", "tmpfs", "aether-test", dir.to_str().unwrap()]).status().unwrap();
     assert!(mounted.success(), "mount tmpfs (needs root)");
     let _unmount = Unmount(dir.clone());
-    while rx.try_recv().is_ok() {}
-    assert!(watch.watch(ATTACKER, &dir));
+    while next_batch(&rt, &mut changes, 0.1).is_some() {}
+    assert!(watch.watch(ATTACKER, &dir, "app.sock"));
     let _on_tmpfs = node.app(ATTACKER, "tmpfs");
-    assert_eq!(next(&mut rx), Some(vec![ATTACKER.to_owned()]), "events inside the tmpfs are seen");
+    assert_eq!(next_batch(&rt, &mut changes, 5.0), Some(vec![ATTACKER.to_owned()]), "events inside the tmpfs are seen");
 
     watch.unwatch(ATTACKER);
     assert!(watch.is_empty());
-    std::fs::write(dir.join("other"), b"x").unwrap();
-    assert_eq!(next(&mut rx), None, "no events after unwatch");
+    std::fs::remove_file(dir.join("app.sock")).unwrap();
+    assert_eq!(next_batch(&rt, &mut changes, 0.5), None, "no events after unwatch");
+}
+
+/// A pod churning files in its volume dir: every name but the socket's is dropped by the reader
+/// thread (counted), and events on the socket's name, however many, reach the driver as batches
+/// at most one per `MIN_BATCH_INTERVAL`.
+#[test]
+fn the_socket_watch_drops_other_names_and_coalesces_a_flood_of_socket_events() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let node = Node::new();
+    let metrics = SocketWatchMetrics::default();
+    let (watch, mut changes) = SocketWatch::spawn(2, metrics.clone()).unwrap();
+    let dir = node.volume_dir(ATTACKER);
+    std::fs::create_dir_all(&dir).unwrap();
+    assert!(watch.watch(ATTACKER, &dir, "app.sock"));
+
+    for i in 0..2000 {
+        let f = dir.join(format!("junk-{i}"));
+        std::fs::write(&f, b"x").unwrap();
+        std::fs::remove_file(&f).unwrap();
+    }
+    assert_eq!(next_batch(&rt, &mut changes, 0.5), None, "4000 events on other names: no re-check");
+    assert_eq!((metrics.get("other-name"), metrics.get("socket")), (4000, 0));
+
+    // 2000 creations and removals of the socket's own name in a burst: a handful of batches.
+    let started = std::time::Instant::now();
+    for _ in 0..2000 {
+        std::fs::write(dir.join("app.sock"), b"x").unwrap();
+        std::fs::remove_file(dir.join("app.sock")).unwrap();
+    }
+    let burst = started.elapsed();
+    let mut batches = 0u32;
+    while let Some(uids) = next_batch(&rt, &mut changes, 0.3) {
+        assert_eq!(uids, [ATTACKER], "one pod, named once per batch");
+        batches += 1;
+    }
+    assert_eq!(metrics.get("socket"), 4000);
+    let bound = burst.as_secs_f64() / MIN_BATCH_INTERVAL.as_secs_f64() + 2.0;
+    assert!(batches >= 1 && f64::from(batches) <= bound, "{batches} batches for a {burst:?} burst (bound {bound})");
+}
+
+/// The dir the watch follows is the one resolved when the pod was checked, and it is reported.
+#[test]
+fn the_socket_watch_reports_the_dir_it_watches() {
+    let node = Node::new();
+    let (watch, _changes) = SocketWatch::spawn(4, SocketWatchMetrics::default()).unwrap();
+    let dir = node.volume_dir(VICTIM);
+    assert!(!watch.watch(VICTIM, &dir, "app.sock"), "a missing dir cannot be watched");
+    std::fs::create_dir_all(&dir).unwrap();
+    assert!(watch.watch(VICTIM, &dir, "app.sock"));
+    assert!(watch.is_watched(VICTIM));
+    assert_eq!(watch.watched_dir(VICTIM), Some(dir));
 }

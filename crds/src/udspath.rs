@@ -377,6 +377,11 @@ impl SocketPath {
     pub fn volume_dir(&self) -> &str {
         &self.path[..self.volume_dir_len]
     }
+
+    /// The socket's file name in [`SocketPath::volume_dir`] (the `<file>` of `<volume>/<file>`).
+    pub fn file_name(&self) -> &str {
+        self.path[self.volume_dir_len..].trim_start_matches('/')
+    }
 }
 
 impl fmt::Display for SocketPath {

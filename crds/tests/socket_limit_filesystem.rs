@@ -114,6 +114,8 @@ fn the_microk8s_pods_dir_has_no_sun_path_budget_but_is_usable_under_the_file_sys
     let path = budget.resolve(&uid(), "sockets/app.sock").unwrap();
     assert_eq!(path.as_str(), format!("{MICROK8S}/{UID}/volumes/kubernetes.io~empty-dir/sockets/app.sock"));
     assert_eq!(path.as_str().len(), 46 + 70 + 16);
+    assert_eq!(path.volume_dir(), format!("{MICROK8S}/{UID}/volumes/kubernetes.io~empty-dir/sockets"));
+    assert_eq!(path.file_name(), "app.sock");
     // Any pods dir length: a 1000-byte clean dir still gives the same limit.
     let deep = format!("/{}", vec!["d".repeat(99); 10].join("/"));
     assert_eq!(fs(&deep).bytes(), 319);
