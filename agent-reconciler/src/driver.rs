@@ -1052,11 +1052,7 @@ impl Counts {
 /// Pins pod `key`'s socket: its refusal, if any, and whether a socket is there (pinned, or
 /// refused). A socket that does not exist yet is no refusal: the pin path reaches nothing, like a
 /// port nobody listens on.
-fn pin_verdict(
-    pinner: &crate::pin::Pinner,
-    key: &PodKey,
-    socket: &aether_crds::SocketPath,
-) -> (Option<Refusal>, bool) {
+fn pin_verdict(pinner: &crate::pin::Pinner, key: &PodKey, socket: &aether_crds::SocketPath) -> (Option<Refusal>, bool) {
     match pinner.pin(&key.uid, socket) {
         Ok(_) => (None, true),
         Err(crate::pin::PinError::NotYet { .. }) => (None, false),

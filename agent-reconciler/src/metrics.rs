@@ -198,7 +198,19 @@ impl Metrics {
         let listeners = aether_serve_policy::ListenerMetrics::new();
         listeners.register(&mut registry);
         aether_process::register(&mut registry);
-        Metrics { registry, pods, fallbacks, crd, conflicts, pod_events, xds, watches, socket_watch, clusters, listeners }
+        Metrics {
+            registry,
+            pods,
+            fallbacks,
+            crd,
+            conflicts,
+            pod_events,
+            xds,
+            watches,
+            socket_watch,
+            clusters,
+            listeners,
+        }
     }
 
     /// Counts one pod Event outcome; `label` is the Event's [`crate::pod_events::Notice::label`].

@@ -5,7 +5,7 @@ mod support;
 
 use std::collections::HashSet;
 
-use aether_agent_reconciler::names::{ClusterName, app_cluster, health_cluster};
+use aether_agent_reconciler::names::{ClusterName, app_cluster, health_cluster, inbound_listener, stat_name};
 use aether_agent_reconciler::record::is_dns1123_subdomain;
 use aether_crds::udspath::is_dns1123_label;
 use proptest::prelude::*;
@@ -15,6 +15,15 @@ use support::*;
 fn names_are_namespace_qualified() {
     assert_eq!(app_cluster("shop", "cart-7d9f", 8080), "app_shop_cart-7d9f_8080");
     assert_eq!(health_cluster("shop", "cart-7d9f"), "health_shop_cart-7d9f");
+}
+
+#[test]
+fn stat_names_write_a_pod_names_dots_as_tildes_and_leave_other_names_alone() {
+    assert_eq!(stat_name(&app_cluster("shop", "api.v2-7d9", 8080)), "app_shop_api~v2-7d9_8080");
+    assert_eq!(stat_name(&inbound_listener("shop", "a.b.c", 9090)), "inbound_shop_a~b~c_9090");
+    assert_eq!(stat_name(&health_cluster("shop", "cart-7d9f")), "health_shop_cart-7d9f");
+    // One-to-one: two pods that differ only by a dot and a dash keep distinct stat names.
+    assert_ne!(stat_name(&app_cluster("shop", "api.v2", 80)), stat_name(&app_cluster("shop", "api-v2", 80)));
 }
 
 #[test]

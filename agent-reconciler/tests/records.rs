@@ -127,7 +127,7 @@ fn bad_port_annotations_keep_the_pod_with_default_port_and_a_defect() {
         ("endpoint.aether.io/port", "80x"),
         ("endpoint.aether.io/port", "70000"),
         ("endpoint.aether.io/ports", "8080,"),
-        ("endpoint.aether.io/ports", "8080=grpc"),
+        ("endpoint.aether.io/ports", "8080=thrift"),
         ("endpoint.aether.io/ports", "8080,8080=h2"),
     ] {
         let pod = record(&api_pod("shop", "cart-1", UID, "cart").annotation(key, value).build());

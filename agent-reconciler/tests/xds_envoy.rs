@@ -606,6 +606,115 @@ async fn http2_upstreams_get_h2_for_traffic_and_health_checks() {
     assert_eq!(f.gateway("/healthz/health_ns_h2").await, 200);
 }
 
+/// A real gRPC server (tonic, with the standard `grpc.health.v1.Health` service of
+/// `tonic-health`) listening only on the Unix socket `socket`; its reporter flips the statuses.
+async fn start_grpc_health(socket: &Path) -> tonic_health::server::HealthReporter {
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let _ = std::fs::remove_file(socket);
+    let listener = tokio::net::UnixListener::bind(socket).unwrap();
+    let (reporter, service) = tonic_health::server::health_reporter();
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
+    reporter
+}
+
+/// `grpc.health.v1.Health/Check` of `service`, sent by a real gRPC client to Envoy's inbound
+/// listener (h2c) and routed to `cluster`: the status the server answered, or the gRPC error.
+async fn grpc_check_via(f: &Fixture, cluster: &'static str, service: &str) -> Result<i32, tonic::Status> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", f.inbound))
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut client = HealthClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
+        req.metadata_mut().insert("x-aether-cluster", cluster.parse().unwrap());
+        Ok(req)
+    });
+    let resp = client.check(HealthCheckRequest { service: service.to_owned() }).await?;
+    Ok(resp.into_inner().status)
+}
+
+/// A gRPC server on a socket is health checked with gRPC's own protocol: promoted while it
+/// answers SERVING, demoted while NOT_SERVING, and a named service follows its own status. The
+/// HTTP/2 `GET` check of an `h2` port says nothing about it: grpc-go answers any request that is
+/// not gRPC with 415 (never promoted), tonic with HTTP 200 and `grpc-status: 12` in the trailers
+/// (promoted even while NOT_SERVING, as here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_server_is_promoted_by_the_grpc_health_check_and_demoted_when_not_serving() {
+    use tonic_health::ServingStatus;
+    let f = Fixture::with_snapshot("node-grpc", Snapshot::default()).await;
+    let socket = pod_socket(&f, "uid-grpc", "grpc.sock");
+    let reporter = start_grpc_health(&socket).await;
+    let mut app = pipe_cluster("app_ns_grpc_9090", &socket, None);
+    app.http2 = true;
+    let grpc = |name: &str, service: &str| {
+        let mut c = pipe_cluster(name, &socket, Some(HealthCheck::Grpc { service: service.to_owned() }));
+        c.http2 = true;
+        c
+    };
+    let mut get = pipe_cluster("health_ns_get", &socket, Some(HealthCheck::Http { path: "/".to_owned(), h2: true }));
+    get.http2 = true;
+    f.push(Snapshot {
+        clusters: vec![app, grpc("health_ns_grpc", ""), grpc("health_ns_named", "shop.Cart"), get],
+        health_clusters: vec!["health_ns_grpc".to_owned(), "health_ns_named".to_owned(), "health_ns_get".to_owned()],
+        ..Default::default()
+    });
+    f.wait_acked().await;
+    f.eventually("gRPC check of the whole server", 200, || f.gateway("/healthz/health_ns_grpc")).await;
+    assert_eq!(f.gateway("/healthz/health_ns_named").await, 503, "an unknown service is not served");
+    // A real gRPC client through Envoy's route to the app cluster (HTTP/2 both ways).
+    assert_eq!(grpc_check_via(&f, "app_ns_grpc_9090", "").await.unwrap(), ServingStatus::Serving as i32);
+
+    reporter.set_service_status("shop.Cart", ServingStatus::Serving).await;
+    f.eventually("the named service turns SERVING", 200, || f.gateway("/healthz/health_ns_named")).await;
+    reporter.set_service_status("", ServingStatus::NotServing).await;
+    f.eventually("NOT_SERVING demotes the pod", 503, || f.gateway("/healthz/health_ns_grpc")).await;
+    assert_eq!(f.gateway("/healthz/health_ns_named").await, 200, "each service has its own status");
+    assert_eq!(f.gateway("/healthz/health_ns_get").await, 200, "the GET check cannot see NOT_SERVING");
+    reporter.set_service_status("", ServingStatus::Serving).await;
+    f.eventually("SERVING again", 200, || f.gateway("/healthz/health_ns_grpc")).await;
+}
+
+/// A gRPC check on a cluster without the HTTP/2 codec is never handed to Envoy (it would refuse
+/// the cluster).
+#[test]
+fn a_grpc_check_without_http2_is_not_rendered() {
+    let c = pipe_cluster("health_ns_grpc", Path::new("/s.sock"), Some(HealthCheck::Grpc { service: String::new() }));
+    let err = render_cluster(&c, &RenderOptions::default()).unwrap_err();
+    assert_eq!(err.label(), "invalid-grpc-check", "{err}");
+}
+
+/// A pod name with dots: Envoy's Prometheus output keeps one metric family per kind and the
+/// whole pod identity in the label (the stat name writes the dots as `~`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dotted_pod_name_keeps_envoys_metric_names_and_its_whole_identity_in_the_label() {
+    let f = Fixture::with_snapshot("node-dots", Snapshot::default()).await;
+    let socket = pod_socket(&f, "uid-dots", "app.sock");
+    let _echo = start_echo(&socket, "echo-dots");
+    f.push(Snapshot {
+        clusters: vec![
+            pipe_cluster("app_ns_api.v2-7d9_8080", &socket, None),
+            pipe_cluster("health_ns_api.v2-7d9", &socket, http_check("/")),
+        ],
+        health_clusters: vec!["health_ns_api.v2-7d9".to_owned()],
+        ..Default::default()
+    });
+    f.wait_acked().await;
+    let (status, body) = f.via_inbound("app_ns_api.v2-7d9_8080", "/hello").await;
+    assert_eq!((status, body.as_str()), (200, "echo-dots HTTP/1.1 GET /hello"));
+    let (_, prom) = f.envoy.admin_get("/stats/prometheus").unwrap();
+    let want = r#"envoy_cluster_upstream_rq_total{envoy_cluster_name="app_ns_api~v2-7d9_8080"} 1"#;
+    assert!(prom.lines().any(|l| l == want), "{want} missing from /stats/prometheus");
+    let leaked: Vec<&str> = prom
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split('{').next().unwrap_or(l).contains("v2"))
+        .collect();
+    assert!(leaked.is_empty(), "metric names carrying part of the pod name: {leaked:?}");
+}
+
 /// A child process killed and reaped on drop.
 struct Proc(Child);
 

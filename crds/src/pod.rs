@@ -10,12 +10,16 @@ pub const MANAGED_VALUE: &str = "true";
 pub const UDS_SOCKET_ANNOTATION: &str = "endpoint.aether.io/uds-socket";
 /// The single service port (default [`DEFAULT_PORT`]).
 pub const PORT_ANNOTATION: &str = "endpoint.aether.io/port";
-/// Several ports, e.g. `"8080,9090=h2"`.
+/// Several ports, e.g. `"8080,9090=grpc"`: each `<port>[=http1|h2|grpc]`.
 pub const PORTS_ANNOTATION: &str = "endpoint.aether.io/ports";
 /// The HTTP path of the delegated health check (default `/`).
 pub const HEALTH_PATH_ANNOTATION: &str = "endpoint.aether.io/health-path";
-/// `tcp` makes the health check connect-only.
+/// The health check's kind: `tcp` (connect-only) or `http` (`GET <health-path>`). Unset: a gRPC
+/// health check when the primary port is declared `=grpc`, else `http`.
 pub const PROTOCOL_ANNOTATION: &str = "endpoint.aether.io/protocol";
+/// The `service` a gRPC health check asks about (`grpc.health.v1.HealthCheckRequest.service`);
+/// unset or empty: the server's overall health. Only with a gRPC health check.
+pub const GRPC_HEALTH_SERVICE_ANNOTATION: &str = "endpoint.aether.io/grpc-health-service";
 /// The port used when a managed pod declares none.
 pub const DEFAULT_PORT: u16 = 8080;
 /// kubelet's annotation on a static pod's mirror: the hash naming its directory on disk.

@@ -113,6 +113,9 @@ pub fn render_text(a: &Answer) -> String {
         }
         line(&mut s, "clusters", list(&d.clusters));
         line(&mut s, "listeners", list(&d.listeners));
+        if let Some(h) = &d.health_check {
+            line(&mut s, "health", h);
+        }
         if a.live {
             line(&mut s, "netns", d.netns.as_deref().unwrap_or("(not known to the agent)"));
         }
@@ -163,6 +166,7 @@ mod tests {
             conflict: Some(ConflictView { service: "shop/cart".into(), winner: "a-wins".into(), losers: vec!["b-loses".into()] }),
             clusters: vec!["app_shop_cart-1_8080".into(), "health_shop_cart-1".into()],
             listeners: vec![],
+            health_check: Some("gRPC Health/Check of service \"shop.Cart\" over HTTP/2".into()),
             netns: None,
             decided_at: Some("2026-11-30T16:00:00Z".into()),
         }
@@ -190,6 +194,7 @@ mod tests {
             "conflict:  several valid EndpointPolicies target service shop/cart: a-wins applies (smallest name); not applied: b-loses\n",
             "clusters:  app_shop_cart-1_8080, health_shop_cart-1\n",
             "listeners: (none)\n",
+            "health:    gRPC Health/Check of service \"shop.Cart\" over HTTP/2\n",
             "netns:     (not known to the agent)\n",
         ];
         for w in want {

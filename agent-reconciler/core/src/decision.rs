@@ -23,6 +23,7 @@
 //! | `conflict` | object? | `{service, winner, losers}`: several valid policies target the pod's service |
 //! | `clusters` | list of strings | the Envoy clusters rendered for the pod (`app_…`, `health_…`) |
 //! | `listeners` | list of strings | the inbound listeners rendered for it (`inbound_…`) |
+//! | `healthCheck` | string? | the delegated health check of its `health_` cluster, e.g. `gRPC Health/Check of service "shop.Cart" over HTTP/2` (absent from agents before 0.9.0) |
 //! | `netns` | string? | the pod's network namespace file, when the agent knows it |
 //! | `decidedAt` | string? | RFC 3339 time of the agent's last decision for the pod (none offline) |
 //!
@@ -130,6 +131,10 @@ pub struct Decision {
     pub clusters: Vec<String>,
     /// The inbound listeners rendered for the pod.
     pub listeners: Vec<String>,
+    /// The delegated health check of the pod's `health_` cluster
+    /// ([`crate::record::PodRecord::health_summary`]); `None` from an agent that predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<String>,
     /// The pod's network-namespace file as the proxy sees it, when known.
     pub netns: Option<String>,
     /// When the agent last decided for this pod (RFC 3339); `None` offline.
@@ -202,6 +207,7 @@ impl Decision {
             conflict: conflict.map(ConflictView::from),
             clusters,
             listeners,
+            health_check: Some(entry.pod.health_summary()),
             netns: entry.netns.clone(),
             decided_at,
         }

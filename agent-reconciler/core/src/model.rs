@@ -60,6 +60,13 @@ pub enum HealthCheck {
     },
     /// TCP (or socket) connect only: healthy when `connect(2)` succeeds.
     Connect,
+    /// gRPC's standard health check (`grpc.health.v1.Health/Check`, `:authority localhost`):
+    /// healthy while the server answers `SERVING`. Needs the cluster's HTTP/2 codec
+    /// ([`ClusterSpec::http2`]); Envoy refuses the cluster otherwise.
+    Grpc {
+        /// The `service` asked about; empty = the server's overall health. Visible ASCII.
+        service: String,
+    },
 }
 
 /// Why a [`ClusterSpec`] (or the health gateway) was not rendered. Each variant names the
@@ -101,6 +108,17 @@ pub enum RenderError {
     /// TCP port 0.
     #[error("TCP port 0 is not a valid upstream port")]
     ZeroPort,
+    /// A gRPC health check on a cluster without the HTTP/2 codec, or with a service name that is
+    /// not visible ASCII.
+    #[error(
+        "gRPC health check of cluster {name:?} needs the HTTP/2 codec and a visible-ASCII service name (got {service:?})"
+    )]
+    InvalidGrpcCheck {
+        /// The cluster.
+        name: String,
+        /// The service name.
+        service: String,
+    },
     /// A health-check path that does not start with `/` or has a space or control character.
     #[error("health-check path {path:?} must start with '/' and be printable ASCII without spaces")]
     InvalidHealthPath {
@@ -121,6 +139,7 @@ impl RenderError {
             RenderError::InvalidPath { .. } => "invalid-path",
             RenderError::ZeroPort => "zero-port",
             RenderError::InvalidHealthPath { .. } => "invalid-health-path",
+            RenderError::InvalidGrpcCheck { .. } => "invalid-grpc-check",
         }
     }
 }
@@ -179,6 +198,11 @@ impl ClusterSpec {
             && (!path.starts_with('/') || !path.bytes().all(|b| b.is_ascii_graphic()))
         {
             return Err(RenderError::InvalidHealthPath { path: path.clone() });
+        }
+        if let Some(HealthCheck::Grpc { service }) = &self.health
+            && (!self.http2 || !service.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(RenderError::InvalidGrpcCheck { name: self.name.clone(), service: service.clone() });
         }
         Ok(())
     }

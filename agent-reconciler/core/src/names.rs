@@ -14,6 +14,16 @@
 //! splits on `_` into exactly its parts ([`ClusterName::parse`] is the inverse), and two
 //! distinct `(namespace, pod, port)` triples always give distinct names. The longest name is
 //! `inbound_` + 63 + `_` + 253 + `_` + 5 = 331 bytes.
+//!
+//! **Stat names.** Envoy splits its stat names on `.`, and a pod name may hold dots (a
+//! Deployment named `api.v2` makes pods `api.v2-<hash>`): `cluster.app_shop_api.v2-7d9_8080.upstream_cx_total`
+//! would put the tail of the pod name into the Prometheus metric name and cut the
+//! `envoy_cluster_name` label at the first dot. So every resource we render carries a stat name,
+//! [`stat_name`]: the resource name with each `.` written `~` (the cluster's `alt_stat_name`, the
+//! listener's and its filters' `stat_prefix`). Kubernetes names never hold `~`, and Envoy keeps it
+//! in stat names and label values (it rewrites only `:`), so the mapping is one-to-one and
+//! reversible: `envoy_cluster_upstream_cx_total{envoy_cluster_name="app_shop_api~v2-7d9_8080"}`,
+//! one metric family per kind, the whole pod identity in the label.
 
 use std::fmt;
 
@@ -27,6 +37,15 @@ pub const HEALTH_PREFIX: &str = "health";
 /// which the agent mounts the socket inode it verified. At most `len(pin_dir) + 42` bytes.
 pub fn pin_path(pin_dir: &str, uid: &str) -> String {
     format!("{}/{uid}.sock", pin_dir.trim_end_matches('/'))
+}
+
+/// What a name's `.` becomes in its [`stat_name`].
+pub const STAT_DOT: char = '~';
+
+/// The stat name of an Envoy resource named `name` (see the module doc): each `.` written
+/// [`STAT_DOT`]. Same length as `name`; a name without dots is its own stat name.
+pub fn stat_name(name: &str) -> String {
+    name.chars().map(|c| if c == '.' { STAT_DOT } else { c }).collect()
 }
 
 /// The prefix of per-port inbound listeners.

@@ -27,8 +27,8 @@ use std::sync::Arc;
 
 use aether_crds::EndpointPolicy;
 use aether_crds::pod::{
-    DEFAULT_PORT, HEALTH_PATH_ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, MIRROR_ANNOTATION, PORT_ANNOTATION,
-    PORTS_ANNOTATION, PROTOCOL_ANNOTATION, UDS_SOCKET_ANNOTATION,
+    DEFAULT_PORT, GRPC_HEALTH_SERVICE_ANNOTATION, HEALTH_PATH_ANNOTATION, MANAGED_LABEL, MANAGED_VALUE,
+    MIRROR_ANNOTATION, PORT_ANNOTATION, PORTS_ANNOTATION, PROTOCOL_ANNOTATION, UDS_SOCKET_ANNOTATION,
 };
 use aether_crds::tiebreak::ServiceKey;
 use aether_crds::udspath::is_dns1123_label;
@@ -66,6 +66,11 @@ pub const MAX_PORTS_ANNOTATION_BYTES: usize = 1024;
 /// runs on the defaults over TCP). Envoy copies the path into every health-check request and the
 /// cluster's config, so one pod must not hand it an annotation-sized string.
 pub const MAX_HEALTH_PATH_BYTES: usize = 1024;
+
+/// Longest `endpoint.aether.io/grpc-health-service` used, in bytes; a longer one is a defect.
+/// Envoy copies it into every health-check request; real service names (`package.Service`) are
+/// a few dozen bytes.
+pub const MAX_GRPC_SERVICE_BYTES: usize = 256;
 
 /// The most bytes of an `endpoint.aether.io/uds-socket` value a record keeps: one more than the
 /// longest value any socket limit admits ([`aether_crds::udspath::FILESYSTEM_VALUE_MAX`], 319),
@@ -145,24 +150,35 @@ impl fmt::Display for PodKey {
     }
 }
 
-/// The application protocol of one declared port (`endpoint.aether.io/ports`, `=h2` suffix).
+/// The application protocol of one declared port (`endpoint.aether.io/ports`, `=h2` or `=grpc`
+/// suffix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AppProtocol {
     /// HTTP/1.1 (the default for a port without a suffix).
     Http1,
-    /// HTTP/2 with prior knowledge (gRPC): the health check uses the HTTP/2 codec when the
-    /// primary port is `h2` (DESIGN.md "Envoy resources").
+    /// HTTP/2 with prior knowledge: the port's cluster uses the HTTP/2 codec, and so does the
+    /// HTTP health check when the primary port is `h2` (DESIGN.md "Envoy resources").
     H2,
+    /// A gRPC server (HTTP/2 with prior knowledge, like `h2`). When it is the primary port the
+    /// health check is gRPC's standard health protocol (`grpc.health.v1.Health/Check`), not an
+    /// HTTP `GET`: gRPC servers answer any request that is not gRPC with 415.
+    Grpc,
 }
 
 impl AppProtocol {
-    /// The annotation spelling: `http1` or `h2`.
+    /// The annotation spelling: `http1`, `h2` or `grpc`.
     pub fn as_str(self) -> &'static str {
         match self {
             AppProtocol::Http1 => "http1",
             AppProtocol::H2 => "h2",
+            AppProtocol::Grpc => "grpc",
         }
+    }
+
+    /// True when Envoy must speak HTTP/2 to the port: `h2` and `grpc`.
+    pub fn is_http2(self) -> bool {
+        matches!(self, AppProtocol::H2 | AppProtocol::Grpc)
     }
 }
 
@@ -188,6 +204,30 @@ pub enum HealthCheck {
     },
     /// Connect-only (`endpoint.aether.io/protocol: tcp`); on a pipe: "the socket accepts".
     Connect,
+    /// gRPC's standard health check (`grpc.health.v1.Health/Check`, `:authority localhost`):
+    /// healthy while the server answers `SERVING` for `service`. The default when the primary
+    /// port is declared `=grpc`.
+    Grpc {
+        /// `endpoint.aether.io/grpc-health-service`: the service asked about; empty = the
+        /// server's overall health. Visible ASCII, at most [`MAX_GRPC_SERVICE_BYTES`] bytes.
+        service: String,
+    },
+}
+
+impl HealthCheck {
+    /// One line for an operator, e.g. `gRPC Health/Check of service "shop.Cart" over HTTP/2`,
+    /// `HTTP GET /ready over HTTP/1.1`, `connect`. `h2` is whether the primary port speaks HTTP/2.
+    pub fn describe(&self, h2: bool) -> String {
+        let codec = if h2 { "HTTP/2" } else { "HTTP/1.1" };
+        match self {
+            HealthCheck::Http { path } => format!("HTTP GET {path} over {codec}"),
+            HealthCheck::Connect => "connect".to_owned(),
+            HealthCheck::Grpc { service } if service.is_empty() => {
+                "gRPC Health/Check of the whole server (service \"\") over HTTP/2".to_owned()
+            }
+            HealthCheck::Grpc { service } => format!("gRPC Health/Check of service {service:?} over HTTP/2"),
+        }
+    }
 }
 
 /// What the agent knows about a static pod's mirror (DESIGN.md "Security"): kubelet names a
@@ -408,14 +448,38 @@ impl PodRecord {
                 DEFAULT_HEALTH_PATH.to_owned()
             }
         };
-        let health = match annotation(PROTOCOL_ANNOTATION) {
+        let grpc_primary = ports.first().is_some_and(|p| p.protocol == AppProtocol::Grpc);
+        let by_port = |path: String| {
+            if grpc_primary { HealthCheck::Grpc { service: String::new() } } else { HealthCheck::Http { path } }
+        };
+        let mut health = match annotation(PROTOCOL_ANNOTATION) {
             Some("tcp") => HealthCheck::Connect,
-            None | Some("http") => HealthCheck::Http { path },
+            Some("http") => HealthCheck::Http { path },
+            None => by_port(path),
             Some(other) => {
                 defect(PROTOCOL_ANNOTATION, format!("{} is not \"tcp\" or \"http\"", shown(other)));
-                HealthCheck::Http { path }
+                by_port(path)
             }
         };
+        match (annotation(GRPC_HEALTH_SERVICE_ANNOTATION), &mut health) {
+            (None, _) => {}
+            (Some(v), HealthCheck::Grpc { service }) if v.len() <= MAX_GRPC_SERVICE_BYTES && is_grpc_service(v) => {
+                v.clone_into(service);
+            }
+            (Some(v), HealthCheck::Grpc { .. }) => defect(
+                GRPC_HEALTH_SERVICE_ANNOTATION,
+                format!(
+                    "{} must be at most {MAX_GRPC_SERVICE_BYTES} bytes of visible ASCII (a gRPC service name such as \"shop.Cart\")",
+                    shown(v)
+                ),
+            ),
+            (Some(_), _) => defect(
+                GRPC_HEALTH_SERVICE_ANNOTATION,
+                format!(
+                    "applies only to a gRPC health check: declare the primary port as \"<port>=grpc\" in {PORTS_ANNOTATION} and leave {PROTOCOL_ANNOTATION} unset"
+                ),
+            ),
+        }
 
         let spec = pod.spec.as_ref();
         let service_account = spec
@@ -480,6 +544,11 @@ impl PodRecord {
     /// The pod's mesh service key `<namespace>/<service account>` (DESIGN.md "Contracts").
     pub fn service_key(&self) -> ServiceKey {
         ServiceKey::new(&self.namespace, &self.service_account)
+    }
+
+    /// One line naming the pod's delegated health check ([`HealthCheck::describe`]).
+    pub fn health_summary(&self) -> String {
+        self.health.describe(self.primary_port().protocol.is_http2())
     }
 
     /// The primary (first) declared port; its protocol picks the health check's codec.
@@ -549,8 +618,8 @@ fn parse_port(s: &str) -> Result<u16, String> {
     }
 }
 
-/// `"8080,9090=h2"`: comma-separated `<port>[=http1|h2]`, spaces around items tolerated, at
-/// least one port, no port twice.
+/// `"8080,9090=grpc"`: comma-separated `<port>[=http1|h2|grpc]`, spaces around items tolerated,
+/// at least one port, no port twice.
 fn parse_ports(s: &str) -> Result<Vec<PortSpec>, String> {
     let mut out: Vec<PortSpec> = Vec::new();
     for item in s.split(',') {
@@ -559,7 +628,10 @@ fn parse_ports(s: &str) -> Result<Vec<PortSpec>, String> {
         let protocol = match protocol {
             None | Some("http1") => AppProtocol::Http1,
             Some("h2") => AppProtocol::H2,
-            Some(other) => return Err(format!("{s:?}: protocol {other:?} of port {port} is not \"http1\" or \"h2\"")),
+            Some("grpc") => AppProtocol::Grpc,
+            Some(other) => {
+                return Err(format!("{s:?}: protocol {other:?} of port {port} is not \"http1\", \"h2\" or \"grpc\""));
+            }
         };
         if out.iter().any(|p| p.port == port) {
             return Err(format!("{s:?}: port {port} is listed twice"));
@@ -573,6 +645,13 @@ fn parse_ports(s: &str) -> Result<Vec<PortSpec>, String> {
 /// (a control character would make Envoy NACK the whole cluster update).
 fn is_health_path(p: &str) -> bool {
     p.starts_with('/') && p.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// A gRPC service name Envoy can carry in any snapshot: visible ASCII only (what the health
+/// protocol's `service` field holds is the server's choice; a space or control character in an
+/// annotation is a mistake, not a name).
+fn is_grpc_service(s: &str) -> bool {
+    s.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// serde mirror of [`ServiceKey`], which lives in the contract crate without serde derives.
@@ -649,7 +728,9 @@ mod tests {
 
     #[test]
     fn ports_list_rejects_bad_entries() {
-        for bad in ["", "8080,", "0", "65536", "80a", "+80", "-1", "8080=h3", "8080=H2", "8080,8080=h2", "123456"] {
+        for bad in
+            ["", "8080,", "0", "65536", "80a", "+80", "-1", "8080=h3", "8080=H2", "8080=gRPC", "8080,8080=h2", "123456"]
+        {
             assert!(parse_ports(bad).is_err(), "{bad:?} must be rejected");
         }
     }
@@ -661,6 +742,46 @@ mod tests {
         assert!(parse_port("0").is_err());
         assert!(parse_port("65536").is_err());
         assert!(parse_port("http").is_err());
+    }
+
+    #[test]
+    fn a_grpc_primary_port_is_checked_with_grpcs_health_protocol_over_http2() {
+        let r = with(&[(PORTS_ANNOTATION, "9090=grpc,8080")]);
+        assert_eq!(r.ports[0], PortSpec { port: 9090, protocol: AppProtocol::Grpc });
+        assert!(r.ports[0].protocol.is_http2() && !r.ports[1].protocol.is_http2());
+        assert_eq!(r.health, HealthCheck::Grpc { service: String::new() });
+        assert!(r.defects.is_empty());
+        assert_eq!(r.health_summary(), "gRPC Health/Check of the whole server (service \"\") over HTTP/2");
+
+        let r = with(&[(PORTS_ANNOTATION, "9090=grpc"), (GRPC_HEALTH_SERVICE_ANNOTATION, "shop.Cart")]);
+        assert_eq!(r.health, HealthCheck::Grpc { service: "shop.Cart".into() });
+        // The other kinds stay what they said: connect-only and HTTP win when asked for.
+        let r = with(&[(PORTS_ANNOTATION, "9090=grpc"), (PROTOCOL_ANNOTATION, "tcp")]);
+        assert_eq!(r.health, HealthCheck::Connect);
+        let r =
+            with(&[(PORTS_ANNOTATION, "9090=grpc"), (PROTOCOL_ANNOTATION, "http"), (HEALTH_PATH_ANNOTATION, "/hz")]);
+        assert_eq!(r.health, HealthCheck::Http { path: "/hz".into() });
+        // A grpc port that is not the primary one changes the codec of its cluster only.
+        let r = with(&[(PORTS_ANNOTATION, "8080,9090=grpc")]);
+        assert_eq!(r.health, HealthCheck::Http { path: "/".into() });
+    }
+
+    #[test]
+    fn a_grpc_health_service_without_a_grpc_check_or_with_a_bad_name_is_a_defect() {
+        let r = with(&[(PORTS_ANNOTATION, "8080"), (GRPC_HEALTH_SERVICE_ANNOTATION, "shop.Cart")]);
+        assert_eq!(r.defects.len(), 1);
+        assert_eq!(r.defects[0].annotation, GRPC_HEALTH_SERVICE_ANNOTATION);
+        assert!(r.defects[0].message.contains("\"<port>=grpc\""), "{}", r.defects[0]);
+        for bad in ["shop Cart".to_owned(), "a\tb".to_owned(), "x".repeat(MAX_GRPC_SERVICE_BYTES + 1)] {
+            let r = with(&[(PORTS_ANNOTATION, "9090=grpc"), (GRPC_HEALTH_SERVICE_ANNOTATION, &bad)]);
+            assert_eq!(r.health, HealthCheck::Grpc { service: String::new() }, "{bad:?}: the default stays");
+            assert_eq!(r.defects.len(), 1, "{bad:?}");
+            assert!(r.defects[0].message.contains("visible ASCII"), "{}", r.defects[0]);
+        }
+        let longest = "x".repeat(MAX_GRPC_SERVICE_BYTES);
+        assert!(
+            with(&[(PORTS_ANNOTATION, "9090=grpc"), (GRPC_HEALTH_SERVICE_ANNOTATION, &longest)]).defects.is_empty()
+        );
     }
 
     #[test]

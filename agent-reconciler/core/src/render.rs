@@ -3,7 +3,8 @@
 //! For every pod in the [`DeliveryMap`]:
 //! - one `app_<ns>_<pod>_<port>` cluster per declared port, all dialing the same endpoint;
 //! - one `health_<ns>_<pod>` cluster with the pod's active health check (HTTP on its health path,
-//!   HTTP/2 codec when the primary port is `h2`, or connect-only), answered by the health gateway.
+//!   HTTP/2 codec when the primary port is `h2`; gRPC's health protocol over HTTP/2 when it is
+//!   `grpc`; or connect-only), answered by the health gateway.
 //!
 //! - for a pod delivered over its socket whose netns and IPs are known, one `inbound_<ns>_<pod>_<port>`
 //!   listener per declared port, bound in the pod's netns, to the `app_` cluster of that port
@@ -26,7 +27,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use crate::index::{DeliveryMap, PodDelivery};
 use crate::model::{self as xds, ClusterSpec, Endpoint, ListenerSpec, Snapshot};
 use crate::names;
-use crate::record::{AppProtocol, HealthCheck, PodKey, PodRecord};
+use crate::record::{HealthCheck, PodKey, PodRecord};
 use crate::refusal::Refusal;
 
 /// Where a rendered pod is actually delivered, after the on-disk check.
@@ -106,7 +107,7 @@ pub fn render_pod(entry: &PodDelivery, refused: Option<&Refusal>) -> PodRender {
             name: names::app_cluster(&pod.namespace, &pod.name, p.port),
             endpoint,
             health: None,
-            http2: p.protocol == AppProtocol::H2,
+            http2: p.protocol.is_http2(),
         });
     }
     // Only once the pod has its IPs: Envoy refuses to change a listener's addresses in place in
@@ -123,16 +124,19 @@ pub fn render_pod(entry: &PodDelivery, refused: Option<&Refusal>) -> PodRender {
             });
         }
     }
-    let h2 = primary.protocol == AppProtocol::H2;
+    let h2 = primary.protocol.is_http2();
     let health = match &pod.health {
         HealthCheck::Http { path } => xds::HealthCheck::Http { path: path.clone(), h2 },
         HealthCheck::Connect => xds::HealthCheck::Connect,
+        HealthCheck::Grpc { service } => xds::HealthCheck::Grpc { service: service.clone() },
     };
+    // gRPC's health protocol runs over HTTP/2 whatever the primary port says.
+    let http2 = h2 || matches!(health, xds::HealthCheck::Grpc { .. });
     out.clusters.push(ClusterSpec {
         name: out.health_cluster.clone(),
         endpoint: health_endpoint,
         health: Some(health),
-        http2: h2,
+        http2,
     });
     out.effective = pipe.map_or(Effective::Tcp, Effective::Pipe);
     out
@@ -203,6 +207,24 @@ mod tests {
         assert!(r.snapshot.clusters[1].http2, "the h2 port uses the HTTP/2 codec");
         assert_eq!(r.snapshot.clusters[2].health, Some(xds::HealthCheck::Http { path: "/ready".into(), h2: false }));
         assert_eq!(r.snapshot.health_clusters, ["health_shop_cart-1"]);
+    }
+
+    #[test]
+    fn a_grpc_primary_port_gets_an_http2_health_cluster_with_the_grpc_check() {
+        let api = aether_fixtures::pod("shop", "api.v2-1")
+            .uid(UID)
+            .emptydir("s")
+            .annotation_socket("s/app.sock")
+            .annotation_ports("9090=grpc,8080")
+            .annotation("endpoint.aether.io/grpc-health-service", "shop.Api")
+            .build();
+        let r = render(&map_of(PodRecord::from_pod(&api).unwrap().unwrap()), &HashMap::new());
+        let c = &r.snapshot.clusters;
+        assert_eq!((c[0].name.as_str(), c[0].http2), ("app_shop_api.v2-1_9090", true));
+        assert_eq!((c[1].name.as_str(), c[1].http2), ("app_shop_api.v2-1_8080", false));
+        assert_eq!(c[2].health, Some(xds::HealthCheck::Grpc { service: "shop.Api".into() }));
+        assert!(c[2].http2, "gRPC's health protocol runs over HTTP/2");
+        assert!(c.iter().all(|c| c.validate().is_ok()));
     }
 
     #[test]

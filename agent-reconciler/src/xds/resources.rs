@@ -22,6 +22,7 @@ use std::time::Duration;
 pub use aether_agent_core::model::{
     ClusterSpec, Endpoint, HealthCheck, ListenerSpec, RenderError, Snapshot, validate_pipe_path,
 };
+use aether_agent_core::names;
 use aether_agent_core::record::PodKey;
 pub use aether_agent_core::render::PodRender;
 use envoy_types::pb::envoy::config::cluster::v3::{
@@ -31,7 +32,7 @@ use envoy_types::pb::envoy::config::cluster::v3::{
 use envoy_types::pb::envoy::config::core::v3::{
     Address, BindConfig, HealthCheck as PbHealthCheck, Http2ProtocolOptions, Pipe, SocketAddress, TypedExtensionConfig,
     address,
-    health_check::{HealthChecker, HttpHealthCheck, TcpHealthCheck},
+    health_check::{GrpcHealthCheck, HealthChecker, HttpHealthCheck, TcpHealthCheck},
     socket_address::PortSpecifier,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
@@ -472,6 +473,7 @@ pub fn render_cluster(spec: &ClusterSpec, opts: &RenderOptions) -> Result<Cluste
     }
     Ok(Cluster {
         name: spec.name.clone(),
+        alt_stat_name: names::stat_name(&spec.name),
         connect_timeout: Some(pb_duration(opts.connect_timeout)),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
         load_assignment: Some(ClusterLoadAssignment {
@@ -508,6 +510,11 @@ fn health_check(h: &HealthCheck, t: &HealthTiming) -> PbHealthCheck {
             ..Default::default()
         }),
         HealthCheck::Connect => HealthChecker::TcpHealthCheck(TcpHealthCheck::default()),
+        HealthCheck::Grpc { service } => HealthChecker::GrpcHealthCheck(GrpcHealthCheck {
+            service_name: service.clone(),
+            authority: HEALTH_CHECK_HOST.to_owned(),
+            ..Default::default()
+        }),
     };
     PbHealthCheck {
         timeout: Some(pb_duration(t.timeout)),
@@ -526,7 +533,8 @@ fn health_check(h: &HealthCheck, t: &HealthTiming) -> PbHealthCheck {
 /// app that holds the port with `SO_REUSEPORT` must make the bind fail, not share its
 /// connections), and one filter chain: `envoy.filters.network.connection_limit` (the cap of
 /// `opts`), then `envoy.filters.network.tcp_proxy` to the spec's cluster with the idle timeout of
-/// `opts`. The stat prefix is the listener name.
+/// `opts`. The stat prefix of the listener and its filters is the listener's stat name
+/// ([`names::stat_name`]: dots written `~`), so a dotted pod name keeps Envoy's metric names.
 ///
 /// # Errors
 /// What [`ListenerSpec::validate`] returns; nothing is rendered then.
@@ -540,8 +548,9 @@ pub fn render_inbound_listener(spec: &ListenerSpec, opts: &RenderOptions) -> Res
     } else {
         Vec::new()
     };
+    let stat_name = names::stat_name(&spec.name);
     let proxy = TcpProxy {
-        stat_prefix: spec.name.clone(),
+        stat_prefix: stat_name.clone(),
         cluster_specifier: Some(ClusterSpecifier::Cluster(spec.cluster.clone())),
         idle_timeout: Some(pb_duration(opts.inbound_idle_timeout)),
         ..Default::default()
@@ -551,8 +560,9 @@ pub fn render_inbound_listener(spec: &ListenerSpec, opts: &RenderOptions) -> Res
         address: Some(on(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))),
         additional_addresses,
         enable_reuse_port: Some(BoolValue { value: false }),
+        stat_prefix: stat_name.clone(),
         filter_chains: vec![connection_limited(
-            &spec.name,
+            &stat_name,
             opts.inbound_max_connections,
             "envoy.filters.network.tcp_proxy",
             pack_any(proxy),
