@@ -5,8 +5,9 @@
 # agent's criterion benches, then `aether-bench`, which starts the real components, prints the
 # sections below and writes docs/benchmarks.md.
 #
-# Environment: BENCH_REPS (3), BENCH_SECS (4), BENCH_CHANGES (50), BENCH_REPINS (20), BENCH_SECTIONS
-# (agent,webhook,convergence,gateway,repin,dataplane,proxy-memory,continuity,rss,per-change,fleet; repin needs root), BENCH_OUT (docs/benchmarks.md; "-" = do
+# Environment: BENCH_REPS (3), BENCH_SECS (4), BENCH_CHANGES (50), BENCH_REPINS (20), BENCH_FLOOD_FILES
+# (100000), BENCH_FLOOD_BASELINE (another aether-agent binary section 3c also measures), BENCH_SECTIONS
+# (agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet; repin and flood need root), BENCH_OUT (docs/benchmarks.md; "-" = do
 # not write).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,7 +15,7 @@ root=$PWD
 cargo=${CARGO:-cargo}
 tools=$root/.cache/tools
 out_dir=$root/target/aether-bench
-sections=${BENCH_SECTIONS:-agent,webhook,convergence,gateway,repin,dataplane,proxy-memory,continuity,rss,per-change,fleet}
+sections=${BENCH_SECTIONS:-agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet}
 
 log() { printf '\n== %s\n' "$*" >&2; }
 
@@ -37,6 +38,7 @@ fi
 log "webhook, convergence and data plane against the real components"
 args=(--oha "$tools/bin/oha" --agent-out "$out_dir" --criterion "$out_dir/criterion"
   --reps "${BENCH_REPS:-3}" --secs "${BENCH_SECS:-4}" --changes "${BENCH_CHANGES:-50}" --repins "${BENCH_REPINS:-20}"
+  --flood-files "${BENCH_FLOOD_FILES:-100000}"
   --sections "$sections")
 if [[ ${BENCH_OUT:-} == - ]]; then args+=(--no-write); else args+=(--out "${BENCH_OUT:-$root/docs/benchmarks.md}"); fi
 "$root/target/release/aether-bench" "${args[@]}"

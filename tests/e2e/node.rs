@@ -295,19 +295,16 @@ impl Env {
     /// `kubectl run <name>` of `uds-echo --get <url>` (restartPolicy Never); waits until the pod
     /// ends and returns (succeeded, its log).
     fn client_get(&self, name: &str, url: &str) -> anyhow::Result<(bool, String)> {
+        self.client_run(name, &["--get", url])
+    }
+
+    /// `kubectl run <name>` of `uds-echo <args>` (restartPolicy Never); waits until the pod ends
+    /// and returns (succeeded, its log).
+    fn client_run(&self, name: &str, client_args: &[&str]) -> anyhow::Result<(bool, String)> {
         let image = "--image=localhost/aether/uds-echo:dev";
-        self.kube().ok(&[
-            "run",
-            name,
-            "-n",
-            "default",
-            image,
-            "--image-pull-policy=Never",
-            "--restart=Never",
-            "--",
-            "--get",
-            url,
-        ])?;
+        let mut args = vec!["run", name, "-n", "default", image, "--image-pull-policy=Never", "--restart=Never", "--"];
+        args.extend(client_args);
+        self.kube().ok(&args)?;
         let mut phase = String::new();
         eventually(&format!("client pod {name} ends"), WAIT, || {
             phase = self.pod_json("default", name)?["status"]["phase"].as_str().unwrap_or_default().to_owned();
@@ -757,6 +754,149 @@ fn a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &En
     );
     ensure!(victim == 0, "{victim} requests for atk were delivered to vic's socket");
     env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "atk", "vic", "--wait=true"])?;
+    Ok(())
+}
+
+/// A gRPC server (`uds-echo --grpc`: tonic with the standard health service) only on its socket,
+/// port 9090 declared `=grpc`: Envoy checks it with grpc.health.v1 (kubelet's own gRPC readiness
+/// probe goes through the inbound listener), the health gateway follows SERVING / NOT_SERVING,
+/// and a gRPC client pod reaches it through its Service.
+fn a_grpc_server_on_its_socket_is_promoted_and_answers_a_grpc_client_through_its_service(
+    env: &Env,
+) -> anyhow::Result<()> {
+    let yaml = r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {name: grpc, namespace: default}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: grpc, namespace: default}
+spec:
+  selector: {app: grpc}
+  ports: [{port: 9090, targetPort: 9090, appProtocol: grpc}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: grpc
+  namespace: default
+  labels: {app: grpc, aether.io/managed: "true"}
+  annotations:
+    endpoint.aether.io/uds-socket: s/app.sock
+    endpoint.aether.io/ports: "9090=grpc"
+    endpoint.aether.io/grpc-health-service: grpc
+spec:
+  serviceAccountName: grpc
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: localhost/aether/uds-echo:dev
+    imagePullPolicy: Never
+    args: [--socket, /s/app.sock, --name, grpc, --grpc]
+    volumeMounts: [{name: s, mountPath: /s}]
+    readinessProbe:
+      grpc: {port: 9090}
+      periodSeconds: 1
+      failureThreshold: 1
+  volumes: [{name: s, emptyDir: {}}]
+"#;
+    env.kube().apply(yaml)?;
+    // Ready: kubelet's gRPC probe on pod IP:9090 passed, through the inbound listener.
+    let pod = env.wait_pod_ready("default", "grpc")?;
+    let pod_uid = uid(&pod)?;
+    env.wait_pinned("app_default_grpc_9090", &pod_uid, &env.socket_path(&pod_uid, "s", "app.sock"))?;
+    eventually("health gateway 200 while SERVING", WAIT, || Ok(env.health("health_default_grpc")? == 200))?;
+    let check = env.endpoint("health_default_grpc")?;
+    println!("health_default_grpc SERVING: gateway 200, Envoy's endpoint {check:?}");
+
+    let flag = env.socket_path(&pod_uid, "s", "not-serving");
+    std::fs::write(&flag, b"")?;
+    let flipped = Instant::now();
+    eventually("health gateway 503 while NOT_SERVING", WAIT, || Ok(env.health("health_default_grpc")? == 503))?;
+    println!("NOT_SERVING: gateway 503 after {:.1} s", flipped.elapsed().as_secs_f64());
+    let ip = env.kube().ok(&["get", "service", "-n", "default", "grpc", "-o", "jsonpath={.spec.clusterIP}"])?;
+    let url = format!("http://{}:9090", ip.trim());
+    let (ok, out) = env.client_run("grpc-client-down", &["--grpc-check", &url, "--service", "grpc"])?;
+    ensure!(!ok && out.contains("NOT_SERVING"), "through the Service while NOT_SERVING: {out}");
+
+    std::fs::remove_file(&flag)?;
+    let flipped = Instant::now();
+    eventually("health gateway 200 when SERVING again", WAIT, || Ok(env.health("health_default_grpc")? == 200))?;
+    println!("SERVING again: gateway 200 after {:.1} s", flipped.elapsed().as_secs_f64());
+    let (ok, out) = env.client_run("grpc-client", &["--grpc-check", &url, "--service", "grpc"])?;
+    println!("client pod: uds-echo --grpc-check {url} --service grpc\n{out}");
+    ensure!(ok && out.contains("SERVING"), "a gRPC client through the Service: {out}");
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "grpc", "--wait=true"])?;
+    Ok(())
+}
+
+/// A pod named with a dot (as a Deployment `api.v2` makes them): Envoy's Prometheus output keeps
+/// one metric family per kind, the whole pod identity in the cluster label.
+fn a_dotted_pod_name_keeps_envoys_metric_names(env: &Env) -> anyhow::Result<()> {
+    let yaml = app_yaml("dots", "s", "", true, false)
+        .replace("name: dots\n  namespace: default\n  labels", "name: api.v2\n  namespace: default\n  labels");
+    ensure!(yaml.contains("name: api.v2"), "the pod manifest changed shape: {yaml}");
+    env.kube().apply(&yaml)?;
+    let pod = env.wait_pod_ready("default", "api.v2")?;
+    let pod_uid = uid(&pod)?;
+    env.wait_pinned("app_default_api.v2_8080", &pod_uid, &env.socket_path(&pod_uid, "s", "app.sock"))?;
+    let ip = pod["status"]["podIP"].as_str().context("the pod's IP")?.to_owned();
+    let client = reqwest::blocking::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build()?;
+    for _ in 0..3 {
+        let body = client.get(format!("http://{ip}:8080/stats")).send()?.text()?;
+        ensure!(body.contains("dots over unix"), "through the inbound listener: {body}");
+    }
+    let (_, prom) = http_get(ENVOY_ADMIN, "/stats/prometheus", &[])?;
+    let ours: Vec<&str> = prom.lines().filter(|l| l.contains("api~v2")).collect();
+    println!("/stats/prometheus, series of pod default/api.v2 ({} in all), e.g.:", ours.len());
+    for l in ours.iter().filter(|l| l.contains("upstream_rq_total") || l.contains("tcp_downstream_cx_total")) {
+        println!("  {l}");
+    }
+    let want = r#"envoy_cluster_upstream_rq_total{envoy_cluster_name="app_default_api~v2_8080"} 3"#;
+    ensure!(prom.lines().any(|l| l == want), "{want} missing");
+    let leaked: Vec<&str> =
+        prom.lines().filter(|l| !l.starts_with('#') && l.split('{').next().unwrap_or(l).contains("v2")).collect();
+    ensure!(leaked.is_empty(), "metric names carrying part of the pod name: {leaked:?}");
+    env.kube().ok(&["delete", "pod", "-n", "default", "api.v2", "--wait=true"])?;
+    env.kube().ok(&["delete", "service,serviceaccount", "-n", "default", "dots", "--wait=true"])?;
+    Ok(())
+}
+
+/// Pod web's socket path is made a FIFO (its socket moved aside): the agent falls back to TCP.
+/// The socket put back is served over its pin at once (the socket watch), not at the next
+/// periodic re-check (`recheckSeconds`, 10 s by default).
+fn a_pod_back_on_its_socket_is_served_at_once(env: &Env) -> anyhow::Result<()> {
+    let pod = env.pod_json("default", "web")?;
+    let pod_uid = uid(&pod)?;
+    let socket = env.socket_path(&pod_uid, "s", "app.sock");
+    let aside = socket.with_file_name("app.sock.aside");
+    let pin = format!("{PINS}/{pod_uid}.sock");
+    env.wait_pinned("app_default_web_8080", &pod_uid, &socket)?;
+    std::fs::rename(&socket, &aside)?;
+    let made = std::process::Command::new("mkfifo").arg(&socket).status().context("mkfifo")?;
+    ensure!(made.success(), "mkfifo {}", socket.display());
+    let fell = Instant::now();
+    eventually("web falls back to TCP (not a socket)", WAIT, || {
+        Ok(env.endpoint("app_default_web_8080")?.is_some_and(|(a, _)| a != pin))
+    })?;
+    println!("FIFO at the socket path: web on TCP after {:.2} s", fell.elapsed().as_secs_f64());
+    std::fs::remove_file(&socket)?;
+    std::fs::rename(&aside, &socket)?;
+    let back = Instant::now();
+    let mut polls = 0u32;
+    while env.endpoint("app_default_web_8080")?.is_none_or(|(a, _)| a != pin) {
+        polls += 1;
+        ensure!(back.elapsed() < WAIT, "web not back on its pin within {} s", WAIT.as_secs());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = back.elapsed();
+    println!("socket back: Envoy dials web's pin again after {:.3} s ({polls} polls of /clusters)", took.as_secs_f64());
+    env.wait_pinned("app_default_web_8080", &pod_uid, &socket)?;
+    eventually("health gateway 200 again", WAIT, || Ok(env.health("health_default_web")? == 200))?;
+    println!("health_default_web 200 again after {:.2} s", back.elapsed().as_secs_f64());
+    // Half the periodic re-check: only the socket watch can be this quick.
+    ensure!(took < Duration::from_secs(5), "back on the socket after {took:?}: not the socket watch");
     Ok(())
 }
 
@@ -1637,6 +1777,12 @@ fn main() {
                 a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic,
             ),
             suite::case("memory_emptydir_socket_is_reached", memory_emptydir_socket_is_reached),
+            suite::case(
+                "a_grpc_server_on_its_socket_is_promoted_and_answers_a_grpc_client_through_its_service",
+                a_grpc_server_on_its_socket_is_promoted_and_answers_a_grpc_client_through_its_service,
+            ),
+            suite::case("a_dotted_pod_name_keeps_envoys_metric_names", a_dotted_pod_name_keeps_envoys_metric_names),
+            suite::case("a_pod_back_on_its_socket_is_served_at_once", a_pod_back_on_its_socket_is_served_at_once),
             suite::case(
                 "app_container_restart_recovers_without_an_agent_restart",
                 app_container_restart_recovers_without_an_agent_restart,

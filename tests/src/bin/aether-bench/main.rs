@@ -7,17 +7,19 @@
 //!
 //! ```text
 //! aether-bench --oha PATH [--out docs/benchmarks.md] [--agent-out DIR] [--criterion DIR]
-//!              [--reps 3] [--secs 4] [--changes 50] [--repins 20]
-//!              [--sections agent,webhook,convergence,gateway,repin,dataplane,proxy-memory,continuity,rss,per-change,fleet]
+//!              [--reps 3] [--secs 4] [--changes 50] [--repins 20] [--flood-files 100000]
+//!              [--sections agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet]
 //! ```
 //!
 //! `fleet` (section 3f, [`fleet`]) runs 10, then 100 agents with an ADS client each ([`ads_client`]).
 //!
-//! `repin` (section 3b, [`repin`]) needs root: its agent mounts the socket pins.
+//! `repin` (section 3b, [`repin`]) and `flood` (section 3c, [`flood`]) need root: their agent
+//! mounts the socket pins.
 
 mod ads_client;
 mod continuity;
 mod fleet;
+mod flood;
 mod health_gateway;
 mod node_pods;
 mod per_change;
@@ -48,6 +50,7 @@ struct Opts {
     secs: u64,
     changes: usize,
     repins: usize,
+    flood_files: usize,
     sections: Vec<String>,
 }
 
@@ -63,12 +66,14 @@ impl Opts {
             secs: 4,
             changes: 50,
             repins: 20,
+            flood_files: 100_000,
             sections: [
                 "agent",
                 "webhook",
                 "convergence",
                 "gateway",
                 "repin",
+                "flood",
                 "dataplane",
                 "proxy-memory",
                 "continuity",
@@ -92,13 +97,14 @@ impl Opts {
                 "--secs" => o.secs = value()?.parse()?,
                 "--changes" => o.changes = value()?.parse()?,
                 "--repins" => o.repins = value()?.parse()?,
+                "--flood-files" => o.flood_files = value()?.parse()?,
                 "--sections" => o.sections = value()?.split(',').map(String::from).collect(),
                 other => bail!("unknown argument {other}; see the comment at the top of aether-bench/main.rs"),
             }
         }
         ensure!(
-            o.reps >= 1 && o.secs >= 1 && o.changes >= 1 && o.repins >= 1,
-            "--reps, --secs, --changes and --repins must be positive"
+            o.reps >= 1 && o.secs >= 1 && o.changes >= 1 && o.repins >= 1 && o.flood_files >= 1,
+            "--reps, --secs, --changes, --repins and --flood-files must be positive"
         );
         Ok(o)
     }
@@ -144,7 +150,10 @@ fn main() -> anyhow::Result<()> {
     if opts.wants("agent") {
         section_agent(&mut r, &opts).context("section 1 (agent)")?;
     }
-    if ["webhook", "convergence", "repin", "gateway", "rss", "per-change", "fleet"].iter().any(|s| opts.wants(s)) {
+    if ["webhook", "convergence", "repin", "flood", "gateway", "rss", "per-change", "fleet"]
+        .iter()
+        .any(|s| opts.wants(s))
+    {
         let cp = ControlPlane::start().context("starting the control plane")?;
         if opts.wants("webhook") || opts.wants("convergence") {
             let certs = tempfile::Builder::new().prefix("aether-bench-certs-").tempdir()?;
@@ -165,6 +174,9 @@ fn main() -> anyhow::Result<()> {
         }
         if opts.wants("repin") {
             repin::section_repin(&mut r, &opts, &cp).context("section 3b (re-pin)")?;
+        }
+        if opts.wants("flood") {
+            flood::section_flood(&mut r, &opts, &cp).context("section 3c (file flood)")?;
         }
         if opts.wants("rss") {
             rss::section_rss(&mut r, &opts, &cp).context("section 3d (agent RSS per pod)")?;

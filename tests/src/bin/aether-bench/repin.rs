@@ -30,7 +30,7 @@ const STEP: Duration = Duration::from_secs(30);
 
 /// Lazily unmounts every mount below `dir` when dropped (the agent's pins outlive it: they are
 /// mounts). Declared before the processes, so it runs after they are stopped.
-struct Unmount(PathBuf);
+pub(crate) struct Unmount(PathBuf);
 
 impl Drop for Unmount {
     fn drop(&mut self) {
@@ -45,7 +45,7 @@ impl Drop for Unmount {
     }
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:")).map(|u| u.split_whitespace().next() == Some("0")))
@@ -57,7 +57,7 @@ fn inode(path: &Path) -> Option<u64> {
 }
 
 /// Polls `f` (every `every`) until it is true; the instant it first was.
-fn until(what: &str, every: Duration, mut f: impl FnMut() -> bool) -> anyhow::Result<Instant> {
+pub(crate) fn until(what: &str, every: Duration, mut f: impl FnMut() -> bool) -> anyhow::Result<Instant> {
     let deadline = Instant::now() + STEP;
     loop {
         if f() {
@@ -69,68 +69,107 @@ fn until(what: &str, every: Duration, mut f: impl FnMut() -> bool) -> anyhow::Re
 }
 
 /// `uds-echo` named `name` on `socket`, not waited for (the caller watches the socket's inode).
-fn app(work: &Path, name: &str, socket: &Path) -> anyhow::Result<Proc> {
+pub(crate) fn app(work: &Path, name: &str, socket: &Path) -> anyhow::Result<Proc> {
     let mut cmd = Command::new(workspace_bin("uds-echo")?);
     cmd.arg("--socket").arg(socket).args(["--name", name]);
     Proc::spawn(cmd, work.join(format!("{name}.log")), 0)
 }
 
+/// One node's pinning agent and its Envoy, on a pods dir in a temp dir: the stage of sections 3b
+/// and 3c. Dropping it stops Envoy and the agent, then detaches the pins, then removes the dir.
+pub(crate) struct Stage {
+    pub(crate) envoy: Envoy,
+    pub(crate) agent: Proc,
+    _unmount: Unmount,
+    /// `--kubelet-pods-dir`.
+    pub(crate) pods: PathBuf,
+    /// `--pin-dir`.
+    pub(crate) pins: PathBuf,
+    /// `--health-socket`.
+    pub(crate) health: PathBuf,
+    pub(crate) work: tempfile::TempDir,
+}
+
+impl Stage {
+    /// Starts `agent_bin` (`--pin-dir`, defaults otherwise) for node `node` and an Envoy on its
+    /// ADS with the inbound test listener.
+    pub(crate) fn start(cp: &ControlPlane, node: &str, agent_bin: &Path) -> anyhow::Result<Stage> {
+        ensure!(is_root(), "the pinning agent needs root: it mounts each pin (CAP_SYS_ADMIN)");
+        let work = tempfile::Builder::new().prefix("aebr").tempdir_in("/tmp")?;
+        let unmount = Unmount(work.path().to_owned());
+        let (pods, run, pins) = (work.path().join("pods"), work.path().join("run"), work.path().join("run/pins"));
+        std::fs::create_dir_all(&pods)?;
+        std::fs::create_dir_all(&run)?;
+        let (xds, health) = (run.join("xds.sock"), run.join("health.sock"));
+        let agent_admin = free_port();
+        let mut cmd = Command::new(agent_bin);
+        cmd.arg("run")
+            .args(["--node-name", node, "--admin-addr", &format!("127.0.0.1:{agent_admin}")])
+            .arg("--kubelet-pods-dir")
+            .arg(&pods)
+            .arg("--pin-dir")
+            .arg(&pins)
+            .arg("--state-dir")
+            .arg(work.path().join("state"))
+            .arg("--xds-address")
+            .arg(format!("unix://{}", xds.display()))
+            .arg("--health-socket")
+            .arg(&health)
+            .env("KUBECONFIG", cp.kubeconfig());
+        let mut agent = Proc::spawn(cmd, work.path().join("agent.log"), agent_admin)?;
+        agent.wait_until("aether-agent (pinning)", || http_get_status(agent_admin, "/readyz") == Some(200))?;
+        let envoy_dir = work.path().join("envoy");
+        std::fs::create_dir_all(&envoy_dir)?;
+        let envoy = Envoy::builder(&xds, node, &envoy_dir).inbound().binary(envoy_bin()?).start()?;
+        Ok(Stage { envoy, agent, _unmount: unmount, pods, pins, health, work })
+    }
+
+    /// Creates managed pod `ns/name` (ServiceAccount `app`, emptyDir `s`, socket `s/app.sock`)
+    /// on `node` and its volume dir; returns (its UID, its socket path).
+    pub(crate) fn pod(&self, cp: &ControlPlane, ns: &str, name: &str, node: &str) -> anyhow::Result<(String, PathBuf)> {
+        cp.apply(
+            &pod(ns, name)
+                .node(node)
+                .sa("app")
+                .container("app", "registry.example/uds-echo:bench")
+                .emptydir("s")
+                .annotation_socket("s/app.sock")
+                .manifest(),
+        )?;
+        let uid = cp.kubectl_ok(&["get", "pod", "-n", ns, name, "-o", "jsonpath={.metadata.uid}"])?;
+        let volume = self.pods.join(&uid).join("volumes/kubernetes.io~empty-dir/s");
+        std::fs::create_dir_all(&volume)?;
+        Ok((uid, volume.join("app.sock")))
+    }
+
+    /// True when a request through Envoy's `cluster` is answered 200 by the app named `name`.
+    pub(crate) fn served_by(&self, cluster: &str, name: &str) -> bool {
+        let who = format!("{name} ");
+        self.envoy.via(cluster, "/bench").is_ok_and(|(status, body)| status == 200 && body.starts_with(&who))
+    }
+
+    /// The agent's log, for an error's context.
+    pub(crate) fn agent_log(&self) -> String {
+        std::fs::read_to_string(&self.agent.log).unwrap_or_default()
+    }
+}
+
 /// The section: `opts.repins` re-creations of the pod's socket.
 pub(crate) fn section_repin(r: &mut Report, opts: &Opts, cp: &ControlPlane) -> anyhow::Result<()> {
-    ensure!(is_root(), "the re-pin section needs root: the agent mounts each pin (CAP_SYS_ADMIN)");
-    let work = tempfile::Builder::new().prefix("aebr").tempdir_in("/tmp")?;
-    let _unmount = Unmount(work.path().to_owned());
-    let (pods, run, pins) = (work.path().join("pods"), work.path().join("run"), work.path().join("run/pins"));
-    std::fs::create_dir_all(&pods)?;
-    std::fs::create_dir_all(&run)?;
     cp.kubectl_ok(&["create", "namespace", NS])?;
     cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, "app"])?;
-    cp.apply(
-        &pod(NS, POD)
-            .node(NODE)
-            .sa("app")
-            .container("app", "registry.example/uds-echo:bench")
-            .emptydir("s")
-            .annotation_socket("s/app.sock")
-            .manifest(),
-    )?;
-    let uid = cp.kubectl_ok(&["get", "pod", "-n", NS, POD, "-o", "jsonpath={.metadata.uid}"])?;
-    let volume = pods.join(&uid).join("volumes/kubernetes.io~empty-dir/s");
-    std::fs::create_dir_all(&volume)?;
-    let socket = volume.join("app.sock");
-    let pin = pins.join(format!("{uid}.sock"));
-    let mut current = app(work.path(), "gen-0", &socket)?;
+    let stage = Stage::start(cp, NODE, &workspace_bin("aether-agent")?)?;
+    let (uid, socket) = stage.pod(cp, NS, POD, NODE)?;
+    let pin = stage.pins.join(format!("{uid}.sock"));
+    let work = stage.work.path().to_owned();
+    let mut current = app(&work, "gen-0", &socket)?;
     until("the first app's socket", Duration::from_millis(5), || socket.exists())?;
-
-    let (xds, health) = (run.join("xds.sock"), run.join("health.sock"));
-    let agent_admin = free_port();
-    let mut cmd = Command::new(workspace_bin("aether-agent")?);
-    cmd.arg("run")
-        .args(["--node-name", NODE, "--admin-addr", &format!("127.0.0.1:{agent_admin}")])
-        .arg("--kubelet-pods-dir")
-        .arg(&pods)
-        .arg("--pin-dir")
-        .arg(&pins)
-        .arg("--state-dir")
-        .arg(work.path().join("state"))
-        .arg("--xds-address")
-        .arg(format!("unix://{}", xds.display()))
-        .arg("--health-socket")
-        .arg(&health)
-        .env("KUBECONFIG", cp.kubeconfig());
-    let mut agent = Proc::spawn(cmd, work.path().join("agent.log"), agent_admin)?;
-    agent.wait_until("aether-agent (re-pin)", || http_get_status(agent_admin, "/readyz") == Some(200))?;
-    let envoy_dir = work.path().join("envoy");
-    std::fs::create_dir_all(&envoy_dir)?;
-    let envoy = Envoy::builder(&xds, NODE, &envoy_dir).inbound().binary(envoy_bin()?).start()?;
     let (cluster, health_cluster) = (format!("app_{NS}_{POD}_8080"), format!("health_{NS}_{POD}"));
     let healthz = format!("/healthz/{health_cluster}");
-    let healthy = || unix_get_status(&health, &healthz).is_ok_and(|s| s == 200);
-    let served_by = |name: &str| {
-        envoy.via(&cluster, "/repin").is_ok_and(|(status, body)| status == 200 && body.starts_with(&format!("{name} ")))
-    };
+    let healthy = || unix_get_status(&stage.health, &healthz).is_ok_and(|s| s == 200);
+    let served_by = |name: &str| stage.served_by(&cluster, name);
     until("Envoy serving gen-0 through the pin", Duration::from_millis(20), || served_by("gen-0") && healthy())
-        .with_context(|| std::fs::read_to_string(&agent.log).unwrap_or_default())?;
+        .with_context(|| stage.agent_log())?;
 
     let (mut to_pin, mut to_served, mut to_healthy, mut down) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 1..=opts.repins {
@@ -141,13 +180,13 @@ pub(crate) fn section_repin(r: &mut Report, opts: &Opts, cp: &ControlPlane) -> a
         let unhealthy = until("Envoy marking the killed app unhealthy", Duration::from_millis(20), || !healthy())?;
         down.push((unhealthy - killed).as_secs_f64());
         let name = format!("gen-{i}");
-        current = app(work.path(), &name, &socket)?;
+        current = app(&work, &name, &socket)?;
         let t0 = until("the new socket's inode", Duration::from_micros(50), || {
             inode(&socket).is_some_and(|ino| ino != old)
         })?;
         let new = inode(&socket).context("the new socket")?;
         let pinned = until("the pin holding the new inode", Duration::from_micros(50), || inode(&pin) == Some(new))
-            .with_context(|| std::fs::read_to_string(&agent.log).unwrap_or_default())?;
+            .with_context(|| stage.agent_log())?;
         let (mut served, mut passed) = (None, None);
         until("Envoy serving the new app and passing its health check", Duration::from_micros(500), || {
             let now = Instant::now();
@@ -163,8 +202,7 @@ pub(crate) fn section_repin(r: &mut Report, opts: &Opts, cp: &ControlPlane) -> a
         to_served.push((served.unwrap_or(pinned) - t0).as_secs_f64());
         to_healthy.push((passed.unwrap_or(pinned) - t0).as_secs_f64());
     }
-    drop(envoy);
-    drop(agent);
+    drop(stage);
     drop(current);
 
     r.line("### 3b. Re-pin: the app re-creates its socket → the pin → Envoy\n");
