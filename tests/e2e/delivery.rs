@@ -256,9 +256,15 @@ fn e_crd_installed_after_the_agent_started_takes_effect_without_a_restart(env: &
 
 fn a_annotated_pod_is_served_over_its_socket_through_envoy(env: &Env) -> anyhow::Result<()> {
     let uid = env.pod(NS, "ann-1", "ann", Some("s/app.sock"))?;
+    // Rendered over its pin before the app binds the socket, but not logged as delivered yet.
+    env.wait_pipe("app_e2e_ann-1_8080", &env.volume_dir(&uid, "s").join("app.sock"))?;
+    let delivered =
+        |log: &str| log.lines().any(|l| l.contains("e2e/ann-1") && l.contains("delivering over the pod's Unix socket"));
+    ensure!(!delivered(&env.agent_log()), "ann-1 logged as delivered before its socket exists");
     let socket = env.serve(&uid, "s", "app.sock", "ann-1")?;
     env.wait_pipe("app_e2e_ann-1_8080", &socket)?;
     env.wait_served("app_e2e_ann-1_8080", "ann-1")?;
+    eventually("ann-1 logged as delivered once its socket is verified", WAIT, || Ok(delivered(&env.agent_log())))?;
     eventually("health gateway 200 for health_e2e_ann-1", WAIT, || Ok(env.health("health_e2e_ann-1")? == 200))?;
     ensure!(env.health("health_e2e_nosuch")? != 200, "unknown health cluster answered 200");
     ensure!(unix_get_status(&env.path("run/health.sock"), "/other")? == 404, "non-healthz path is not 404");
@@ -404,6 +410,31 @@ fn k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &
     // Once a check catches the link, the pod stays on TCP until it is re-created.
     env.log_has("held a link: TCP until the pod is re-created")?;
     env.wait_not_pipe("app_e2e_atk-1_8080")?;
+    Ok(())
+}
+
+/// A FIFO in place of pod fifo-1's socket sends it to TCP; a real socket bound there again is
+/// served over its pin at once: the pod stays watched while it is on TCP for that reason.
+fn o_a_pod_fallen_back_for_a_fifo_is_served_over_its_socket_once_one_is_bound_again(env: &Env) -> anyhow::Result<()> {
+    let uid = env.pod(NS, "fifo-1", "fifo", Some("s/app.sock"))?;
+    let dir = env.volume_dir(&uid, "s");
+    std::fs::create_dir_all(&dir)?;
+    let socket = dir.join("app.sock");
+    let made = Command::new("mkfifo").arg(&socket).status().context("mkfifo")?;
+    ensure!(made.success(), "mkfifo {}", socket.display());
+    env.log_has(&format!("{} exists but is not a Unix socket (it is a FIFO)", socket.display()))?;
+    env.wait_not_pipe("app_e2e_fifo-1_8080")?;
+    let metrics = || -> anyhow::Result<f64> {
+        let scrape = Scrape::get(env.agent_admin()?)?;
+        Ok(scrape.value("aether_agent_socket_watch_events_total", &[("outcome", "socket")]))
+    };
+    let before = metrics()?;
+    std::fs::remove_file(&socket)?;
+    let socket = env.serve(&uid, "s", "app.sock", "fifo-1")?;
+    env.wait_pipe("app_e2e_fifo-1_8080", &socket)?;
+    env.wait_served("app_e2e_fifo-1_8080", "fifo-1")?;
+    let after = metrics()?;
+    ensure!(after >= before + 2.0, "the socket watch saw the FIFO go and the socket come: {before} → {after}");
     Ok(())
 }
 
@@ -891,6 +922,10 @@ fn main() {
             suite::case(
                 "k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic",
                 k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic,
+            ),
+            suite::case(
+                "o_a_pod_fallen_back_for_a_fifo_is_served_over_its_socket_once_one_is_bound_again",
+                o_a_pod_fallen_back_for_a_fifo_is_served_over_its_socket_once_one_is_bound_again,
             ),
             suite::case("h_cluster_names_are_unique_across_namespaces", h_cluster_names_are_unique_across_namespaces),
             suite::case(

@@ -125,7 +125,9 @@ impl Stage {
     }
 
     /// Creates managed pod `ns/name` (ServiceAccount `app`, emptyDir `s`, socket `s/app.sock`)
-    /// on `node` and its volume dir; returns (its UID, its socket path).
+    /// on `node`, then, as kubelet does, its volume dir and then its pod IP (volumes are set up
+    /// before the sandbox that gets the IP; the IP is the pod update after which the agent finds
+    /// the volume dir to watch); returns (its UID, its socket path).
     pub(crate) fn pod(&self, cp: &ControlPlane, ns: &str, name: &str, node: &str) -> anyhow::Result<(String, PathBuf)> {
         cp.apply(
             &pod(ns, name)
@@ -139,6 +141,8 @@ impl Stage {
         let uid = cp.kubectl_ok(&["get", "pod", "-n", ns, name, "-o", "jsonpath={.metadata.uid}"])?;
         let volume = self.pods.join(&uid).join("volumes/kubernetes.io~empty-dir/s");
         std::fs::create_dir_all(&volume)?;
+        let ip = r#"{"status":{"podIP":"10.0.0.2","podIPs":[{"ip":"10.0.0.2"}]}}"#;
+        cp.kubectl_ok(&["patch", "pod", "-n", ns, name, "--subresource=status", "--type=merge", "-p", ip])?;
         Ok((uid, volume.join("app.sock")))
     }
 
