@@ -422,7 +422,7 @@ fn o_a_pod_fallen_back_for_a_fifo_is_served_over_its_socket_once_one_is_bound_ag
     let socket = dir.join("app.sock");
     let made = Command::new("mkfifo").arg(&socket).status().context("mkfifo")?;
     ensure!(made.success(), "mkfifo {}", socket.display());
-    env.log_has(&format!("{} exists but is not a Unix socket (it is a FIFO)", socket.display()))?;
+    env.log_has(&format!("{} exists but is not a Unix socket (it is a fifo)", socket.display()))?;
     env.wait_not_pipe("app_e2e_fifo-1_8080")?;
     let metrics = || -> anyhow::Result<f64> {
         let scrape = Scrape::get(env.agent_admin()?)?;
@@ -888,7 +888,7 @@ fn setup() -> anyhow::Result<Env> {
     for ns in [NS, NS_B] {
         cp.kubectl_ok(&["create", "namespace", ns])?;
     }
-    for sa in ["late", "ann", "pol", "prec", "drift", "sym", "atk", "vic", "twin", "over", "fin"] {
+    for sa in ["late", "ann", "pol", "prec", "drift", "sym", "atk", "vic", "twin", "over", "fin", "fifo"] {
         cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, sa])?;
     }
     cp.kubectl_ok(&["create", "serviceaccount", "-n", NS_B, "twin"])?;
