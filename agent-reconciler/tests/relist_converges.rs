@@ -37,7 +37,7 @@ fn policy_strategy() -> impl Strategy<Value = PolicyRecord> {
 
 #[derive(Debug, Clone)]
 enum Event {
-    ApplyPod(PodRecord),
+    ApplyPod(Box<PodRecord>),
     DeletePod(usize),
     ApplyPolicy(PolicyRecord),
     DeletePolicy(usize, usize),
@@ -47,7 +47,7 @@ enum Event {
 
 fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
-        4 => pod_strategy().prop_map(Event::ApplyPod),
+        4 => pod_strategy().prop_map(|p| Event::ApplyPod(Box::new(p))),
         2 => (0..12usize).prop_map(Event::DeletePod),
         4 => policy_strategy().prop_map(Event::ApplyPolicy),
         2 => (0..2usize, 0..4usize).prop_map(|(ns, n)| Event::DeletePolicy(ns, n)),
@@ -92,6 +92,7 @@ proptest! {
             let before = model.clone();
             let change = match event.clone() {
                 Event::ApplyPod(p) => {
+                    let p = *p;
                     model.pods.insert(p.uid.clone(), p.clone());
                     let key = p.key();
                     let change = index.apply_pod(p);
@@ -140,7 +141,7 @@ proptest! {
 
             // The same event again is a resync: nothing re-rendered, nothing reported.
             let again = match event {
-                Event::ApplyPod(p) => index.apply_pod(p),
+                Event::ApplyPod(p) => index.apply_pod(*p),
                 Event::DeletePod(n) => index.delete_pod(&uid(n)),
                 Event::ApplyPolicy(p) => index.apply_policy(p),
                 Event::DeletePolicy(ns, n) => index.delete_policy(NAMESPACES[ns], &format!("p{n}")),
