@@ -35,7 +35,7 @@ fn plan_reports_every_managed_pod_with_source_path_reason_and_clusters() {
     let plans = plan_json(&[]);
     assert_eq!(plans.len(), 3, "unmanaged pods and other kinds are left out: {plans:?}");
     for p in &plans {
-        for key in ["namespace", "name", "uid", "source", "socket", "path", "reason", "clusters"] {
+        for key in ["namespace", "name", "uid", "source", "socket", "path", "reason", "clusters", "healthCheck"] {
             assert!(p.get(key).is_some(), "{key} missing in {p}");
         }
     }
@@ -44,6 +44,7 @@ fn plan_reports_every_managed_pod_with_source_path_reason_and_clusters() {
     assert!(echo["path"].as_str().unwrap().ends_with("/volumes/kubernetes.io~empty-dir/s/app.sock"), "{echo}");
     assert!(echo["reason"].as_str().unwrap().contains("placeholder UID"), "{echo}");
     assert_eq!(echo["clusters"], serde_json::json!(["app_shop_echo-1_8080", "health_shop_echo-1"]));
+    assert_eq!(echo["healthCheck"], "HTTP GET / over HTTP/1.1");
     let cart = by_name(&plans, "cart-1");
     assert_eq!(cart["source"], "policy");
     assert!(cart["reason"].as_str().unwrap().contains("shop/cart-uds"), "{cart}");

@@ -37,6 +37,10 @@ pub struct PodPlan {
     pub reason: String,
     /// The Envoy clusters the pod gets.
     pub clusters: Vec<String>,
+    /// The health check of its `health_` cluster ([`PodRecord::health_summary`]); JSON
+    /// `healthCheck`, as in `kubectl aether why`.
+    #[serde(rename = "healthCheck")]
+    pub health_check: String,
 }
 
 /// Input that cannot be read or parsed.
@@ -123,6 +127,7 @@ pub fn plan(pods: &[Value], policies: &[Value], settings: &Settings) -> Result<V
                     s @ (Source::Tcp(_) | Source::NoSocketDeclared) => format!("{}: {}", s.label(), d.reason),
                 },
                 clusters,
+                health_check: e.pod.health_summary(),
             }
         })
         .collect())
@@ -138,12 +143,13 @@ pub fn render_text(plans: &[PodPlan]) -> String {
             None => "TCP".to_owned(),
         };
         s.push_str(&format!(
-            "{}/{}: {via} (source: {})\n    why: {}\n    clusters: {}\n",
+            "{}/{}: {via} (source: {})\n    why: {}\n    clusters: {}\n    health: {}\n",
             p.namespace,
             p.name,
             p.source,
             p.reason,
-            p.clusters.join(", ")
+            p.clusters.join(", "),
+            p.health_check
         ));
     }
     s.push_str(&format!(
