@@ -18,7 +18,8 @@
 //! create and delete files in it as fast as it likes.
 //! - Only events on the socket's own name (or on the dir itself) count; the reader thread drops
 //!   every other name after one comparison, counted as `other-name` in
-//!   `aether_agent_socket_watch_events_total`.
+//!   `aether_agent_socket_watch_events_total`. It reads the kernel's queue at most once per
+//!   [`READ_PAUSE`], a buffer of events at a time.
 //! - The pods named by counted events are gathered into one set ([`Changes`]), taken by the driver
 //!   at most once per [`MIN_BATCH_INTERVAL`]: a pod re-creating its socket in a loop costs at most
 //!   one re-check per interval, however many events it makes.
@@ -42,9 +43,14 @@ use tokio::sync::Notify;
 /// The default cap on watched pods (`--socket-watch-max`).
 pub const DEFAULT_MAX_WATCHES: usize = 4096;
 
+/// How long the reader thread waits after each read before the next: events arriving meanwhile
+/// are read together (one `read(2)` for up to 16 KiB of them), so a flood costs a few hundred
+/// reads a second, not one per event. It adds at most this much to a socket event's delay.
+pub const READ_PAUSE: Duration = Duration::from_millis(10);
+
 /// The shortest time between two batches handed to the driver: a batch holds every pod named
 /// since the last one, so a flood of events makes at most 50 driver passes a second, and a
-/// socket's return waits at most this long beyond the event.
+/// socket's return waits at most this plus [`READ_PAUSE`] beyond the event.
 pub const MIN_BATCH_INTERVAL: Duration = Duration::from_millis(20);
 
 /// The `outcome` label values of `aether_agent_socket_watch_events_total`.
@@ -180,40 +186,20 @@ impl SocketWatch {
     fn read_loop(&self) {
         let mut buf = [MaybeUninit::<u8>::uninit(); 16384];
         let mut reader = inotify::Reader::new(self.fd.as_ref(), &mut buf);
-        let [socket, other, overflow] = &self.metrics.counters;
         loop {
             // One blocking read, then the rest of what it returned, as one batch.
-            let (mut named, mut first) = (Vec::new(), true);
+            let mut named = Vec::new();
             loop {
                 match reader.next() {
-                    Ok(event) if event.events().contains(ReadFlags::QUEUE_OVERFLOW) => {
-                        overflow.inc();
-                        named.extend(self.lock().by_uid.keys().cloned());
-                    }
-                    Ok(event) => {
-                        let st = self.lock();
-                        let Some(uid) = st.by_wd.get(&event.wd()) else { continue };
-                        let ours = match event.file_name() {
-                            Some(name) => st.by_uid.get(uid).is_some_and(|w| w.name == name.to_bytes()),
-                            None => true,
-                        };
-                        if ours {
-                            socket.inc();
-                            named.push(uid.clone());
-                        } else {
-                            other.inc();
-                        }
-                    }
-                    Err(rustix::io::Errno::INTR) if first => continue,
-                    Err(e) if first => {
+                    Ok(event) => named.extend(self.classify(&event)),
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => {
                         tracing::warn!(error = %e, "socket watch stopped; the periodic re-check remains");
                         self.pending.stopped.store(true, Ordering::Release);
                         self.pending.bell.notify_one();
                         return;
                     }
-                    Err(_) => break,
                 }
-                first = false;
                 if reader.is_buffer_empty() {
                     break;
                 }
@@ -222,6 +208,32 @@ impl SocketWatch {
                 self.pending.lock().extend(named);
                 self.pending.bell.notify_one();
             }
+            // Let events gather in the kernel's queue: a flood is then read a buffer at a time,
+            // not one wake-up and one read(2) per event.
+            std::thread::sleep(READ_PAUSE);
+        }
+    }
+
+    /// Counts one event; the pods to re-check: the watched pod whose socket name or dir it is
+    /// about, or every watched pod when the kernel's queue overflowed (events were lost).
+    fn classify(&self, event: &inotify::Event<'_>) -> Vec<String> {
+        let [socket, other, overflow] = &self.metrics.counters;
+        let st = self.lock();
+        if event.events().contains(ReadFlags::QUEUE_OVERFLOW) {
+            overflow.inc();
+            return st.by_uid.keys().cloned().collect();
+        }
+        let Some(uid) = st.by_wd.get(&event.wd()) else { return Vec::new() };
+        let ours = match event.file_name() {
+            Some(name) => st.by_uid.get(uid).is_some_and(|w| w.name == name.to_bytes()),
+            None => true,
+        };
+        if ours {
+            socket.inc();
+            vec![uid.clone()]
+        } else {
+            other.inc();
+            Vec::new()
         }
     }
 
