@@ -11,15 +11,14 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use aether_fixtures::{Envoy, pod};
-use aether_tests::{ControlPlane, envoy_bin, free_port, http_get_status};
+use aether_tests::{ControlPlane, envoy_bin};
 use anyhow::{Context, bail, ensure};
 
 use crate::stats::{Spread, md_table, percentile, show_secs};
-use crate::{Goal, Opts, Proc, Report, api_client, workspace_bin};
+use crate::{Goal, Opts, Report, api_client, workspace_bin};
 
 const NS: &str = "bench-gw";
 const NODE: &str = "bench-gw-node";
@@ -92,27 +91,12 @@ impl KeepAlive {
 /// The section: `opts.changes` pods added one by one, then removed one by one.
 pub(crate) fn section_health_gateway(r: &mut Report, opts: &Opts, cp: &ControlPlane) -> anyhow::Result<()> {
     let work = tempfile::Builder::new().prefix("aebg").tempdir_in("/tmp")?;
-    let (pods, run) = (work.path().join("pods"), work.path().join("run"));
+    let pods = work.path().join("pods");
     std::fs::create_dir_all(&pods)?;
-    std::fs::create_dir_all(&run)?;
     cp.kubectl_ok(&["create", "namespace", NS])?;
     cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, "app"])?;
-    let (xds, health) = (run.join("xds.sock"), run.join("health.sock"));
-    let agent_admin = free_port();
-    let mut cmd = Command::new(workspace_bin("aether-agent")?);
-    cmd.arg("run")
-        .args(["--node-name", NODE, "--admin-addr", &format!("127.0.0.1:{agent_admin}")])
-        .arg("--kubelet-pods-dir")
-        .arg(&pods)
-        .arg("--state-dir")
-        .arg(work.path().join("state"))
-        .arg("--xds-address")
-        .arg(format!("unix://{}", xds.display()))
-        .arg("--health-socket")
-        .arg(&health)
-        .env("KUBECONFIG", cp.kubeconfig());
-    let mut agent = Proc::spawn(cmd, work.path().join("agent.log"), agent_admin)?;
-    agent.wait_until("aether-agent (health gateway)", || http_get_status(agent_admin, "/readyz") == Some(200))?;
+    let agent_bin = workspace_bin("aether-agent")?;
+    let (agent, xds, health) = crate::repin::start_agent(cp, NODE, &agent_bin, work.path(), None, "health gateway")?;
     let envoy_dir = work.path().join("envoy");
     std::fs::create_dir_all(&envoy_dir)?;
     let mut envoy = Envoy::builder(&xds, NODE, &envoy_dir).binary(envoy_bin()?).start()?;

@@ -75,6 +75,42 @@ pub(crate) fn app(work: &Path, name: &str, socket: &Path) -> anyhow::Result<Proc
     Proc::spawn(cmd, work.join(format!("{name}.log")), 0)
 }
 
+/// `agent_bin run` for node `node` in `work` (`--kubelet-pods-dir <work>/pods`, state dir, xDS
+/// and health sockets under `<work>/run`, and `--pin-dir` when `pins` is given, defaults
+/// otherwise), waited for until `/readyz` answers 200 (`what` names it in an error). Returns the
+/// agent, its xDS socket and its health socket.
+pub(crate) fn start_agent(
+    cp: &ControlPlane,
+    node: &str,
+    agent_bin: &Path,
+    work: &Path,
+    pins: Option<&Path>,
+    what: &str,
+) -> anyhow::Result<(Proc, PathBuf, PathBuf)> {
+    let run = work.join("run");
+    std::fs::create_dir_all(&run)?;
+    let (xds, health) = (run.join("xds.sock"), run.join("health.sock"));
+    let agent_admin = free_port();
+    let mut cmd = Command::new(agent_bin);
+    cmd.arg("run")
+        .args(["--node-name", node, "--admin-addr", &format!("127.0.0.1:{agent_admin}")])
+        .arg("--kubelet-pods-dir")
+        .arg(work.join("pods"))
+        .arg("--state-dir")
+        .arg(work.join("state"))
+        .arg("--xds-address")
+        .arg(format!("unix://{}", xds.display()))
+        .arg("--health-socket")
+        .arg(&health)
+        .env("KUBECONFIG", cp.kubeconfig());
+    if let Some(pins) = pins {
+        cmd.arg("--pin-dir").arg(pins);
+    }
+    let mut agent = Proc::spawn(cmd, work.join("agent.log"), agent_admin)?;
+    agent.wait_until(&format!("aether-agent ({what})"), || http_get_status(agent_admin, "/readyz") == Some(200))?;
+    Ok((agent, xds, health))
+}
+
 /// One node's pinning agent and its Envoy, on a pods dir in a temp dir: the stage of sections 3b
 /// and 3c. Dropping it stops Envoy and the agent, then detaches the pins, then removes the dir.
 pub(crate) struct Stage {
@@ -97,27 +133,9 @@ impl Stage {
         ensure!(is_root(), "the pinning agent needs root: it mounts each pin (CAP_SYS_ADMIN)");
         let work = tempfile::Builder::new().prefix("aebr").tempdir_in("/tmp")?;
         let unmount = Unmount(work.path().to_owned());
-        let (pods, run, pins) = (work.path().join("pods"), work.path().join("run"), work.path().join("run/pins"));
+        let (pods, pins) = (work.path().join("pods"), work.path().join("run/pins"));
         std::fs::create_dir_all(&pods)?;
-        std::fs::create_dir_all(&run)?;
-        let (xds, health) = (run.join("xds.sock"), run.join("health.sock"));
-        let agent_admin = free_port();
-        let mut cmd = Command::new(agent_bin);
-        cmd.arg("run")
-            .args(["--node-name", node, "--admin-addr", &format!("127.0.0.1:{agent_admin}")])
-            .arg("--kubelet-pods-dir")
-            .arg(&pods)
-            .arg("--pin-dir")
-            .arg(&pins)
-            .arg("--state-dir")
-            .arg(work.path().join("state"))
-            .arg("--xds-address")
-            .arg(format!("unix://{}", xds.display()))
-            .arg("--health-socket")
-            .arg(&health)
-            .env("KUBECONFIG", cp.kubeconfig());
-        let mut agent = Proc::spawn(cmd, work.path().join("agent.log"), agent_admin)?;
-        agent.wait_until("aether-agent (pinning)", || http_get_status(agent_admin, "/readyz") == Some(200))?;
+        let (agent, xds, health) = start_agent(cp, node, agent_bin, work.path(), Some(&pins), "pinning")?;
         let envoy_dir = work.path().join("envoy");
         std::fs::create_dir_all(&envoy_dir)?;
         let envoy = Envoy::builder(&xds, node, &envoy_dir).inbound().binary(envoy_bin()?).start()?;
