@@ -292,6 +292,9 @@ impl Driver {
                     .into_iter()
                     .filter_map(|(uid, (label, path, links))| match label.as_str() {
                         "symlink" => Some((uid, Refusal::Symlink { path })),
+                        // 0 links was a socket unlinked while it was pinned (an app re-creating
+                        // it), recorded as a link by agents before 0.9.0: not a link, forgotten.
+                        "hard-link" if links == 0 => None,
                         "hard-link" => Some((uid, Refusal::HardLink { path, links })),
                         _ => None,
                     })
@@ -699,10 +702,10 @@ impl Driver {
                 },
                 (None, None) => (None, true),
             };
-            let waiting = verdict.is_none() && !present && socket.is_some();
-            if waiting {
+            if verdict.is_none() && !present && socket.is_some() {
                 self.awaiting_socket.insert(key.clone());
-            } else if self.awaiting_socket.remove(key) {
+            } else if self.awaiting_socket.remove(key) && verdict.is_none() {
+                self.logged.remove(key);
                 verified.push(key.clone());
             }
             if let Some(r @ (Refusal::Symlink { .. } | Refusal::HardLink { .. })) = &verdict
@@ -725,7 +728,9 @@ impl Driver {
                         self.refused.insert(key.clone(), r);
                     }
                     None => {
-                        self.refused.remove(key);
+                        if self.refused.remove(key).is_some() && present {
+                            tracing::info!(pod = %key, "the pod's socket path holds a socket again; delivering over it");
+                        }
                     }
                 }
             }
@@ -886,6 +891,8 @@ impl Driver {
                 _ if d.tcp_reason().is_some_and(crate::TcpReason::serves_nothing) => {
                     tracing::warn!(pod = %key, reason = d.source.label(), detail = %d.reason, "pod is served no clusters")
                 }
+                // Refused on disk: `check_pipes` logged the refusal (and logs its end).
+                (true, _) if self.refused.contains_key(key) => continue,
                 (true, _) if self.awaiting_socket.contains(key) => {
                     // Logged as delivered once the socket is verified (`check_pipes`).
                     tracing::debug!(pod = %key, path = %d.path.as_ref().map(|p| p.as_str()).unwrap_or(""), "the pod's socket does not exist yet; delivering over it once its app binds it");
@@ -1301,6 +1308,22 @@ mod tests {
         // The pod is gone: forgotten; a pod re-created (new UID) starts clean.
         again.handle(Event::PodDeleted(Box::new(p)));
         assert!(again.link_refused.is_empty());
+    }
+
+    #[test]
+    fn a_zero_link_record_of_an_older_agent_is_forgotten_at_boot_and_a_real_link_stays() {
+        let (state, pods) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let settings = || Settings::new(pods.path().to_str().unwrap(), true);
+        let (mut d, _rx) = driver_with(state.path(), settings());
+        // What an agent before 0.9.0 saved when an app re-created its socket while it was pinned.
+        d.link_refused.insert(UID_A.to_owned(), Refusal::HardLink { path: "/p/a.sock".into(), links: 0 });
+        d.link_refused.insert(UID_B.to_owned(), Refusal::HardLink { path: "/p/b.sock".into(), links: 2 });
+        d.save_events();
+        drop(d);
+        let (mut again, _rx) = driver_with(state.path(), settings());
+        again.boot();
+        assert!(!again.link_refused.contains_key(UID_A), "0 links is no link");
+        assert_eq!(again.link_refused.get(UID_B), Some(&Refusal::HardLink { path: "/p/b.sock".into(), links: 2 }));
     }
 
     #[test]

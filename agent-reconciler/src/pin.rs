@@ -71,9 +71,6 @@ pub enum PinError {
     },
 }
 
-/// How many times [`Pinner::pin`] tries when the socket is unlinked while it is being pinned.
-pub const PIN_ATTEMPTS: usize = 3;
-
 /// Pins sockets of pods under `pods_dir` onto files in `pin_dir`.
 #[derive(Debug, Clone)]
 pub struct Pinner {
@@ -129,8 +126,8 @@ impl Pinner {
     /// # Errors
     /// [`PinError::NotYet`] when a component does not exist; [`PinError::Refused`] for a symlink
     /// anywhere (`ELOOP`, or the final component opened as a link), a non-directory where a
-    /// directory must be, something other than a socket, or a socket with other than one link
-    /// (0 links: unlinked since it was opened, which [`Pinner::pin`] takes for a race and retries).
+    /// directory must be, something other than a socket, or a socket with more than one link. A
+    /// socket unlinked since it was opened (0 links) is [`PinError::NotYet`].
     pub fn open_verified(&self, uid: &str, socket: &SocketPath) -> Result<(OwnedFd, (u64, u64)), PinError> {
         let full = socket.as_str();
         let volume_dir = socket.volume_dir();
@@ -163,8 +160,8 @@ impl Pinner {
             other => return Err(Refusal::NotSocket { path: full.to_owned(), found: file_kind(other) }.into()),
         }
         if st.st_nlink == 0 {
-            // Unlinked since it was opened: the app is re-creating its socket (see `raced`).
-            return Err(Refusal::HardLink { path: full.to_owned(), links: 0 }.into());
+            // Unlinked since it was opened: the app is re-creating its socket.
+            return Err(PinError::NotYet { path: full.to_owned() });
         }
         if st.st_nlink != 1 {
             return Err(Refusal::HardLink { path: full.to_owned(), links: st.st_nlink }.into());
@@ -179,21 +176,11 @@ impl Pinner {
     /// # Errors
     /// See [`Pinner::open_verified`]; [`PinError::Mount`] when the mount calls fail.
     ///
-    /// An app re-creating its socket while it is pinned (the verified inode unlinked before the
-    /// mount is attached: `move_mount` answers `ENOENT`) is not an error: the pin is tried again,
-    /// up to [`PIN_ATTEMPTS`] times in all, and a socket that keeps vanishing counts as
-    /// [`PinError::NotYet`] (the socket watch re-checks the pod when it appears again).
+    /// An app re-creating its socket while it is pinned is not an error: a socket unlinked after
+    /// it was opened (no link left), or before its mount is attached (`move_mount` answers
+    /// `ENOENT`), is [`PinError::NotYet`], like a socket not bound yet. Its next creation is an
+    /// event of the socket watch, which re-checks the pod.
     pub fn pin(&self, uid: &str, socket: &SocketPath) -> Result<Pin, PinError> {
-        for _ in 0..PIN_ATTEMPTS {
-            match self.pin_once(uid, socket) {
-                Err(e) if raced(&e) => {}
-                other => return other,
-            }
-        }
-        Err(PinError::NotYet { path: socket.as_str().to_owned() })
-    }
-
-    fn pin_once(&self, uid: &str, socket: &SocketPath) -> Result<Pin, PinError> {
         let path = pin_path(self.pin_dir.to_str().unwrap_or_default(), uid);
         let (fd, inode) = match self.open_verified(uid, socket) {
             Ok(v) => v,
@@ -216,8 +203,16 @@ impl Pinner {
             OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_EMPTY_PATH,
         )
         .map_err(|e| mount_err(e.into()))?;
-        mount::move_mount(tree.as_fd(), "", rfs::CWD, &path, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
-            .map_err(|e| mount_err(e.into()))?;
+        mount::move_mount(tree.as_fd(), "", rfs::CWD, &path, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH).map_err(|e| {
+            match e {
+                // The verified socket was unlinked since it was opened: the app is re-creating it.
+                rustix::io::Errno::NOENT => {
+                    remove_pin(Path::new(&path));
+                    PinError::NotYet { path: socket.as_str().to_owned() }
+                }
+                e => mount_err(e.into()),
+            }
+        })?;
         Ok(Pin { path, inode })
     }
 
@@ -248,17 +243,6 @@ impl Pinner {
             }
         }
         removed
-    }
-}
-
-/// True for the errors of a socket unlinked while it was being pinned (an app re-creating its
-/// socket): opened, then found with no name left (0 links), or gone before its mount was attached
-/// (`move_mount` answers `ENOENT`). [`Pinner::pin`] tries again; such an error is never reported.
-fn raced(e: &PinError) -> bool {
-    match e {
-        PinError::Refused(Refusal::HardLink { links: 0, .. }) => true,
-        PinError::Mount { error, .. } => error.kind() == io::ErrorKind::NotFound,
-        _ => false,
     }
 }
 

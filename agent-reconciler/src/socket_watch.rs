@@ -18,12 +18,14 @@
 //! create and delete files in it as fast as it likes.
 //! - Only events on the socket's own name (or on the dir itself) count; the reader thread drops
 //!   every other name after one comparison, counted as `other-name` in
-//!   `aether_agent_socket_watch_events_total`. It reads the kernel's queue at most once per
-//!   [`READ_PAUSE`], a buffer of events at a time.
+//!   `aether_agent_socket_watch_events_total`. After a read that drained the kernel's queue it
+//!   waits [`READ_PAUSE`], so a flood is read a buffer of events at a time.
 //! - The pods named by counted events are gathered into one set ([`Changes`]), taken by the driver
 //!   at most once per [`MIN_BATCH_INTERVAL`]: a pod re-creating its socket in a loop costs at most
 //!   one re-check per interval, however many events it makes.
-//! - A full kernel queue (`IN_Q_OVERFLOW`: events were lost) re-checks every watched pod once.
+//! - The reader reads on without pausing while reads come back full, so the kernel's queue keeps
+//!   up with a flood; should it overflow anyway (`IN_Q_OVERFLOW`: events were lost), every watched
+//!   pod is re-checked, at most once per [`OVERFLOW_RECHECK`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::mem::MaybeUninit;
@@ -31,7 +33,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -43,10 +45,19 @@ use tokio::sync::Notify;
 /// The default cap on watched pods (`--socket-watch-max`).
 pub const DEFAULT_MAX_WATCHES: usize = 4096;
 
-/// How long the reader thread waits after each read before the next: events arriving meanwhile
-/// are read together (one `read(2)` for up to 16 KiB of them), so a flood costs a few hundred
-/// reads a second, not one per event. It adds at most this much to a socket event's delay.
+/// How long the reader thread waits after a read that drained the kernel's queue (fewer than
+/// [`FULL_READ_EVENTS`] events) before the next: events arriving meanwhile are read together (one
+/// `read(2)` for up to 16 KiB of them), so a flood costs a few hundred reads a second, not one
+/// per event. It adds at most this much to a socket event's delay.
 pub const READ_PAUSE: Duration = Duration::from_millis(10);
+
+/// Events in one read (a 16 KiB buffer holds about 500 with short names) from which the queue
+/// counts as still filling: the reader then reads on without [`READ_PAUSE`].
+pub const FULL_READ_EVENTS: usize = 128;
+
+/// The shortest time between two re-checks of every watched pod after the kernel's queue
+/// overflowed (`IN_Q_OVERFLOW`).
+pub const OVERFLOW_RECHECK: Duration = Duration::from_secs(1);
 
 /// The shortest time between two batches handed to the driver: a batch holds every pod named
 /// since the last one, so a flood of events makes at most 50 driver passes a second, and a
@@ -186,12 +197,16 @@ impl SocketWatch {
     fn read_loop(&self) {
         let mut buf = [MaybeUninit::<u8>::uninit(); 16384];
         let mut reader = inotify::Reader::new(self.fd.as_ref(), &mut buf);
+        let mut last_overflow: Option<Instant> = None;
         loop {
             // One blocking read, then the rest of what it returned, as one batch.
-            let mut named = Vec::new();
+            let (mut named, mut events) = (Vec::new(), 0usize);
             loop {
                 match reader.next() {
-                    Ok(event) => named.extend(self.classify(&event)),
+                    Ok(event) => {
+                        events += 1;
+                        named.extend(self.classify(&event, &mut last_overflow));
+                    }
                     Err(rustix::io::Errno::INTR) => continue,
                     Err(e) => {
                         tracing::warn!(error = %e, "socket watch stopped; the periodic re-check remains");
@@ -208,19 +223,32 @@ impl SocketWatch {
                 self.pending.lock().extend(named);
                 self.pending.bell.notify_one();
             }
-            // Let events gather in the kernel's queue: a flood is then read a buffer at a time,
-            // not one wake-up and one read(2) per event.
-            std::thread::sleep(READ_PAUSE);
+            // A read that was far from full drained the queue: let events gather before the next,
+            // so a flood is read a buffer at a time, not one wake-up and one read(2) per event.
+            // A fuller read means a queue still filling up: read on at once, so it never
+            // overflows (the kernel holds fs.inotify.max_queued_events, 16384 by default).
+            if events < FULL_READ_EVENTS {
+                std::thread::sleep(READ_PAUSE);
+            }
         }
     }
 
     /// Counts one event; the pods to re-check: the watched pod whose socket name or dir it is
     /// about, or every watched pod when the kernel's queue overflowed (events were lost).
-    fn classify(&self, event: &inotify::Event<'_>) -> Vec<String> {
+    ///
+    /// An overflow re-checks every watched pod at most once per [`OVERFLOW_RECHECK`]: events lost
+    /// beyond that wait for the periodic re-check, so a pod overflowing the queue on purpose
+    /// cannot make the agent re-check the node's pods over and over.
+    fn classify(&self, event: &inotify::Event<'_>, last_overflow: &mut Option<Instant>) -> Vec<String> {
         let [socket, other, overflow] = &self.metrics.counters;
         let st = self.lock();
         if event.events().contains(ReadFlags::QUEUE_OVERFLOW) {
             overflow.inc();
+            let now = Instant::now();
+            if last_overflow.is_some_and(|t| now.duration_since(t) < OVERFLOW_RECHECK) {
+                return Vec::new();
+            }
+            *last_overflow = Some(now);
             return st.by_uid.keys().cloned().collect();
         }
         let Some(uid) = st.by_wd.get(&event.wd()) else { return Vec::new() };

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use aether_tests::ControlPlane;
+use aether_tests::{ControlPlane, Scrape};
 use anyhow::Context;
 
 use crate::node_pods::schedstat_ns;
@@ -34,6 +34,9 @@ struct Row {
     cpu: Duration,
     idle_delivery: Duration,
     flood_delivery: Duration,
+    /// `aether_agent_socket_watch_events_total{outcome="overflow"}` after the flood (`None`: an
+    /// agent without the counter).
+    overflows: Option<f64>,
 }
 
 /// Creates pod `name` in `ns`, starts its app and returns how long from its socket appearing
@@ -87,15 +90,21 @@ fn measure(cp: &ControlPlane, run: usize, label: &str, agent_bin: &Path, files: 
     };
     std::thread::sleep(Duration::from_millis(500));
     let delivered = deliver(&stage, cp, &ns, "new-1");
+    if delivered.is_err() {
+        stop.store(true, Ordering::Relaxed);
+    }
     let made = flooding.join().map_err(|_| anyhow::anyhow!("the flood thread panicked"))?;
     let flood = t0.elapsed();
     // What the agent still had queued when the flood ended counts too.
     std::thread::sleep(Duration::from_millis(500));
     let cpu = Duration::from_nanos(schedstat_ns(pid)? - cpu0);
-    stop.store(true, Ordering::Relaxed);
     let (flood_delivery, _new_app) = delivered?;
     anyhow::ensure!(made == files, "the flood made {made} of {files} files");
-    Ok(Row { label: label.to_owned(), files, flood, cpu, idle_delivery, flood_delivery })
+    let scrape = Scrape::get(stage.agent.port)?;
+    let overflows = scrape
+        .has("aether_agent_socket_watch_events_total")
+        .then(|| scrape.value("aether_agent_socket_watch_events_total", &[("outcome", "overflow")]));
+    Ok(Row { label: label.to_owned(), files, flood, cpu, idle_delivery, flood_delivery, overflows })
 }
 
 /// The section, for this build's agent and, with `BENCH_FLOOD_BASELINE`, another one.
@@ -116,7 +125,8 @@ pub(crate) fn section_flood(r: &mut Report, opts: &Opts, cp: &ControlPlane) -> a
          deletion to the agent's socket watch). Agent CPU: all its threads over the flood plus 0.5 s (`schedstat`); \
          \"% of a core\" divides it by the flood's wall time. A second pod is created 0.5 s into the flood: from its \
          app's socket appearing to the first request through Envoy it answers; the same for a pod created before \
-         the flood.\n",
+         the flood. Overflows: the agent's `aether_agent_socket_watch_events_total{{outcome=\"overflow\"}}` (the \
+         kernel dropped events because the agent read too slowly).\n",
         opts.flood_files
     ));
     let table: Vec<Vec<String>> = rows
@@ -129,6 +139,7 @@ pub(crate) fn section_flood(r: &mut Report, opts: &Opts, cp: &ControlPlane) -> a
                 format!("{:.0} %", 100.0 * row.cpu.as_secs_f64() / row.flood.as_secs_f64()),
                 show_secs(row.idle_delivery.as_secs_f64()),
                 show_secs(row.flood_delivery.as_secs_f64()),
+                row.overflows.map_or("(not counted)".to_owned(), |n| format!("{n}")),
             ]
         })
         .collect();
@@ -140,6 +151,7 @@ pub(crate) fn section_flood(r: &mut Report, opts: &Opts, cp: &ControlPlane) -> a
             "% of a core",
             "new pod served (no flood)",
             "new pod served (during the flood)",
+            "inotify queue overflows",
         ],
         &table,
     ));
