@@ -191,8 +191,8 @@ vocabulary! {
         detail: Fold,
         remedy: "mount the pods dir at a shorter path: chart value `proxy.udsWorkloads.mountPath`",
     }
-    /// An `endpoint.aether.io/port`, `ports`, `protocol` or `health-path` annotation is unusable;
-    /// the pod runs on the defaults over TCP.
+    /// An `endpoint.aether.io/port`, `ports`, `protocol`, `health-path` or `grpc-health-service`
+    /// annotation is unusable; the pod runs on the defaults over TCP.
     InvalidEndpointAnnotation {
         label: "invalid-endpoint-annotation",
         event: "UdsInvalidEndpointAnnotation",
