@@ -2,16 +2,19 @@
 # Builds the real Kubernetes binaries the tests and the demo run against, from the Go module proxy,
 # into a git-ignored cache: kube-apiserver, kubectl and, for the real node, kubelet,
 # kube-controller-manager, kube-scheduler and kube-proxy (all k8s.io/kubernetes/cmd/<name>), etcd
-# (go.etcd.io/etcd/server/v3) and helm (helm.sh/helm/v3). Each binary is built once per pinned
-# version; later runs only check that it is there.
+# (go.etcd.io/etcd/server/v3), helm (helm.sh/helm/v3) and coredns (the real node's cluster DNS:
+# tests/harness/coredns/main.go, a CoreDNS with only the plugins the test cluster uses, built
+# against github.com/coredns/coredns). Each binary is built once per pinned version; later runs
+# only check that it is there.
 #
-# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all eight)
+# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine)
 # Env:   AETHER_TOOLS_DIR  cache folder (default: <repo>/.cache/tools)
 set -euo pipefail
 
 KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.7.3}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
@@ -77,7 +80,7 @@ kube_version_ldflags() {
 
 want=("$@")
 kube_cmds=(kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler kube-proxy)
-[ ${#want[@]} -gt 0 ] || want=("${kube_cmds[@]}" etcd helm)
+[ ${#want[@]} -gt 0 ] || want=("${kube_cmds[@]}" etcd helm coredns)
 for t in "${want[@]}"; do
   case $t in
     kube-apiserver|kubectl|kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
@@ -91,6 +94,16 @@ for t in "${want[@]}"; do
       d="$tools/src/helm-$HELM_VERSION"; new_module "$d"
       [ -x "$tools/bin/helm-$HELM_VERSION" ] || (cd "$d" && go get "helm.sh/helm/v3@$HELM_VERSION" >&2)
       build helm "$HELM_VERSION" "$d" helm.sh/helm/v3/cmd/helm ;;
-    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm)"; exit 2 ;;
+    coredns)
+      # The main package is the repository's own (tests/harness/coredns/main.go), copied into the
+      # scratch module, which then requires CoreDNS at the pinned version. Like the others, the
+      # binary is keyed by the version only: after editing main.go, delete bin/coredns-<version>.
+      d="$tools/src/coredns-$COREDNS_VERSION"; new_module "$d"
+      if [ ! -x "$tools/bin/coredns-$COREDNS_VERSION" ]; then
+        cp "$repo/tests/harness/coredns/main.go" "$d/main.go"
+        (cd "$d" && go get "github.com/coredns/coredns@$COREDNS_VERSION" >&2)
+      fi
+      build coredns "$COREDNS_VERSION" "$d" . ;;
+    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm coredns)"; exit 2 ;;
   esac
 done
