@@ -3,7 +3,7 @@
 //! controller and agent images carry the Dockerfile's USER, ENTRYPOINT and CMD and every binary
 //! its `COPY --from=build` lines put in place, executable, with its ELF interpreter and every
 //! shared library it needs (transitively) inside the image. The Envoy, uds-echo and pause images
-//! carry their entrypoint binary the same way.
+//! carry their entrypoint binary the same way; the CoreDNS image its static Go binary, run as root.
 //!
 //! The Dockerfiles are parsed here, independently of the builder (`tests/harness/mkimage.py`);
 //! the tarballs are read with its `inspect` subcommand (JSON: config, paths, library closure).
@@ -243,8 +243,29 @@ fn pause_image_has_its_entrypoint() -> anyhow::Result<()> {
 }
 
 #[test]
+fn coredns_image_has_its_static_binary_run_as_root() -> anyhow::Result<()> {
+    let path = "/usr/local/bin/coredns";
+    let image = inspect("coredns")?;
+    let config = &image["config"];
+    ensure!(config["Entrypoint"] == serde_json::json!([path]), "coredns: Entrypoint is {}", config["Entrypoint"]);
+    // It binds port 53 (dns.sh's pod keeps only NET_BIND_SERVICE of root's capabilities).
+    ensure!(config["User"] == "0:0", "coredns: User is {}, not 0:0", config["User"]);
+    let file = &image["files"][path];
+    ensure!(file["type"] == "file", "coredns: {path} is not a regular file in the layer: {file}");
+    let mode = file["mode"].as_u64().context("mode")?;
+    ensure!(mode & 0o111 == 0o111, "coredns: {path} has mode {mode:o}, not executable by everyone");
+    // A static binary (CGO_ENABLED=0): no interpreter, so no library to carry.
+    ensure!(
+        image["executables"].get(path).is_none(),
+        "coredns: {path} is dynamically linked: {}",
+        image["executables"][path]
+    );
+    Ok(())
+}
+
+#[test]
 fn every_image_has_a_sticky_tmp_and_the_distroless_users() -> anyhow::Result<()> {
-    for name in ["aether-controller", "aether-agent", "envoy", "uds-echo", "pause"] {
+    for name in ["aether-controller", "aether-agent", "envoy", "uds-echo", "pause", "coredns"] {
         let image = inspect(name)?;
         let tmp = &image["files"]["/tmp"];
         ensure!(tmp["type"] == "dir" && tmp["mode"] == 0o1777, "{name}: /tmp is {tmp}, expected a 1777 dir");

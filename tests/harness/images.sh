@@ -10,6 +10,9 @@
 #   <prefix>/envoy:<tag>              the PyPI Envoy (install-envoy.sh) at /usr/local/bin/envoy
 #   <prefix>/uds-echo:<tag>           the test workload (tests/src/bin/uds-echo.rs)
 #   <prefix>/pause:<tag>              the pod sandbox image (tests/src/bin/aether-pause.rs)
+#   <prefix>/coredns:<tag>            the cluster DNS (dns.sh): the tools dir's CoreDNS
+#                                     (build-tools.sh coredns, built here if missing; a static Go
+#                                     binary, so no libraries) at /usr/local/bin/coredns
 #
 # Usage:
 #   tests/harness/images.sh build         cargo build the binaries, then (re)build every tarball
@@ -21,6 +24,7 @@
 #      AETHER_IMAGE_PREFIX  repository prefix (default: localhost/aether)
 #      AETHER_IMAGE_TAG     tag (default: dev)
 #      CARGO_TARGET_DIR     cargo's target dir (default: <repo>/target); binaries from its debug/
+#      AETHER_TOOLS_DIR     build-tools.sh's folder, for CoreDNS (default: <repo>/.cache/tools)
 #      AETHER_IMAGES_NO_CARGO=1  skip the cargo build (the binaries must already be there)
 #      CARGO, PYTHON        the cargo and python3 to run (defaults: cargo, python3)
 # Concurrent builds into one folder take turns (flock on <folder>/.lock).
@@ -31,6 +35,7 @@ out=${AETHER_IMAGES_DIR:-$repo/.cache/images}
 prefix=${AETHER_IMAGE_PREFIX:-localhost/aether}
 tag=${AETHER_IMAGE_TAG:-dev}
 bin_dir=${CARGO_TARGET_DIR:-$repo/target}/debug
+tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
 CARGO=${CARGO:-cargo}
 PYTHON=${PYTHON:-python3}
 mkimage=("$PYTHON" "$repo/tests/harness/mkimage.py")
@@ -38,8 +43,8 @@ mkimage=("$PYTHON" "$repo/tests/harness/mkimage.py")
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# The five images: short name (the tarball is <name>.tar).
-names=(aether-controller aether-agent envoy uds-echo pause)
+# The six images: short name (the tarball is <name>.tar).
+names=(aether-controller aether-agent envoy uds-echo pause coredns)
 
 list() {
   local n
@@ -59,6 +64,10 @@ build() {
   fi
   local envoy
   envoy=$("$repo/tests/harness/install-envoy.sh")
+  # CoreDNS: built from its Go module the first time (minutes); later runs only check it is there.
+  AETHER_TOOLS_DIR=$tools "$repo/tests/harness/build-tools.sh" coredns \
+    || die "could not build CoreDNS (tests/harness/build-tools.sh coredns)"
+  [ -x "$tools/bin/coredns" ] || die "$tools/bin/coredns missing after build-tools.sh coredns"
   mkdir -p "$out"
   # One build at a time per folder (a tarball and its .inputs stamp must come from the same run).
   exec 9>"$out/.lock"
@@ -80,6 +89,10 @@ build() {
   lines+=("$("${mkimage[@]}" build --ref "$prefix/pause:$tag" --out "$out/pause.tar" \
     --add "$bin_dir/aether-pause:/usr/local/bin/aether-pause" \
     --entrypoint '["/usr/local/bin/aether-pause"]' --user "$nonroot")")
+  # Root (0:0): CoreDNS binds port 53, below 1024, and the image has no file capabilities.
+  lines+=("$("${mkimage[@]}" build --ref "$prefix/coredns:$tag" --out "$out/coredns.tar" \
+    --add "$tools/bin/coredns:/usr/local/bin/coredns" --entrypoint '["/usr/local/bin/coredns"]' \
+    --user 0:0)")
   local line ref tar size state
   for line in "${lines[@]}"; do
     IFS=$'\t' read -r ref tar size state <<<"$line"
