@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The demo, on a real node: kubelet + containerd + controller-manager + scheduler + kube-proxy
-# (tests/harness/node.sh) with images built from this workspace (no registry), `helm install` of
+# The demo, on a real node: kubelet + containerd + controller-manager + scheduler + kube-proxy +
+# CoreDNS (tests/harness/node.sh) with images built from this workspace (no registry), `helm install` of
 # both charts, the installed webhook answering `kubectl apply` through its Service, policy status
 # and warnings, a UDS-only app whose socket in its emptyDir the node's Envoy reaches at the
 # kubelet's path, a policy switching a pod to its socket and back, a pod Event for a socket over
@@ -34,8 +34,8 @@ teardown() {
 trap teardown EXIT
 trap 'exit 130' INT TERM
 
-step "bringing up a real node (containerd, kubelet, controller-manager, scheduler, kube-proxy; images imported)"
-"$repo/tests/harness/node.sh" up "$work" 2>&1 | grep -E '^\[node' | indent
+step "bringing up a real node (containerd, kubelet, controller-manager, scheduler, kube-proxy, CoreDNS; images imported)"
+"$repo/tests/harness/node.sh" up "$work" 2>&1 | grep -E '^\[(node|dns)' | indent
 # shellcheck disable=SC1091
 . "$work/env"
 kubectl() { "$tools/kubectl" "$@"; }

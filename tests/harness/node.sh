@@ -2,8 +2,8 @@
 # A real single-node Kubernetes cluster on this machine, for the real-node suite and `make demo`:
 # containerd + runc + the bridge CNI (Debian packages), and kubelet, kube-controller-manager,
 # kube-scheduler and kube-proxy (iptables mode) built from the Go module proxy like kube-apiserver
-# (build-tools.sh), on top of controlplane.sh's etcd + kube-apiserver. Images come from
-# images.sh (no registry); nothing is pulled.
+# (build-tools.sh), on top of controlplane.sh's etcd + kube-apiserver, and cluster DNS (dns.sh:
+# CoreDNS, Service kube-dns 10.96.0.10, cluster.local only). Images: images.sh; nothing is pulled.
 #
 # Usage:
 #   node.sh up DIR     start everything; state and logs in DIR; writes DIR/env (KUBECONFIG=...,
@@ -66,7 +66,7 @@ preflight() {
   local p
   for p in containerd ctr runc iptables ip; do command -v "$p" >/dev/null || die "$p not found after scripts/install-deps.sh node"; done
   [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge missing (package containernetworking-plugins)"
-  for p in kube-apiserver etcd kubectl kubelet kube-controller-manager kube-scheduler kube-proxy; do
+  for p in kube-apiserver etcd kubectl kubelet kube-controller-manager kube-scheduler kube-proxy coredns; do
     [ -x "$tools/bin/$p" ] || die "$tools/bin/$p missing: run tests/harness/build-tools.sh (make tools)"
   done
   [ -d /sys/fs/cgroup ] || die "no /sys/fs/cgroup"
@@ -245,7 +245,9 @@ authentication:
   webhook: {enabled: true}
   x509: {clientCAFile: $d/cp/pki/ca.crt}
 authorization: {mode: Webhook}
-resolvConf: ""                 # no cluster DNS: pods get no nameserver
+resolvConf: ""                 # pods get only the cluster DNS: no upstream resolver on this machine
+clusterDNS: [10.96.0.10]       # dns.sh's Service kube-dns (its dns_ip and domain must match these)
+clusterDomain: cluster.local
 rotateCertificates: false
 failSwapOn: false
 # Absolute, small thresholds: on a shared CI disk 2% of 252 GiB (5 GiB) free is normal, and a
@@ -326,6 +328,7 @@ up() {
   containerd_up "$d"
   control_plane_up "$d"
   kubelet_up "$d"
+  AETHER_TOOLS_DIR=$tools "$here/dns.sh" up "$d/cp/kubeconfig" 1 >&2 || die "cluster DNS (dns.sh up) failed"
   write_env "$d"
   trap - EXIT INT TERM
   log "up: . $d/env  (kubectl: $tools/bin/kubectl)"
