@@ -28,8 +28,16 @@
 # Only processes whose PIDs `up` recorded in DIR are stopped (and containerd shims whose
 # -address is this node's containerd socket).
 #
-# Env: AETHER_TOOLS_DIR (default <repo>/.cache/tools), AETHER_NODE_NAME (default aether-node).
+# Env: AETHER_TOOLS_DIR (default <repo>/.cache/tools), AETHER_NODE_NAME (default aether-node),
+#      AETHER_NODES (default 1): 2 to 8 brings up that many nodes instead (multinode.sh, whose
+#      header says how each node is isolated; DIR/env then names each node's IP, PID and sockets).
 set -euo pipefail
+
+# Several nodes (AETHER_NODES=N, N >= 2): multinode.sh brings them up, and takes down a DIR it
+# brought up (DIR/nodes/count).
+if { [ "${1:-}" = up ] && [ "${AETHER_NODES:-1}" != 1 ]; } || { [ "${1:-}" = down ] && [ -f "${2:-}/nodes/count" ]; }; then
+  exec "$(dirname "$0")/multinode.sh" "$@"
+fi
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 here=$repo/tests/harness
@@ -40,21 +48,15 @@ kubelet_root=/var/lib/kubelet
 guard=AETHER-NODE
 # containerd's usual socket path, so the chart's default --cri-endpoint finds it.
 containerd_sock=/run/containerd/containerd.sock
-# Host paths this node may create (removed by `down` only if `up` created them).
-host_dirs=("$kubelet_root" /var/lib/cni /var/log/pods /var/log/containers /run/containerd /run/netns
+# Host paths this node may create (removed by `down` only if `up` created them; node-lib.sh).
+HOST_DIRS=("$kubelet_root" /var/lib/cni /var/log/pods /var/log/containers /run/containerd /run/netns
   /run/aether /run/aether-cni /run/aether-pins /var/lib/aether /var/lib/kube-proxy /etc/kubernetes)
-# Sysctls kubelet (vm/kernel), kube-proxy (conntrack, route_localnet) and this script (forwarding)
-# may change.
-sysctls=(net/ipv4/ip_forward net/ipv4/conf/all/route_localnet net/bridge/bridge-nf-call-iptables
-  net/bridge/bridge-nf-call-ip6tables net/netfilter/nf_conntrack_max
-  net/netfilter/nf_conntrack_tcp_timeout_established net/netfilter/nf_conntrack_tcp_timeout_close_wait
-  vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys
-  kernel/keys/root_maxbytes)
-
 log() { printf '[node %4ss] %s\n' "$SECONDS" "$*" >&2; }
 # shellcheck source=tests/harness/pids.sh
 . "$here/pids.sh"
 die() { log "error: $*"; exit 1; }
+# shellcheck source=tests/harness/node-lib.sh
+. "$here/node-lib.sh"
 
 # ---------------------------------------------------------------------------------------------
 # up
@@ -80,20 +82,6 @@ preflight() {
   ip link show "$bridge" >/dev/null 2>&1 && die "bridge $bridge exists: a node already runs (node.sh down DIR)"
   [ ! -e "$containerd_sock" ] || die "$containerd_sock exists: another containerd runs on this host"
   return 0
-}
-
-# remember_host DIR: what `down` restores.
-remember_host() {
-  local d=$1 k p
-  : >"$d/created-dirs.txt"
-  for p in "${host_dirs[@]}"; do [ -e "$p" ] || echo "$p" >>"$d/created-dirs.txt"; done
-  : >"$d/sysctl-before.txt"
-  for k in "${sysctls[@]}"; do [ -e "/proc/sys/$k" ] && echo "$k $(cat "/proc/sys/$k")" >>"$d/sysctl-before.txt"; done
-  for ipt in iptables ip6tables; do
-    command -v $ipt >/dev/null || continue
-    for t in filter nat mangle raw; do $ipt -t $t -S 2>/dev/null | awk -v t=$t '/^-N /{print t, $2}'; done >"$d/$ipt-chains-before.txt"
-  done
-  ls -1 /run/netns 2>/dev/null >"$d/netns-before.txt" || : >"$d/netns-before.txt"
 }
 
 network_up() {
@@ -173,56 +161,15 @@ TOML
   log "images imported"
 }
 
-# client_cert DIR NAME CN ORG: a client certificate from the control plane's CA.
-client_cert() {
-  local pki=$1/cp/pki
-  openssl req -newkey rsa:2048 -nodes -subj "/O=$4/CN=$3" -keyout "$pki/$2.key" -out "$pki/$2.csr" 2>/dev/null
-  printf 'extendedKeyUsage=clientAuth\n' >"$pki/$2.ext"
-  openssl x509 -req -in "$pki/$2.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 \
-    -extfile "$pki/$2.ext" -out "$pki/$2.crt" 2>/dev/null
-}
-
-# kubeconfig DIR NAME: DIR/NAME.kubeconfig with the client cert NAME.
-kubeconfig() {
-  local server
-  server=$(sed -n 's/^ *server: //p' "$1/cp/kubeconfig")
-  cat >"$1/$2.kubeconfig" <<KC
-apiVersion: v1
-kind: Config
-clusters: [{name: aether-node, cluster: {server: "$server", certificate-authority: "$1/cp/pki/ca.crt"}}]
-users: [{name: $2, user: {client-certificate: "$1/cp/pki/$2.crt", client-key: "$1/cp/pki/$2.key"}}]
-contexts: [{name: aether-node, context: {cluster: aether-node, user: $2}}]
-current-context: aether-node
-KC
-}
-
-# start NAME DIR ARGS...: start a binary from the tools dir, its PID in DIR/NAME.pid.
-start() {
-  local name=$1 d=$2; shift 2
-  "$tools/bin/$name" "$@" >"$d/logs/$name.log" 2>&1 &
-  echo $! >"$d/$name.pid"
-}
-
 control_plane_up() {
   local d=$1
   AETHER_TOOLS_DIR=$tools AETHER_APISERVER_ADDRESS=$node_ip "$here/controlplane.sh" start "$d/cp" 2>>"$d/logs/controlplane.log" \
     || { tail -n 20 "$d/logs/controlplane.log" >&2; die "control plane did not start"; }
-  client_cert "$d" controller-manager system:kube-controller-manager system:kube-controller-manager
-  client_cert "$d" scheduler system:kube-scheduler system:kube-scheduler
+  controllers_up "$d" "$svc_cidr"
   client_cert "$d" kube-proxy system:kube-proxy system:node-proxier
   client_cert "$d" kubelet "system:node:$node" system:nodes
-  local n
-  for n in controller-manager scheduler kube-proxy kubelet; do kubeconfig "$d" $n; done
-  start kube-controller-manager "$d" --kubeconfig "$d/controller-manager.kubeconfig" \
-    --authentication-kubeconfig "$d/controller-manager.kubeconfig" --authorization-kubeconfig "$d/controller-manager.kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port "$(free_port)" --cert-dir "$d/kcm-certs" \
-    --leader-elect=false --use-service-account-credentials=true \
-    --service-account-private-key-file "$d/cp/pki/sa.key" --root-ca-file "$d/cp/pki/ca.crt" \
-    --cluster-signing-cert-file "$d/cp/pki/ca.crt" --cluster-signing-key-file "$d/cp/pki/ca.key" \
-    --service-cluster-ip-range "$svc_cidr" --allocate-node-cidrs=false --v 1
-  start kube-scheduler "$d" --kubeconfig "$d/scheduler.kubeconfig" \
-    --authentication-kubeconfig "$d/scheduler.kubeconfig" --authorization-kubeconfig "$d/scheduler.kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port "$(free_port)" --leader-elect=false --v 1
+  kubeconfig "$d" kube-proxy
+  kubeconfig "$d" kubelet
   log "control plane up: kube-apiserver https://$node_ip, controller-manager, scheduler"
 }
 
@@ -385,38 +332,12 @@ down() {
   log "mounts left under $kubelet_root and $d: $(findmnt -rn -o TARGET | grep -cE "^($kubelet_root|$d)(/|$)")"
   # 5. Network: bridge (its routes go with it), guard chain, chains kubelet/kube-proxy added.
   if [ -f "$d/bridge.created" ]; then ip link del "$bridge" 2>/dev/null; rm -f "$d/bridge.created"; fi
-  local ipt tbl ch rule
-  for ipt in iptables ip6tables; do
-    command -v $ipt >/dev/null && [ -f "$d/$ipt-chains-before.txt" ] || continue
-    for tbl in filter nat mangle raw; do
-      local new
-      new=$($ipt -t $tbl -S 2>/dev/null | awk '/^-N /{print $2}' | while read -r ch; do
-        grep -qxF "$tbl $ch" "$d/$ipt-chains-before.txt" || echo "$ch"; done)
-      [ -n "$new" ] || continue
-      # Jumps into new chains from chains that existed before (builtin ones included).
-      $ipt -t $tbl -S 2>/dev/null | grep '^-A ' | while read -r rule; do
-        local target
-        target=$(sed -n 's/.* -j \([^ ]*\).*/\1/p' <<<"$rule")
-        if grep -qxF "$target" <<<"$new"; then
-          local from
-          from=$(awk '{print $2}' <<<"$rule")
-          grep -qxF "$from" <<<"$new" || eval "$ipt -t $tbl -D ${rule#-A }" 2>/dev/null
-        fi
-      done
-      for ch in $new; do $ipt -t $tbl -F "$ch" 2>/dev/null; done
-      for ch in $new; do $ipt -t $tbl -X "$ch" 2>/dev/null; done
-    done
-  done
+  restore_iptables "$d"
   # 6. Sysctls.
-  if [ -f "$d/sysctl-before.txt" ]; then
-    local k v
-    while read -r k v; do [ "$(cat "/proc/sys/$k" 2>/dev/null)" = "$v" ] || echo "$v" >"/proc/sys/$k"; done <"$d/sysctl-before.txt"
-  fi
+  restore_sysctls "$d"
   # 7. Empty cgroups kubelet (kubepods) and runc (k8s.io) made in the v1 hierarchies.
-  local h top
-  for h in /sys/fs/cgroup/*/; do
-    for top in kubepods k8s.io; do [ -d "$h$top" ] && find "$h$top" -depth -type d -exec rmdir {} \; 2>/dev/null; done
-  done
+  remove_empty_cgroups kubepods
+  remove_empty_cgroups k8s.io
   # 8. Host dirs that did not exist before `up`, and this node's state.
   local p
   if [ -f "$d/created-dirs.txt" ]; then
@@ -432,5 +353,5 @@ case $cmd in
   up) [ -n "$dir" ] || die "usage: $0 up DIR"; up "$dir" ;;
   down) [ -n "$dir" ] || die "usage: $0 down DIR"; down "$dir" ;;
   env) [ -n "$dir" ] || die "usage: $0 env DIR"; cat "$dir/env" ;;
-  *) sed -n '2,31p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,33p' "$0" >&2; exit 2 ;;
 esac

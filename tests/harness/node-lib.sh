@@ -1,0 +1,120 @@
+# Sourced by node.sh (one node) and multinode.sh (several): the parts both kinds of cluster share.
+# Needs $tools (the Go-built binaries' folder), $here (tests/harness) and the functions log and die.
+#
+#   remember_host DIR            what `down` restores: host dirs that do not exist yet (HOST_DIRS),
+#                                sysctls (SYSCTLS), iptables chains, /run/netns entries
+#   client_cert DIR NAME CN ORG  a client certificate from the control plane's CA (DIR/cp/pki)
+#   kubeconfig DIR NAME          DIR/NAME.kubeconfig with the client certificate NAME
+#   start NAME DIR ARGS...       a binary from the tools dir in the background, its PID in
+#                                DIR/NAME.pid and its output in DIR/logs/NAME.log
+#   controllers_up DIR SVC_CIDR  kube-controller-manager and kube-scheduler against DIR/cp
+#   restore_iptables DIR         removes the chains made since remember_host, and the jumps into
+#                                them from chains that existed before
+#   restore_sysctls DIR          writes back every sysctl remember_host saw with another value now
+#   remove_empty_cgroups NAME    rmdir (deepest first) of /sys/fs/cgroup/*/NAME: only empty
+#                                cgroups go, a cgroup that still holds a process stays
+
+# Sysctls kubelet (vm/kernel), kube-proxy (conntrack, route_localnet) and the harness (forwarding)
+# may change. vm/* and kernel/* are global even when kubelet runs in its own network namespace.
+SYSCTLS=(net/ipv4/ip_forward net/ipv4/conf/all/route_localnet net/bridge/bridge-nf-call-iptables
+  net/bridge/bridge-nf-call-ip6tables net/netfilter/nf_conntrack_max
+  net/netfilter/nf_conntrack_tcp_timeout_established net/netfilter/nf_conntrack_tcp_timeout_close_wait
+  vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys
+  kernel/keys/root_maxbytes)
+
+remember_host() {
+  local d=$1 k p ipt t
+  : >"$d/created-dirs.txt"
+  for p in "${HOST_DIRS[@]}"; do [ -e "$p" ] || echo "$p" >>"$d/created-dirs.txt"; done
+  : >"$d/sysctl-before.txt"
+  for k in "${SYSCTLS[@]}"; do [ -e "/proc/sys/$k" ] && echo "$k $(cat "/proc/sys/$k")" >>"$d/sysctl-before.txt"; done
+  for ipt in iptables ip6tables; do
+    command -v $ipt >/dev/null || continue
+    for t in filter nat mangle raw; do $ipt -t $t -S 2>/dev/null | awk -v t=$t '/^-N /{print t, $2}'; done >"$d/$ipt-chains-before.txt"
+  done
+  ls -1 /run/netns 2>/dev/null >"$d/netns-before.txt" || : >"$d/netns-before.txt"
+}
+
+client_cert() {
+  local pki=$1/cp/pki
+  openssl req -newkey rsa:2048 -nodes -subj "/O=$4/CN=$3" -keyout "$pki/$2.key" -out "$pki/$2.csr" 2>/dev/null
+  printf 'extendedKeyUsage=clientAuth\n' >"$pki/$2.ext"
+  openssl x509 -req -in "$pki/$2.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 \
+    -extfile "$pki/$2.ext" -out "$pki/$2.crt" 2>/dev/null
+}
+
+kubeconfig() {
+  local server
+  server=$(sed -n 's/^ *server: //p' "$1/cp/kubeconfig")
+  cat >"$1/$2.kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: aether-node, cluster: {server: "$server", certificate-authority: "$1/cp/pki/ca.crt"}}]
+users: [{name: $2, user: {client-certificate: "$1/cp/pki/$2.crt", client-key: "$1/cp/pki/$2.key"}}]
+contexts: [{name: aether-node, context: {cluster: aether-node, user: $2}}]
+current-context: aether-node
+KC
+}
+
+start() {
+  local name=$1 d=$2; shift 2
+  "$tools/bin/$name" "$@" >"$d/logs/$name.log" 2>&1 &
+  echo $! >"$d/$name.pid"
+}
+
+controllers_up() {
+  local d=$1 svc_cidr=$2
+  client_cert "$d" controller-manager system:kube-controller-manager system:kube-controller-manager
+  client_cert "$d" scheduler system:kube-scheduler system:kube-scheduler
+  kubeconfig "$d" controller-manager
+  kubeconfig "$d" scheduler
+  start kube-controller-manager "$d" --kubeconfig "$d/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$d/controller-manager.kubeconfig" --authorization-kubeconfig "$d/controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$(free_port)" --cert-dir "$d/kcm-certs" \
+    --leader-elect=false --use-service-account-credentials=true \
+    --service-account-private-key-file "$d/cp/pki/sa.key" --root-ca-file "$d/cp/pki/ca.crt" \
+    --cluster-signing-cert-file "$d/cp/pki/ca.crt" --cluster-signing-key-file "$d/cp/pki/ca.key" \
+    --service-cluster-ip-range "$svc_cidr" --allocate-node-cidrs=false --v 1
+  start kube-scheduler "$d" --kubeconfig "$d/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$d/scheduler.kubeconfig" --authorization-kubeconfig "$d/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$(free_port)" --leader-elect=false --v 1
+}
+
+restore_iptables() {
+  local d=$1 ipt tbl ch rule
+  for ipt in iptables ip6tables; do
+    command -v $ipt >/dev/null && [ -f "$d/$ipt-chains-before.txt" ] || continue
+    for tbl in filter nat mangle raw; do
+      local new
+      new=$($ipt -t $tbl -S 2>/dev/null | awk '/^-N /{print $2}' | while read -r ch; do
+        grep -qxF "$tbl $ch" "$d/$ipt-chains-before.txt" || echo "$ch"; done)
+      [ -n "$new" ] || continue
+      # Jumps into new chains from chains that existed before (builtin ones included).
+      $ipt -t $tbl -S 2>/dev/null | grep '^-A ' | while read -r rule; do
+        local target
+        target=$(sed -n 's/.* -j \([^ ]*\).*/\1/p' <<<"$rule")
+        if grep -qxF "$target" <<<"$new"; then
+          local from
+          from=$(awk '{print $2}' <<<"$rule")
+          grep -qxF "$from" <<<"$new" || eval "$ipt -t $tbl -D ${rule#-A }" 2>/dev/null
+        fi
+      done
+      for ch in $new; do $ipt -t $tbl -F "$ch" 2>/dev/null; done
+      for ch in $new; do $ipt -t $tbl -X "$ch" 2>/dev/null; done
+    done
+  done
+}
+
+restore_sysctls() {
+  local d=$1 k v
+  [ -f "$d/sysctl-before.txt" ] || return 0
+  while read -r k v; do [ "$(cat "/proc/sys/$k" 2>/dev/null)" = "$v" ] || echo "$v" >"/proc/sys/$k"; done <"$d/sysctl-before.txt"
+}
+
+remove_empty_cgroups() {
+  local h
+  for h in /sys/fs/cgroup/*/; do
+    [ -d "$h$1" ] && find "$h$1" -depth -type d -exec rmdir {} \; 2>/dev/null
+  done
+  return 0
+}
