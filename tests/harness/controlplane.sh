@@ -20,6 +20,9 @@
 #        API server through the `kubernetes` Service (lease endpoint reconciler, a serving cert
 #        naming that address and the Service IP 10.96.0.1), the Node authorizer and NodeRestriction
 #        admit the kubelet, and kube-apiserver calls the kubelet with the admin client cert.
+#      AETHER_APISERVER_ENDPOINT_ROUTING=1: kube-apiserver calls webhooks (and aggregated APIs) at
+#        their Service's endpoint IPs instead of its ClusterIP (--enable-aggregator-routing), for a
+#        host that runs no kube-proxy (multinode.sh: every kube-proxy is in a node's namespace).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -113,6 +116,7 @@ start() {
       --kubelet-client-certificate "$dir/pki/admin.crt" --kubelet-client-key "$dir/pki/admin.key"
       --kubelet-preferred-address-types InternalIP)
   fi
+  [ "${AETHER_APISERVER_ENDPOINT_ROUTING:-}" != 1 ] || args+=(--enable-aggregator-routing=true)
   printf '%q ' "${args[@]}" >"$dir/apiserver.args"
   start_apiserver "$dir"
 
