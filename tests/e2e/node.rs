@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use std::net::SocketAddr;
 
 use aether_tests::continuity::{self, Load, Report};
-use aether_tests::node::RealNode;
+use aether_tests::node::{RealNode, aether_chart_args};
 use aether_tests::{Kubectl, eventually, http_get, repo_root, unix_get_status};
 use anyhow::{Context, bail, ensure};
 use serde_json::Value;
@@ -49,26 +49,6 @@ struct Env {
     installed_at: Instant,
 }
 
-/// `--set` flags that point the chart at the images built here, and shorten a handed-over Envoy's
-/// drain (60 s by default) so that proxy rollouts in a row take seconds; everything else is a
-/// default.
-const IMAGE_SETS: &[&str] = &[
-    "proxy.handOver.parentShutdownSeconds=15",
-    "proxy.handOver.successorWaitSeconds=20",
-    "images.controller.repository=localhost/aether/aether-controller",
-    "images.controller.tag=dev",
-    "images.controller.pullPolicy=Never",
-    "images.webhookCerts.repository=localhost/aether/aether-controller",
-    "images.webhookCerts.tag=dev",
-    "images.webhookCerts.pullPolicy=Never",
-    "images.agent.repository=localhost/aether/aether-agent",
-    "images.agent.tag=dev",
-    "images.agent.pullPolicy=Never",
-    "images.proxy.repository=localhost/aether/envoy",
-    "images.proxy.tag=dev",
-    "images.proxy.pullPolicy=Never",
-];
-
 impl Env {
     fn kube(&self) -> Kubectl {
         self.node.kube()
@@ -77,19 +57,8 @@ impl Env {
     /// `helm install|upgrade` of charts/aether with the image sets plus `extra` sets, waiting
     /// for every workload and hook Job.
     fn helm_aether(&self, verb: &str, extra: &[&str]) -> anyhow::Result<String> {
-        let chart = repo_root().join("charts/aether");
-        let mut args = vec![verb, RELEASE, chart.to_str().context("chart path")?, "-n", NS];
-        if verb == "install" {
-            args.push("--create-namespace");
-        } else {
-            args.push("--reset-values");
-        }
-        args.extend(["--wait", "--wait-for-jobs", "--timeout", "300s"]);
-        let sets: Vec<String> = IMAGE_SETS.iter().chain(extra).map(|s| s.to_string()).collect();
-        for s in &sets {
-            args.extend(["--set", s]);
-        }
-        self.node.helm(&args)
+        let args = aether_chart_args(verb, RELEASE, NS, extra)?;
+        self.node.helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
     /// Health gateway answer for `cluster` on the host's socket.

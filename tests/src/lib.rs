@@ -7,6 +7,8 @@
 //! - [`continuity`]: steady load through the data plane and what an event did to it.
 //! - [`node::RealNode`]: a real single node (kubelet + containerd, controller-manager, scheduler,
 //!   kube-proxy) from `tests/harness/node.sh`, torn down on drop.
+//! - [`nodes::RealNodes`]: several real nodes (`AETHER_NODES=N node.sh up`), each in its own
+//!   network, mount and UTS namespaces, torn down on drop.
 //!
 //! Pods, policies and Envoy come from the workspace's fixtures (`aether_fixtures`: the builders,
 //! and the one Envoy launcher running the chart's bootstrap).
@@ -23,6 +25,7 @@ use anyhow::{Context, bail};
 
 pub mod continuity;
 pub mod node;
+pub mod nodes;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {

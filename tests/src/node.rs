@@ -13,6 +13,44 @@ use anyhow::{Context, bail};
 
 use crate::{Kubectl, repo_root, tools_bin};
 
+/// `--set` flags that point charts/aether at the images built here (`tests/harness/images.sh`,
+/// never pulled), and shorten a handed-over Envoy's drain (60 s by default) so that proxy rollouts
+/// in a row take seconds; everything else is a default.
+pub const CHART_IMAGE_SETS: &[&str] = &[
+    "proxy.handOver.parentShutdownSeconds=15",
+    "proxy.handOver.successorWaitSeconds=20",
+    "images.controller.repository=localhost/aether/aether-controller",
+    "images.controller.tag=dev",
+    "images.controller.pullPolicy=Never",
+    "images.webhookCerts.repository=localhost/aether/aether-controller",
+    "images.webhookCerts.tag=dev",
+    "images.webhookCerts.pullPolicy=Never",
+    "images.agent.repository=localhost/aether/aether-agent",
+    "images.agent.tag=dev",
+    "images.agent.pullPolicy=Never",
+    "images.proxy.repository=localhost/aether/envoy",
+    "images.proxy.tag=dev",
+    "images.proxy.pullPolicy=Never",
+];
+
+/// The arguments of `helm install|upgrade RELEASE charts/aether -n NAMESPACE` with
+/// [`CHART_IMAGE_SETS`] plus `extra` `--set` flags, waiting (300 s at most) for every workload and
+/// hook Job; `install` creates the namespace, `upgrade` resets the values to the chart's.
+///
+/// # Errors
+/// When the repository path is not UTF-8.
+pub fn aether_chart_args(verb: &str, release: &str, namespace: &str, extra: &[&str]) -> anyhow::Result<Vec<String>> {
+    let chart = repo_root().join("charts/aether");
+    let chart = chart.to_str().context("chart path is not UTF-8")?;
+    let mut args: Vec<String> = [verb, release, chart, "-n", namespace].map(String::from).to_vec();
+    args.push(if verb == "install" { "--create-namespace" } else { "--reset-values" }.into());
+    args.extend(["--wait", "--wait-for-jobs", "--timeout", "300s"].map(String::from));
+    for s in CHART_IMAGE_SETS.iter().chain(extra) {
+        args.extend(["--set".to_owned(), (*s).to_owned()]);
+    }
+    Ok(args)
+}
+
 /// What `node.sh up` wrote to `DIR/env`.
 #[derive(Clone, Debug)]
 pub struct NodeFacts {
@@ -43,13 +81,7 @@ impl RealNode {
     /// Without root, or when `node.sh up` fails (it has torn down what it started); the error
     /// carries the tail of its log.
     pub fn up() -> anyhow::Result<Self> {
-        let uid = Command::new("id").arg("-u").output().context("running id -u")?;
-        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-            bail!(
-                "the real-node suite needs root: it starts containerd and kubelet and changes the host's network \
-                 (run `make test` as root, as CI does)"
-            );
-        }
+        require_root("the real-node suite")?;
         let before = HostState::capture()?;
         let dir = tempfile::Builder::new().prefix("aether-node-").tempdir()?.keep();
         let log = dir.join("node-up.log");
@@ -88,25 +120,7 @@ impl RealNode {
     /// # Errors
     /// On a non-zero exit, with helm's stderr and stdout.
     pub fn helm(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(tools_bin().join("helm"))
-            .args(args)
-            .env("KUBECONFIG", &self.facts.kubeconfig)
-            .env("HELM_CACHE_HOME", self.dir.join("helm/cache"))
-            .env("HELM_CONFIG_HOME", self.dir.join("helm/config"))
-            .env("HELM_DATA_HOME", self.dir.join("helm/data"))
-            .stdin(Stdio::null())
-            .output()
-            .context("running helm")?;
-        if !out.status.success() {
-            bail!(
-                "helm {} failed ({}): {}{}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr),
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        helm(&self.facts.kubeconfig, &self.dir, args)
     }
 
     /// Runs `ctr -n k8s.io ARGS` against the node's containerd; returns stdout.
@@ -235,6 +249,14 @@ impl HostState {
         for p in PATHS {
             items.insert(format!("path {p} exists: {}", Path::new(p).exists()));
         }
+        // Top-level cgroups (kubelet's kubepods, runc's k8s.io, a multi-node kubelet's cgroupRoot).
+        for h in ["memory", "cpu", "cpuset", "pids"] {
+            for e in std::fs::read_dir(format!("/sys/fs/cgroup/{h}")).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    items.insert(format!("cgroup {h}/{}", e.file_name().to_string_lossy()));
+                }
+            }
+        }
         Ok(HostState { items })
     }
 
@@ -253,12 +275,50 @@ fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn script() -> PathBuf {
+pub(crate) fn script() -> PathBuf {
     repo_root().join("tests/harness/node.sh")
 }
 
+/// Fails, naming `what` and the cause, unless this process runs as root.
+pub(crate) fn require_root(what: &str) -> anyhow::Result<()> {
+    let uid = Command::new("id").arg("-u").output().context("running id -u")?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        bail!(
+            "{what} needs root: it starts containerd and kubelet and changes the host's network \
+             (run `make test` as root, as CI does)"
+        );
+    }
+    Ok(())
+}
+
+/// Runs `helm ARGS` with `kubeconfig`, its cache, config and data under `dir/helm`; returns stdout.
+///
+/// # Errors
+/// On a non-zero exit, with helm's stderr and stdout.
+pub(crate) fn helm(kubeconfig: &Path, dir: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(tools_bin().join("helm"))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("HELM_CACHE_HOME", dir.join("helm/cache"))
+        .env("HELM_CONFIG_HOME", dir.join("helm/config"))
+        .env("HELM_DATA_HOME", dir.join("helm/data"))
+        .stdin(Stdio::null())
+        .output()
+        .context("running helm")?;
+    if !out.status.success() {
+        bail!(
+            "helm {} failed ({}): {}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// The last `n` lines of a file (empty if unreadable).
-fn tail(path: &Path, n: usize) -> String {
+pub(crate) fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")

@@ -1,0 +1,620 @@
+//! The multi-node suite: two real nodes on this machine (`AETHER_NODES=2 tests/harness/node.sh`:
+//! each node its own network, mount and UTS namespaces, containerd, kubelet and kube-proxy; one
+//! control plane; CoreDNS), both charts installed with `helm install`, and UDS-only apps
+//! (`uds-echo` on a socket in an emptyDir) called by their Service's DNS name from pods on the
+//! other node.
+//!
+//! What it proves: every node DaemonSet pod runs Ready on both nodes; one EndpointPolicy reaches
+//! a Service's pods on both nodes while each node's agent and Envoy hold only that node's pods; a
+//! client on one node reaches a UDS-only Service whose pod runs on the other, over the pod's
+//! socket, counted by the serving node's inbound listener (both directions), and the same app over
+//! TCP answers too; a rolling upgrade of both node DaemonSets across both nodes under steady load
+//! fails no request; an agent restarted while its node cannot reach the API server keeps its
+//! node serving, the other node unaffected; `kubectl drain` moves a UDS pod to the other node,
+//! where it is served over its socket, and leaves nothing of it on the drained node; `node.sh
+//! down` leaves the host as it found it.
+//!
+//! Needs root (CI runs as root); without it the suite fails, naming the cause.
+
+#[path = "suite.rs"]
+mod suite;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use aether_tests::continuity::{self, Load, Report};
+use aether_tests::node::aether_chart_args;
+use aether_tests::nodes::{App, ClusterNode, Placement, RealNodes, app_yaml};
+use aether_tests::{Kubectl, eventually, repo_root};
+use anyhow::{Context, ensure};
+use serde_json::Value;
+
+/// Release namespace and name.
+const NS: &str = "aether-system";
+const RELEASE: &str = "aether";
+/// Envoy's admin port and the agent's (chart defaults; 127.0.0.1 and 0.0.0.0 of each node).
+const ENVOY_ADMIN: u16 = 9901;
+const AGENT_ADMIN: u16 = 9091;
+/// The chart's default `agent.pinning.hostPath`, in each node's own file system.
+const PINS: &str = "/run/aether-pins";
+const WAIT: Duration = Duration::from_secs(120);
+const NODE1: &str = "aether-node-1";
+const NODE2: &str = "aether-node-2";
+
+struct Env {
+    nodes: RealNodes,
+}
+
+fn pod_name(pod: &Value) -> &str {
+    pod["metadata"]["name"].as_str().unwrap_or("?")
+}
+
+fn node_name(pod: &Value) -> &str {
+    pod["spec"]["nodeName"].as_str().unwrap_or("?")
+}
+
+fn uid(pod: &Value) -> anyhow::Result<&str> {
+    pod["metadata"]["uid"].as_str().context("pod has no uid")
+}
+
+fn is_ready(pod: &Value) -> bool {
+    pod["metadata"]["deletionTimestamp"].is_null()
+        && pod["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+fn restarts(pod: &Value) -> u64 {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| c["restartCount"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+impl Env {
+    fn kube(&self) -> Kubectl {
+        self.nodes.kube()
+    }
+
+    fn node(&self, name: &str) -> &ClusterNode {
+        self.nodes.node(name).expect("the suite's nodes are aether-node-1 and aether-node-2")
+    }
+
+    fn helm_aether(&self, verb: &str, extra: &[&str]) -> anyhow::Result<String> {
+        let args = aether_chart_args(verb, RELEASE, NS, extra)?;
+        self.nodes.helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    fn pods(&self, ns: &str, selector: &str) -> anyhow::Result<Vec<Value>> {
+        let out = self.kube().ok(&["get", "pods", "-n", ns, "-l", selector, "-o", "json"])?;
+        let list: Value = serde_json::from_str(&out)?;
+        Ok(list["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Waits until Deployment `name` has `count` Ready pods (none terminating) and returns them.
+    fn wait_app_ready(&self, name: &str, count: usize) -> anyhow::Result<Vec<Value>> {
+        let mut pods = Vec::new();
+        eventually(&format!("{count} Ready pod(s) of {name}"), WAIT, || {
+            pods = self.pods("default", &format!("app={name}"))?;
+            Ok(pods.len() == count && pods.iter().all(is_ready))
+        })
+        .with_context(|| {
+            format!(
+                "pods of {name}: {:?}",
+                pods.iter().map(|p| (pod_name(p), node_name(p), &p["status"]["phase"])).collect::<Vec<_>>()
+            )
+        })?;
+        Ok(pods)
+    }
+
+    /// A client pod on `node` running `uds-echo --get <url>` (restartPolicy Never); waits until it
+    /// ends and returns (succeeded, its log).
+    fn client_get(&self, pod: &str, node: &str, url: &str) -> anyhow::Result<(bool, String)> {
+        let overrides = format!(r#"{{"spec":{{"nodeName":"{node}"}}}}"#);
+        self.kube().ok(&[
+            "run",
+            pod,
+            "-n",
+            "default",
+            "--image=localhost/aether/uds-echo:dev",
+            "--image-pull-policy=Never",
+            "--restart=Never",
+            &format!("--overrides={overrides}"),
+            "--",
+            "--get",
+            url,
+        ])?;
+        let mut phase = String::new();
+        eventually(&format!("client pod {pod} ends"), WAIT, || {
+            let out = self.kube().ok(&["get", "pod", "-n", "default", pod, "-o", "jsonpath={.status.phase}"])?;
+            phase = out.trim().to_owned();
+            Ok(phase == "Succeeded" || phase == "Failed")
+        })?;
+        let log = self.kube().ok(&["logs", "-n", "default", pod])?;
+        self.kube().ok(&["delete", "pod", "-n", "default", pod, "--wait=false"])?;
+        Ok((phase == "Succeeded", log))
+    }
+
+    /// The Envoy `/clusters` text of `node`.
+    fn clusters(&self, node: &str) -> anyhow::Result<String> {
+        Ok(self.node(node).http_get(ENVOY_ADMIN, "/clusters")?.1)
+    }
+
+    /// The names of `node`'s Envoy dynamic listeners.
+    fn listeners(&self, node: &str) -> anyhow::Result<Vec<String>> {
+        let (_, body) = self.node(node).http_get(ENVOY_ADMIN, "/listeners?format=json")?;
+        let v: Value = serde_json::from_str(&body).context("/listeners is JSON")?;
+        Ok(v["listener_statuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l["name"].as_str().map(str::to_owned))
+            .collect())
+    }
+
+    /// The value of counter `stat` in `node`'s Envoy (0 when absent).
+    fn counter(&self, node: &str, stat: &str) -> anyhow::Result<u64> {
+        let (_, body) =
+            self.node(node).http_get(ENVOY_ADMIN, &format!("/stats?filter=^{}$", stat.replace('.', "\\.")))?;
+        Ok(body
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{stat}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// `node`'s agent `/debug/pods`: (the node it names, the pods it lists as `namespace/name`).
+    fn agent_pods(&self, node: &str) -> anyhow::Result<(String, Vec<(String, String)>)> {
+        let (code, body) = self.node(node).http_get(AGENT_ADMIN, "/debug/pods")?;
+        ensure!(code == 200, "{node}'s agent /debug/pods: {code} {body}");
+        let v: Value = serde_json::from_str(&body).context("/debug/pods is JSON")?;
+        let pods = v["pods"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                (
+                    format!("{}/{}", p["namespace"].as_str().unwrap_or("?"), p["name"].as_str().unwrap_or("?")),
+                    p["delivery"].to_string(),
+                )
+            })
+            .collect();
+        Ok((v["node"].as_str().unwrap_or_default().to_owned(), pods))
+    }
+
+    /// The node pods (agent: component node; Envoy: component proxy) of the release.
+    fn node_pods(&self) -> anyhow::Result<Vec<Value>> {
+        self.pods(NS, "app.kubernetes.io/component in (node,proxy)")
+    }
+
+    fn service_ip(&self, name: &str) -> anyhow::Result<String> {
+        Ok(self
+            .kube()
+            .ok(&["get", "service", "-n", "default", name, "-o", "jsonpath={.spec.clusterIP}"])?
+            .trim()
+            .to_owned())
+    }
+
+    /// Waits until both node DaemonSets are rolled out on every node.
+    fn node_daemonsets_rolled_out(&self) -> anyhow::Result<()> {
+        for ds in ["daemonset/aether-node", "daemonset/aether-proxy"] {
+            self.kube().ok(&["rollout", "status", "-n", NS, ds, "--timeout=300s"])?;
+        }
+        eventually("every node pod Ready, one per DaemonSet per node", WAIT, || {
+            let pods = self.node_pods()?;
+            Ok(pods.len() == 4 && pods.iter().all(is_ready))
+        })
+    }
+}
+
+/// Runs `event` while the field load ([`continuity::run`]) runs from `from`'s network namespace to
+/// each of `targets` (a Service's ClusterIP, through `from`'s kube-proxy): 2 s before it, 3 s
+/// after it returns. Returns one report per target.
+fn under_load_from(
+    from: &ClusterNode,
+    targets: &[(SocketAddr, &str)],
+    event: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Report>> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let loads: Vec<Load> = targets.iter().map(|(t, expect)| Load::field(*t, "/continuity", expect)).collect();
+    std::thread::scope(|s| {
+        let running = s.spawn(move || {
+            from.in_netns(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+                Ok(rt.block_on(async {
+                    let runs = loads.iter().map(|load| {
+                        let mut stop = stop_rx.clone();
+                        continuity::run(load, async move {
+                            let _ = stop.wait_for(|s| *s).await;
+                        })
+                    });
+                    futures::future::join_all(runs).await
+                }))
+            })
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let done = event();
+        std::thread::sleep(Duration::from_secs(3));
+        let _ = stop_tx.send(true);
+        let reports = running.join().map_err(|_| anyhow::anyhow!("the load thread panicked"))??;
+        done?;
+        Ok(reports)
+    })
+}
+
+// --- trials ------------------------------------------------------------------------------------
+
+fn two_nodes_run_every_node_daemonset_pod_ready(env: &Env) -> anyhow::Result<()> {
+    println!("$ kubectl get nodes -o wide\n{}", env.kube().ok(&["get", "nodes", "-o", "wide"])?);
+    let pods = env.node_pods()?;
+    let mut seen: Vec<(String, String)> = pods
+        .iter()
+        .map(|p| {
+            (
+                p["metadata"]["labels"]["app.kubernetes.io/component"].as_str().unwrap_or("?").to_owned(),
+                node_name(p).to_owned(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let want: Vec<(String, String)> =
+        ["node", "proxy"].iter().flat_map(|c| [NODE1, NODE2].map(|n| (c.to_string(), n.to_owned()))).collect();
+    ensure!(seen == want, "node pods by (component, node): {seen:?}");
+    for p in &pods {
+        ensure!(
+            is_ready(p) && restarts(p) == 0,
+            "{} on {}: ready {}, restarts {}",
+            pod_name(p),
+            node_name(p),
+            is_ready(p),
+            restarts(p)
+        );
+    }
+    println!("$ kubectl get pods -n {NS} -o wide\n{}", env.kube().ok(&["get", "pods", "-n", NS, "-o", "wide"])?);
+    Ok(())
+}
+
+fn one_policy_reaches_pods_on_both_nodes_and_each_agent_serves_only_its_own(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&app_yaml("spread", 2, Placement::Spread, App::UdsByPolicy))?;
+    env.kube().apply(
+        "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata: {name: spread-uds, namespace: default}\n\
+         spec: {targetRef: {kind: Service, name: spread}, udsSocket: s/app.sock}\n",
+    )?;
+    // Ready means kubelet's probe passed through the inbound listener: the policy applied there.
+    let pods = env.wait_app_ready("spread", 2)?;
+    let mut nodes: Vec<&str> = pods.iter().map(node_name).collect();
+    nodes.sort();
+    ensure!(nodes == [NODE1, NODE2], "one pod of spread per node: {nodes:?}");
+    for node in [NODE1, NODE2] {
+        let (named, listed) = env.agent_pods(node)?;
+        ensure!(named == node, "{node}'s agent says it serves node {named}");
+        let own: Vec<&Value> = pods.iter().filter(|p| node_name(p) == node).collect();
+        let other: Vec<&Value> = pods.iter().filter(|p| node_name(p) != node).collect();
+        for p in &own {
+            let key = format!("default/{}", pod_name(p));
+            ensure!(
+                listed.iter().any(|(k, d)| *k == key && d == "\"pipe\""),
+                "{node}'s agent lists {key} on its socket: {listed:?}"
+            );
+        }
+        let clusters = env.clusters(node)?;
+        for p in &other {
+            let key = format!("default/{}", pod_name(p));
+            ensure!(
+                !listed.iter().any(|(k, _)| *k == key),
+                "{node}'s agent lists {key}, a pod of the other node: {listed:?}"
+            );
+            let cluster = format!("app_default_{}_8080", pod_name(p));
+            ensure!(
+                !clusters.contains(&format!("{cluster}::")),
+                "{node}'s Envoy has {cluster}, a pod of the other node"
+            );
+        }
+        let every_listed_is_own = listed.iter().all(|(k, _)| {
+            !k.starts_with("default/spread-") || own.iter().any(|p| *k == format!("default/{}", pod_name(p)))
+        });
+        ensure!(every_listed_is_own, "{node}'s agent lists: {listed:?}");
+        println!(
+            "{node}: agent /debug/pods {listed:?}; Envoy has app_default_{}_8080",
+            own.first().map(|p| pod_name(p)).unwrap_or("?")
+        );
+    }
+    Ok(())
+}
+
+fn a_client_on_each_node_calls_a_uds_only_service_on_the_other_by_name(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&app_yaml("web-1", 1, Placement::On(NODE1), App::Uds))?;
+    env.kube().apply(&app_yaml("web-2", 1, Placement::On(NODE2), App::Uds))?;
+    for (service, client_node) in [("web-2", NODE1), ("web-1", NODE2)] {
+        let server = env.wait_app_ready(service, 1)?.remove(0);
+        let (server_pod, server_node) = (pod_name(&server).to_owned(), node_name(&server).to_owned());
+        ensure!(server_node != client_node, "the server of {service} runs on {server_node}, the client's node");
+        let stat = format!("tcp.inbound_default_{server_pod}_8080.downstream_cx_total");
+        let before = env.counter(&server_node, &stat)?;
+        let url = format!("http://{service}.default.svc.cluster.local:8080/cross");
+        let client = format!("client-of-{service}");
+        let (ok, body) = env.client_get(&client, client_node, &url)?;
+        println!("client pod {client} on {client_node}: uds-echo --get {url}\n{}", body.trim_end());
+        ensure!(ok, "the call failed: {body}");
+        ensure!(
+            body.contains(&format!("{server_pod} over unix:/s/app.sock: GET /cross")),
+            "answer over the socket of {server_pod}: {body}"
+        );
+        let after = env.counter(&server_node, &stat)?;
+        println!("{server_node}'s Envoy {stat}: {before} -> {after}");
+        ensure!(after > before, "{server_node}'s inbound listener counted no connection ({stat}: {before} -> {after})");
+    }
+    Ok(())
+}
+
+fn the_same_app_answers_over_its_socket_and_over_tcp_from_the_other_node(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&app_yaml("tcp-2", 1, Placement::On(NODE2), App::Tcp))?;
+    env.wait_app_ready("tcp-2", 1)?;
+    env.wait_app_ready("web-2", 1)?;
+    for (service, over) in [("web-2", "over unix:/s/app.sock"), ("tcp-2", "over tcp:0.0.0.0:8080")] {
+        let url = format!("http://{service}.default.svc.cluster.local:8080/both");
+        let (ok, body) = env.client_get(&format!("both-{service}"), NODE1, &url)?;
+        println!("from {NODE1}: {url}: {}", body.trim_end());
+        ensure!(ok && body.contains(over), "{url}: {body}");
+    }
+    Ok(())
+}
+
+fn a_rolling_upgrade_of_every_node_daemonset_fails_no_request(env: &Env) -> anyhow::Result<()> {
+    env.wait_app_ready("spread", 2)?;
+    let target: SocketAddr = format!("{}:8080", env.service_ip("spread")?).parse()?;
+    let expect = "over unix:/s/app.sock";
+    let before: Vec<(String, String)> =
+        env.node_pods()?.iter().map(|p| (pod_name(p).to_owned(), node_name(p).to_owned())).collect();
+    println!("load starts at {} (UTC)", chrono_now());
+    let reports = under_load_from(env.node(NODE1), &[(target, expect)], || {
+        env.helm_aether("upgrade", &["proxy.logLevel=warning", "agent.recheckSeconds=9"])?;
+        env.node_daemonsets_rolled_out()
+    })?;
+    let after: Vec<(String, String)> =
+        env.node_pods()?.iter().map(|p| (pod_name(p).to_owned(), node_name(p).to_owned())).collect();
+    ensure!(before.iter().all(|b| !after.contains(b)), "every node pod replaced: before {before:?}, after {after:?}");
+    let r = &reports[0];
+    println!(
+        "helm upgrade of both node DaemonSets on both nodes, load from {NODE1} through Service spread: {}",
+        r.summary()
+    );
+    let ends: Vec<String> =
+        r.keepalive.iter().filter_map(|k| k.cut.map(|(at, f)| format!("+{:.1} s {f:?}", at.as_secs_f64()))).collect();
+    println!("  keep-alive connections ended at {ends:?}");
+    if r.failed() > 0 {
+        // What to read a failure against: each node's listener churn and hand-over epoch, and any
+        // readiness probe of the app that failed (an endpoint removed under the load).
+        for node in [NODE1, NODE2] {
+            let (_, stats) = env.node(node).http_get(
+                ENVOY_ADMIN,
+                "/stats?filter=listener_manager.listener_(added|modified|removed|in_place_updated)|server.hot_restart_epoch",
+            )?;
+            println!("{node}'s Envoy: {}", stats.split_whitespace().collect::<Vec<_>>().join(" "));
+        }
+        let unhealthy =
+            env.kube().ok(&["get", "events", "-n", "default", "--field-selector", "reason=Unhealthy", "-o", "wide"])?;
+        println!("readiness failures in default:\n{unhealthy}");
+        for (i, o) in r.requests.iter().enumerate().filter(|(_, o)| o.failure.is_some()) {
+            println!("  request {i} at +{:.3} s: {:?}", o.at.as_secs_f64(), o.failure);
+        }
+    }
+    ensure!(r.failed() == 0, "requests failed: {}", r.summary());
+    // A handed-over Envoy keeps its connections for its drain time (15 s here): the roll starts at
+    // +2 s, so a keep-alive connection may end from +17 s on, never before.
+    ensure!(
+        r.keepalive.iter().all(|k| k.cut.is_none_or(|(at, _)| at >= Duration::from_secs(17))),
+        "a keep-alive connection ended before the replaced Envoy's drain time: {ends:?}"
+    );
+    Ok(())
+}
+
+/// Blocks `node`'s route to the API server (a blackhole route to its address in the node's netns:
+/// the node's kubelet and agent see an outage, pods on other nodes still reach its pods); the
+/// route is removed when dropped, on every exit path.
+struct CutFromApiServer<'a>(&'a ClusterNode, String);
+
+impl<'a> CutFromApiServer<'a> {
+    fn cut(node: &'a ClusterNode, apiserver: &str) -> anyhow::Result<Self> {
+        node.run(&["ip", "route", "add", "blackhole", &format!("{apiserver}/32")])?;
+        Ok(CutFromApiServer(node, apiserver.to_owned()))
+    }
+}
+
+impl Drop for CutFromApiServer<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.run(&["ip", "route", "del", "blackhole", &format!("{}/32", self.1)]) {
+            eprintln!("restoring {}'s route to the API server: {e:#}", self.0.name);
+        }
+    }
+}
+
+fn an_agent_restarted_while_its_node_cannot_reach_the_api_server_keeps_serving(env: &Env) -> anyhow::Result<()> {
+    let web1: SocketAddr = format!("{}:8080", env.service_ip("web-1")?).parse()?;
+    let web2: SocketAddr = format!("{}:8080", env.service_ip("web-2")?).parse()?;
+    let agent = env
+        .pods(NS, "app.kubernetes.io/component=node")?
+        .into_iter()
+        .find(|p| node_name(p) == NODE1)
+        .context("node 1's agent pod")?;
+    let id = agent["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "aether-agent")
+        .and_then(|c| c["containerID"].as_str())
+        .context("the agent container's ID")?
+        .trim_start_matches("containerd://")
+        .to_owned();
+    let (apiserver, port) = env.nodes.apiserver();
+    let node1 = env.node(NODE1);
+    let started = |n: &ClusterNode| -> Option<String> {
+        let (_, body) = n.http_get(AGENT_ADMIN, "/metrics").ok()?;
+        body.lines().find(|l| l.starts_with("process_start_time_seconds ")).map(str::to_owned)
+    };
+    let first = started(node1);
+    let reports =
+        under_load_from(env.node(NODE2), &[(web1, "over unix:/s/app.sock"), (web2, "over unix:/s/app.sock")], || {
+            let _cut = CutFromApiServer::cut(node1, apiserver)?;
+            let refused = node1.run(&[
+                "sh",
+                "-c",
+                &format!("timeout 2 bash -c '</dev/tcp/{apiserver}/{port}' && echo reached || echo cut"),
+            ]);
+            println!(
+                "{NODE1} to the API server while cut: {}",
+                refused.map(|s| s.trim().to_owned()).unwrap_or_else(|e| format!("{e:#}"))
+            );
+            node1.ctr(&["tasks", "kill", "-s", "SIGKILL", &id])?;
+            eventually("node 1's agent restarted in place and ready (Envoy ACKed its replayed state)", WAIT, || {
+                let now = started(node1);
+                Ok(now.is_some() && now != first && node1.http_get(AGENT_ADMIN, "/readyz").map(|(c, _)| c)? == 200)
+            })?;
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(())
+        })?;
+    println!("agent of {NODE1} killed while {NODE1} was cut from the API server; load from {NODE2}:");
+    println!("  to web-1 (its pod on {NODE1}): {}", reports[0].summary());
+    println!("  to web-2 (its pod on {NODE2}): {}", reports[1].summary());
+    for (r, what) in reports.iter().zip(["web-1", "web-2"]) {
+        ensure!(r.failed() == 0 && r.keepalive.iter().all(|k| k.cut.is_none()), "{what}: {}", r.summary());
+    }
+    Ok(())
+}
+
+/// Uncordons a node when dropped, on every exit path.
+struct Cordoned<'a>(&'a Env, &'a str);
+
+impl Drop for Cordoned<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.kube().ok(&["uncordon", self.1]) {
+            eprintln!("kubectl uncordon {}: {e:#}", self.1);
+        }
+    }
+}
+
+fn a_drained_nodes_uds_pod_is_served_over_its_socket_on_the_other_node(env: &Env) -> anyhow::Result<()> {
+    env.kube().apply(&app_yaml("mover", 1, Placement::Prefer(NODE2), App::Uds))?;
+    let old = env.wait_app_ready("mover", 1)?.remove(0);
+    ensure!(node_name(&old) == NODE2, "mover prefers {NODE2}, yet runs on {}", node_name(&old));
+    let (old_name, old_uid) = (pod_name(&old).to_owned(), uid(&old)?.to_owned());
+    let drained = Cordoned(env, NODE2);
+    let out = env.kube().ok(&["drain", NODE2, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s"])?;
+    println!("$ kubectl drain {NODE2} --ignore-daemonsets --delete-emptydir-data\n{}", out.trim_end());
+    let new = env.wait_app_ready("mover", 1)?.remove(0);
+    let (new_name, new_uid) = (pod_name(&new).to_owned(), uid(&new)?.to_owned());
+    ensure!(node_name(&new) == NODE1 && new_uid != old_uid, "mover's new pod {new_name} runs on {}", node_name(&new));
+    let pin = format!("{PINS}/{new_uid}.sock");
+    let cluster = format!("app_default_{new_name}_8080");
+    eventually(&format!("{NODE1}'s Envoy dials {cluster} at its pin, healthy"), WAIT, || {
+        Ok(env.clusters(NODE1)?.lines().any(|l| l == format!("{cluster}::{pin}::health_flags::healthy")))
+    })?;
+    let url = "http://mover.default.svc.cluster.local:8080/moved";
+    let (ok, body) = env.client_get("client-of-mover", NODE1, url)?;
+    println!("after the drain, from {NODE1}: {url}: {}", body.trim_end());
+    ensure!(ok && body.contains(&format!("{new_name} over unix:/s/app.sock")), "{body}");
+    let old_cluster = format!("app_default_{old_name}_8080");
+    let old_listener = format!("inbound_default_{old_name}_8080");
+    let old_pin = env.node(NODE2).path(&format!("{PINS}/{old_uid}.sock"));
+    eventually(&format!("nothing of {old_name} left on {NODE2}"), WAIT, || {
+        Ok(!env.clusters(NODE2)?.contains(&format!("{old_cluster}::"))
+            && !env.listeners(NODE2)?.contains(&old_listener)
+            && !old_pin.exists())
+    })?;
+    let (_, listed) = env.agent_pods(NODE2)?;
+    ensure!(!listed.iter().any(|(k, _)| k.ends_with(&old_name)), "{NODE2}'s agent still lists {old_name}: {listed:?}");
+    println!("{NODE2}: no cluster {old_cluster}, no listener {old_listener}, no pin {}", old_pin.display());
+    drop(drained);
+    Ok(())
+}
+
+/// The wall clock (UTC, `date +%T.%3N`), to read a load's `+N s` against component logs.
+fn chrono_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%T.%3N"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn node_down_restores_the_host(env: &Env) -> anyhow::Result<()> {
+    let diff = env.nodes.down()?;
+    ensure!(diff.is_empty(), "the host differs after node.sh down:\n{}", diff.join("\n"));
+    Ok(())
+}
+
+// --- set-up and context --------------------------------------------------------------------------
+
+fn setup() -> anyhow::Result<Env> {
+    let env = Env { nodes: RealNodes::up(2)? };
+    let crds = repo_root().join("charts/aether-crds");
+    env.nodes.helm(&["install", "aether-crds", crds.to_str().context("path")?, "--wait"])?;
+    env.helm_aether("install", &[]).map_err(|e| anyhow::anyhow!("{e:#}{}", context(&env)))?;
+    env.node_daemonsets_rolled_out().map_err(|e| anyhow::anyhow!("{e:#}{}", context(&env)))?;
+    Ok(env)
+}
+
+fn context(env: &Env) -> String {
+    let text = |args: &[&str]| match env.kube().run(args) {
+        Ok(o) => format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+        Err(e) => format!("(kubectl {}: {e:#})", args.join(" ")),
+    };
+    let events = text(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
+    let events: Vec<&str> = events.lines().rev().take(25).collect();
+    format!(
+        "{}\n--- node pod logs\n{}\n--- kubectl get nodes\n{}\n--- kubectl get pods -A\n{}\n--- recent events (newest first)\n{}",
+        env.nodes.log_tails(10),
+        text(&[
+            "logs",
+            "-n",
+            NS,
+            "-l",
+            "app.kubernetes.io/component in (node,proxy)",
+            "--all-containers",
+            "--prefix",
+            "--tail=15"
+        ]),
+        text(&["get", "nodes", "-o", "wide"]),
+        text(&["get", "pods", "-A", "-o", "wide"]),
+        events.join("\n"),
+    )
+}
+
+fn main() {
+    suite::run(
+        vec![
+            suite::case("two_nodes_run_every_node_daemonset_pod_ready", two_nodes_run_every_node_daemonset_pod_ready),
+            suite::case(
+                "one_policy_reaches_pods_on_both_nodes_and_each_agent_serves_only_its_own",
+                one_policy_reaches_pods_on_both_nodes_and_each_agent_serves_only_its_own,
+            ),
+            suite::case(
+                "a_client_on_each_node_calls_a_uds_only_service_on_the_other_by_name",
+                a_client_on_each_node_calls_a_uds_only_service_on_the_other_by_name,
+            ),
+            suite::case(
+                "the_same_app_answers_over_its_socket_and_over_tcp_from_the_other_node",
+                the_same_app_answers_over_its_socket_and_over_tcp_from_the_other_node,
+            ),
+            suite::case(
+                "a_rolling_upgrade_of_every_node_daemonset_fails_no_request",
+                a_rolling_upgrade_of_every_node_daemonset_fails_no_request,
+            ),
+            suite::case(
+                "an_agent_restarted_while_its_node_cannot_reach_the_api_server_keeps_serving",
+                an_agent_restarted_while_its_node_cannot_reach_the_api_server_keeps_serving,
+            ),
+            suite::case(
+                "a_drained_nodes_uds_pod_is_served_over_its_socket_on_the_other_node",
+                a_drained_nodes_uds_pod_is_served_over_its_socket_on_the_other_node,
+            ),
+            suite::case("node_down_restores_the_host", node_down_restores_the_host),
+        ],
+        setup,
+        context,
+    )
+}

@@ -1,0 +1,342 @@
+//! Several real nodes on this machine for the multi-node suite: `AETHER_NODES=N
+//! tests/harness/node.sh up DIR` (one control plane on the host; per node its own network, mount
+//! and UTS namespaces with containerd, kubelet and kube-proxy; CoreDNS), and `node.sh down DIR` on
+//! drop, which restores the host.
+//!
+//! A node's network is not the host's: its loopback ports (Envoy's admin 9901, the agent's 9091)
+//! are reached with [`ClusterNode::in_netns`], its files (the health gateway's socket, the pins)
+//! under [`ClusterNode::path`], and commands run in it with [`ClusterNode::run`] (`nsenter`).
+//!
+//! It needs root: a missing prerequisite is an error naming the cause, never a skip.
+
+use std::collections::BTreeMap;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+
+use crate::Kubectl;
+use crate::node::{HostState, helm, require_root, script, tail};
+
+/// One node of a [`RealNodes`] cluster, as `node.sh up` wrote it to `DIR/env`.
+#[derive(Clone, Debug)]
+pub struct ClusterNode {
+    /// The Node's name (`aether-node-<i>`).
+    pub name: String,
+    /// The node IP (its `eth0` on the host bridge; kubelet and hostNetwork pods listen there).
+    pub ip: String,
+    /// The PID of the process holding the node's namespaces (`/proc/<pid>/ns/{net,mnt,uts}`).
+    pub pid: u32,
+    /// containerd's socket, as the host reaches it (through `/proc/<pid>/root`).
+    pub containerd_sock: PathBuf,
+    /// The node's pod CIDR (`10.244.<64+i>.0/24`).
+    pub pod_cidr: String,
+}
+
+impl ClusterNode {
+    /// `path` of the node's own file system (its `/run`, `/var/lib`), as the host reaches it:
+    /// `/proc/<pid>/root<path>`.
+    pub fn path(&self, path: &str) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root{path}", self.pid))
+    }
+
+    /// Runs `cmd` in the node's network, mount and UTS namespaces (`nsenter -t <pid> -m -n -u`);
+    /// returns stdout.
+    ///
+    /// # Errors
+    /// On a non-zero exit, with stderr.
+    pub fn run(&self, cmd: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new("nsenter")
+            .args(["-t", &self.pid.to_string(), "-m", "-n", "-u", "--"])
+            .args(cmd)
+            .stdin(Stdio::null())
+            .output()
+            .context("running nsenter")?;
+        if !out.status.success() {
+            bail!(
+                "{} on {}: {}{}",
+                cmd.join(" "),
+                self.name,
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs `f` on a thread that has joined the node's network namespace (`setns(2)`): every
+    /// socket `f` opens, and every thread it starts (a tokio runtime's), is the node's. The
+    /// caller's thread stays in its own.
+    ///
+    /// # Errors
+    /// When the namespace cannot be joined, or what `f` returns.
+    pub fn in_netns<T: Send>(&self, f: impl FnOnce() -> anyhow::Result<T> + Send) -> anyhow::Result<T> {
+        let ns = std::fs::File::open(format!("/proc/{}/ns/net", self.pid))
+            .with_context(|| format!("opening {}'s network namespace (pid {})", self.name, self.pid))?;
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                rustix::thread::move_into_link_name_space(ns.as_fd(), Some(rustix::thread::LinkNameSpaceType::Network))
+                    .context("setns into the node's network namespace")?;
+                f()
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("a thread in {}'s network namespace panicked", self.name))?
+        })
+    }
+
+    /// GET `http://127.0.0.1:<port><path>` in the node's network namespace: (status, body).
+    ///
+    /// # Errors
+    /// When nothing answers.
+    pub fn http_get(&self, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+        self.in_netns(|| crate::http_get(port, path, &[]))
+    }
+
+    /// Runs `ctr -n k8s.io ARGS` against the node's containerd; returns stdout.
+    ///
+    /// # Errors
+    /// On a non-zero exit, with ctr's stderr.
+    pub fn ctr(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new("ctr")
+            .arg("-a")
+            .arg(&self.containerd_sock)
+            .args(["-n", "k8s.io"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .context("running ctr")?;
+        if !out.status.success() {
+            bail!("ctr {} on {} failed: {}", args.join(" "), self.name, String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// A running cluster of several real nodes; torn down (host restored) when dropped.
+pub struct RealNodes {
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    nodes: Vec<ClusterNode>,
+    apiserver: (String, u16),
+    before: HostState,
+}
+
+impl RealNodes {
+    /// Brings `count` (2..=8) nodes up in a new folder under the system temp dir; the script's
+    /// output goes to `<dir>/node-up.log`.
+    ///
+    /// # Errors
+    /// Without root, or when `node.sh up` fails (it has torn down what it started); the error
+    /// carries the tail of its log.
+    pub fn up(count: usize) -> anyhow::Result<Self> {
+        require_root("the multi-node suite")?;
+        let before = HostState::capture()?;
+        let dir = tempfile::Builder::new().prefix("aether-nodes-").tempdir()?.keep();
+        let log = dir.join("node-up.log");
+        let status = Command::new(script())
+            .arg("up")
+            .arg(&dir)
+            .env("AETHER_NODES", count.to_string())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(std::fs::OpenOptions::new().append(true).open(&log)?)
+            .status()
+            .context("running tests/harness/node.sh")?;
+        if !status.success() {
+            bail!("AETHER_NODES={count} node.sh up {} failed ({status}):\n{}", dir.display(), tail(&log, 40));
+        }
+        let (kubeconfig, nodes, apiserver) = read_env(&dir.join("env"))?;
+        Ok(RealNodes { dir, kubeconfig, nodes, apiserver, before })
+    }
+
+    /// The nodes, in order (`aether-node-1` first).
+    pub fn nodes(&self) -> &[ClusterNode] {
+        &self.nodes
+    }
+
+    /// The node named `name`.
+    ///
+    /// # Errors
+    /// When no node has that name.
+    pub fn node(&self, name: &str) -> anyhow::Result<&ClusterNode> {
+        self.nodes.iter().find(|n| n.name == name).with_context(|| format!("no node named {name}"))
+    }
+
+    /// kube-apiserver's address (on the host bridge) and port.
+    pub fn apiserver(&self) -> (&str, u16) {
+        (&self.apiserver.0, self.apiserver.1)
+    }
+
+    /// The cluster's folder (`logs/`, `nodes/<name>/logs/`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// kubectl with the admin kubeconfig.
+    pub fn kube(&self) -> Kubectl {
+        Kubectl::new(&self.kubeconfig)
+    }
+
+    /// Runs `helm ARGS` with the admin kubeconfig; returns stdout.
+    ///
+    /// # Errors
+    /// On a non-zero exit, with helm's stderr and stdout.
+    pub fn helm(&self, args: &[&str]) -> anyhow::Result<String> {
+        helm(&self.kubeconfig, &self.dir, args)
+    }
+
+    /// The last `lines` lines of each node's kubelet, containerd and kube-proxy log, for a failing
+    /// test's message.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for n in &self.nodes {
+            for name in ["kubelet", "containerd", "kube-proxy"] {
+                let path = self.dir.join("nodes").join(&n.name).join("logs").join(format!("{name}.log"));
+                out.push_str(&format!("\n--- {} (last {lines} lines)\n{}", path.display(), tail(&path, lines)));
+            }
+        }
+        out
+    }
+
+    /// Tears the cluster down (`node.sh down`; a second call finds nothing left to stop) and
+    /// returns how the host differs from before `up`: empty when everything was restored.
+    ///
+    /// # Errors
+    /// When `node.sh down` fails (with its log) or the host cannot be read.
+    pub fn down(&self) -> anyhow::Result<Vec<String>> {
+        let log = self.dir.join("node-down.log");
+        let f = std::fs::File::create(&log)?;
+        let status = Command::new(script()).arg("down").arg(&self.dir).stdout(f.try_clone()?).stderr(f).status()?;
+        if !status.success() {
+            bail!("node.sh down {} failed ({status}):\n{}", self.dir.display(), tail(&log, 20));
+        }
+        Ok(self.before.diff(&HostState::capture()?))
+    }
+}
+
+impl Drop for RealNodes {
+    fn drop(&mut self) {
+        if let Err(e) = self.down() {
+            eprintln!("{e:#}");
+        }
+    }
+}
+
+/// Parses `export KEY=VALUE` lines: the kubeconfig, `AETHER_NODE_<i>_*` per node, and the API
+/// server's address and port.
+fn read_env(path: &Path) -> anyhow::Result<(PathBuf, Vec<ClusterNode>, (String, u16))> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let vars: BTreeMap<&str, &str> =
+        text.lines().filter_map(|l| l.strip_prefix("export ")).filter_map(|l| l.split_once('=')).collect();
+    let get = |k: &str| vars.get(k).map(|v| v.to_string()).with_context(|| format!("{} has no {k}", path.display()));
+    let count: usize = get("AETHER_NODES")?.parse().context("AETHER_NODES")?;
+    let nodes = (1..=count)
+        .map(|i| {
+            Ok(ClusterNode {
+                name: get(&format!("AETHER_NODE_{i}_NAME"))?,
+                ip: get(&format!("AETHER_NODE_{i}_IP"))?,
+                pid: get(&format!("AETHER_NODE_{i}_PID"))?.parse().context("node PID")?,
+                containerd_sock: get(&format!("AETHER_NODE_{i}_CONTAINERD_SOCK"))?.into(),
+                pod_cidr: get(&format!("AETHER_NODE_{i}_POD_CIDR"))?,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let apiserver =
+        (get("AETHER_APISERVER_ADDRESS")?, get("AETHER_APISERVER_PORT")?.parse().context("AETHER_APISERVER_PORT")?);
+    Ok((get("KUBECONFIG")?.into(), nodes, apiserver))
+}
+
+/// Where a Deployment's pods may run.
+#[derive(Clone, Copy)]
+pub enum Placement<'a> {
+    /// Only on this node (nodeSelector).
+    On(&'a str),
+    /// On this node while it can (preferred node affinity), elsewhere when it cannot.
+    Prefer(&'a str),
+    /// One pod per node (required pod anti-affinity).
+    Spread,
+}
+
+/// How the app is delivered.
+#[derive(Clone, Copy, PartialEq)]
+pub enum App {
+    /// `uds-echo` on `/s/app.sock` only, with the socket annotation.
+    Uds,
+    /// `uds-echo` on `/s/app.sock` only, without the annotation (a policy decides).
+    UdsByPolicy,
+    /// `uds-echo --tcp 0.0.0.0:8080`, not managed.
+    Tcp,
+}
+
+/// ServiceAccount, Service (port 8080) and Deployment `name` (namespace `default`) of `replicas`
+/// `uds-echo` pods that answer with their own pod name (`<pod> over unix:/s/app.sock: GET /x`,
+/// `<pod> over tcp:0.0.0.0:8080: GET /x`). A socket app has kubelet's httpGet readiness probe on 8080:
+/// it passes only through the inbound listener the node's Envoy binds in the pod's netns.
+pub fn app_yaml(name: &str, replicas: u32, placement: Placement, app: App) -> String {
+    let placement = match placement {
+        Placement::On(node) => format!("nodeSelector: {{kubernetes.io/hostname: {node}}}"),
+        Placement::Prefer(node) => format!(
+            "affinity: {{nodeAffinity: {{preferredDuringSchedulingIgnoredDuringExecution: [{{weight: 100, \
+             preference: {{matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [{node}]}}]}}}}]}}}}"
+        ),
+        Placement::Spread => format!(
+            "affinity: {{podAntiAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: [{{topologyKey: \
+             kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: {name}}}}}}}]}}}}"
+        ),
+    };
+    let (labels, annotations, args) = match app {
+        App::Uds => (
+            format!("{{app: {name}, aether.io/managed: \"true\"}}"),
+            "{endpoint.aether.io/uds-socket: s/app.sock}",
+            "[--socket, /s/app.sock, --name, $(POD_NAME)]",
+        ),
+        App::UdsByPolicy => (
+            format!("{{app: {name}, aether.io/managed: \"true\"}}"),
+            "{}",
+            "[--socket, /s/app.sock, --name, $(POD_NAME)]",
+        ),
+        App::Tcp => (format!("{{app: {name}}}"), "{}", "[--tcp, '0.0.0.0:8080', --name, $(POD_NAME)]"),
+    };
+    format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {name}, namespace: default}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  selector: {{app: {name}}}
+  ports: [{{port: 8080, targetPort: 8080}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: default}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata:
+      labels: {labels}
+      annotations: {annotations}
+    spec:
+      serviceAccountName: {name}
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 1
+      {placement}
+      containers:
+      - name: app
+        image: localhost/aether/uds-echo:dev
+        imagePullPolicy: Never
+        args: {args}
+        env: [{{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}]
+        volumeMounts: [{{name: s, mountPath: /s}}]
+        readinessProbe:
+          httpGet: {{path: /ready, port: 8080}}
+          periodSeconds: 1
+          failureThreshold: 1
+      volumes: [{{name: s, emptyDir: {{}}}}]
+"#
+    )
+}
