@@ -7,7 +7,7 @@
 #
 # Environment: BENCH_REPS (3), BENCH_SECS (4), BENCH_CHANGES (50), BENCH_REPINS (20), BENCH_FLOOD_FILES
 # (100000), BENCH_FLOOD_BASELINE (another aether-agent binary section 3c also measures), BENCH_SECTIONS
-# (agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet; repin and flood need root), BENCH_OUT (docs/benchmarks.md; "-" = do
+# (agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet,nodes; repin, flood and nodes need root), BENCH_OUT (docs/benchmarks.md; "-" = do
 # not write).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,7 +15,7 @@ root=$PWD
 cargo=${CARGO:-cargo}
 tools=$root/.cache/tools
 out_dir=$root/target/aether-bench
-sections=${BENCH_SECTIONS:-agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet}
+sections=${BENCH_SECTIONS:-agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet,nodes}
 
 log() { printf '\n== %s\n' "$*" >&2; }
 
@@ -26,6 +26,11 @@ fi
 
 log "building the workspace (release)"
 "$cargo" build --release --workspace --bins
+if [[ ,$sections, == *,nodes,* ]]; then
+  # Section 7 runs the real nodes' images, packed from the debug binaries (tests/harness/images.sh).
+  log "building the workspace (debug, for the real nodes' images)"
+  "$cargo" build --workspace --bins
+fi
 
 mkdir -p "$out_dir"
 if [[ ,$sections, == *,agent,* ]]; then

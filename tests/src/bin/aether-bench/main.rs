@@ -8,16 +8,17 @@
 //! ```text
 //! aether-bench --oha PATH [--out docs/benchmarks.md] [--agent-out DIR] [--criterion DIR]
 //!              [--reps 3] [--secs 4] [--changes 50] [--repins 20] [--flood-files 100000]
-//!              [--sections agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet]
+//!              [--sections agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet,nodes]
 //! ```
 //!
 //! `fleet` (section 3f, [`fleet`]) runs 10, then 100 agents with an ADS client each ([`ads_client`]).
 //!
 //! `repin` (section 3b, [`repin`]) and `flood` (section 3c, [`flood`]) need root: their agent
-//! mounts the socket pins.
+//! mounts the socket pins. So does `nodes` (section 7, [`cross_node`]): two real nodes.
 
 mod ads_client;
 mod continuity;
+mod cross_node;
 mod fleet;
 mod flood;
 mod health_gateway;
@@ -80,6 +81,7 @@ impl Opts {
                 "rss",
                 "per-change",
                 "fleet",
+                "nodes",
             ]
             .map(String::from)
             .to_vec(),
@@ -197,6 +199,9 @@ fn main() -> anyhow::Result<()> {
     }
     if opts.wants("continuity") {
         continuity::section(&mut r).context("section 6 (node proxy continuity)")?;
+    }
+    if opts.wants("nodes") {
+        cross_node::section(&mut r, &opts).context("section 7 (cross-node, UDS vs TCP)")?;
     }
     if let Some(out) = &opts.out {
         plots::section(&mut r, out).context("the SVG plots")?;
@@ -633,10 +638,15 @@ fn oha(opts: &Opts, args: &[String], url: &str) -> anyhow::Result<OhaRun> {
 
 /// One oha run, inside `netns` when given.
 fn oha_in(opts: &Opts, netns: Option<&Netns>, args: &[String], url: &str) -> anyhow::Result<OhaRun> {
-    let mut cmd = match netns {
+    let cmd = match netns {
         Some(ns) => ns.command(&opts.oha),
         None => Command::new(&opts.oha),
     };
+    oha_with(opts, cmd, args, url)
+}
+
+/// One oha run with `cmd`, which runs oha (or a wrapper that execs it, as `nsenter`).
+fn oha_with(opts: &Opts, mut cmd: Command, args: &[String], url: &str) -> anyhow::Result<OhaRun> {
     let out = cmd
         .args(["--no-tui", "--output-format", "json", "-z", &format!("{}s", opts.secs)])
         .args(args)
