@@ -10,6 +10,8 @@
 # chains, net.ipv4.ip_forward and the sysctls kubelet sets, /run/netns as a shared mount,
 # /var/lib/kubelet); everything is restored on exit, Ctrl-C included. Run it with `make demo`.
 set -euo pipefail
+# Several nodes (AETHER_NODES=2 make demo): the cross-node call and a drain (scripts/demo-nodes.sh).
+[ "${AETHER_NODES:-1}" = 1 ] || exec "$(dirname "$0")/demo-nodes.sh"
 repo=$(cd "$(dirname "$0")/.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
 NS=aether-system

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The demo on several real nodes (`AETHER_NODES=2 make demo`; scripts/demo.sh hands over to this
+# script): AETHER_NODES nodes on this machine (tests/harness/node.sh, which runs multinode.sh: each
+# node its own network, mount and UTS namespaces, containerd, kubelet and kube-proxy; one control
+# plane; CoreDNS), `helm install` of both charts, a UDS-only app on the last node called by its
+# Service's DNS name from a pod on the first, and `kubectl drain` of the last node: the app's pod
+# moves to another node and is served over its socket there, nothing of it left behind.
+#
+# It needs root and changes the host while it runs (a bridge aethern0 with 10.244.64.1/24 and a
+# veth per node, routes to the pod CIDRs, an iptables chain AETHER-NODES, the sysctls kubelet sets,
+# cgroups /sys/fs/cgroup/*/aether-node-<i>); everything is restored on exit, Ctrl-C included.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
+NS=aether-system
+nodes=${AETHER_NODES:-2}
+
+step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+indent() { sed 's/^/    /'; }
+
+[ "$(id -u)" = 0 ] || { echo "demo: needs root (it starts containerd and kubelet); run: sudo AETHER_NODES=$nodes make demo" >&2; exit 1; }
+work=$(mktemp -d /tmp/aether-demo-nodes-XXXX)
+teardown() {
+  step "restoring the host (tests/harness/node.sh down $work)"
+  "$repo/tests/harness/node.sh" down "$work" 2>&1 | tail -n 2 | indent
+}
+trap teardown EXIT
+trap 'exit 130' INT TERM
+
+step "bringing up $nodes real nodes, each in its own network, mount and UTS namespaces"
+AETHER_NODES=$nodes "$repo/tests/harness/node.sh" up "$work" 2>&1 | grep -E '^\[(nodes|dns)' | indent
+# shellcheck disable=SC1091
+. "$work/env"
+kubectl() { "$tools/kubectl" "$@"; }
+helm() { HELM_CACHE_HOME=$work/helm HELM_CONFIG_HOME=$work/helm HELM_DATA_HOME=$work/helm "$tools/helm" "$@"; }
+first=$AETHER_NODE_1_NAME
+last_i=$nodes
+last=$(eval echo "\$AETHER_NODE_${last_i}_NAME")
+last_pid=$(eval echo "\$AETHER_NODE_${last_i}_PID")
+kubectl get nodes -o wide | indent
+# in_node PID CMD...: CMD in that node's network and mount namespaces (its Envoy admin, its files).
+in_node() { local pid=$1; shift; nsenter -t "$pid" -n -m -- "$@"; }
+
+images=()
+for c in controller webhookCerts agent proxy; do
+  case $c in
+    controller|webhookCerts) img=aether-controller ;;
+    agent) img=aether-agent ;;
+    proxy) img=envoy ;;
+  esac
+  images+=(--set "images.$c.repository=localhost/aether/$img" --set "images.$c.tag=dev" --set "images.$c.pullPolicy=Never")
+done
+step "helm install aether-crds; helm install aether -n $NS --wait --wait-for-jobs"
+helm install aether-crds "$repo/charts/aether-crds" --wait | grep -E '^(NAME|STATUS)' | indent
+helm install aether "$repo/charts/aether" -n $NS --create-namespace --wait --wait-for-jobs --timeout 300s "${images[@]}" \
+  | grep -E '^(NAME|STATUS)' | indent
+kubectl rollout status -n $NS daemonset/aether-node --timeout=120s >/dev/null
+kubectl rollout status -n $NS daemonset/aether-proxy --timeout=120s >/dev/null
+kubectl get pods -n $NS -o wide | indent
+
+app() { # app NAME AFFINITY: a UDS-only Deployment (the pod answers with its own name) and its Service
+  cat <<Y
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: $1, namespace: default}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: $1, namespace: default}
+spec: {selector: {app: $1}, ports: [{port: 8080}]}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: $1, namespace: default}
+spec:
+  selector: {matchLabels: {app: $1}}
+  template:
+    metadata:
+      labels: {app: $1, aether.io/managed: "true"}
+      annotations: {endpoint.aether.io/uds-socket: s/app.sock}
+    spec:
+      serviceAccountName: $1
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 1
+      $2
+      containers:
+      - name: app
+        image: localhost/aether/uds-echo:dev
+        imagePullPolicy: Never
+        args: [--socket, /s/app.sock, --name, \$(POD_NAME)]
+        env: [{name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]
+        volumeMounts: [{name: s, mountPath: /s}]
+        readinessProbe: {httpGet: {path: /ready, port: 8080}, periodSeconds: 1}
+      volumes: [{name: s, emptyDir: {}}]
+Y
+}
+# client NAME NODE URL: a pod on NODE runs `uds-echo --get URL`; prints its log.
+client() {
+  kubectl run "$1" --image=localhost/aether/uds-echo:dev --image-pull-policy=Never --restart=Never \
+    --overrides="{\"spec\":{\"nodeName\":\"$2\"}}" -- --get "$3" >/dev/null
+  for _ in $(seq 1 300); do
+    case "$(kubectl get pod "$1" -o jsonpath='{.status.phase}')" in Succeeded|Failed) break ;; esac; sleep 0.2
+  done
+  kubectl logs "$1" | indent
+  kubectl delete pod "$1" --wait=false >/dev/null
+}
+
+step "a UDS-only app (Deployment web, no TCP port) on $last; a client pod on $first calls it by name"
+app web "affinity: {nodeAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 100, preference: {matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [$last]}]}}]}}" \
+  | kubectl apply -f - | indent
+kubectl rollout status deployment/web --timeout=120s | indent
+kubectl get pods -l app=web -o wide | indent
+old=$(kubectl get pods -l app=web -o jsonpath='{.items[0].metadata.name}')
+old_uid=$(kubectl get pods -l app=web -o jsonpath='{.items[0].metadata.uid}')
+echo "  \$ kubectl run client --overrides='{\"spec\":{\"nodeName\":\"$first\"}}' ... -- --get http://web.default.svc.cluster.local:8080/hello"
+client client "$first" http://web.default.svc.cluster.local:8080/hello
+echo "  $last's Envoy: the inbound listener in the pod's netns counted it"
+in_node "$last_pid" curl -s "http://127.0.0.1:9901/stats?filter=^tcp.inbound_default_${old}_8080.downstream_cx_total$" | indent
+
+step "kubectl drain $last: web's pod moves to another node and is served over its socket there"
+kubectl drain "$last" --ignore-daemonsets --delete-emptydir-data --timeout=180s 2>&1 | grep -v '^evicting\|^WARNING' | indent
+kubectl rollout status deployment/web --timeout=120s >/dev/null
+kubectl get pods -l app=web -o wide | indent
+client client-after-drain "$first" http://web.default.svc.cluster.local:8080/after-drain
+for _ in $(seq 1 100); do
+  in_node "$last_pid" curl -s http://127.0.0.1:9901/clusters | grep -q "^app_default_${old}_8080::" || break; sleep 0.2
+done
+echo "  on $last: Envoy clusters of $old: $(in_node "$last_pid" curl -s http://127.0.0.1:9901/clusters | grep -c "^app_default_${old}_8080::" || true)," \
+  "listeners: $(in_node "$last_pid" curl -s http://127.0.0.1:9901/listeners | grep -c "^inbound_default_${old}_8080::" || true)," \
+  "pin /run/aether-pins/$old_uid.sock: $(in_node "$last_pid" ls /run/aether-pins/ | grep -c "^$old_uid.sock$" || true)"
+kubectl uncordon "$last" | indent
