@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CRD_CHART_COPY := charts/aether-crds/templates/endpointpolicy-crd.yaml
 
-.PHONY: all deps build install tools images crds chart-docs rbac-report test test-unit test-e2e test-node lint demo bench attack fresh-check clean help
+.PHONY: all deps build install tools images crds chart-docs rbac-report test test-unit test-e2e test-node test-nodes lint demo bench attack fresh-check clean help
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ test-e2e: tools build ## Tests against a real kube-apiserver + etcd, a real Envo
 
 test-node: root tools build ## The real-node suite alone (root: kubelet + containerd, helm install, real pods)
 	$(CARGO) test -p aether-tests --test e2e_node
+
+test-nodes: root tools build ## The multi-node suite alone (root: two real nodes, each in its own namespaces; cross-node calls, a roll under load, a drain)
+	$(CARGO) test -p aether-tests --test e2e_nodes
 
 test: tools build ## Everything: unit, property, TLS, real-control-plane and real-node tests
 	$(CARGO) test --workspace
