@@ -146,29 +146,7 @@ node_up() {
             "routes": [{"dst": "0.0.0.0/0"}]}},
   {"type": "loopback"}]}
 CNI
-  cat >"$nd/containerd/config.toml" <<TOML
-version = 2
-root = "$nd/containerd/root"
-state = "$nd/containerd/state"
-[grpc]
-  address = "/run/containerd/containerd.sock"
-[ttrpc]
-  address = "/run/containerd/containerd.sock.ttrpc"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "localhost/aether/pause:dev"
-  netns_mounts_under_state_dir = false
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "$nd/cni/net.d"
-TOML
+  containerd_config "$nd" /run/containerd/containerd.sock
   nsenter -t "$h" -m -n -u -- containerd --config "$nd/containerd/config.toml" >"$nd/logs/containerd.log" 2>&1 &
   echo $! >"$nd/containerd.pid"
   local sock=/proc/$h/root/run/containerd/containerd.sock
@@ -251,7 +229,6 @@ wait_ready() {
 write_env() {
   local d=$1 i nd
   {
-    echo "export KUBECONFIG=$d/cp/kubeconfig"
     echo "export AETHER_NODES=$nodes"
     for i in $(seq 1 "$nodes"); do
       nd=$d/nodes/$(name_of "$i")

@@ -7,6 +7,8 @@
 #   kubeconfig DIR NAME          DIR/NAME.kubeconfig with the client certificate NAME
 #   start NAME DIR ARGS...       a binary from the tools dir in the background, its PID in
 #                                DIR/NAME.pid and its output in DIR/logs/NAME.log
+#   containerd_config DIR SOCK   DIR/containerd/config.toml: root and state under DIR/containerd,
+#                                the gRPC socket SOCK, CNI configs from DIR/cni/net.d
 #   controllers_up DIR SVC_CIDR  kube-controller-manager and kube-scheduler against DIR/cp
 #   restore_iptables DIR         removes the chains made since remember_host, and the jumps into
 #                                them from chains that existed before
@@ -60,6 +62,36 @@ start() {
   local name=$1 d=$2; shift 2
   "$tools/bin/$name" "$@" >"$d/logs/$name.log" 2>&1 &
   echo $! >"$d/$name.pid"
+}
+
+containerd_config() {
+  local d=$1 sock=$2
+  mkdir -p "$d/containerd"
+  cat >"$d/containerd/config.toml" <<TOML
+version = 2
+root = "$d/containerd/root"
+state = "$d/containerd/state"
+[grpc]
+  address = "$sock"
+[ttrpc]
+  address = "$sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/aether/pause:dev"
+  # Pod netns at /run/netns/cni-*, where the chart's proxy mounts them (not under the state dir).
+  netns_mounts_under_state_dir = false
+  # Root here lacks CAP_SYS_RESOURCE: runc may not lower oom_score_adj (kubelet asks -998).
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$d/cni/net.d"
+TOML
 }
 
 controllers_up() {

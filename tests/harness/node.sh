@@ -123,32 +123,7 @@ CNI
 
 containerd_up() {
   local d=$1 sock=$containerd_sock
-  mkdir -p "$d/containerd"
-  cat >"$d/containerd/config.toml" <<TOML
-version = 2
-root = "$d/containerd/root"
-state = "$d/containerd/state"
-[grpc]
-  address = "$sock"
-[ttrpc]
-  address = "$sock.ttrpc"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "localhost/aether/pause:dev"
-  # Pod netns at /run/netns/cni-*, where the chart's proxy mounts them (not under the state dir).
-  netns_mounts_under_state_dir = false
-  # Root here lacks CAP_SYS_RESOURCE: runc may not lower oom_score_adj (kubelet asks -998).
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "$d/cni/net.d"
-TOML
+  containerd_config "$d" "$sock"
   containerd --config "$d/containerd/config.toml" >"$d/logs/containerd.log" 2>&1 &
   echo $! >"$d/containerd.pid"
   echo "$sock" >"$d/containerd.sock.ours"

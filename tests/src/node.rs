@@ -84,18 +84,7 @@ impl RealNode {
         require_root("the real-node suite")?;
         let before = HostState::capture()?;
         let dir = tempfile::Builder::new().prefix("aether-node-").tempdir()?.keep();
-        let log = dir.join("node-up.log");
-        let status = Command::new(script())
-            .arg("up")
-            .arg(&dir)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log)?)
-            .stderr(std::fs::OpenOptions::new().append(true).open(&log)?)
-            .status()
-            .context("running tests/harness/node.sh")?;
-        if !status.success() {
-            bail!("node.sh up {} failed ({status}):\n{}", dir.display(), tail(&log, 40));
-        }
+        node_script("up", &dir, 1)?;
         let facts = read_env(&dir.join("env"))?;
         Ok(RealNode { dir, facts, before })
     }
@@ -161,12 +150,7 @@ impl RealNode {
     /// # Errors
     /// When `node.sh down` fails (with its log) or the host cannot be read.
     pub fn down(&self) -> anyhow::Result<Vec<String>> {
-        let log = self.dir.join("node-down.log");
-        let f = std::fs::File::create(&log)?;
-        let status = Command::new(script()).arg("down").arg(&self.dir).stdout(f.try_clone()?).stderr(f).status()?;
-        if !status.success() {
-            bail!("node.sh down {} failed ({status}):\n{}", self.dir.display(), tail(&log, 20));
-        }
+        node_script("down", &self.dir, 1)?;
         Ok(self.before.diff(&HostState::capture()?))
     }
 }
@@ -275,8 +259,27 @@ fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-pub(crate) fn script() -> PathBuf {
-    repo_root().join("tests/harness/node.sh")
+/// Runs `AETHER_NODES=<nodes> tests/harness/node.sh <action> <dir>`, its output in
+/// `<dir>/node-<action>.log`.
+///
+/// # Errors
+/// When it fails: the error carries the tail of that log.
+pub(crate) fn node_script(action: &str, dir: &Path, nodes: usize) -> anyhow::Result<()> {
+    let log = dir.join(format!("node-{action}.log"));
+    let out = std::fs::File::create(&log)?;
+    let status = Command::new(repo_root().join("tests/harness/node.sh"))
+        .arg(action)
+        .arg(dir)
+        .env("AETHER_NODES", nodes.to_string())
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .status()
+        .context("running tests/harness/node.sh")?;
+    if !status.success() {
+        bail!("AETHER_NODES={nodes} node.sh {action} {} failed ({status}):\n{}", dir.display(), tail(&log, 40));
+    }
+    Ok(())
 }
 
 /// Fails, naming `what` and the cause, unless this process runs as root.

@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, bail};
 
 use crate::Kubectl;
-use crate::node::{HostState, helm, require_root, script, tail};
+use crate::node::{HostState, helm, node_script, require_root, tail};
 
 /// One node of a [`RealNodes`] cluster, as `node.sh up` wrote it to `DIR/env`.
 #[derive(Clone, Debug)]
@@ -133,19 +133,7 @@ impl RealNodes {
         require_root("the multi-node suite")?;
         let before = HostState::capture()?;
         let dir = tempfile::Builder::new().prefix("aether-nodes-").tempdir()?.keep();
-        let log = dir.join("node-up.log");
-        let status = Command::new(script())
-            .arg("up")
-            .arg(&dir)
-            .env("AETHER_NODES", count.to_string())
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log)?)
-            .stderr(std::fs::OpenOptions::new().append(true).open(&log)?)
-            .status()
-            .context("running tests/harness/node.sh")?;
-        if !status.success() {
-            bail!("AETHER_NODES={count} node.sh up {} failed ({status}):\n{}", dir.display(), tail(&log, 40));
-        }
+        node_script("up", &dir, count)?;
         let (kubeconfig, nodes, apiserver) = read_env(&dir.join("env"))?;
         Ok(RealNodes { dir, kubeconfig, nodes, apiserver, before })
     }
@@ -205,12 +193,7 @@ impl RealNodes {
     /// # Errors
     /// When `node.sh down` fails (with its log) or the host cannot be read.
     pub fn down(&self) -> anyhow::Result<Vec<String>> {
-        let log = self.dir.join("node-down.log");
-        let f = std::fs::File::create(&log)?;
-        let status = Command::new(script()).arg("down").arg(&self.dir).stdout(f.try_clone()?).stderr(f).status()?;
-        if !status.success() {
-            bail!("node.sh down {} failed ({status}):\n{}", self.dir.display(), tail(&log, 20));
-        }
+        node_script("down", &self.dir, self.nodes.len())?;
         Ok(self.before.diff(&HostState::capture()?))
     }
 }
