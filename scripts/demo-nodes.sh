@@ -15,8 +15,8 @@ tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
 NS=aether-system
 nodes=${AETHER_NODES:-2}
 
-step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
-indent() { sed 's/^/    /'; }
+# shellcheck source=scripts/demo-common.sh
+. "$repo/scripts/demo-common.sh"
 
 [ "$(id -u)" = 0 ] || { echo "demo: needs root (it starts containerd and kubelet); run: sudo AETHER_NODES=$nodes make demo" >&2; exit 1; }
 work=$(mktemp -d /tmp/aether-demo-nodes-XXXX)
@@ -31,8 +31,6 @@ step "bringing up $nodes real nodes, each in its own network, mount and UTS name
 AETHER_NODES=$nodes "$repo/tests/harness/node.sh" up "$work" 2>&1 | grep -E '^\[(nodes|dns)' | indent
 # shellcheck disable=SC1091
 . "$work/env"
-kubectl() { "$tools/kubectl" "$@"; }
-helm() { HELM_CACHE_HOME=$work/helm HELM_CONFIG_HOME=$work/helm HELM_DATA_HOME=$work/helm "$tools/helm" "$@"; }
 first=$AETHER_NODE_1_NAME
 last_i=$nodes
 last=$(eval echo "\$AETHER_NODE_${last_i}_NAME")
@@ -41,15 +39,6 @@ kubectl get nodes -o wide | indent
 # in_node PID CMD...: CMD in that node's network and mount namespaces (its Envoy admin, its files).
 in_node() { local pid=$1; shift; nsenter -t "$pid" -n -m -- "$@"; }
 
-images=()
-for c in controller webhookCerts agent proxy; do
-  case $c in
-    controller|webhookCerts) img=aether-controller ;;
-    agent) img=aether-agent ;;
-    proxy) img=envoy ;;
-  esac
-  images+=(--set "images.$c.repository=localhost/aether/$img" --set "images.$c.tag=dev" --set "images.$c.pullPolicy=Never")
-done
 step "helm install aether-crds; helm install aether -n $NS --wait --wait-for-jobs"
 helm install aether-crds "$repo/charts/aether-crds" --wait | grep -E '^(NAME|STATUS)' | indent
 helm install aether "$repo/charts/aether" -n $NS --create-namespace --wait --wait-for-jobs --timeout 300s "${images[@]}" \

@@ -16,8 +16,8 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
 NS=aether-system
 
-step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
-indent() { sed 's/^/    /'; }
+# shellcheck source=scripts/demo-common.sh
+. "$repo/scripts/demo-common.sh"
 
 cat <<'NOTE'
 This demo runs a real single-node Kubernetes cluster on this machine. While it runs it changes the
@@ -40,19 +40,8 @@ step "bringing up a real node (containerd, kubelet, controller-manager, schedule
 "$repo/tests/harness/node.sh" up "$work" 2>&1 | grep -E '^\[(node|dns)' | indent
 # shellcheck disable=SC1091
 . "$work/env"
-kubectl() { "$tools/kubectl" "$@"; }
-helm() { HELM_CACHE_HOME=$work/helm HELM_CONFIG_HOME=$work/helm HELM_DATA_HOME=$work/helm "$tools/helm" "$@"; }
 kubectl get nodes -o wide | indent
 
-images=()
-for c in controller webhookCerts agent proxy; do
-  case $c in
-    controller|webhookCerts) img=aether-controller ;;
-    agent) img=aether-agent ;;
-    proxy) img=envoy ;;
-  esac
-  images+=(--set "images.$c.repository=localhost/aether/$img" --set "images.$c.tag=dev" --set "images.$c.pullPolicy=Never")
-done
 step "helm install aether-crds; helm install aether -n $NS --wait --wait-for-jobs (default values but the images)"
 helm install aether-crds "$repo/charts/aether-crds" --wait | grep -E '^(NAME|STATUS)' | indent
 helm install aether "$repo/charts/aether" -n $NS --create-namespace --wait --wait-for-jobs --timeout 300s "${images[@]}" \
