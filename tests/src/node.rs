@@ -117,18 +117,7 @@ impl RealNode {
     /// # Errors
     /// On a non-zero exit, with ctr's stderr.
     pub fn ctr(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new("ctr")
-            .arg("-a")
-            .arg(&self.facts.containerd_sock)
-            .args(["-n", "k8s.io"])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .context("running ctr")?;
-        if !out.status.success() {
-            bail!("ctr {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        ctr(&self.facts.containerd_sock, args)
     }
 
     /// The last `lines` lines of each component log (kubelet, containerd, kube-proxy, ...), for
@@ -280,6 +269,25 @@ pub(crate) fn node_script(action: &str, dir: &Path, nodes: usize) -> anyhow::Res
         bail!("AETHER_NODES={nodes} node.sh {action} {} failed ({status}):\n{}", dir.display(), tail(&log, 40));
     }
     Ok(())
+}
+
+/// Runs `ctr -a <sock> -n k8s.io ARGS`; returns stdout.
+///
+/// # Errors
+/// On a non-zero exit, with ctr's stderr.
+pub(crate) fn ctr(sock: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("ctr")
+        .arg("-a")
+        .arg(sock)
+        .args(["-n", "k8s.io"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running ctr")?;
+    if !out.status.success() {
+        bail!("ctr -a {} {} failed: {}", sock.display(), args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Fails, naming `what` and the cause, unless this process runs as root.

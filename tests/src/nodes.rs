@@ -98,18 +98,7 @@ impl ClusterNode {
     /// # Errors
     /// On a non-zero exit, with ctr's stderr.
     pub fn ctr(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new("ctr")
-            .arg("-a")
-            .arg(&self.containerd_sock)
-            .args(["-n", "k8s.io"])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .context("running ctr")?;
-        if !out.status.success() {
-            bail!("ctr {} on {} failed: {}", args.join(" "), self.name, String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        crate::node::ctr(&self.containerd_sock, args)
     }
 }
 
