@@ -289,6 +289,30 @@ fn hyper_failure(e: hyper::Error) -> Failure {
     if e.is_incomplete_message() || e.is_closed() || e.is_canceled() { Failure::Reset } else { Failure::Other }
 }
 
+/// The rule the continuity tests apply to a set of planned events (each with its load's report):
+/// no request refused, reset, wrongly answered or failed otherwise, no second without a served
+/// request, and requests that time out (no answer within the load's timeout, 2 s) while their
+/// neighbours are served at most 1 in 1000 over all the events together. Such lone timeouts were
+/// seen on 2-core machines also with no event under way (a request sent before the event started;
+/// docs/install.md, "Checked on a real node"); their cause is not known yet, and the count is
+/// printed either way. Returns (timed-out requests, requests).
+///
+/// # Errors
+/// Naming the event and its summary when one breaks the rule.
+pub fn check_planned(events: &[(&str, &Report)]) -> anyhow::Result<(usize, usize)> {
+    let (mut timeouts, mut requests) = (0, 0);
+    for (event, r) in events {
+        let t = r.requests.iter().filter(|o| o.failure == Some(Failure::Timeout)).count();
+        anyhow::ensure!(r.failed() == t, "{event}: {}", r.summary());
+        anyhow::ensure!(r.longest_gap() < Duration::from_secs(1), "{event}: {}", r.summary());
+        timeouts += t;
+        requests += r.requests.len();
+    }
+    println!("planned events: {timeouts} of {requests} new-connection requests timed out, none refused or reset");
+    anyhow::ensure!(timeouts * 1000 <= requests, "more than 1 in 1000 requests timed out over the planned events");
+    Ok((timeouts, requests))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
