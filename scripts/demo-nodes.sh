@@ -41,12 +41,20 @@ in_node() { local pid=$1; shift; nsenter -t "$pid" -n -m -- "$@"; }
 
 step "helm install aether-crds; helm install aether -n $NS --wait --wait-for-jobs"
 helm install aether-crds "$repo/charts/aether-crds" --wait | grep -E '^(NAME|STATUS)' | indent
-helm install aether "$repo/charts/aether" -n $NS --create-namespace --wait --wait-for-jobs --timeout 300s "${images[@]}" \
+echo "  \$ kubectl create namespace $NS; kubectl label namespace $NS pod-security.kubernetes.io/enforce=privileged"
+kubectl create namespace $NS | indent
+kubectl label namespace $NS pod-security.kubernetes.io/enforce=privileged | indent
+helm install aether "$repo/charts/aether" -n $NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
   | grep -E '^(NAME|STATUS)' | indent
 kubectl rollout status -n $NS daemonset/aether-node --timeout=120s >/dev/null
 kubectl rollout status -n $NS daemonset/aether-proxy --timeout=120s >/dev/null
 kubectl get pods -n $NS -o wide | indent
 
+# The two-node cluster enforces Pod Security "restricted" in namespaces without their own label
+# (tests/harness/controlplane.sh, AETHER_APISERVER_RESTRICTED), as a locked-down cluster does: the
+# demo's pods meet it (uds-echo's image runs as a non-root user).
+restricted_pod='{"runAsNonRoot":true,"seccompProfile":{"type":"RuntimeDefault"}}'
+restricted_container='{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}'
 app() { # app NAME AFFINITY: a UDS-only Deployment (the pod answers with its own name) and its Service
   cat <<Y
 apiVersion: v1
@@ -71,11 +79,13 @@ spec:
       serviceAccountName: $1
       automountServiceAccountToken: false
       terminationGracePeriodSeconds: 1
+      securityContext: $restricted_pod
       $2
       containers:
       - name: app
         image: localhost/aether/uds-echo:dev
         imagePullPolicy: Never
+        securityContext: $restricted_container
         args: [--socket, /s/app.sock, --name, \$(POD_NAME)]
         env: [{name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]
         volumeMounts: [{name: s, mountPath: /s}]
@@ -86,7 +96,8 @@ Y
 # client NAME NODE URL: a pod on NODE runs `uds-echo --get URL`; prints its log.
 client() {
   kubectl run "$1" --image=localhost/aether/uds-echo:dev --image-pull-policy=Never --restart=Never \
-    --overrides="{\"spec\":{\"nodeName\":\"$2\"}}" -- --get "$3" >/dev/null
+    --override-type=strategic --overrides="{\"spec\":{\"nodeName\":\"$2\",\"securityContext\":$restricted_pod,\"containers\":[{\"name\":\"$1\",\"securityContext\":$restricted_container}]}}" \
+    -- --get "$3" >/dev/null
   for _ in $(seq 1 300); do
     case "$(kubectl get pod "$1" -o jsonpath='{.status.phase}')" in Succeeded|Failed) break ;; esac; sleep 0.2
   done

@@ -44,7 +44,10 @@ kubectl get nodes -o wide | indent
 
 step "helm install aether-crds; helm install aether -n $NS --wait --wait-for-jobs (default values but the images)"
 helm install aether-crds "$repo/charts/aether-crds" --wait | grep -E '^(NAME|STATUS)' | indent
-helm install aether "$repo/charts/aether" -n $NS --create-namespace --wait --wait-for-jobs --timeout 300s "${images[@]}" \
+echo "  \$ kubectl create namespace $NS; kubectl label namespace $NS pod-security.kubernetes.io/enforce=privileged"
+kubectl create namespace $NS | indent
+kubectl label namespace $NS pod-security.kubernetes.io/enforce=privileged | indent
+helm install aether "$repo/charts/aether" -n $NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
   | grep -E '^(NAME|STATUS)' | indent
 kubectl get pods -A -o wide | indent
 echo "  \$ helm test aether -n $NS    (aether-controller verify-install: webhook denial, admission, every agent's /readyz)"

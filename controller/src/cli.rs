@@ -236,6 +236,12 @@ pub struct VerifyArgs {
         env = "AETHER_VERIFY_AGENT_SELECTOR"
     )]
     pub agent_selector: String,
+    /// Label selector of the node DaemonSets (in --agent-namespace): each must have a pod on
+    /// every node it is scheduled to (status.currentNumberScheduled = desiredNumberScheduled);
+    /// one that does not fails with its latest FailedCreate Event (Pod Security, a quota). Empty:
+    /// not checked.
+    #[arg(long, default_value = "app.kubernetes.io/name=aether", env = "AETHER_VERIFY_DAEMONSET_SELECTOR")]
+    pub daemonset_selector: String,
     /// The agents' admin port (aether-agent --admin-addr; the chart's agent.adminPort).
     #[arg(long, default_value_t = 9091, env = "AETHER_VERIFY_AGENT_ADMIN_PORT")]
     pub agent_admin_port: u16,

@@ -19,6 +19,13 @@
 //!    host firewall blocks pods from node ports, `--agent-access api-server-proxy` goes through
 //!    the API server's pod proxy instead (RBAC: `get pods/proxy`).
 //!
+//! 4. **DaemonSet `<name>`**: every DaemonSet matching `--daemonset-selector` in
+//!    `--agent-namespace` has a pod on each node it should run on
+//!    (`status.currentNumberScheduled` = `desiredNumberScheduled`). One that does not fails with
+//!    the message of its latest `FailedCreate` Event, the only place the cause appears (a Pod
+//!    Security level that forbids the node pods, a ResourceQuota); the agents' check alone would
+//!    only see fewer pods.
+//!
 //! With `--retry-for-seconds N` a failing check is retried with exponential backoff (1 s
 //! doubling to 10 s, with jitter; backon) until it passes or N seconds have passed since the
 //! start; only each check's final result is printed on stdout, the failed attempts are logged.
@@ -38,7 +45,8 @@ use backon::{ExponentialBuilder, Retryable};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use tokio::time::Instant;
 
@@ -283,9 +291,12 @@ async fn check_agents(client: &kube::Client, pods: &Api<Pod>, args: &VerifyArgs)
         .await
         .map_err(|e| Failed::List(format!("cannot list pods {:?}: {e}", args.agent_selector)))?;
     if list.items.is_empty() {
-        return Err(Failed::List(format!("no agent pod matches {:?} in this namespace", args.agent_selector)));
+        let daemonsets = check_daemonsets(client, pods.namespace(), &args.daemonset_selector).await?;
+        let why: Vec<String> = daemonsets.iter().filter_map(|o| o.result.as_ref().err().cloned()).collect();
+        let why = if why.is_empty() { String::new() } else { format!(": {}", why.join("; ")) };
+        return Err(Failed::List(format!("no agent pod matches {:?} in this namespace{why}", args.agent_selector)));
     }
-    let mut found = Vec::new();
+    let mut found = check_daemonsets(client, pods.namespace(), &args.daemonset_selector).await?;
     for pod in &list.items {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| "(unscheduled)".to_owned());
@@ -300,6 +311,52 @@ async fn check_agents(client: &kube::Client, pods: &Api<Pod>, args: &VerifyArgs)
         found.push(Outcome { check, result });
     }
     Ok(found)
+}
+
+/// One outcome per DaemonSet matching `selector` in `namespace` (none when `selector` is empty):
+/// `Ok` when it has a pod on every node it should run on, else `Err` naming the shortfall and
+/// the message of its latest `FailedCreate` Event (none recorded: say so).
+async fn check_daemonsets(client: &kube::Client, namespace: Option<&str>, selector: &str) -> Result<Vec<Outcome>, Failed> {
+    if selector.is_empty() {
+        return Ok(Vec::new());
+    }
+    let namespace = namespace.unwrap_or_else(|| client.default_namespace());
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    let list = daemonsets
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map_err(|e| Failed::List(format!("cannot list DaemonSets {selector:?}: {e}")))?;
+    let mut found = Vec::new();
+    for ds in &list.items {
+        let name = ds.metadata.name.clone().unwrap_or_default();
+        let status = ds.status.clone().unwrap_or_default();
+        let (have, want) = (status.current_number_scheduled, status.desired_number_scheduled);
+        let check = format!("DaemonSet {name} has a pod on each of its nodes");
+        let result = if have >= want {
+            Ok(format!("{have} of {want}"))
+        } else {
+            let cause = match last_failed_create(client, namespace, &name).await {
+                Ok(Some(message)) => format!("FailedCreate: {message}"),
+                Ok(None) => "no FailedCreate Event recorded".to_owned(),
+                Err(e) => format!("its Events cannot be listed: {e}"),
+            };
+            Err(format!("{have} of {want} pods exist; {cause}"))
+        };
+        found.push(Outcome { check, result });
+    }
+    Ok(found)
+}
+
+/// The message of the newest `FailedCreate` Event of DaemonSet `name` (the DaemonSet controller
+/// records one per refused pod creation), or `None`.
+async fn last_failed_create(client: &kube::Client, namespace: &str, name: &str) -> Result<Option<String>, kube::Error> {
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let fields = format!("involvedObject.kind=DaemonSet,involvedObject.name={name},reason=FailedCreate");
+    let list = events.list(&ListParams::default().fields(&fields)).await?;
+    let when = |e: &Event| {
+        e.last_timestamp.as_ref().map(|t| t.0).or(e.event_time.as_ref().map(|t| t.0)).or(e.first_timestamp.as_ref().map(|t| t.0))
+    };
+    Ok(list.items.iter().max_by_key(|e| when(e)).and_then(|e| e.message.clone()))
 }
 
 /// `GET http://<ip>:<port>/readyz`: `Ok` for 200, with the first line of the body.

@@ -231,9 +231,10 @@ fn check_controller(case: &Case, docs: &[Value]) {
     let ports = c["ports"].as_array().expect("ports");
     let port_of = |n: &str| ports.iter().find(|p| p["name"] == n).map(|p| p["containerPort"].clone());
     assert_eq!(port_of("admin"), Some(Value::from(9090)));
-    assert_eq!(port_of("webhook"), Some(Value::from(9443)));
+    assert_eq!(port_of("webhook"), Some(Value::from(10250)));
     assert_eq!(flag(c, "--admin-addr").as_deref(), Some("0.0.0.0:9090"));
-    assert_eq!(flag(c, "--webhook-addr").as_deref(), Some("0.0.0.0:9443"));
+    assert_eq!(flag(c, "--webhook-addr").as_deref(), Some("0.0.0.0:10250"));
+    assert!(dep["spec"]["template"]["spec"].get("hostNetwork").is_none(), "pod network by default");
 
     let pdb = find(docs, "PodDisruptionBudget", "aether-controller");
     assert_eq!(pdb["spec"]["minAvailable"], 1);
@@ -1202,9 +1203,11 @@ fn verify_install_hooks_run_after_the_cert_job_with_the_controllers_budget_and_t
 fn verify_install_rbac_is_minimal_and_each_runner_can_be_turned_off() {
     let policies = rule("config.aether.io", "endpointpolicies", &["create"]);
     let pods = rule("", "pods", &["list"]);
+    let events = rule("", "events", &["list"]);
+    let daemonsets = rule("apps", "daemonsets", &["list"]);
     let objects = verify_objects(&render(&[]));
     for name in [VERIFY, VERIFY_TEST] {
-        assert_eq!(role_rules(&objects[&key("Role", name, NS)]), vec![pods.clone(), policies.clone()], "{name}");
+        assert_eq!(role_rules(&objects[&key("Role", name, NS)]), vec![events.clone(), pods.clone(), daemonsets.clone(), policies.clone()], "{name}");
         let binding = &objects[&key("RoleBinding", name, NS)];
         assert_eq!(binding["roleRef"]["name"], name);
         assert_eq!(binding["subjects"], serde_json::json!([{"kind": "ServiceAccount", "name": name, "namespace": NS}]));
@@ -1212,7 +1215,7 @@ fn verify_install_rbac_is_minimal_and_each_runner_can_be_turned_off() {
 
     let objects = verify_objects(&render(&["verifyInstall.namespace=team-a"]));
     for name in [VERIFY, VERIFY_TEST] {
-        assert_eq!(role_rules(&objects[&key("Role", name, NS)]), vec![pods.clone()], "{name}");
+        assert_eq!(role_rules(&objects[&key("Role", name, NS)]), vec![events.clone(), pods.clone(), daemonsets.clone()], "{name}");
         assert_eq!(role_rules(&objects[&key("Role", name, "team-a")]), vec![policies.clone()], "{name}");
         let binding = &objects[&key("RoleBinding", name, "team-a")];
         assert_eq!(binding["subjects"][0]["namespace"], NS);
@@ -1225,7 +1228,7 @@ fn verify_install_rbac_is_minimal_and_each_runner_can_be_turned_off() {
     let proxy = rule("", "pods/proxy", &["get"]);
     for name in [VERIFY, VERIFY_TEST] {
         let rules = role_rules(&objects[&key("Role", name, NS)]);
-        assert_eq!(rules, vec![pods.clone(), proxy.clone(), policies.clone()], "{name}");
+        assert_eq!(rules, vec![events.clone(), pods.clone(), proxy.clone(), daemonsets.clone(), policies.clone()], "{name}");
     }
     let pod = &objects[&key("Pod", VERIFY_TEST, NS)];
     assert_eq!(flag(container(&pod["spec"], "verify-install"), "--agent-access").as_deref(), Some("api-server-proxy"));
@@ -1309,6 +1312,16 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
     for (file, sets) in [
         ("uds-off.yaml", &["proxy.udsWorkloads.enabled=false"][..]),
         ("short.yaml", &["proxy.udsWorkloads.mountPath=/k", "rbac.aggregateToDefaultRoles=false"][..]),
+        // The NetworkPolicy is schema-checked here only: the real node's bridge CNI enforces none.
+        (
+            "netpol.yaml",
+            &[
+                "controller.networkPolicy.enabled=true",
+                "controller.networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.0/8",
+                "controller.networkPolicy.adminFrom[0].podSelector.matchLabels.app=prometheus",
+            ][..],
+        ),
+        ("host-network.yaml", &["controller.hostNetwork=true", "controller.webhookPort=10260"][..]),
         (
             "provided.yaml",
             &[
@@ -1426,4 +1439,80 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
     apply_rendered(&cp, tmp.path(), "uds-off.yaml", &off, false);
     assert!(!can_i(&cp, "aether-node", &["list", "endpointpolicies.config.aether.io", "--all-namespaces"]));
     assert!(can_i(&cp, "aether-node", &["list", "pods", "--all-namespaces"]));
+}
+
+/// The node pods run at system-node-critical with a ResourceQuota scoped to that class in the
+/// release namespace (what ResourceQuota admission with limitedResources demands), sized for a
+/// surging proxy; an empty class or priorityQuota.enabled=false renders no quota.
+#[test]
+fn node_pods_are_node_critical_with_a_quota_scoped_to_that_class() {
+    let docs = render(&[]);
+    for ds in ["aether-node", "aether-proxy"] {
+        let spec = &find(&docs, "DaemonSet", ds)["spec"]["template"]["spec"];
+        assert_eq!(spec["priorityClassName"], "system-node-critical", "{ds}");
+    }
+    let quota = find(&docs, "ResourceQuota", "aether-node-critical-pods");
+    assert_eq!(quota["metadata"]["namespace"], NS);
+    assert_eq!(quota["spec"]["hard"]["pods"], "20000");
+    assert_eq!(
+        quota["spec"]["scopeSelector"]["matchExpressions"],
+        serde_json::json!([{"scopeName": "PriorityClass", "operator": "In", "values": ["system-node-critical"]}])
+    );
+    assert!(!has(&render(&["daemonset.priorityQuota.enabled=false"]), "ResourceQuota"));
+    let none = render(&["daemonset.priorityClassName="]);
+    assert!(!has(&none, "ResourceQuota"), "no class, no quota");
+    assert!(find(&none, "DaemonSet", "aether-node")["spec"]["template"]["spec"].get("priorityClassName").is_none());
+    assert!(!has(&render(&["daemonset.priorityClassName=team-high"]), "ResourceQuota"), "only the limited classes");
+}
+
+/// controller.hostNetwork: the webhook listens on the node's network at webhookPort, one replica
+/// per node (required anti-affinity), DNS through the cluster; 10250 (the kubelet's) is refused.
+#[test]
+fn host_network_webhook_needs_a_port_other_than_the_kubelets() {
+    let err = try_render(&["controller.hostNetwork=true"]).expect_err("10250 with hostNetwork");
+    assert!(err.contains("controller.webhookPort=10250") && err.contains("kubelet"), "{err}");
+    let docs = render(&["controller.hostNetwork=true", "controller.webhookPort=10260"]);
+    let dep = find(&docs, "Deployment", "aether-controller");
+    let spec = &dep["spec"]["template"]["spec"];
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(spec["dnsPolicy"], "ClusterFirstWithHostNet");
+    let required = &spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(required["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(required["labelSelector"]["matchLabels"], dep["spec"]["selector"]["matchLabels"]);
+    assert_eq!(flag(container(spec, "aether-controller"), "--webhook-addr").as_deref(), Some("0.0.0.0:10260"));
+}
+
+/// The controller's NetworkPolicy (opt-in): the webhook port from webhookFrom (anywhere when
+/// empty), the admin port only from adminFrom, nothing else.
+#[test]
+fn controller_network_policy_opens_only_the_webhook_and_admin_ports() {
+    assert!(!has(&render(&[]), "NetworkPolicy"), "opt-in");
+    let docs = render(&[
+        "controller.networkPolicy.enabled=true",
+        "controller.networkPolicy.adminFrom[0].namespaceSelector.matchLabels.team=observability",
+    ]);
+    let np = find(&docs, "NetworkPolicy", "aether-controller");
+    let dep = find(&docs, "Deployment", "aether-controller");
+    assert_eq!(np["spec"]["podSelector"]["matchLabels"], dep["spec"]["selector"]["matchLabels"]);
+    assert_eq!(np["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
+    assert_eq!(
+        np["spec"]["ingress"],
+        serde_json::json!([
+            {"ports": [{"port": 10250, "protocol": "TCP"}]},
+            {"ports": [{"port": 9090, "protocol": "TCP"}],
+             "from": [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]}
+        ])
+    );
+}
+
+/// The README's Quickstart creates the release namespace with exactly the commands the real-node
+/// suites run (`release_namespace_commands`), so the path they prove is the one users follow.
+#[test]
+fn readme_creates_and_labels_the_release_namespace_as_the_suites_do() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    for command in aether_tests::node::release_namespace_commands("aether-system") {
+        let line = format!("kubectl {}", command.join(" "));
+        assert!(readme.lines().any(|l| l.trim() == line), "README.md lacks the line `{line}`");
+    }
+    assert!(!readme.contains("--create-namespace"), "an unlabelled namespace fails on restricted clusters");
 }

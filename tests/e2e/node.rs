@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use std::net::SocketAddr;
 
 use aether_tests::continuity::{self, Load, Report};
-use aether_tests::node::{RealNode, aether_chart_args};
+use aether_tests::node::{RealNode, aether_chart_args, release_namespace_commands};
 use aether_tests::{Kubectl, eventually, http_get, repo_root, unix_get_status};
 use anyhow::{Context, bail, ensure};
 use serde_json::Value;
@@ -1674,6 +1674,9 @@ fn setup() -> anyhow::Result<Env> {
     let crds = repo_root().join("charts/aether-crds");
     env.node.helm(&["install", "aether-crds", crds.to_str().context("path")?, "--wait"])?;
     let t1 = Instant::now();
+    for command in release_namespace_commands(NS) {
+        env.kube().ok(&command)?;
+    }
     env.helm_aether("install", &[]).with_context(|| context(&env))?;
     eprintln!("helm install --wait in {} s", t1.elapsed().as_secs());
     Ok(Env { installed_at: Instant::now(), ..env })

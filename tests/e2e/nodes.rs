@@ -23,8 +23,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use aether_tests::continuity::{self, Load, Report};
-use aether_tests::node::aether_chart_args;
-use aether_tests::nodes::{App, ClusterNode, Placement, RealNodes, app_yaml};
+use aether_tests::node::{aether_chart_args, release_namespace_commands};
+use aether_tests::nodes::{App, ClusterNode, Placement, RESTRICTED_CONTAINER, RESTRICTED_POD, RealNodes, app_yaml};
 use aether_tests::{Kubectl, eventually, repo_root};
 use anyhow::{Context, ensure};
 use serde_json::Value;
@@ -114,7 +114,11 @@ impl Env {
     /// A client pod on `node` running `uds-echo --get <url>` (restartPolicy Never); waits until it
     /// ends and returns (succeeded, its log).
     fn client_get(&self, pod: &str, node: &str, url: &str) -> anyhow::Result<(bool, String)> {
-        let overrides = format!(r#"{{"spec":{{"nodeName":"{node}"}}}}"#);
+        // Strategic merge: the container keeps kubectl run's image and args. Restricted: the
+        // cluster enforces that Pod Security level by default.
+        let overrides = format!(
+            r#"{{"spec":{{"nodeName":"{node}","securityContext":{RESTRICTED_POD},"containers":[{{"name":"{pod}","securityContext":{RESTRICTED_CONTAINER}}}]}}}}"#
+        );
         self.kube().ok(&[
             "run",
             pod,
@@ -123,6 +127,7 @@ impl Env {
             "--image=localhost/aether/uds-echo:dev",
             "--image-pull-policy=Never",
             "--restart=Never",
+            "--override-type=strategic",
             &format!("--overrides={overrides}"),
             "--",
             "--get",
@@ -554,6 +559,9 @@ fn setup() -> anyhow::Result<Env> {
     let env = Env { nodes: RealNodes::up(2)? };
     let crds = repo_root().join("charts/aether-crds");
     env.nodes.helm(&["install", "aether-crds", crds.to_str().context("path")?, "--wait"])?;
+    for command in release_namespace_commands(NS) {
+        env.kube().ok(&command)?;
+    }
     env.helm_aether("install", &[]).map_err(|e| anyhow::anyhow!("{e:#}{}", context(&env)))?;
     env.node_daemonsets_rolled_out().map_err(|e| anyhow::anyhow!("{e:#}{}", context(&env)))?;
     Ok(env)

@@ -23,6 +23,11 @@
 #      AETHER_APISERVER_ENDPOINT_ROUTING=1: kube-apiserver calls webhooks (and aggregated APIs) at
 #        their Service's endpoint IPs instead of its ClusterIP (--enable-aggregator-routing), for a
 #        host that runs no kube-proxy (multinode.sh: every kube-proxy is in a node's namespace).
+#      AETHER_APISERVER_RESTRICTED=1: an AdmissionConfiguration as a locked-down managed cluster
+#        has: Pod Security enforces `restricted` in every namespace without its own label
+#        (kube-system exempt), and ResourceQuota admission limits the system-node-critical and
+#        system-cluster-critical priority classes to namespaces with a quota scoped to them
+#        (limitedResources, as GKE sets).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -52,6 +57,30 @@ mint_pki() {
     -extfile "$pki/admin.ext" -out "$pki/admin.crt" 2>/dev/null
   openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+}
+
+# restricted_admission: the AdmissionConfiguration of AETHER_APISERVER_RESTRICTED=1 (PodSecurity
+# and ResourceQuota are default admission plugins; this file only configures them).
+restricted_admission() {
+  cat <<'YAML'
+apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+  - name: PodSecurity
+    configuration:
+      apiVersion: pod-security.admission.config.k8s.io/v1
+      kind: PodSecurityConfiguration
+      defaults: {enforce: restricted, enforce-version: latest, audit: restricted, audit-version: latest, warn: restricted, warn-version: latest}
+      exemptions: {usernames: [], runtimeClasses: [], namespaces: [kube-system]}
+  - name: ResourceQuota
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: ResourceQuotaConfiguration
+      limitedResources:
+        - resource: pods
+          matchScopes:
+            - {scopeName: PriorityClass, operator: In, values: [system-node-critical, system-cluster-critical]}
+YAML
 }
 
 # start_apiserver DIR: (re)start kube-apiserver with the arguments saved by `start`.
@@ -117,6 +146,10 @@ start() {
       --kubelet-preferred-address-types InternalIP)
   fi
   [ "${AETHER_APISERVER_ENDPOINT_ROUTING:-}" != 1 ] || args+=(--enable-aggregator-routing=true)
+  if [ "${AETHER_APISERVER_RESTRICTED:-}" = 1 ]; then
+    restricted_admission >"$dir/admission.yaml"
+    args+=(--admission-control-config-file "$dir/admission.yaml")
+  fi
   printf '%q ' "${args[@]}" >"$dir/apiserver.args"
   start_apiserver "$dir"
 

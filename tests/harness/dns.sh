@@ -74,6 +74,18 @@ data:
         cache 30
     }
 ---
+# CoreDNS runs at system-cluster-critical: where ResourceQuota admission limits that class
+# (controlplane.sh's AETHER_APISERVER_RESTRICTED=1, as GKE) kube-system needs a quota scoped to
+# it, as GKE's clusters ship one.
+apiVersion: v1
+kind: ResourceQuota
+metadata: {name: critical-pods, namespace: $ns}
+spec:
+  hard: {pods: "1000"}
+  scopeSelector:
+    matchExpressions:
+    - {scopeName: PriorityClass, operator: In, values: [system-node-critical, system-cluster-critical]}
+---
 apiVersion: apps/v1
 kind: Deployment
 metadata: {name: coredns, namespace: $ns, labels: {k8s-app: kube-dns}}

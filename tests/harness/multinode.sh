@@ -257,7 +257,7 @@ up() {
   network_up "$d"
   AETHER_IMAGES_NO_CARGO=1 "$here/images.sh" build >&2
   for i in $(seq 1 "$nodes"); do node_up "$d" "$i"; done
-  AETHER_TOOLS_DIR=$tools AETHER_APISERVER_ADDRESS=$host_ip AETHER_APISERVER_ENDPOINT_ROUTING=1 \
+  AETHER_TOOLS_DIR=$tools AETHER_APISERVER_ADDRESS=$host_ip AETHER_APISERVER_ENDPOINT_ROUTING=1 AETHER_APISERVER_RESTRICTED=1 \
     "$here/controlplane.sh" start "$d/cp" 2>>"$d/logs/controlplane.log" \
     || { tail -n 20 "$d/logs/controlplane.log" >&2; die "control plane did not start"; }
   controllers_up "$d" "$svc_cidr"

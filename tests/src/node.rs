@@ -39,11 +39,26 @@ pub const CHART_IMAGE_SETS: &[&str] = &[
 ///
 /// # Errors
 /// When the repository path is not UTF-8.
+/// The README's commands that create the release namespace before `helm install` (kubectl
+/// arguments, one command per element): create it, and label it for the Pod Security level the
+/// node pods need (host network, hostPath, privileged containers: only `privileged`). The
+/// suites run exactly these, and `e2e_charts` checks that the README's Quickstart shows them.
+pub fn release_namespace_commands(namespace: &str) -> [Vec<String>; 2] {
+    [
+        vec!["create".into(), "namespace".into(), namespace.into()],
+        vec!["label".into(), "namespace".into(), namespace.into(), "pod-security.kubernetes.io/enforce=privileged".into()],
+    ]
+}
+
+/// `helm install|upgrade` arguments for charts/aether (the release namespace must exist: see
+/// [`release_namespace_commands`]).
 pub fn aether_chart_args(verb: &str, release: &str, namespace: &str, extra: &[&str]) -> anyhow::Result<Vec<String>> {
     let chart = repo_root().join("charts/aether");
     let chart = chart.to_str().context("chart path is not UTF-8")?;
     let mut args: Vec<String> = [verb, release, chart, "-n", namespace].map(String::from).to_vec();
-    args.push(if verb == "install" { "--create-namespace" } else { "--reset-values" }.into());
+    if verb != "install" {
+        args.push("--reset-values".into());
+    }
     args.extend(["--wait", "--wait-for-jobs", "--timeout", "300s"].map(String::from));
     for s in CHART_IMAGE_SETS.iter().chain(extra) {
         args.extend(["--set".to_owned(), (*s).to_owned()]);

@@ -241,10 +241,20 @@ pub enum App {
     Tcp,
 }
 
+/// A pod's `securityContext` (JSON, so also YAML flow) that meets the Pod Security `restricted`
+/// level with [`RESTRICTED_CONTAINER`]: the several-node cluster enforces that level by default
+/// (controlplane.sh's `AETHER_APISERVER_RESTRICTED`), and `uds-echo`'s image runs as a non-root
+/// user.
+pub const RESTRICTED_POD: &str = r#"{"runAsNonRoot":true,"seccompProfile":{"type":"RuntimeDefault"}}"#;
+
+/// A container's `securityContext` for the Pod Security `restricted` level (see [`RESTRICTED_POD`]).
+pub const RESTRICTED_CONTAINER: &str = r#"{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}"#;
+
 /// ServiceAccount, Service (port 8080) and Deployment `name` (namespace `default`) of `replicas`
 /// `uds-echo` pods that answer with their own pod name (`<pod> over unix:/s/app.sock: GET /x`,
 /// `<pod> over tcp:0.0.0.0:8080: GET /x`). A socket app has kubelet's httpGet readiness probe on 8080:
-/// it passes only through the inbound listener the node's Envoy binds in the pod's netns.
+/// it passes only through the inbound listener the node's Envoy binds in the pod's netns. The pods meet
+/// the Pod Security `restricted` level.
 pub fn app_yaml(name: &str, replicas: u32, placement: Placement, app: App) -> String {
     let placement = match placement {
         Placement::On(node) => format!("nodeSelector: {{kubernetes.io/hostname: {node}}}"),
@@ -296,11 +306,13 @@ spec:
       serviceAccountName: {name}
       automountServiceAccountToken: false
       terminationGracePeriodSeconds: 1
+      securityContext: {RESTRICTED_POD}
       {placement}
       containers:
       - name: app
         image: localhost/aether/uds-echo:dev
         imagePullPolicy: Never
+        securityContext: {RESTRICTED_CONTAINER}
         args: {args}
         env: [{{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}]
         volumeMounts: [{{name: s, mountPath: /s}}]

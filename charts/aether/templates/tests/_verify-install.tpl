@@ -84,6 +84,7 @@ containers:
       - --namespace={{ include "aether.verify.namespace" .root }}
       - --agent-namespace={{ .root.Release.Namespace }}
       - --agent-selector=app.kubernetes.io/name={{ include "aether.name" .root }},app.kubernetes.io/instance={{ .root.Release.Name }},app.kubernetes.io/component=node
+      - --daemonset-selector=app.kubernetes.io/name={{ include "aether.name" .root }},app.kubernetes.io/instance={{ .root.Release.Name }}
       - --agent-admin-port={{ $v.agent.adminPort }}
       - --agent-access={{ if eq $v.verifyInstall.agentAccess "apiServerProxy" }}api-server-proxy{{ else }}pod-ip{{ end }}
       - --kubelet-pods-dir={{ include "aether.podsDir" .root }}

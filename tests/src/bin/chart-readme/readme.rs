@@ -138,7 +138,10 @@ pub fn render(chart: &Chart<'_>) -> anyhow::Result<String> {
 fn install_hint(name: &str) -> String {
     let cmd = match name {
         "aether-crds" => "helm install aether-crds charts/aether-crds".to_owned(),
-        "aether" => "helm install aether charts/aether --namespace aether-system --create-namespace".to_owned(),
+        "aether" => "kubectl create namespace aether-system\n\
+             kubectl label namespace aether-system pod-security.kubernetes.io/enforce=privileged\n\
+             helm install aether charts/aether --namespace aether-system"
+            .to_owned(),
         other => format!("helm install {other} charts/{other}"),
     };
     format!(
