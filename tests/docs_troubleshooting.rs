@@ -19,10 +19,10 @@ fn doc() -> String {
 /// Every condition reason of the controller. The match is exhaustive, so a new variant does not
 /// compile until it is listed here (and then the doc test below wants its entry).
 fn controller_reasons() -> Vec<&'static str> {
-    let all = [Reason::Accepted, Reason::Invalid, Reason::TargetNotFound, Reason::Conflicted];
+    let all = [Reason::Accepted, Reason::AcceptedWithoutService, Reason::Invalid, Reason::Conflicted];
     for r in all {
         match r {
-            Reason::Accepted | Reason::Invalid | Reason::TargetNotFound | Reason::Conflicted => {}
+            Reason::Accepted | Reason::AcceptedWithoutService | Reason::Invalid | Reason::Conflicted => {}
         }
     }
     all.iter().map(|r| r.as_str()).collect()

@@ -27,10 +27,12 @@ use crate::webhook::{DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES};
 /// socket value is within 2 bytes of the sun_path budget.
 ///
 /// The status writer reports on every policy in status.conditions (type Accepted, Gateway API
-/// GEP-713 reasons): True/Accepted when in effect, else False with Invalid (fails the webhook's
-/// rules, e.g. admitted while the webhook was down), TargetNotFound (no Service of that name in
-/// the namespace) or Conflicted (another valid policy for the Service has a smaller name; the
-/// message names it). One replica writes, elected through a Lease.
+/// GEP-713 conventions): False with Invalid (fails the webhook's rules, e.g. admitted while the
+/// webhook was down) or Conflicted (another valid policy for the Service has a smaller name; the
+/// message names it), else True with AcceptedWithoutService (no Service of that name in the
+/// namespace: unlike GEP-713, where a missing target is not accepted, the policy is in effect, as
+/// the node agents match pods by ServiceAccount) or Accepted. One replica writes, elected through
+/// a Lease.
 #[derive(Parser, Debug)]
 #[command(name = "aether-controller", version = aether_process::build_info::VERSION_LINE, about, long_about)]
 pub struct Cli {
@@ -118,8 +120,8 @@ pub struct RunArgs {
     /// At least 65536 (64 KiB, `webhook::MIN_MAX_BODY_BYTES`); no upper bound.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, env = "AETHER_MAX_BODY_BYTES", value_parser = clap::value_parser!(u64).range(MIN_MAX_BODY_BYTES as u64..).map(|v| v as usize))]
     pub max_body_bytes: usize,
-    /// Write EndpointPolicy status (condition Accepted: Accepted, Invalid, TargetNotFound or
-    /// Conflicted) and watch policies and Services for the webhook's warnings about other
+    /// Write EndpointPolicy status (condition Accepted: Accepted, AcceptedWithoutService, Invalid
+    /// or Conflicted) and watch policies and Services for the webhook's warnings about other
     /// policies and missing Services. Needs the Kubernetes API (in-cluster service account,
     /// KUBECONFIG or --kubeconfig); start-up fails without one. false: serve the webhook only,
     /// with no Kubernetes client (only the socket-budget warning is given).

@@ -14,9 +14,10 @@
 //!   desired `Accepted` condition and writes only when it differs from the stored one (ignoring
 //!   `lastTransitionTime`), by server-side apply of the status subresource with field manager
 //!   [`FIELD_MANAGER`] (forced: the condition is ours). Nothing is written before both caches
-//!   have synced (a half-filled Service cache would report TargetNotFound for everything).
-//! - A change of reason is also recorded as an Event on the policy (Normal for Accepted, Warning
-//!   otherwise), once per change.
+//!   have synced (a half-filled Service cache would report AcceptedWithoutService for
+//!   everything).
+//! - A change of reason is also recorded as an Event on the policy (Normal when the condition is
+//!   True: Accepted or AcceptedWithoutService; Warning otherwise), once per change.
 //! - Both watches report to [`crate::admin::watches`]: each error is counted, an outage is logged
 //!   once when it starts and once when it ends, and `/readyz` lists them. A cache counts as synced
 //!   after its first list and while its watch is not failing; the watch recovers when the API
@@ -407,7 +408,7 @@ pub fn start(
                         tracing::info!("Services listed; the missing-Service check is synced");
                     }
                 }
-                // While it fails, TargetNotFound and its warning wait (ClusterView::synced).
+                // While it fails, AcceptedWithoutService and its warning wait (ClusterView::synced).
                 Err(e) => service_health.failed(e),
                 Ok(Event::Apply(_) | Event::Delete(_)) => service_health.ok(),
                 Ok(_) => {}

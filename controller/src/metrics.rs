@@ -29,7 +29,7 @@ pub struct PatchLabels {
     /// `applied` or `failed`.
     pub result: String,
     /// The `Accepted` condition's reason written, as its kebab-case label
-    /// ([`crate::status::Reason::label`]): `accepted`, `invalid`, `target-not-found` or
+    /// ([`crate::status::Reason::label`]): `accepted`, `accepted-without-service`, `invalid` or
     /// `conflicted`.
     pub reason: String,
 }
@@ -37,7 +37,7 @@ pub struct PatchLabels {
 /// Labels of an admission warning.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WarningLabels {
-    /// `conflict`, `target-not-found`, `near-budget` or `no-longer-valid`
+    /// `conflict`, `accepted-without-service`, `near-budget` or `no-longer-valid`
     /// ([`crate::warnings::WarningKind::label`]).
     pub warning: String,
 }
@@ -153,21 +153,25 @@ mod tests {
     #[test]
     fn warning_and_status_reason_labels_are_kebab_case_and_distinct() {
         let m = Metrics::default();
-        let warnings =
-            [WarningKind::Conflict, WarningKind::TargetNotFound, WarningKind::NearBudget, WarningKind::NoLongerValid];
+        let warnings = [
+            WarningKind::Conflict,
+            WarningKind::AcceptedWithoutService,
+            WarningKind::NearBudget,
+            WarningKind::NoLongerValid,
+        ];
         for w in warnings {
             assert!(is_kebab(w.label()), "{w:?}: {:?}", w.label());
             m.count_warning(w.label());
         }
-        let reasons = [Reason::Accepted, Reason::Invalid, Reason::TargetNotFound, Reason::Conflicted];
+        let reasons = [Reason::Accepted, Reason::AcceptedWithoutService, Reason::Invalid, Reason::Conflicted];
         for r in reasons {
             assert!(is_kebab(r.label()), "{r:?}: {:?}", r.label());
             m.count_patch("applied", r.label());
         }
         let text = m.encode();
-        assert!(text.contains("aether_admission_warnings_total{warning=\"target-not-found\"} 1"), "{text}");
+        assert!(text.contains("aether_admission_warnings_total{warning=\"accepted-without-service\"} 1"), "{text}");
         assert!(
-            text.contains("aether_status_patches_total{result=\"applied\",reason=\"target-not-found\"} 1"),
+            text.contains("aether_status_patches_total{result=\"applied\",reason=\"accepted-without-service\"} 1"),
             "{text}"
         );
         let series = text.lines().filter(|l| l.starts_with("aether_admission_warnings_total{")).count();

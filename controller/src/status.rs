@@ -1,19 +1,31 @@
 //! The status of an EndpointPolicy: what its `Accepted` condition should say. Pure: no I/O.
 //!
 //! Follows the Gateway API policy status conventions (GEP-713): one condition of type `Accepted`,
-//! `True` with reason `Accepted` when the policy is in effect, else `False` with reason
-//! `Invalid`, `TargetNotFound` or `Conflicted`. The one deliberate difference from GEP-713 is the
-//! tie-break between policies targeting one Service: the lexicographically smallest name wins
-//! ([`aether_crds::tiebreak::resolve`]), not the oldest.
+//! `True` with reason `Accepted` when the policy is in effect, else `False` with reason `Invalid`
+//! or `Conflicted`; plus `True` with reason `AcceptedWithoutService` (below). Two deliberate
+//! differences from GEP-713:
+//! - The tie-break between policies targeting one Service: the lexicographically smallest name
+//!   wins ([`aether_crds::tiebreak::resolve`]), not the oldest.
+//! - A missing target Service is not `False`/`TargetNotFound` (GEP-713's reason for it) but
+//!   `True`/`AcceptedWithoutService`: the node agents match a policy to pods by ServiceAccount
+//!   (the mesh service key `<namespace>/<spec.targetRef.name>`), never by the Service, which they
+//!   do not watch (that would cost every node RBAC on Services and the memory of their cache). So
+//!   a policy whose Service does not exist *is* applied to the pods running as that
+//!   ServiceAccount, and a `False` condition would say the opposite of what the data plane does
+//!   (docs/design-notes.md, "Operator feedback"; docs/troubleshooting.md, "EndpointPolicy
+//!   reasons").
 //!
 //! Precedence, first match wins:
-//! 1. `Invalid`: the spec fails the webhook's own decision ([`aether_crds::review`] with the
-//!    configured budget), e.g. admitted while the webhook was down or before the pods dir changed.
-//!    Invalid policies never win a tie-break.
-//! 2. `TargetNotFound`: no Service named `spec.targetRef.name` exists in the policy's namespace.
-//! 3. `Conflicted`: another *valid* policy of the namespace targets the same Service and has a
-//!    smaller name; the message names it.
-//! 4. `Accepted`.
+//! 1. `Invalid` (False): the spec fails the webhook's own decision ([`aether_crds::review`] with
+//!    the configured budget), e.g. admitted while the webhook was down or before the pods dir
+//!    changed. Invalid policies never win a tie-break.
+//! 2. `Conflicted` (False): another *valid* policy of the namespace targets the same Service name
+//!    and has a smaller name; the message names it. The agent resolves this tie per service key,
+//!    whether or not the Service exists, so a conflict matters without the Service too.
+//! 3. `AcceptedWithoutService` (True): no Service named `spec.targetRef.name` exists in the
+//!    policy's namespace; the policy is in effect for the pods running as the ServiceAccount of
+//!    that name, and stays so when the Service is created.
+//! 4. `Accepted` (True).
 
 use aether_crds::Rules;
 use aether_crds::policy::EndpointPolicy;
@@ -28,13 +40,14 @@ pub const ACCEPTED: &str = "Accepted";
 /// Why a policy is or is not in effect: the `reason` of the `Accepted` condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reason {
-    /// In effect (`status: "True"`).
+    /// In effect, and its Service exists (`status: "True"`).
     Accepted,
+    /// In effect although no Service of that name exists in the namespace (`status: "True"`):
+    /// the agents match pods by ServiceAccount, not by Service (the module doc).
+    AcceptedWithoutService,
     /// The spec does not pass the webhook's validation.
     Invalid,
-    /// No Service of that name in the namespace.
-    TargetNotFound,
-    /// Another valid policy targeting the same Service wins.
+    /// Another valid policy targeting the same Service (name) wins.
     Conflicted,
 }
 
@@ -43,20 +56,29 @@ impl Reason {
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Accepted => "Accepted",
+            Reason::AcceptedWithoutService => "AcceptedWithoutService",
             Reason::Invalid => "Invalid",
-            Reason::TargetNotFound => "TargetNotFound",
             Reason::Conflicted => "Conflicted",
         }
     }
 
     /// The kebab-case metric label (`reason` of `aether_status_patches_total`), e.g.
-    /// `target-not-found`.
+    /// `accepted-without-service`.
     pub fn label(self) -> &'static str {
         match self {
             Reason::Accepted => "accepted",
+            Reason::AcceptedWithoutService => "accepted-without-service",
             Reason::Invalid => "invalid",
-            Reason::TargetNotFound => "target-not-found",
             Reason::Conflicted => "conflicted",
+        }
+    }
+
+    /// True when the policy is in effect: the condition's `status` is `"True"` ([`Reason::Accepted`]
+    /// and [`Reason::AcceptedWithoutService`]).
+    pub fn in_effect(self) -> bool {
+        match self {
+            Reason::Accepted | Reason::AcceptedWithoutService => true,
+            Reason::Invalid | Reason::Conflicted => false,
         }
     }
 }
@@ -64,7 +86,8 @@ impl Reason {
 /// What the `Accepted` condition of one policy should say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Desired {
-    /// `True` only for [`Reason::Accepted`].
+    /// `True` for [`Reason::Accepted`] and [`Reason::AcceptedWithoutService`]
+    /// ([`Reason::in_effect`]).
     pub accepted: bool,
     /// The reason.
     pub reason: Reason,
@@ -103,22 +126,16 @@ pub fn invalid_because(policy: &EndpointPolicy, rules: &Rules) -> Option<String>
 /// `others` are the other policies of the cluster (any namespace, any target; `policy` itself is
 /// skipped by name and namespace if present); `service_exists` says whether a Service named
 /// `spec.targetRef.name` exists in the policy's namespace. Those of `others` that target the same
-/// Service compete with `policy` ([`tiebreak::resolve`], validity by [`invalid_because`]).
+/// Service name compete with `policy` ([`tiebreak::resolve`], validity by [`invalid_because`]),
+/// whether or not the Service exists: the agent resolves the tie per service key, never looking
+/// at Services, so the status reports the same winner.
 pub fn desired(policy: &EndpointPolicy, others: &[&EndpointPolicy], service_exists: bool, rules: &Rules) -> Desired {
     let (name, namespace) = (name_of(policy), namespace_of(policy));
     let target = policy.spec.target_ref.name.as_str();
     let observed_generation = policy.metadata.generation;
-    let make = |reason, message| Desired { accepted: reason == Reason::Accepted, reason, message, observed_generation };
+    let make = |reason: Reason, message| Desired { accepted: reason.in_effect(), reason, message, observed_generation };
     if let Some(why) = invalid_because(policy, rules) {
         return make(Reason::Invalid, format!("the spec does not pass validation, so it is not applied: {why}"));
-    }
-    if !service_exists {
-        return make(
-            Reason::TargetNotFound,
-            format!(
-                "Service {target:?} does not exist in namespace {namespace:?}; the policy applies once it is created"
-            ),
-        );
     }
     let key = ServiceKey::of_policy(policy);
     let rivals = others.iter().copied().filter(|o| key.is_targeted_by(o) && name_of(o) != name);
@@ -128,11 +145,25 @@ pub fn desired(policy: &EndpointPolicy, others: &[&EndpointPolicy], service_exis
         |p| invalid_because(p, rules).is_none(),
     );
     if let Some(winner) = resolution.winner.filter(|w| name_of(w) != name) {
+        let winner = name_of(winner);
         return make(
             Reason::Conflicted,
+            if service_exists {
+                format!(
+                    "EndpointPolicy {winner:?} is in effect for Service {target:?} (the smallest name wins); this policy is not applied"
+                )
+            } else {
+                format!(
+                    "EndpointPolicy {winner:?} is in effect for pods running as ServiceAccount {target:?} (the smallest name wins; Service {target:?} does not exist in namespace {namespace:?}, aether matches pods by ServiceAccount); this policy is not applied"
+                )
+            },
+        );
+    }
+    if !service_exists {
+        return make(
+            Reason::AcceptedWithoutService,
             format!(
-                "EndpointPolicy {:?} is in effect for Service {target:?} (the smallest name wins); this policy is not applied",
-                name_of(winner)
+                "Service {target:?} does not exist in namespace {namespace:?}; the policy is in effect for pods running as ServiceAccount {target:?} (aether matches pods by ServiceAccount) and stays so when the Service is created"
             ),
         );
     }
@@ -237,16 +268,44 @@ mod tests {
     #[test]
     fn invalid_takes_precedence_over_a_missing_service() {
         let a = pol("shop", "a-pol", "echo", "sockets/too-long-app.sock");
-        assert_eq!(desired(&a, &[], false, &budget()).reason, Reason::Invalid);
+        let d = desired(&a, &[], false, &budget());
+        assert_eq!((d.accepted, d.reason), (false, Reason::Invalid));
     }
 
     #[test]
-    fn a_missing_service_takes_precedence_over_a_conflict() {
+    fn a_lone_valid_policy_without_its_service_is_in_effect_for_the_service_account() {
+        let d = desired(&pol("shop", "grpc-api-uds", "grpc-api", "grpc/api.sock"), &[], false, &budget());
+        assert_eq!((d.accepted, d.reason, d.observed_generation), (true, Reason::AcceptedWithoutService, Some(3)));
+        assert_eq!(d.status(), "True");
+        assert_eq!(
+            d.message,
+            "Service \"grpc-api\" does not exist in namespace \"shop\"; the policy is in effect for pods running as ServiceAccount \"grpc-api\" (aether matches pods by ServiceAccount) and stays so when the Service is created"
+        );
+    }
+
+    #[test]
+    fn a_conflict_takes_precedence_over_a_missing_service_as_the_agent_resolves_it() {
         let a = pol("shop", "a-pol", "echo", "s/app.sock");
         let b = pol("shop", "b-pol", "echo", "s/app.sock");
+        // The winner is in effect without its Service; the loser is Conflicted all the same.
+        assert_eq!(desired(&a, &[&b], false, &budget()).reason, Reason::AcceptedWithoutService);
         let d = desired(&b, &[&a], false, &budget());
-        assert_eq!(d.reason, Reason::TargetNotFound);
-        assert!(d.message.contains("Service \"echo\"") && d.message.contains("\"shop\""), "{}", d.message);
+        assert_eq!((d.accepted, d.reason), (false, Reason::Conflicted));
+        assert_eq!(
+            d.message,
+            "EndpointPolicy \"a-pol\" is in effect for pods running as ServiceAccount \"echo\" (the smallest name wins; Service \"echo\" does not exist in namespace \"shop\", aether matches pods by ServiceAccount); this policy is not applied"
+        );
+        // An invalid rival still never wins, with or without the Service.
+        let invalid = pol("shop", "0-pol", "echo", "sockets/too-long-app.sock");
+        assert_eq!(desired(&b, &[&invalid], false, &budget()).reason, Reason::AcceptedWithoutService);
+        assert_eq!(desired(&invalid, &[&b], false, &budget()).reason, Reason::Invalid);
+    }
+
+    #[test]
+    fn only_the_two_accepted_reasons_are_in_effect() {
+        let all = [Reason::Accepted, Reason::AcceptedWithoutService, Reason::Invalid, Reason::Conflicted];
+        let in_effect: Vec<Reason> = all.into_iter().filter(|r| r.in_effect()).collect();
+        assert_eq!(in_effect, [Reason::Accepted, Reason::AcceptedWithoutService]);
     }
 
     #[test]
@@ -298,21 +357,28 @@ mod tests {
     fn the_transition_time_is_kept_while_the_status_value_stays() {
         let a = pol("shop", "a-pol", "echo", "s/app.sock");
         let b = pol("shop", "b-pol", "echo", "s/app.sock");
+        let cell = |s: &EndpointPolicyStatus| {
+            let c = &s.conditions[0];
+            (c.status.clone(), c.reason.clone(), c.last_transition_time.clone())
+        };
         let missing = desired(&b, &[&a], false, &budget());
         let first = status_for(None, &missing, ts(100));
-        assert_eq!(first.conditions[0].last_transition_time, ts(100));
-        // TargetNotFound -> Conflicted: still False, so the time stays.
+        assert_eq!(cell(&first), ("False".into(), "Conflicted".into(), ts(100)));
+        // Conflicted without the Service -> with it: another message, still False, the time stays.
         let conflicted = desired(&b, &[&a], true, &budget());
+        assert_ne!(conflicted.message, missing.message);
         let second = status_for(Some(&first), &conflicted, ts(200));
-        assert_eq!(second.conditions[0].reason, "Conflicted");
-        assert_eq!(second.conditions[0].last_transition_time, ts(100));
+        assert_eq!(cell(&second), ("False".into(), "Conflicted".into(), ts(100)));
         // Conflicted -> Accepted: False -> True, the time moves.
         let accepted = desired(&b, &[], true, &budget());
         let third = status_for(Some(&second), &accepted, ts(300));
-        assert_eq!(
-            (third.conditions[0].status.as_str(), third.conditions[0].last_transition_time.clone()),
-            ("True", ts(300))
-        );
+        assert_eq!(cell(&third), ("True".into(), "Accepted".into(), ts(300)));
         assert_eq!(third.observed_generation, Some(3));
+        // Accepted -> AcceptedWithoutService (the Service deleted) and back: True all along.
+        let without = desired(&b, &[], false, &budget());
+        let fourth = status_for(Some(&third), &without, ts(400));
+        assert_eq!(cell(&fourth), ("True".into(), "AcceptedWithoutService".into(), ts(300)));
+        let fifth = status_for(Some(&fourth), &accepted, ts(500));
+        assert_eq!(cell(&fifth), ("True".into(), "Accepted".into(), ts(300)));
     }
 }

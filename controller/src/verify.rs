@@ -316,7 +316,11 @@ async fn check_agents(client: &kube::Client, pods: &Api<Pod>, args: &VerifyArgs)
 /// One outcome per DaemonSet matching `selector` in `namespace` (none when `selector` is empty):
 /// `Ok` when it has a pod on every node it should run on, else `Err` naming the shortfall and
 /// the message of its latest `FailedCreate` Event (none recorded: say so).
-async fn check_daemonsets(client: &kube::Client, namespace: Option<&str>, selector: &str) -> Result<Vec<Outcome>, Failed> {
+async fn check_daemonsets(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    selector: &str,
+) -> Result<Vec<Outcome>, Failed> {
     if selector.is_empty() {
         return Ok(Vec::new());
     }
@@ -354,7 +358,11 @@ async fn last_failed_create(client: &kube::Client, namespace: &str, name: &str) 
     let fields = format!("involvedObject.kind=DaemonSet,involvedObject.name={name},reason=FailedCreate");
     let list = events.list(&ListParams::default().fields(&fields)).await?;
     let when = |e: &Event| {
-        e.last_timestamp.as_ref().map(|t| t.0).or(e.event_time.as_ref().map(|t| t.0)).or(e.first_timestamp.as_ref().map(|t| t.0))
+        e.last_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .or(e.event_time.as_ref().map(|t| t.0))
+            .or(e.first_timestamp.as_ref().map(|t| t.0))
     };
     Ok(list.items.iter().max_by_key(|e| when(e)).and_then(|e| e.message.clone()))
 }

@@ -15,8 +15,10 @@ pub const NEAR_BUDGET_BYTES: usize = 2;
 pub enum WarningKind {
     /// Another policy of the namespace targets the same Service.
     Conflict,
-    /// No Service of that name exists (yet) in the namespace.
-    TargetNotFound,
+    /// No Service of that name exists (yet) in the namespace, and the policy does not lose a
+    /// tie-break: it is in effect for the pods running as the ServiceAccount of that name
+    /// (status `AcceptedWithoutService`, [`crate::status::Reason::AcceptedWithoutService`]).
+    AcceptedWithoutService,
     /// The socket value is within [`NEAR_BUDGET_BYTES`] of the budget.
     NearBudget,
     /// An UPDATE kept a spec that no longer passes (see [`crate::admission::decide`]).
@@ -24,11 +26,11 @@ pub enum WarningKind {
 }
 
 impl WarningKind {
-    /// The kebab-case metric label, e.g. `target-not-found`.
+    /// The kebab-case metric label, e.g. `accepted-without-service`.
     pub fn label(self) -> &'static str {
         match self {
             WarningKind::Conflict => "conflict",
-            WarningKind::TargetNotFound => "target-not-found",
+            WarningKind::AcceptedWithoutService => "accepted-without-service",
             WarningKind::NearBudget => "near-budget",
             WarningKind::NoLongerValid => "no-longer-valid",
         }
@@ -66,7 +68,11 @@ fn quoted(names: &[&str]) -> String {
 ///   yet, which gives no conflict warning rather than a wrong one. The winner among them and this
 ///   policy is [`tiebreak::resolve`]'s; the warning names the others in the order given.
 /// - `service_exists`: whether a Service named `spec.targetRef.name` exists in the namespace;
-///   `None` (cache not synced, or no API access) gives no missing-Service warning.
+///   `None` (cache not synced, or no API access) gives no missing-Service warning. A missing
+///   Service does not keep the policy from applying (the agents match pods by ServiceAccount;
+///   [`crate::status`] has the rule), so the warning says it is in effect for the pods running as
+///   that ServiceAccount; it is not given to a policy that loses the tie-break, whose conflict
+///   warning already says it is not applied.
 /// - Near the budget: under [`SocketLimit::SunPath`] only, a warning when
 ///   `budget.bytes() - len(spec.udsSocket) <= NEAR_BUDGET_BYTES`, i.e. the value fits but with at
 ///   most 2 bytes to spare (14, 15 or 16 bytes with the default 16-byte budget), since a node
@@ -82,11 +88,14 @@ pub fn for_allowed_policy(
 ) -> Vec<Warning> {
     let target = spec.target_ref.name.as_str();
     let mut out = Vec::new();
+    // Whether this policy wins its tie-break: `None` while the rivals are unknown.
+    let mut wins = None;
     if let Some(rivals) = rivals {
         let others: Vec<&Rival<'_>> = rivals.iter().filter(|r| r.name != name).collect();
         let this = Rival { name, valid: true };
         let resolution = tiebreak::resolve(others.iter().copied().chain([&this]), |r| r.name, |r| r.valid);
         let winner = resolution.winner.map_or(name, |w| w.name);
+        wins = Some(winner == name);
         // Named in the order given: the webhook's cache gives tie-break order, `validate` file order.
         let named = |valid: bool| -> Vec<&str> { others.iter().filter(|r| r.valid == valid).map(|r| r.name).collect() };
         let (valid, invalid) = (named(true), named(false));
@@ -122,11 +131,12 @@ pub fn for_allowed_policy(
             });
         }
     }
-    if service_exists == Some(false) {
+    if service_exists == Some(false) && wins != Some(false) {
+        let unless = if wins.is_none() { " unless another policy for that Service has a smaller name," } else { "" };
         out.push(Warning {
-            kind: WarningKind::TargetNotFound,
+            kind: WarningKind::AcceptedWithoutService,
             text: format!(
-                "spec.targetRef.name: Service {target:?} does not exist in namespace {namespace:?} yet; the policy is TargetNotFound and not applied until it is created"
+                "spec.targetRef.name: Service {target:?} does not exist in namespace {namespace:?} yet; the policy is in effect now for pods running as ServiceAccount {target:?} (aether matches pods by ServiceAccount){unless} and stays so when the Service is created (status AcceptedWithoutService)"
             ),
         });
     }
@@ -216,10 +226,32 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_service_is_named_with_its_namespace() {
+    fn a_missing_service_is_named_with_its_namespace_and_the_policy_is_in_effect_by_service_account() {
         let w = for_allowed_policy("a-pol", "shop", &spec("echo", "s/app.sock"), Some(&[]), Some(false), &budget());
-        assert_eq!(kinds(&w), [WarningKind::TargetNotFound]);
-        assert!(w[0].text.starts_with("spec.targetRef.name: Service \"echo\" does not exist in namespace \"shop\""));
+        assert_eq!(kinds(&w), [WarningKind::AcceptedWithoutService]);
+        assert_eq!(
+            w[0].text,
+            "spec.targetRef.name: Service \"echo\" does not exist in namespace \"shop\" yet; the policy is in effect now for pods running as ServiceAccount \"echo\" (aether matches pods by ServiceAccount) and stays so when the Service is created (status AcceptedWithoutService)"
+        );
+    }
+
+    #[test]
+    fn a_missing_service_with_unknown_rivals_says_a_smaller_name_would_win() {
+        let w = for_allowed_policy("a-pol", "shop", &spec("echo", "s/app.sock"), None, Some(false), &budget());
+        assert_eq!(kinds(&w), [WarningKind::AcceptedWithoutService]);
+        assert!(w[0].text.contains("unless another policy for that Service has a smaller name,"), "{}", w[0].text);
+    }
+
+    #[test]
+    fn a_loser_is_not_told_it_is_in_effect_without_its_service() {
+        let rivals = [Rival { name: "a-pol", valid: true }];
+        let w = for_allowed_policy("b-pol", "shop", &spec("echo", "s/app.sock"), Some(&rivals), Some(false), &budget());
+        assert_eq!(kinds(&w), [WarningKind::Conflict]);
+        assert!(w[0].text.contains("this policy \"b-pol\" will be Conflicted and not applied"), "{}", w[0].text);
+        // An invalid rival does not make it lose.
+        let rivals = [Rival { name: "a-pol", valid: false }];
+        let w = for_allowed_policy("b-pol", "shop", &spec("echo", "s/app.sock"), Some(&rivals), Some(false), &budget());
+        assert_eq!(kinds(&w), [WarningKind::Conflict, WarningKind::AcceptedWithoutService]);
     }
 
     #[test]
@@ -250,15 +282,15 @@ mod tests {
 
     #[test]
     fn several_warnings_come_in_a_fixed_order() {
-        let rivals = [Rival { name: "a-pol", valid: true }];
+        let rivals = [Rival { name: "b-pol", valid: true }];
         let w = for_allowed_policy(
-            "b-pol",
+            "a-pol",
             "shop",
             &spec("echo", "s/abcdefghijklmn"),
             Some(&rivals),
             Some(false),
             &budget(),
         );
-        assert_eq!(kinds(&w), [WarningKind::Conflict, WarningKind::TargetNotFound, WarningKind::NearBudget]);
+        assert_eq!(kinds(&w), [WarningKind::Conflict, WarningKind::AcceptedWithoutService, WarningKind::NearBudget]);
     }
 }

@@ -391,7 +391,7 @@ fn run_help_describes_status_and_warnings() {
         "--lease-namespace",
         "--lease-holder",
         "Conflicted",
-        "TargetNotFound",
+        "AcceptedWithoutService",
     ] {
         assert!(text.contains(want), "lacks {want}: {text}");
     }

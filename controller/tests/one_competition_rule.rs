@@ -1,8 +1,10 @@
 //! One competition rule (DESIGN.md "Precedence": among valid policies the lexicographically
 //! smallest name wins), seen from both sides. For random policy sets (names, namespaces, targets,
-//! valid and invalid specs, pods dirs with and without a budget), the policy the agent applies to
-//! a service key is the one the status writer reports Accepted, the agent's conflict names the
-//! policies the status writer reports Conflicted, and both sides agree on which are invalid.
+//! valid and invalid specs, pods dirs with and without a budget) and random sets of existing
+//! Services, the policy the agent applies to a service key is the one the status writer reports
+//! in effect (`Accepted` when its Service exists, `AcceptedWithoutService` when it does not: the
+//! agent never looks at Services), the agent's conflict names the policies the status writer
+//! reports Conflicted (with or without the Service), and both sides agree on which are invalid.
 //!
 //! Both sides run their real code: on the agent `PolicyRecord::from_policy`, the index (whose
 //! fold names the policy it applied in each pod's delivery) and `fold::select_policy`; on the
@@ -106,6 +108,7 @@ fn controller_view(
     policies: &[EndpointPolicy],
     pods_dir: &str,
     keys: &BTreeSet<ServiceKey>,
+    services: &BTreeSet<ServiceKey>,
 ) -> BTreeMap<ServiceKey, Seen> {
     let rules = Rules::new(pods_dir);
     let mut out: BTreeMap<ServiceKey, Seen> = keys
@@ -114,12 +117,21 @@ fn controller_view(
         .collect();
     for p in policies {
         let others: Vec<&EndpointPolicy> = policies.iter().filter(|o| !std::ptr::eq(*o, p)).collect();
-        let desired = status::desired(p, &others, true, &rules);
-        let seen = out.get_mut(&ServiceKey::of_policy(p)).expect("every policy's key is listed");
+        let key = ServiceKey::of_policy(p);
+        let exists = services.contains(&key);
+        let desired = status::desired(p, &others, exists, &rules);
+        let seen = out.get_mut(&key).expect("every policy's key is listed");
         let name = p.metadata.name.clone().expect("named policy");
+        assert_eq!(desired.accepted, desired.reason.in_effect(), "{name}: {desired:?}");
         match desired.reason {
-            Reason::Accepted => {
-                assert!(seen.applied.is_none(), "two Accepted policies for one Service: {:?} and {name}", seen.applied);
+            Reason::Accepted | Reason::AcceptedWithoutService => {
+                let want = if exists { Reason::Accepted } else { Reason::AcceptedWithoutService };
+                assert_eq!(desired.reason, want, "{name}: Service {key} exists: {exists}");
+                assert!(
+                    seen.applied.is_none(),
+                    "two policies in effect for one Service: {:?} and {name}",
+                    seen.applied
+                );
                 seen.applied = Some(name);
             }
             Reason::Conflicted => {
@@ -128,7 +140,6 @@ fn controller_view(
             Reason::Invalid => {
                 seen.invalid.insert(name);
             }
-            Reason::TargetNotFound => panic!("every Service exists here"),
         }
     }
     out
@@ -141,10 +152,13 @@ proptest! {
     fn the_agent_applies_the_policy_the_status_writer_accepts(
         policies in policy_sets(),
         dir in 0..PODS_DIRS.len(),
+        existing in prop::collection::btree_set((0..NAMESPACES.len(), 0..TARGETS.len()), 0..=4),
     ) {
         let keys: BTreeSet<ServiceKey> = policies.iter().map(ServiceKey::of_policy).collect();
+        let services: BTreeSet<ServiceKey> =
+            existing.into_iter().map(|(ns, t)| ServiceKey::new(NAMESPACES[ns], TARGETS[t])).collect();
         let agent = agent_view(&policies, PODS_DIRS[dir], &keys);
-        let controller = controller_view(&policies, PODS_DIRS[dir], &keys);
+        let controller = controller_view(&policies, PODS_DIRS[dir], &keys, &services);
         prop_assert_eq!(agent, controller);
     }
 }

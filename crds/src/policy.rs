@@ -108,7 +108,7 @@ pub fn socket_length_rule(limit: SocketLimit) -> kube::core::Rule {
     printcolumn = r#"{"name":"Target","type":"string","description":"The Service this policy attaches to.","jsonPath":".spec.targetRef.name"}"#,
     printcolumn = r#"{"name":"Socket","type":"string","description":"The <volume>/<file> socket value.","jsonPath":".spec.udsSocket"}"#,
     printcolumn = r#"{"name":"Accepted","type":"string","description":"Whether the policy is in effect.","jsonPath":".status.conditions[?(@.type==\"Accepted\")].status"}"#,
-    printcolumn = r#"{"name":"Reason","type":"string","description":"Why the policy is or is not in effect: Accepted, Invalid, TargetNotFound or Conflicted.","jsonPath":".status.conditions[?(@.type==\"Accepted\")].reason"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","description":"Why the policy is or is not in effect: Accepted, AcceptedWithoutService (in effect by ServiceAccount; no Service of that name exists), Invalid or Conflicted.","jsonPath":".status.conditions[?(@.type==\"Accepted\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"The Accepted condition's message: the rule an invalid spec breaks, the missing Service, or the winning policy.","jsonPath":".status.conditions[?(@.type==\"Accepted\")].message"}"#
 )]
@@ -118,7 +118,9 @@ pub struct EndpointPolicySpec {
     /// The Service this policy attaches to, in the policy's own namespace (Gateway API policy
     /// attachment, GEP-713 direct attachment). It carries no namespace: cross-namespace
     /// attachment is not possible. The Service name is matched against the mesh service key
-    /// `<namespace>/<name>`, whose name is the workload's ServiceAccount.
+    /// `<namespace>/<name>`, whose name is the workload's ServiceAccount: the policy applies to
+    /// the pods running as that ServiceAccount whether or not the Service exists (the status
+    /// says AcceptedWithoutService while it does not).
     #[garde(dive)]
     pub target_ref: TargetRef,
 
@@ -165,8 +167,10 @@ pub struct TargetRef {
 #[serde(rename_all = "camelCase")]
 pub struct EndpointPolicyStatus {
     /// The latest observations of the policy's state. Type "Accepted" is True when the policy is
-    /// in effect; when False, its reason says why: Invalid, Conflicted (another policy targeting
-    /// the same Service wins; the message names it) or TargetNotFound.
+    /// in effect, with reason Accepted, or AcceptedWithoutService when no Service of the target
+    /// name exists (policies apply to the pods running as the ServiceAccount of that name, with
+    /// or without the Service); when False, its reason says why: Invalid, or Conflicted (another
+    /// policy targeting the same Service name wins; the message names it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

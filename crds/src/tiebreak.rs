@@ -8,7 +8,10 @@
 //! the snapshot. This deliberately differs from GEP-713's oldest-wins.
 //!
 //! [`resolve`] is the one place this rule is written: the agent's fold and index, the status
-//! writer, the webhook's and `aether-controller validate`'s warnings all call it.
+//! writer, the webhook's and `aether-controller validate`'s warnings all call it. The competition
+//! is per [`ServiceKey`], whether or not a Service of that name exists (the agent matches pods by
+//! ServiceAccount and never looks at Services), so the status writer reports a loser
+//! `Conflicted` with or without the Service.
 
 use std::fmt;
 

@@ -17,6 +17,8 @@ use serde_json::Value;
 
 const LEASE: &str = "aether-status-writer";
 const WAIT: Duration = Duration::from_secs(30);
+/// The reasons of `status: "True"`: the policy is in effect.
+const IN_EFFECT: [&str; 2] = ["Accepted", "AcceptedWithoutService"];
 
 struct Env {
     cp: ControlPlane,
@@ -76,6 +78,8 @@ struct Accepted {
     status: String,
     reason: String,
     message: String,
+    /// `lastTransitionTime`.
+    since: String,
     generation: i64,
     observed: Option<i64>,
     condition_observed: Option<i64>,
@@ -93,6 +97,7 @@ fn accepted(env: &Env, ns: &str, name: &str) -> anyhow::Result<Option<Accepted>>
         status: text("status"),
         reason: text("reason"),
         message: text("message"),
+        since: text("lastTransitionTime"),
         generation,
         observed: json["status"]["observedGeneration"].as_i64(),
         condition_observed: c["observedGeneration"].as_i64(),
@@ -119,7 +124,7 @@ fn wait_reason(env: &Env, ns: &str, name: &str, reason: &str, message_has: &[&st
         anyhow::bail!("{e:#}; last seen {last:?}\ncontroller log:\n{log}");
     }
     let a = last.context("condition")?;
-    let want_status = if reason == "Accepted" { "True" } else { "False" };
+    let want_status = if IN_EFFECT.contains(&reason) { "True" } else { "False" };
     ensure!(a.status == want_status, "{ns}/{name}: reason {reason} with status {}", a.status);
     Ok(a)
 }
@@ -187,23 +192,102 @@ fn the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_ne
     Ok(())
 }
 
-fn a_policy_for_a_missing_service_is_target_not_found_until_the_service_exists(env: &Env) -> anyhow::Result<()> {
+/// The Events the status writer recorded for policy `name` with `reason`: (type, note).
+fn policy_events(env: &Env, ns: &str, name: &str, reason: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let events: Value =
+        serde_json::from_str(&env.cp.kubectl_ok(&["get", "events.events.k8s.io", "-n", ns, "-o", "json"])?)?;
+    Ok(events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e["regarding"]["name"] == name && e["reason"] == reason && e["reportingController"] == "aether-controller"
+        })
+        .map(|e| (e["type"].as_str().unwrap_or_default().to_owned(), e["note"].as_str().unwrap_or_default().to_owned()))
+        .collect())
+}
+
+/// The agents match pods by ServiceAccount and never look at Services, so a policy for a missing
+/// Service is in effect: `True`/`AcceptedWithoutService`, `True`/`Accepted` once the Service is
+/// created, and back when it is deleted, `True` all along (`lastTransitionTime` stays).
+fn a_policy_created_before_its_service_is_in_effect_without_it_and_with_it(env: &Env) -> anyhow::Result<()> {
     let ns = "missing";
     namespace(env, ns)?;
     apply_ok(env, ns, "later-uds", "later", "s/app.sock")?;
-    wait_reason(
+    let without = wait_reason(
         env,
         ns,
         "later-uds",
-        "TargetNotFound",
-        &["Service \"later\" does not exist in namespace \"missing\""],
+        "AcceptedWithoutService",
+        &[
+            "Service \"later\" does not exist in namespace \"missing\"; the policy is in effect for pods running as ServiceAccount \"later\" (aether matches pods by ServiceAccount) and stays so when the Service is created",
+        ],
     )?;
-    ensure!(accepted_column(env, ns)? == [("later-uds".to_owned(), "False".to_owned())]);
-    service(env, ns, "later")?;
-    wait_reason(env, ns, "later-uds", "Accepted", &[])?;
     ensure!(accepted_column(env, ns)? == [("later-uds".to_owned(), "True".to_owned())]);
+    eventually("a Normal AcceptedWithoutService Event for missing/later-uds", WAIT, || {
+        let events = policy_events(env, ns, "later-uds", "AcceptedWithoutService")?;
+        Ok(events.iter().any(|(type_, note)| type_ == "Normal" && note.contains("ServiceAccount \"later\"")))
+    })?;
+
+    service(env, ns, "later")?;
+    let with = wait_reason(env, ns, "later-uds", "Accepted", &["the policy is in effect for Service \"later\""])?;
+    ensure!(accepted_column(env, ns)? == [("later-uds".to_owned(), "True".to_owned())]);
+    ensure!(with.since == without.since, "True all along, yet lastTransitionTime moved: {without:?} -> {with:?}");
+
     env.cp.kubectl_ok(&["delete", "service", "later", "-n", ns])?;
-    wait_reason(env, ns, "later-uds", "TargetNotFound", &[])?;
+    let again = wait_reason(env, ns, "later-uds", "AcceptedWithoutService", &["ServiceAccount \"later\""])?;
+    ensure!(accepted_column(env, ns)? == [("later-uds".to_owned(), "True".to_owned())]);
+    ensure!(again.since == without.since, "True all along, yet lastTransitionTime moved: {without:?} -> {again:?}");
+    Ok(())
+}
+
+/// The agent resolves the tie per service key (ServiceAccount), never looking at Services, so
+/// two policies for a missing Service conflict as for an existing one: the winner is
+/// `AcceptedWithoutService`, the loser `Conflicted`, before and after the Service exists.
+fn a_conflict_for_a_missing_service_is_conflicted_for_the_loser(env: &Env) -> anyhow::Result<()> {
+    let ns = "ghost";
+    namespace(env, ns)?;
+    let stderr = apply_ok(env, ns, "a-pol", "ghost", "s/app.sock")?;
+    ensure!(
+        stderr.contains(
+            "Warning: spec.targetRef.name: Service \"ghost\" does not exist in namespace \"ghost\" yet; the policy is in effect now for pods running as ServiceAccount \"ghost\""
+        ),
+        "kubectl apply of a-pol printed: {stderr}"
+    );
+    wait_reason(env, ns, "a-pol", "AcceptedWithoutService", &[])?;
+    // The loser is told it is Conflicted, and not that it is in effect without the Service.
+    let stderr = apply_ok(env, ns, "b-pol", "ghost", "s/app.sock")?;
+    ensure!(
+        stderr.contains("\"a-pol\" wins (the smallest name wins), so this policy \"b-pol\" will be Conflicted")
+            && !stderr.contains("does not exist"),
+        "kubectl apply of b-pol printed: {stderr}"
+    );
+    let b = wait_reason(
+        env,
+        ns,
+        "b-pol",
+        "Conflicted",
+        &[
+            "EndpointPolicy \"a-pol\" is in effect for pods running as ServiceAccount \"ghost\" (the smallest name wins; Service \"ghost\" does not exist in namespace \"ghost\"",
+        ],
+    )?;
+    ensure!(b.message.ends_with("this policy is not applied"), "{b:?}");
+    wait_reason(env, ns, "a-pol", "AcceptedWithoutService", &[])?;
+    let column = accepted_column(env, ns)?;
+    ensure!(
+        column == [("a-pol".to_owned(), "True".to_owned()), ("b-pol".to_owned(), "False".to_owned())],
+        "kubectl get epol shows {column:?}"
+    );
+
+    service(env, ns, "ghost")?;
+    wait_reason(env, ns, "a-pol", "Accepted", &[])?;
+    wait_reason(env, ns, "b-pol", "Conflicted", &["EndpointPolicy \"a-pol\" is in effect for Service \"ghost\""])?;
+    env.cp.kubectl_ok(&["delete", "service", "ghost", "-n", ns])?;
+    wait_reason(env, ns, "a-pol", "AcceptedWithoutService", &[])?;
+    wait_reason(env, ns, "b-pol", "Conflicted", &["ServiceAccount \"ghost\""])?;
+    // Deleting the winner promotes the loser, without the Service as with it.
+    env.cp.kubectl_ok(&["delete", "epol", "a-pol", "-n", ns, "--wait=true"])?;
+    wait_reason(env, ns, "b-pol", "AcceptedWithoutService", &["ServiceAccount \"ghost\""])?;
     Ok(())
 }
 
@@ -243,10 +327,8 @@ fn kubectl_apply_prints_the_warnings(env: &Env) -> anyhow::Result<()> {
     ensure!(out.status.success() && !stderr.contains("Warning:"), "kubectl label of b-pol printed: {stderr}");
 
     let stderr = apply_ok(env, ns, "nowhere-uds", "nowhere", "s/app.sock")?;
-    ensure!(
-        stderr.contains("Warning: spec.targetRef.name: Service \"nowhere\" does not exist in namespace \"dup\" yet"),
-        "{stderr}"
-    );
+    let want = "Warning: spec.targetRef.name: Service \"nowhere\" does not exist in namespace \"dup\" yet; the policy is in effect now for pods running as ServiceAccount \"nowhere\" (aether matches pods by ServiceAccount) and stays so when the Service is created (status AcceptedWithoutService)";
+    ensure!(stderr.contains(want), "{stderr}");
     let stderr = apply_ok(env, ns, "tight-uds", "tight", "sockets/app.so")?;
     ensure!(
         stderr
@@ -263,7 +345,7 @@ fn controller_metrics_parse_and_count_as_the_scenario_runs(env: &Env) -> anyhow:
     let ns = "metrics";
     namespace(env, ns)?;
     apply_ok(env, ns, "m-pol", "echo", "s/app.sock")?;
-    wait_reason(env, ns, "m-pol", "TargetNotFound", &[])?;
+    wait_reason(env, ns, "m-pol", "AcceptedWithoutService", &[])?;
     service(env, ns, "echo")?;
     wait_reason(env, ns, "m-pol", "Accepted", &[])?;
     apply_ok(env, ns, "n-pol", "echo", "s/app.sock")?;
@@ -274,12 +356,12 @@ fn controller_metrics_parse_and_count_as_the_scenario_runs(env: &Env) -> anyhow:
     let after = Scrape::get(port)?;
     let moved = |name: &str, labels: &[(&str, &str)]| after.value(name, labels) - before.value(name, labels);
     let checks: &[Check<'_>] = &[
-        ("aether_status_patches_total", &[("result", "applied"), ("reason", "target-not-found")], 1.0),
+        ("aether_status_patches_total", &[("result", "applied"), ("reason", "accepted-without-service")], 1.0),
         ("aether_status_patches_total", &[("result", "applied"), ("reason", "accepted")], 1.0),
         ("aether_status_patches_total", &[("result", "applied"), ("reason", "conflicted")], 1.0),
         ("aether_admission_requests_total", &[("kind", "EndpointPolicy"), ("result", "allowed")], 2.0),
         ("aether_admission_requests_total", &[("kind", "EndpointPolicy"), ("result", "denied")], 1.0),
-        ("aether_admission_warnings_total", &[("warning", "target-not-found")], 1.0),
+        ("aether_admission_warnings_total", &[("warning", "accepted-without-service")], 1.0),
         ("aether_admission_warnings_total", &[("warning", "conflict")], 1.0),
         ("aether_admission_duration_seconds_count", &[], 3.0),
     ];
@@ -335,7 +417,8 @@ fn a_second_replica_follows_and_takes_over_when_the_leader_stops(env: &Env) -> a
 }
 
 /// Runs last: without the webhook, a policy over the budget is stored; the status says Invalid
-/// and it never wins over a valid one.
+/// and it never wins over a valid one. Invalid comes first: with or without its Service, and
+/// whatever its rivals.
 fn a_policy_admitted_without_the_webhook_is_invalid_and_never_wins(env: &Env) -> anyhow::Result<()> {
     env.cp.delete_webhook()?;
     let ns = "invalid";
@@ -345,6 +428,39 @@ fn a_policy_admitted_without_the_webhook_is_invalid_and_never_wins(env: &Env) ->
     apply_ok(env, ns, "b-pol", "echo", "s/app.sock")?;
     wait_reason(env, ns, "a-pol", "Invalid", &["spec.udsSocket", "17 bytes", "the budget is 16 bytes"])?;
     wait_reason(env, ns, "b-pol", "Accepted", &[])?;
+
+    // No Service "void": the invalid a-pol stays Invalid (not in effect), never wins, and the
+    // valid ones compete as ever: b-pol in effect without the Service, c-pol Conflicted.
+    let ns = "invalid-void";
+    namespace(env, ns)?;
+    apply_ok(env, ns, "a-pol", "void", "sockets/app1.sock")?;
+    let a = wait_reason(env, ns, "a-pol", "Invalid", &["17 bytes"])?;
+    ensure!(a.status == "False", "{a:?}");
+    apply_ok(env, ns, "b-pol", "void", "s/app.sock")?;
+    apply_ok(env, ns, "c-pol", "void", "s/app.sock")?;
+    wait_reason(env, ns, "b-pol", "AcceptedWithoutService", &["ServiceAccount \"void\""])?;
+    wait_reason(
+        env,
+        ns,
+        "c-pol",
+        "Conflicted",
+        &["EndpointPolicy \"b-pol\" is in effect for pods running as ServiceAccount \"void\""],
+    )?;
+    wait_reason(env, ns, "a-pol", "Invalid", &[])?;
+    let column = accepted_column(env, ns)?;
+    ensure!(
+        column
+            == [
+                ("a-pol".to_owned(), "False".to_owned()),
+                ("b-pol".to_owned(), "True".to_owned()),
+                ("c-pol".to_owned(), "False".to_owned())
+            ],
+        "kubectl get epol shows {column:?}"
+    );
+    service(env, ns, "void")?;
+    wait_reason(env, ns, "b-pol", "Accepted", &[])?;
+    wait_reason(env, ns, "c-pol", "Conflicted", &["EndpointPolicy \"b-pol\" is in effect for Service \"void\""])?;
+    wait_reason(env, ns, "a-pol", "Invalid", &[])?;
     Ok(())
 }
 
@@ -396,7 +512,7 @@ fn readme_get_epol_samples_are_what_kubectl_prints(env: &Env) -> anyhow::Result<
     wait_reason(env, ns, "echo-uds", "Accepted", &[])?;
     wait_reason(env, ns, "echo-uds-v2", "Conflicted", &[])?;
     wait_reason(env, ns, "echo-long", "Invalid", &[])?;
-    wait_reason(env, ns, "grpc-api-uds", "TargetNotFound", &[])?;
+    wait_reason(env, ns, "grpc-api-uds", "AcceptedWithoutService", &[])?;
     for (argv, want) in readme_samples()? {
         let got: Vec<String> = env.cp.kubectl_ok(&argv)?.lines().map(String::from).collect();
         ensure!(
@@ -420,8 +536,12 @@ fn main() {
                 the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_next,
             ),
             suite::case(
-                "a_policy_for_a_missing_service_is_target_not_found_until_the_service_exists",
-                a_policy_for_a_missing_service_is_target_not_found_until_the_service_exists,
+                "a_policy_created_before_its_service_is_in_effect_without_it_and_with_it",
+                a_policy_created_before_its_service_is_in_effect_without_it_and_with_it,
+            ),
+            suite::case(
+                "a_conflict_for_a_missing_service_is_conflicted_for_the_loser",
+                a_conflict_for_a_missing_service_is_conflicted_for_the_loser,
             ),
             suite::case("a_spec_change_is_observed_with_its_generation", a_spec_change_is_observed_with_its_generation),
             suite::case("kubectl_apply_prints_the_warnings", kubectl_apply_prints_the_warnings),

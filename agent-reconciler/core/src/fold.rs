@@ -11,8 +11,10 @@
 //! 3. A pod with an unusable `endpoint.aether.io/*` annotation (port, ports, protocol, health
 //!    path) → TCP on the defaults ([`TcpReason::InvalidEndpointAnnotation`]).
 //! 4. The declared socket: a non-empty `endpoint.aether.io/uds-socket` annotation wins, *even an
-//!    invalid one*; else the winning valid EndpointPolicy of the pod's service key; else plain TCP
-//!    ([`Source::NoSocketDeclared`]).
+//!    invalid one*; else the winning valid EndpointPolicy of the pod's service key (its namespace
+//!    and ServiceAccount: Services are never looked at, so a policy applies whether or not a
+//!    Service of that name exists, which the status writer reports as `AcceptedWithoutService`);
+//!    else plain TCP ([`Source::NoSocketDeclared`]).
 //! 5. The value must pass the grammar and fit the budget ([`TcpReason::InvalidAnnotation`],
 //!    [`TcpReason::InvalidPolicy`], [`TcpReason::PathTooLong`]); an invalid annotation never
 //!    falls back to the policy.

@@ -61,7 +61,7 @@ fn fixture_path(f: &Fixture) -> PathBuf {
 }
 
 /// Creates namespace `shop` and Service `shop/echo` (what the fixtures' policy targets), so that
-/// the status writer's caches give no `target-not-found` warning. Existing objects are fine.
+/// the status writer's caches give no `accepted-without-service` warning. Existing objects are fine.
 fn create_target_service(cp: &ControlPlane) -> anyhow::Result<()> {
     let (client, server) = api_client(cp)?;
     let objects = [
