@@ -155,7 +155,7 @@ for _ in $(seq 1 50); do kubectl get events --field-selector involvedObject.name
 kubectl get events --field-selector involvedObject.name=long -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message' | indent
 kubectl wait --for=condition=Ready pod/long --timeout=90s >/dev/null || true
 for pod in web long; do
-  echo "  \$ kubectl aether why pod/$pod    (the node agent's live decision, read through the API server's pod proxy)"
+  echo "  \$ kubectl aether why pod/$pod    (the node agent's live decision, read through a port-forward to its loopback-only debug port)"
   "$repo/target/debug/kubectl-aether" --kubeconfig "$KUBECONFIG" why "pod/$pod" 2>&1 | indent || true
 done
 

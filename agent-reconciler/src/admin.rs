@@ -1,4 +1,5 @@
-//! The agent's plain-HTTP admin port: `/healthz`, `/readyz` and `/metrics`.
+//! The agent's plain-HTTP admin port (`/healthz`, `/readyz` and `/metrics`: [`router`]) and its
+//! loopback-only debug port (`/debug/pods`: [`debug_router`]).
 //!
 //! `/readyz` is 200 once the xDS listener is bound: the node's Envoy can be served (from the state
 //! dir if need be). Its body states what is degraded, e.g. "EndpointPolicy CRD not installed", so
@@ -22,7 +23,12 @@
 //! shape), or 404 with `{"error", "namespace", "name", "node"}` when the agent does not know the
 //! pod (not managed, not on this node, or not seen yet); `GET /debug/pods` lists them
 //! ([`crate::decisions::Listing`], at most [`crate::decisions::LIST_CAP`], `truncated` says so).
-//! `kubectl aether why` reads them through the API server's pod proxy.
+//! They name every managed pod of the node with its socket, pin and netns paths, so they are
+//! served only on the debug port, which binds a loopback address (`--debug-addr`, refused
+//! otherwise): nothing off the node reaches it, and `kubectl aether why` reaches it through the
+//! API server's `pods/portforward` (RBAC `get` and `create` on `pods/portforward` in the agent's namespace; the
+//! container runtime dials `localhost:<port>` in the pod's network namespace, the node's for this
+//! host-network pod). The admin port carries no per-pod detail (docs/install.md, "Debug data").
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -127,12 +133,20 @@ impl AdminState {
     }
 }
 
-/// The admin router.
+/// The admin router: `/healthz`, `/readyz`, `/metrics`. No per-pod detail (it listens on every
+/// node IP).
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// The debug router: `/debug/pods` and `/debug/pods/{namespace}/{name}` (the reconcile loop's
+/// per-pod decisions), for the loopback-only `--debug-addr`.
+pub fn debug_router(state: AdminState) -> Router {
+    Router::new()
         .route("/debug/pods", get(list_decisions))
         .route("/debug/pods/{namespace}/{name}", get(decision))
         .with_state(state)
@@ -275,7 +289,8 @@ mod tests {
     }
 
     async fn get_json(state: AdminState, path: &str) -> (StatusCode, serde_json::Value) {
-        let response = router(state).oneshot(Request::get(path).body(Body::empty()).unwrap()).await.expect("answers");
+        let response =
+            debug_router(state).oneshot(Request::get(path).body(Body::empty()).unwrap()).await.expect("answers");
         let code = response.status();
         let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.expect("body");
         (code, serde_json::from_slice(&bytes).expect("a JSON body"))
@@ -305,6 +320,17 @@ mod tests {
             (Some("node-a"), Some(1), Some(false))
         );
         assert_eq!(body["pods"][0]["name"], "cart-1");
+    }
+
+    #[tokio::test]
+    async fn the_admin_port_serves_no_per_pod_detail() {
+        let (_tx, status) = watch::channel(Status::default());
+        let state = AdminState::new(Arc::new(AtomicBool::new(true)), status).with_decisions(Decisions::new("node-a"));
+        for path in ["/debug/pods", "/debug/pods/shop/cart-1"] {
+            let response =
+                router(state.clone()).oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap();
+            assert_eq!(response.status(), StatusCode::NOT_FOUND, "{path} on the admin port");
+        }
     }
 
     #[tokio::test]

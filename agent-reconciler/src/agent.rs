@@ -136,7 +136,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let admin_listener = tokio::net::TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot bind --admin-addr {}", args.admin_addr))?;
+    let debug_listener = tokio::net::TcpListener::bind(args.debug_addr)
+        .await
+        .with_context(|| format!("cannot bind --debug-addr {}", args.debug_addr))?;
+    // One gate for both: the debug port shares the admin port's cap and timeouts.
     let admin_gate = aether_serve_policy::Gate::new(admin_policy, &metrics.listeners);
+    let debug_listener = aether_serve_policy::GatedListener::new(debug_listener, admin_gate.clone());
     let admin_listener = aether_serve_policy::GatedListener::new(admin_listener, admin_gate);
     let addr = XdsAddr::from_str(&args.xds_address).with_context(|| "--xds-address")?;
     let listener = XdsListener::bind(&addr).await.with_context(|| format!("--xds-address {addr}"))?;
@@ -155,16 +160,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let envoy = EnvoyView { tracker: tracker.clone(), resources, required: args.readyz_requires_envoy };
     let xds_task = tokio::spawn(serve_when_complete(listener, server, status_rx.clone(), snap_rx, stop.clone()));
 
-    tracing::info!(addr = %args.admin_addr, "admin endpoints (/healthz, /readyz, /metrics, /debug/pods) listening");
+    tracing::info!(addr = %args.admin_addr, "admin endpoints (/healthz, /readyz, /metrics) listening");
+    tracing::info!(addr = %args.debug_addr, "debug endpoints (/debug/pods) listening on loopback");
     let board = watchers::WatchBoard::new(metrics.watches.clone());
     let (pod_watch, policy_watch) = watchers::register(&board, settings.uds_workloads());
     let watch_view = admin::WatchView { board: board.clone(), grace: Duration::from_secs(args.watch_grace_seconds) };
-    let admin_app = admin::router(
-        AdminState::new(xds_bound.clone(), status_rx)
-            .with_metrics(metrics.clone())
-            .with_envoy(envoy)
-            .with_watches(watch_view)
-            .with_decisions(decisions),
+    let admin_state = AdminState::new(xds_bound.clone(), status_rx)
+        .with_metrics(metrics.clone())
+        .with_envoy(envoy)
+        .with_watches(watch_view)
+        .with_decisions(decisions);
+    let debug_app = admin::debug_router(admin_state.clone());
+    let admin_app = admin::router(admin_state);
+    let debug_stop = stop.clone();
+    tokio::spawn(
+        async move { axum::serve(debug_listener, debug_app).with_graceful_shutdown(stopped(debug_stop)).await },
     );
     tokio::spawn(async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(stopped(stop)).await });
 

@@ -145,9 +145,16 @@ pub struct RunArgs {
     /// Path of the health gateway's pipe listener that Envoy serves (GET /healthz/<health cluster>).
     #[arg(long, default_value = "/run/aether/health.sock", env = "AETHER_HEALTH_SOCKET")]
     pub health_socket: String,
-    /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics).
+    /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics). It carries no
+    /// per-pod detail.
     #[arg(long, default_value = "0.0.0.0:9091", env = "AETHER_ADMIN_ADDR")]
     pub admin_addr: SocketAddr,
+    /// Address of the debug port: GET /debug/pods and /debug/pods/<namespace>/<name>, the
+    /// agent's live decision per pod (with its socket, pin and netns paths). Loopback only (a
+    /// non-loopback address is refused): `kubectl aether why` reaches it through the API server's
+    /// pods/portforward into the agent pod. Shares the admin port's connection cap and timeouts.
+    #[arg(long, default_value = "127.0.0.1:9092", env = "AETHER_DEBUG_ADDR", value_parser = parse_loopback_addr)]
+    pub debug_addr: SocketAddr,
     /// Folder of the CNI plugin's <pod uid>.json records ({"netns": "/var/run/netns/..."}): TCP
     /// delivery then dials 127.0.0.1:<port> inside the pod's network namespace instead of its IP.
     /// A pod's record is read on the pod's events and on every --recheck-seconds, not per update.
@@ -343,6 +350,21 @@ fn parse_node_name(s: &str) -> Result<String, String> {
     }
 }
 
+/// `--debug-addr`: a socket address on a loopback IP (127.0.0.0/8 or ::1); any other is refused,
+/// since the debug port names every managed pod's paths and has no authentication.
+fn parse_loopback_addr(s: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = s.parse().map_err(|e| format!("{s:?} is not an <ip>:<port> address: {e}"))?;
+    if addr.ip().is_loopback() {
+        Ok(addr)
+    } else {
+        Err(format!(
+            "{addr} is not a loopback address: the debug port lists every managed pod's socket, pin and netns \
+             paths without authentication, so it binds 127.0.0.1 or ::1 only (kubectl aether why reaches it \
+             through pods/portforward)"
+        ))
+    }
+}
+
 fn parse_netns_dir(s: &str) -> Result<PathBuf, String> {
     let dir = PathBuf::from(s);
     crate::runtime::NetnsDirs::new(&dir, None).map(|_| dir).map_err(|e| e.to_string())
@@ -357,6 +379,18 @@ mod tests {
         match Cli::try_parse_from(args).unwrap().command {
             Command::Run(r) => *r,
             Command::Plan(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn the_debug_port_binds_loopback_only() {
+        assert_eq!(run_args(&[]).debug_addr, "127.0.0.1:9092".parse().unwrap());
+        assert_eq!(run_args(&["--debug-addr", "[::1]:7"]).debug_addr, "[::1]:7".parse().unwrap());
+        for addr in ["0.0.0.0:9092", "10.0.0.5:9092", "[::]:9092"] {
+            let err = Cli::try_parse_from(["aether-agent", "run", "--node-name", "n1", "--debug-addr", addr])
+                .expect_err(addr)
+                .to_string();
+            assert!(err.contains("not a loopback address") && err.contains("--debug-addr"), "{err}");
         }
     }
 

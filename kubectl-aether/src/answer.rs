@@ -12,7 +12,7 @@ pub struct AgentRef {
     pub namespace: String,
     /// Its pod name.
     pub name: String,
-    /// Its admin port.
+    /// Its debug port (reached through pods/portforward).
     pub port: u16,
 }
 

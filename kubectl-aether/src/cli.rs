@@ -16,7 +16,7 @@ pub const DEFAULT_AGENT_NAMESPACE: &str = "aether-system";
 /// (`charts/aether/templates/_helpers.tpl`, `aether.node.selector`, without the instance label).
 pub const DEFAULT_AGENT_SELECTOR: &str = "app.kubernetes.io/name=aether,app.kubernetes.io/component=node";
 /// The chart's `agent.adminPort` default (`charts/aether/values.yaml`).
-pub const DEFAULT_AGENT_ADMIN_PORT: u16 = 9091;
+pub const DEFAULT_AGENT_DEBUG_PORT: u16 = 9092;
 
 /// `kubectl aether`: why the node agent delivers a pod the way it does, the webhook's decision
 /// offline, and the socket-path budget.
@@ -56,9 +56,10 @@ pub enum Output {
 pub enum Command {
     /// What the node agent actually decided for a pod, and why.
     ///
-    /// Reads the agent's live decision (`GET /debug/pods/<ns>/<name>` on its admin port) through
-    /// the API server's pod proxy, from the agent pod on the pod's node. When the agent cannot be
-    /// reached (no agent pod there, a proxy error, RBAC forbids `get pods/proxy`), runs the
+    /// Reads the agent's live decision (`GET /debug/pods/<ns>/<name>` on its loopback-only debug
+    /// port) through the API server's port-forward to the agent pod on the pod's node. When the
+    /// agent cannot be reached (no agent pod there, the port refused, RBAC forbids `create
+    /// pods/portforward`), runs the
     /// agent's fold offline on the pod and its namespace's EndpointPolicies, and says so: the
     /// answer is labelled OFFLINE with the reason, and lists what offline cannot know (the
     /// node's pods dir, on-disk refusals, pins, the pod's netns). Exit code 0 with an answer,
@@ -130,10 +131,11 @@ pub struct WhyArgs {
     /// Label selector of the agent pods (the chart's node labels).
     #[arg(long, default_value = DEFAULT_AGENT_SELECTOR, env = "AETHER_AGENT_SELECTOR")]
     pub agent_selector: String,
-    /// The agent's admin port (the chart's agent.adminPort).
-    #[arg(long, default_value_t = DEFAULT_AGENT_ADMIN_PORT, env = "AETHER_AGENT_ADMIN_PORT")]
-    pub agent_admin_port: u16,
-    /// Seconds to wait for the agent's answer through the pod proxy before answering offline.
+    /// The agent's debug port (the chart's agent.debugPort; aether-agent --debug-addr), reached
+    /// through pods/portforward.
+    #[arg(long, default_value_t = DEFAULT_AGENT_DEBUG_PORT, env = "AETHER_AGENT_DEBUG_PORT")]
+    pub agent_debug_port: u16,
+    /// Seconds to wait for the agent's answer through the port-forward before answering offline.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300), env = "AETHER_AGENT_TIMEOUT_SECONDS")]
     pub agent_timeout_seconds: u64,
     /// Skip the agent: answer from the offline fold only.
@@ -208,10 +210,10 @@ mod tests {
         );
         assert_eq!(why.agent_namespace, DEFAULT_AGENT_NAMESPACE);
         assert_eq!(why.agent_selector, DEFAULT_AGENT_SELECTOR);
-        assert_eq!((why.agent_admin_port, why.agent_timeout_seconds, why.offline), (9091, 5, false));
-        let cli = parse(&["--kubeconfig", "/k", "why", "cart-1", "--agent-admin-port", "9999"]).unwrap();
+        assert_eq!((why.agent_debug_port, why.agent_timeout_seconds, why.offline), (9092, 5, false));
+        let cli = parse(&["--kubeconfig", "/k", "why", "cart-1", "--agent-debug-port", "9999"]).unwrap();
         let Command::Why(why) = cli.command else { panic!("why") };
-        assert_eq!((why.pod.as_str(), why.agent_admin_port), ("cart-1", 9999));
+        assert_eq!((why.pod.as_str(), why.agent_debug_port), ("cart-1", 9999));
         assert_eq!(cli.kubeconfig, Some(PathBuf::from("/k")));
         assert_eq!(cli.output, Output::Text, "text by default");
     }

@@ -1,12 +1,17 @@
-//! `kubectl aether why`: the agent's live decision through the API server's pod proxy, else the
-//! offline fold on the pod and its namespace's EndpointPolicies, labelled as such.
+//! `kubectl aether why`: the agent's live decision through a port-forward to its loopback-only
+//! debug port, else the offline fold on the pod and its namespace's EndpointPolicies, labelled as
+//! such.
 //!
 //! 1. Read the pod; an unmanaged pod gets a note and no decision (the agent ignores it).
 //! 2. Find the agent pod on the pod's `spec.nodeName` (`--agent-namespace`, `--agent-selector`).
-//! 3. `GET /api/v1/namespaces/<agent-ns>/pods/<agent-pod>:<admin-port>/proxy/debug/pods/<ns>/<name>`
-//!    (kube-rs has no helper for the pod proxy: a raw request through [`kube::Client::send`]).
-//! 4. Any failure of 2–3 (no agent pod there, RBAC forbids `list pods` or `get pods/proxy`, a
-//!    proxy error, a time-out, the agent not knowing the pod) becomes the offline answer's
+//! 3. Open the API server's `pods/portforward` to that pod's `--agent-debug-port` (kube-rs
+//!    [`Api::portforward`]; the container runtime dials `localhost:<port>` in the pod's network
+//!    namespace, the node's for the host-network agent pod) and send
+//!    `GET /debug/pods/<ns>/<name>` over it (HTTP/1.1, hyper). The debug port binds loopback only,
+//!    so a port-forward, which the API server authorizes per user (`get` and `create` on `pods/portforward`), is
+//!    the only way in: the pod proxy would drop the caller's identity before the agent.
+//! 4. Any failure of 2–3 (no agent pod there, RBAC forbids `list pods` or `create
+//!    pods/portforward`, a refused port, a time-out, the agent not knowing the pod) becomes the offline answer's
 //!    reason; the offline decision comes from the agent's own core (records, index, fold:
 //!    [`aether_agent_core`], as `aether-agent plan` uses it), without the node's facts.
 
@@ -15,9 +20,11 @@ use std::time::Duration;
 use aether_agent_core::decision::Decision;
 use aether_agent_core::{Index, PodRecord, PolicyRecord, Settings};
 use aether_crds::EndpointPolicy;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
-use kube::client::Body;
 
 use crate::answer::{AgentRef, Answer, offline_unknowns};
 use crate::cli::WhyArgs;
@@ -110,53 +117,103 @@ async fn live(
         });
     };
     let agent_name = agent.metadata.name.clone().unwrap_or_default();
-    answer.agent = Some(AgentRef {
-        namespace: args.agent_namespace.clone(),
-        name: agent_name.clone(),
-        port: args.agent_admin_port,
-    });
-    let path = proxy_path(&args.agent_namespace, &agent_name, args.agent_admin_port, namespace, name);
-    let request = http::Request::get(&path).body(Body::empty()).map_err(|e| format!("bad request {path}: {e}"))?;
+    let port = args.agent_debug_port;
+    answer.agent = Some(AgentRef { namespace: args.agent_namespace.clone(), name: agent_name.clone(), port });
+    let via = format!("the port-forward to agent {}/{agent_name}:{port}", args.agent_namespace);
     let timeout = Duration::from_secs(args.agent_timeout_seconds);
-    let via = format!("the pod proxy to agent {}/{agent_name}:{}", args.agent_namespace, args.agent_admin_port);
-    let response = match tokio::time::timeout(timeout, client.send(request)).await {
-        Err(_) => return Err(format!("{via} gave no answer within {} s", timeout.as_secs())),
-        Ok(Err(e)) => return Err(format!("{via} failed: {e}")),
-        Ok(Ok(r)) => r,
-    };
-    let status = response.status();
-    let body = match tokio::time::timeout(timeout, response.into_body().collect_bytes()).await {
-        Ok(Ok(b)) => b,
-        Ok(Err(e)) => return Err(format!("{via}: reading the answer failed: {e}")),
-        Err(_) => return Err(format!("{via}: the answer did not complete within {} s", timeout.as_secs())),
-    };
+    let (status, body) =
+        match tokio::time::timeout(timeout, get_forwarded(&agents, &agent_name, port, namespace, name)).await {
+            Err(_) => return Err(format!("{via} gave no answer within {} s", timeout.as_secs())),
+            Ok(Err(failed)) => return Err(forward_failure(&via, failed)),
+            Ok(Ok(answer)) => answer,
+        };
     if status.is_success() {
         return serde_json::from_slice::<Decision>(&body).map_err(|e| {
-            format!("{via} answered HTTP {status} but not a decision ({e}): is that port the agent's admin port?")
+            format!("{via} answered HTTP {status} but not a decision ({e}): is that port the agent's debug port?")
         });
     }
-    Err(proxy_failure(&via, status, &body))
+    Err(agent_refusal(&via, status, &body))
 }
 
-/// The pod-proxy path of the agent's decision for `namespace/name`.
-pub fn proxy_path(agent_ns: &str, agent_pod: &str, port: u16, namespace: &str, name: &str) -> String {
-    format!("/api/v1/namespaces/{agent_ns}/pods/{agent_pod}:{port}/proxy/debug/pods/{namespace}/{name}")
+/// How a port-forwarded request failed.
+#[derive(Debug)]
+pub enum Forward {
+    /// The API server refused the port-forward (RBAC, no such pod, the kubelet unreachable).
+    Refused(kube::Error),
+    /// The forward opened but the request failed; with the runtime's message for the port when
+    /// it sent one (e.g. `connect: connection refused`).
+    Request(String, Option<String>),
 }
 
-/// Says why a pod-proxy answer with a non-2xx `status` is no decision: the agent's own 404
-/// (`{"error": ...}`: it does not know the pod), RBAC (403), or the API server's Status text.
-pub fn proxy_failure(via: &str, status: http::StatusCode, body: &[u8]) -> String {
-    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-    let field = |k: &str| json.as_ref().and_then(|j| j.get(k)).and_then(|v| v.as_str()).map(str::to_owned);
-    let is_status = json.as_ref().and_then(|j| j.get("kind")).and_then(|k| k.as_str()) == Some("Status");
-    match (status.as_u16(), is_status, field("error"), field("message")) {
-        (404, false, Some(error), _) => format!("the agent answered through {via} but does not know the pod: {error}"),
-        (403, _, _, message) => format!(
-            "RBAC forbids the pod proxy ({via}): you need `get` on `pods/proxy` in the agent's namespace ({})",
-            message.unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_owned())
+/// `GET /debug/pods/<namespace>/<name>` on `port` of agent pod `agent` through the API server's
+/// port-forward: the answer's status and body.
+async fn get_forwarded(
+    agents: &Api<Pod>,
+    agent: &str,
+    port: u16,
+    namespace: &str,
+    name: &str,
+) -> Result<(http::StatusCode, Bytes), Forward> {
+    let mut forwarder = agents.portforward(agent, &[port]).await.map_err(Forward::Refused)?;
+    let stream = forwarder.take_stream(port).ok_or_else(|| Forward::Request("no stream for the port".into(), None))?;
+    let port_error = forwarder.take_error(port);
+    let result = async {
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+        let connection = tokio::spawn(connection);
+        let request = http::Request::get(format!("/debug/pods/{namespace}/{name}"))
+            .header(http::header::HOST, "localhost")
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response.into_body().collect().await.map_err(|e| format!("reading the answer: {e}"))?.to_bytes();
+        drop(sender);
+        connection.abort();
+        Ok::<_, String>((status, body))
+    }
+    .await;
+    match result {
+        Ok(answer) => {
+            forwarder.abort();
+            Ok(answer)
+        }
+        Err(e) => {
+            // The runtime reports a refused or failed dial on the port's error channel.
+            let said = match port_error {
+                Some(said) => tokio::time::timeout(Duration::from_secs(1), said).await.ok().flatten(),
+                None => None,
+            };
+            forwarder.abort();
+            Err(Forward::Request(e, said))
+        }
+    }
+}
+
+/// Says why a port-forwarded request is no decision: RBAC (403 on `pods/portforward`), another
+/// API server refusal, or the request failing on the forward (with the runtime's message).
+pub fn forward_failure(via: &str, failed: Forward) -> String {
+    match failed {
+        Forward::Refused(kube::Error::Api(s)) if s.code == 403 => format!(
+            "RBAC forbids the port-forward ({via}): you need `get` and `create` on `pods/portforward` in the agent's namespace ({})",
+            s.message
         ),
-        (_, _, _, Some(message)) => format!("{via} failed: HTTP {status}: {message}"),
-        _ => format!("{via} failed: HTTP {status}: {}", String::from_utf8_lossy(body).trim()),
+        Forward::Refused(kube::Error::Api(s)) => format!("{via} was refused: HTTP {}: {}", s.code, s.message),
+        Forward::Refused(e) => format!("{via} was refused: {e}"),
+        Forward::Request(e, Some(said)) => format!("{via} failed: {said} ({e})"),
+        Forward::Request(e, None) => format!("{via} failed: {e}"),
+    }
+}
+
+/// Says why the agent's non-2xx answer is no decision: its own 404 (`{"error": ...}`: it does
+/// not know the pod), else the status and body.
+pub fn agent_refusal(via: &str, status: http::StatusCode, body: &[u8]) -> String {
+    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    match json.as_ref().and_then(|j| j.get("error")).and_then(|v| v.as_str()) {
+        Some(error) if status == http::StatusCode::NOT_FOUND => {
+            format!("the agent answered through {via} but does not know the pod: {error}")
+        }
+        _ => format!("{via}: the agent answered HTTP {status}: {}", String::from_utf8_lossy(body).trim()),
     }
 }
 
@@ -245,31 +302,27 @@ mod tests {
     }
 
     #[test]
-    fn a_proxy_failure_says_whether_the_agent_rbac_or_the_api_server_refused() {
-        let via = "the pod proxy to agent aether-system/a:9091";
+    fn a_failed_forward_says_whether_rbac_the_api_server_the_runtime_or_the_agent_refused() {
+        let via = "the port-forward to agent aether-system/a:9092";
         let agent = br#"{"error":"the agent on node n knows no managed pod shop/x","node":"n"}"#;
-        let s = proxy_failure(via, http::StatusCode::NOT_FOUND, agent);
+        let s = agent_refusal(via, http::StatusCode::NOT_FOUND, agent);
         assert!(s.starts_with("the agent answered through") && s.contains("knows no managed pod shop/x"), "{s}");
-        let forbidden = br#"{"kind":"Status","status":"Failure","message":"pods \"a\" is forbidden: User \"u\" cannot get resource \"pods/proxy\"","reason":"Forbidden","code":403}"#;
-        let s = proxy_failure(via, http::StatusCode::FORBIDDEN, forbidden);
-        assert!(s.contains("RBAC forbids the pod proxy") && s.contains("cannot get resource \"pods/proxy\""), "{s}");
-        let unreachable = br#"{"kind":"Status","message":"error trying to reach service: dial tcp 10.0.0.9:9091: connect: connection refused","code":503}"#;
-        let s = proxy_failure(via, http::StatusCode::SERVICE_UNAVAILABLE, unreachable);
         assert_eq!(
-            s,
-            format!(
-                "{via} failed: HTTP 503 Service Unavailable: error trying to reach service: dial tcp 10.0.0.9:9091: connect: connection refused"
-            )
+            agent_refusal(via, http::StatusCode::BAD_GATEWAY, b"oops\n"),
+            format!("{via}: the agent answered HTTP 502 Bad Gateway: oops")
         );
-        let s = proxy_failure(via, http::StatusCode::BAD_GATEWAY, b"oops\n");
-        assert_eq!(s, format!("{via} failed: HTTP 502 Bad Gateway: oops"));
-    }
-
-    #[test]
-    fn the_proxy_path_addresses_the_agent_port_and_the_pod() {
-        assert_eq!(
-            proxy_path("aether-system", "aether-node-x", 9091, "shop", "cart-1"),
-            "/api/v1/namespaces/aether-system/pods/aether-node-x:9091/proxy/debug/pods/shop/cart-1"
+        let forbidden = kube::core::Status::failure(
+            "pods \"a\" is forbidden: User \"u\" cannot create resource \"pods/portforward\"",
+            "Forbidden",
+        )
+        .with_code(403);
+        let s = forward_failure(via, Forward::Refused(kube::Error::Api(Box::new(forbidden))));
+        assert!(
+            s.contains("RBAC forbids the port-forward") && s.contains("`get` and `create` on `pods/portforward`"),
+            "{s}"
         );
+        let refused = "failed to connect to localhost:9092 inside namespace \"x\": connect: connection refused";
+        let s = forward_failure(via, Forward::Request("connection closed".into(), Some(refused.into())));
+        assert_eq!(s, format!("{via} failed: {refused} (connection closed)"));
     }
 }

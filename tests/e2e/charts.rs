@@ -1207,7 +1207,11 @@ fn verify_install_rbac_is_minimal_and_each_runner_can_be_turned_off() {
     let daemonsets = rule("apps", "daemonsets", &["list"]);
     let objects = verify_objects(&render(&[]));
     for name in [VERIFY, VERIFY_TEST] {
-        assert_eq!(role_rules(&objects[&key("Role", name, NS)]), vec![events.clone(), pods.clone(), daemonsets.clone(), policies.clone()], "{name}");
+        assert_eq!(
+            role_rules(&objects[&key("Role", name, NS)]),
+            vec![events.clone(), pods.clone(), daemonsets.clone(), policies.clone()],
+            "{name}"
+        );
         let binding = &objects[&key("RoleBinding", name, NS)];
         assert_eq!(binding["roleRef"]["name"], name);
         assert_eq!(binding["subjects"], serde_json::json!([{"kind": "ServiceAccount", "name": name, "namespace": NS}]));
@@ -1215,7 +1219,11 @@ fn verify_install_rbac_is_minimal_and_each_runner_can_be_turned_off() {
 
     let objects = verify_objects(&render(&["verifyInstall.namespace=team-a"]));
     for name in [VERIFY, VERIFY_TEST] {
-        assert_eq!(role_rules(&objects[&key("Role", name, NS)]), vec![events.clone(), pods.clone(), daemonsets.clone()], "{name}");
+        assert_eq!(
+            role_rules(&objects[&key("Role", name, NS)]),
+            vec![events.clone(), pods.clone(), daemonsets.clone()],
+            "{name}"
+        );
         assert_eq!(role_rules(&objects[&key("Role", name, "team-a")]), vec![policies.clone()], "{name}");
         let binding = &objects[&key("RoleBinding", name, "team-a")];
         assert_eq!(binding["subjects"][0]["namespace"], NS);
@@ -1228,7 +1236,11 @@ fn verify_install_rbac_is_minimal_and_each_runner_can_be_turned_off() {
     let proxy = rule("", "pods/proxy", &["get"]);
     for name in [VERIFY, VERIFY_TEST] {
         let rules = role_rules(&objects[&key("Role", name, NS)]);
-        assert_eq!(rules, vec![events.clone(), pods.clone(), proxy.clone(), daemonsets.clone(), policies.clone()], "{name}");
+        assert_eq!(
+            rules,
+            vec![events.clone(), pods.clone(), proxy.clone(), daemonsets.clone(), policies.clone()],
+            "{name}"
+        );
     }
     let pod = &objects[&key("Pod", VERIFY_TEST, NS)];
     assert_eq!(flag(container(&pod["spec"], "verify-install"), "--agent-access").as_deref(), Some("api-server-proxy"));
@@ -1465,8 +1477,11 @@ fn node_pods_are_node_critical_with_a_quota_scoped_to_that_class() {
     assert!(!has(&render(&["daemonset.priorityClassName=team-high"]), "ResourceQuota"), "only the limited classes");
 }
 
-/// controller.hostNetwork: the webhook listens on the node's network at webhookPort, one replica
-/// per node (required anti-affinity), DNS through the cluster; 10250 (the kubelet's) is refused.
+/// controller.hostNetwork: the webhook listens on the node's network at webhookPort, its ports
+/// declared as hostPorts (so no two replicas share a node), replaced one at a time, DNS through
+/// the cluster; 10250 (the kubelet's) is refused. Only the preferred spread of the default stays:
+/// a required anti-affinity would also bind the pods that replace them when hostNetwork is
+/// turned off again, and that rollout would never finish.
 #[test]
 fn host_network_webhook_needs_a_port_other_than_the_kubelets() {
     let err = try_render(&["controller.hostNetwork=true"]).expect_err("10250 with hostNetwork");
@@ -1476,10 +1491,20 @@ fn host_network_webhook_needs_a_port_other_than_the_kubelets() {
     let spec = &dep["spec"]["template"]["spec"];
     assert_eq!(spec["hostNetwork"], true);
     assert_eq!(spec["dnsPolicy"], "ClusterFirstWithHostNet");
-    let required = &spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
-    assert_eq!(required["topologyKey"], "kubernetes.io/hostname");
-    assert_eq!(required["labelSelector"]["matchLabels"], dep["spec"]["selector"]["matchLabels"]);
-    assert_eq!(flag(container(spec, "aether-controller"), "--webhook-addr").as_deref(), Some("0.0.0.0:10260"));
+    assert_eq!(dep["spec"]["strategy"]["rollingUpdate"], serde_json::json!({"maxSurge": 0, "maxUnavailable": 1}));
+    assert!(spec["affinity"]["podAntiAffinity"].get("requiredDuringSchedulingIgnoredDuringExecution").is_none());
+    let c = container(spec, "aether-controller");
+    assert_eq!(flag(c, "--webhook-addr").as_deref(), Some("0.0.0.0:10260"));
+    let ports: Vec<(Value, Value)> =
+        c["ports"].as_array().unwrap().iter().map(|p| (p["containerPort"].clone(), p["hostPort"].clone())).collect();
+    assert_eq!(ports, [(Value::from(10260), Value::from(10260)), (Value::from(9090), Value::from(9090))]);
+    let default = render(&[]);
+    let c =
+        container(&find(&default, "Deployment", "aether-controller")["spec"]["template"]["spec"], "aether-controller");
+    assert!(
+        c["ports"].as_array().unwrap().iter().all(|p| p.get("hostPort").is_none()),
+        "no hostPort in the pod network"
+    );
 }
 
 /// The controller's NetworkPolicy (opt-in): the webhook port from webhookFrom (anywhere when

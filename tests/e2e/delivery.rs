@@ -672,7 +672,7 @@ fn m_a_socket_path_longer_than_sun_path_is_served_through_its_pin_under_the_file
     let out = Command::new(workspace_bin("aether-agent")?)
         .arg("run")
         .args(&base)
-        .args(["--socket-limit", "filesystem", "--admin-addr", "127.0.0.1:0"])
+        .args(["--socket-limit", "filesystem", "--admin-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0"])
         .env("KUBECONFIG", env.cp.kubeconfig())
         .stdin(Stdio::null())
         .output()?;

@@ -534,6 +534,7 @@ fn setup() -> anyhow::Result<Env> {
         "--cri-endpoint=".into(),
         "--admin-addr".into(),
         format!("127.0.0.1:{agent_admin}"),
+        "--debug-addr=127.0.0.1:0".into(),
         "--admin-max-connections".into(),
         AGENT_ADMIN_CAP.to_string(),
         "--admin-first-byte-timeout-seconds".into(),

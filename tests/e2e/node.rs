@@ -589,10 +589,13 @@ fn kubectl_aether(env: &Env, args: &[&str]) -> anyhow::Result<String> {
     Ok(stdout.into_owned())
 }
 
-/// Issue 16 item 5 on the real node: `kubectl aether why` reads what the node agent decided,
-/// through the API server's pod proxy to the agent's admin port (chart defaults for the agent's
+/// On the real node: `kubectl aether why` reads what the node agent decided, through the API
+/// server's port-forward to the agent's loopback-only debug port (chart defaults for the agent's
 /// namespace, selector and port), for a pod served over its socket, a pod on TCP with its reason
-/// and a pod whose Service has two policies (the loser named). Prints the text answers.
+/// and a pod whose Service has two policies (the loser named). Prints the text answers. Nobody
+/// else gets the per-pod detail: a pod on the node finds no `/debug/pods` on the admin port and
+/// no listener on the debug port at the node IP, and a user without `pods/portforward` gets the
+/// offline answer saying so, then the live one once granted what docs/kubectl-plugin.md says.
 fn kubectl_aether_why_reads_the_node_agents_live_decision(env: &Env) -> anyhow::Result<()> {
     env.kube().apply(&app_yaml("why-uds", "s", "", true, false))?;
     // Annotated with a volume the pod does not have: TCP, `volume-not-emptydir`.
@@ -635,6 +638,65 @@ fn kubectl_aether_why_reads_the_node_agents_live_decision(env: &Env) -> anyhow::
     let pol =
         why("why-pol", &|d| d["delivery"] == "pipe" && d["conflict"]["losers"] == serde_json::json!(["why-pol-b"]))?;
     ensure!(pol["decision"]["policy"] == "why-pol-a" && pol["decision"]["source"] == "policy", "{pol:#}");
+    ensure!(uds["agent"]["port"] == 9092 && uds["agent"]["namespace"] == NS, "{uds:#}");
+
+    // A pod on the node (every pod reaches the node IP) gets no per-pod detail.
+    let node_ip = env.node.facts().node_ip.clone();
+    let (ok, said) = env.client_get("why-probe-admin", &format!("http://{node_ip}:9091/debug/pods"))?;
+    println!("a pod GETs http://{node_ip}:9091/debug/pods (the admin port): {}", said.trim());
+    ensure!(!ok && said.contains("HTTP 404") && !said.contains("why-uds"), "{said}");
+    let (ok, said) = env.client_get("why-probe-debug", &format!("http://{node_ip}:9092/debug/pods"))?;
+    println!("a pod GETs http://{node_ip}:9092/debug/pods (the debug port, loopback only): {}", said.trim());
+    ensure!(!ok && !said.contains("why-uds") && !said.contains("HTTP "), "no listener at the node IP: {said}");
+
+    // A user who may read pods but not port-forward: offline, saying why; granted: live.
+    let viewer = aether_tests::user_kubeconfig(
+        &env.node.dir().join("cp/pki"),
+        &env.node.facts().kubeconfig,
+        "why-viewer",
+        "default",
+        env.node.dir(),
+    )?;
+    env.kube().apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: why-viewer}}\n\
+         rules: [{{apiGroups: [''], resources: [pods], verbs: [get, list]}}, \
+         {{apiGroups: [config.aether.io], resources: [endpointpolicies], verbs: [list]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: why-viewer}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: why-viewer}}\n\
+         subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: why-viewer}}]\n"
+    ))?;
+    let as_viewer = || -> anyhow::Result<Value> {
+        let out = std::process::Command::new(aether_tests::workspace_bin("kubectl-aether")?)
+            .args(["--kubeconfig", viewer.to_str().context("path")?, "--context", "viewer"])
+            .args(["why", "pod/why-uds", "-n", "default", "-o", "json"])
+            .stdin(std::process::Stdio::null())
+            .output()?;
+        ensure!(out.status.success(), "why as why-viewer: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let mut last = Value::Null;
+    eventually("why-viewer gets an offline answer naming RBAC", WAIT, || {
+        last = as_viewer()?;
+        Ok(last["offlineReason"].as_str().is_some_and(|r| r.starts_with("RBAC forbids the port-forward")))
+    })
+    .with_context(|| format!("last answer: {last:#}"))?;
+    println!("why-viewer without pods/portforward: OFFLINE: {}", last["offlineReason"]);
+    ensure!(last["live"] == false && last["decision"]["delivery"] == "pipe", "{last:#}");
+    env.kube().apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: why-viewer, namespace: {NS}}}\n\
+         rules: [{{apiGroups: [''], resources: [pods/portforward], verbs: [get, create]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: why-viewer, namespace: {NS}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: why-viewer}}\n\
+         subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: why-viewer}}]\n"
+    ))?;
+    eventually("why-viewer gets the live answer once granted pods/portforward", WAIT, || {
+        last = as_viewer()?;
+        Ok(last["live"] == true)
+    })
+    .with_context(|| format!("last answer: {last:#}"))?;
+    ensure!(last["decision"]["delivery"] == "pipe" && last["decision"]["decidedAt"].is_string(), "{last:#}");
+    env.kube().ok(&["delete", "clusterrole,clusterrolebinding", "why-viewer"])?;
+    env.kube().ok(&["delete", "role,rolebinding", "-n", NS, "why-viewer"])?;
     env.kube().ok(&["delete", "endpointpolicy", "-n", "default", "why-pol-a", "why-pol-b"])?;
     for name in ["why-uds", "why-tcp", "why-pol"] {
         env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", name, "--wait=true"])?;

@@ -32,9 +32,11 @@ use serde_json::Value;
 /// Release namespace and name.
 const NS: &str = "aether-system";
 const RELEASE: &str = "aether";
-/// Envoy's admin port and the agent's (chart defaults; 127.0.0.1 and 0.0.0.0 of each node).
+/// Envoy's admin port, the agent's admin port and its debug port (chart defaults; 127.0.0.1,
+/// 0.0.0.0 and 127.0.0.1 of each node).
 const ENVOY_ADMIN: u16 = 9901;
 const AGENT_ADMIN: u16 = 9091;
+const AGENT_DEBUG: u16 = 9092;
 /// The chart's default `agent.pinning.hostPath`, in each node's own file system.
 const PINS: &str = "/run/aether-pins";
 const WAIT: Duration = Duration::from_secs(120);
@@ -174,7 +176,7 @@ impl Env {
 
     /// `node`'s agent `/debug/pods`: (the node it names, the pods it lists as `namespace/name`).
     fn agent_pods(&self, node: &str) -> anyhow::Result<(String, Vec<(String, String)>)> {
-        let (code, body) = self.node(node).http_get(AGENT_ADMIN, "/debug/pods")?;
+        let (code, body) = self.node(node).http_get(AGENT_DEBUG, "/debug/pods")?;
         ensure!(code == 200, "{node}'s agent /debug/pods: {code} {body}");
         let v: Value = serde_json::from_str(&body).context("/debug/pods is JSON")?;
         let pods = v["pods"]
@@ -189,6 +191,26 @@ impl Env {
             })
             .collect();
         Ok((v["node"].as_str().unwrap_or_default().to_owned(), pods))
+    }
+
+    /// The live agent pod (component node) on `node`.
+    fn agent_on(&self, node: &str) -> anyhow::Result<Value> {
+        self.pods(NS, "app.kubernetes.io/component=node")?
+            .into_iter()
+            .find(|p| node_name(p) == node && p["metadata"]["deletionTimestamp"].is_null())
+            .with_context(|| format!("no agent pod on {node}"))
+    }
+
+    /// Waits until `node` has a Ready agent pod other than `old`. The DaemonSet controller retries
+    /// a refused creation with a growing backoff; an annotation on the DaemonSet (not its pod
+    /// template) makes it look again at once, so the wait measures the fix, not the backoff.
+    fn agent_replaced_on(&self, node: &str, old: &str) -> anyhow::Result<()> {
+        let nudge = format!("test.aether.io/nudge={}", chrono_now());
+        self.kube().ok(&["annotate", "daemonset", "-n", NS, "aether-node", &nudge, "--overwrite"])?;
+        eventually(&format!("a new Ready agent pod on {node}"), WAIT, || {
+            let pod = self.agent_on(node);
+            Ok(pod.is_ok_and(|p| pod_name(&p) != old && is_ready(&p)))
+        })
     }
 
     /// The node pods (agent: component node; Envoy: component proxy) of the release.
@@ -547,6 +569,148 @@ fn chrono_now() -> String {
         .unwrap_or_default()
 }
 
+/// The cluster enforces Pod Security `restricted` by default and limits the critical priority
+/// classes to namespaces with a quota scoped to them (controlplane.sh's
+/// `AETHER_APISERVER_RESTRICTED`, as GKE): the node pods run at system-node-critical in the
+/// namespace the README's commands made (only its label lets them run), counted by the chart's
+/// quota. Taking either away, the DaemonSet cannot replace an agent pod, and `helm test` (the
+/// install check) names the cause from its FailedCreate Event; restoring it brings the pod back.
+fn node_pods_need_the_privileged_label_and_the_charts_quota_and_the_install_check_names_what_is_missing(
+    env: &Env,
+) -> anyhow::Result<()> {
+    let labels = env.kube().ok(&["get", "namespace", NS, "-o", "jsonpath={.metadata.labels}"])?;
+    let labels: Value = serde_json::from_str(&labels)?;
+    ensure!(labels["pod-security.kubernetes.io/enforce"] == "privileged", "namespace {NS} labels: {labels}");
+    for pod in env.node_pods()? {
+        ensure!(pod["spec"]["priorityClassName"] == "system-node-critical", "{}: {}", pod_name(&pod), pod["spec"]);
+    }
+    let used = env.kube().ok(&["get", "resourcequota", "-n", NS, QUOTA, "-o", "jsonpath={.status.used.pods}"])?;
+    ensure!(used.trim() == "4", "quota {QUOTA} counts the 4 node pods: used {used:?}");
+    // The level is enforced: a host-network pod outside a labelled namespace is refused.
+    let refused = env.kube().run(&[
+        "run",
+        "psa-probe",
+        "-n",
+        "default",
+        "--image=localhost/aether/uds-echo:dev",
+        "--dry-run=server",
+        "--overrides={\"spec\":{\"hostNetwork\":true}}",
+    ])?;
+    let said = String::from_utf8_lossy(&refused.stderr).into_owned();
+    ensure!(
+        !refused.status.success() && said.contains("violates PodSecurity \"restricted"),
+        "default namespace: {said}"
+    );
+    println!("a host-network pod in namespace default: {}", said.trim());
+
+    let label = "pod-security.kubernetes.io/enforce";
+    let without_label = refused_replacement_is_named(env, "violates PodSecurity", || {
+        env.kube().ok(&["label", "namespace", NS, &format!("{label}-")]).map(drop)
+    })?;
+    env.kube().ok(&["label", "namespace", NS, &format!("{label}=privileged")])?;
+    env.agent_replaced_on(NODE1, &without_label)?;
+
+    let without_quota = refused_replacement_is_named(env, "insufficient quota to match these scopes", || {
+        env.kube().ok(&["delete", "resourcequota", "-n", NS, QUOTA]).map(drop)
+    })?;
+    // helm upgrade puts the chart's quota back (and its startup check passes once the pod is back).
+    env.helm_aether("upgrade", &[])?;
+    env.agent_replaced_on(NODE1, &without_quota)?;
+    Ok(())
+}
+
+/// The chart's ResourceQuota for the node pods' priority class.
+const QUOTA: &str = "aether-node-critical-pods";
+
+/// Runs `take_away`, deletes node 1's agent pod, and checks that the DaemonSet cannot replace it
+/// and that `helm test` fails naming `cause` (from the FailedCreate Event). Returns the deleted
+/// pod's name.
+fn refused_replacement_is_named(
+    env: &Env,
+    cause: &str,
+    take_away: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<String> {
+    take_away()?;
+    let old = env.agent_on(NODE1)?;
+    let old = pod_name(&old).to_owned();
+    env.kube().ok(&["delete", "pod", "-n", NS, &old, "--wait=true", "--timeout=60s"])?;
+    eventually(&format!("a FailedCreate Event of DaemonSet aether-node naming {cause:?}"), WAIT, || {
+        let events = env.kube().ok(&[
+            "get",
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
+            "involvedObject.name=aether-node,reason=FailedCreate",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])?;
+        Ok(events.contains(cause))
+    })?;
+    let test = env.nodes.helm(&["test", RELEASE, "-n", NS, "--logs", "--timeout", "120s"]);
+    let said = match test {
+        Ok(out) => anyhow::bail!("helm test passed with node 1's agent pod refused ({cause}):\n{out}"),
+        Err(e) => format!("{e:#}"),
+    };
+    let line = said.lines().find(|l| l.contains("FAIL DaemonSet aether-node")).unwrap_or_default().to_owned();
+    ensure!(line.contains("FailedCreate") && line.contains(cause), "helm test should name {cause:?}:\n{said}");
+    println!("helm test: {line}");
+    Ok(old)
+}
+
+/// `controller.hostNetwork=true` with webhook port 10260: the controller replicas run on the
+/// nodes' network (one per node), kube-apiserver calls the webhook at a node IP, and it denies an
+/// over-budget policy. Then back to the default (pod network, 10250).
+fn the_webhook_answers_from_the_host_network_on_a_port_that_is_not_the_kubelets(env: &Env) -> anyhow::Result<()> {
+    let host = ["controller.hostNetwork=true", "controller.webhookPort=10260"];
+    env.helm_aether("upgrade", &host)?;
+    let result = (|| -> anyhow::Result<()> {
+        let pods = env.pods(NS, "app.kubernetes.io/component=controller")?;
+        let pods: Vec<&Value> = pods.iter().filter(|p| p["metadata"]["deletionTimestamp"].is_null()).collect();
+        ensure!(pods.len() == 2, "two controller replicas: {}", pods.len());
+        let mut nodes: Vec<&str> = pods.iter().map(|p| node_name(p)).collect();
+        nodes.sort();
+        ensure!(nodes == [NODE1, NODE2], "one replica per node: {nodes:?}");
+        for p in &pods {
+            ensure!(p["spec"]["hostNetwork"] == true, "{} is on the host network", pod_name(p));
+            ensure!(p["status"]["podIP"] == p["status"]["hostIP"], "{}: pod IP is the node IP", pod_name(p));
+        }
+        let endpoints = env.kube().ok(&[
+            "get",
+            "endpointslices",
+            "-n",
+            NS,
+            "-l",
+            "kubernetes.io/service-name=aether-controller",
+            "-o",
+            "jsonpath={.items[*].endpoints[*].addresses[0]} {.items[*].ports[*].port}",
+        ])?;
+        ensure!(endpoints.contains("10260"), "the Service's endpoints are on 10260: {endpoints}");
+        let denied = over_budget_denial(env)?;
+        println!("webhook on the host network (endpoints {endpoints}): {denied}");
+        Ok(())
+    })();
+    env.helm_aether("upgrade", &[])?;
+    result
+}
+
+/// A server-side dry run of an EndpointPolicy one byte over the budget: the webhook's denial.
+fn over_budget_denial(env: &Env) -> anyhow::Result<String> {
+    let policy = r#"{"apiVersion":"config.aether.io/v1","kind":"EndpointPolicy","metadata":{"name":"over","namespace":"default"},
+        "spec":{"targetRef":{"kind":"Service","name":"over"},"udsSocket":"s/0123456789abcdef"}}"#;
+    let path = std::env::temp_dir().join(format!("aether-over-budget-{}.json", std::process::id()));
+    std::fs::write(&path, policy)?;
+    let out = env.kube().run(&["apply", "--dry-run=server", "-f", path.to_str().context("path")?]);
+    let _ = std::fs::remove_file(&path);
+    let out = out?;
+    let said = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+    ensure!(
+        !out.status.success() && said.contains("admission webhook \"endpointpolicies.config.aether.io\" denied"),
+        "the webhook should deny a 17-byte socket value (budget 16): {said}"
+    );
+    Ok(said)
+}
+
 fn node_down_restores_the_host(env: &Env) -> anyhow::Result<()> {
     let diff = env.nodes.down()?;
     ensure!(diff.is_empty(), "the host differs after node.sh down:\n{}", diff.join("\n"));
@@ -620,6 +784,14 @@ fn main() {
             suite::case(
                 "a_drained_nodes_uds_pod_is_served_over_its_socket_on_the_other_node",
                 a_drained_nodes_uds_pod_is_served_over_its_socket_on_the_other_node,
+            ),
+            suite::case(
+                "node_pods_need_the_privileged_label_and_the_charts_quota_and_the_install_check_names_what_is_missing",
+                node_pods_need_the_privileged_label_and_the_charts_quota_and_the_install_check_names_what_is_missing,
+            ),
+            suite::case(
+                "the_webhook_answers_from_the_host_network_on_a_port_that_is_not_the_kubelets",
+                the_webhook_answers_from_the_host_network_on_a_port_that_is_not_the_kubelets,
             ),
             suite::case("node_down_restores_the_host", node_down_restores_the_host),
         ],

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, bail, ensure};
 
 pub mod continuity;
 pub mod node;
@@ -403,6 +403,8 @@ impl Agent {
             .args(args)
             .arg("--admin-addr")
             .arg(format!("127.0.0.1:{admin}"))
+            // Any free loopback port: agents of parallel tests would collide on the default.
+            .args(["--debug-addr", "127.0.0.1:0"])
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,aether_agent_reconciler=debug")
             .stdin(Stdio::null())
@@ -607,4 +609,76 @@ impl ControlPlane {
         ])?;
         Ok(())
     }
+}
+
+/// Writes `<dir>/<user>.kubeconfig`: a context `viewer` for `user`, authenticated by a client
+/// certificate signed by the control plane's CA in `pki` (`ca.crt`, `ca.key`), against the
+/// server of `admin_kubeconfig`, with `namespace` as its default. Returns its path. RBAC gives
+/// the user nothing until a test binds it.
+///
+/// # Errors
+/// When openssl fails or a file cannot be read or written.
+pub fn user_kubeconfig(
+    pki: &Path,
+    admin_kubeconfig: &Path,
+    user: &str,
+    namespace: &str,
+    dir: &Path,
+) -> anyhow::Result<PathBuf> {
+    let file = |ext: &str| dir.join(format!("{user}.{ext}"));
+    let (key, csr, crt) = (file("key"), file("csr"), file("crt"));
+    let openssl = |args: &[&std::ffi::OsStr]| -> anyhow::Result<()> {
+        let out = Command::new("openssl").args(args).output()?;
+        ensure!(out.status.success(), "openssl: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(())
+    };
+    let os = |s: &'static str| std::ffi::OsStr::new(s);
+    openssl(&[
+        os("req"),
+        os("-newkey"),
+        os("rsa:2048"),
+        os("-nodes"),
+        os("-subj"),
+        std::ffi::OsStr::new(&format!("/CN={user}")),
+        os("-keyout"),
+        key.as_os_str(),
+        os("-out"),
+        csr.as_os_str(),
+    ])?;
+    let ca = pki.join("ca.crt");
+    let ca_key = pki.join("ca.key");
+    let ext = file("ext");
+    std::fs::write(&ext, "extendedKeyUsage=clientAuth\n")?;
+    openssl(&[
+        os("x509"),
+        os("-req"),
+        os("-in"),
+        csr.as_os_str(),
+        os("-CA"),
+        ca.as_os_str(),
+        os("-CAkey"),
+        ca_key.as_os_str(),
+        os("-CAcreateserial"),
+        os("-days"),
+        os("1"),
+        // An X.509 v3 client certificate (rustls refuses v1).
+        os("-extfile"),
+        ext.as_os_str(),
+        os("-out"),
+        crt.as_os_str(),
+    ])?;
+    let admin = std::fs::read_to_string(admin_kubeconfig)?;
+    let server = admin.lines().find_map(|l| l.trim().strip_prefix("server: ")).context("server in kubeconfig")?;
+    let config = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    \
+         certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate: {crt}\n    \
+         client-key: {key}\ncontexts:\n- name: viewer\n  context: {{cluster: c, user: {user}, namespace: {namespace}}}\n\
+         current-context: none\n",
+        ca = ca.display(),
+        crt = crt.display(),
+        key = key.display(),
+    );
+    let path = file("kubeconfig");
+    std::fs::write(&path, config)?;
+    Ok(path)
 }

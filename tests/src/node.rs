@@ -46,7 +46,12 @@ pub const CHART_IMAGE_SETS: &[&str] = &[
 pub fn release_namespace_commands(namespace: &str) -> [Vec<String>; 2] {
     [
         vec!["create".into(), "namespace".into(), namespace.into()],
-        vec!["label".into(), "namespace".into(), namespace.into(), "pod-security.kubernetes.io/enforce=privileged".into()],
+        vec![
+            "label".into(),
+            "namespace".into(),
+            namespace.into(),
+            "pod-security.kubernetes.io/enforce=privileged".into(),
+        ],
     ]
 }
 

@@ -93,7 +93,7 @@ pub(crate) fn start_agent(
     let agent_admin = free_port();
     let mut cmd = Command::new(agent_bin);
     cmd.arg("run")
-        .args(["--node-name", node, "--admin-addr", &format!("127.0.0.1:{agent_admin}")])
+        .args(["--node-name", node, "--admin-addr", &format!("127.0.0.1:{agent_admin}"), "--debug-addr", "127.0.0.1:0"])
         .arg("--kubelet-pods-dir")
         .arg(work.join("pods"))
         .arg("--state-dir")
