@@ -13,6 +13,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
 NS=aether-system
+NODE_NS=aether-node
 nodes=${AETHER_NODES:-2}
 
 # shellcheck source=scripts/demo-common.sh
@@ -39,16 +40,16 @@ kubectl get nodes -o wide | indent
 # in_node PID CMD...: CMD in that node's network and mount namespaces (its Envoy admin, its files).
 in_node() { local pid=$1; shift; nsenter -t "$pid" -n -m -- "$@"; }
 
-step "helm install aether-crds; helm install aether -n $NS --wait --wait-for-jobs"
+step "helm install aether-crds; helm install aether -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs (the README's install)"
 helm install aether-crds "$repo/charts/aether-crds" --wait | grep -E '^(NAME|STATUS)' | indent
-echo "  \$ kubectl create namespace $NS; kubectl label namespace $NS pod-security.kubernetes.io/enforce=privileged"
+echo "  \$ kubectl create namespace $NS    (the controller's; the chart makes $NODE_NS for the node pods, labelled privileged)"
 kubectl create namespace $NS | indent
-kubectl label namespace $NS pod-security.kubernetes.io/enforce=privileged | indent
-helm install aether "$repo/charts/aether" -n $NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
+helm install aether "$repo/charts/aether" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
   | grep -E '^(NAME|STATUS)' | indent
-kubectl rollout status -n $NS daemonset/aether-node --timeout=120s >/dev/null
-kubectl rollout status -n $NS daemonset/aether-proxy --timeout=120s >/dev/null
+kubectl rollout status -n $NODE_NS daemonset/aether-node --timeout=120s >/dev/null
+kubectl rollout status -n $NODE_NS daemonset/aether-proxy --timeout=120s >/dev/null
 kubectl get pods -n $NS -o wide | indent
+kubectl get pods -n $NODE_NS -o wide | indent
 
 # The two-node cluster enforces Pod Security "restricted" in namespaces without their own label
 # (tests/harness/controlplane.sh, AETHER_APISERVER_RESTRICTED), as a locked-down cluster does: the

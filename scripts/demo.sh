@@ -15,6 +15,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
 NS=aether-system
+NODE_NS=aether-node
 
 # shellcheck source=scripts/demo-common.sh
 . "$repo/scripts/demo-common.sh"
@@ -42,12 +43,11 @@ step "bringing up a real node (containerd, kubelet, controller-manager, schedule
 . "$work/env"
 kubectl get nodes -o wide | indent
 
-step "helm install aether-crds; helm install aether -n $NS --wait --wait-for-jobs (default values but the images)"
+step "helm install aether-crds; helm install aether -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs (the README's install; images built here)"
 helm install aether-crds "$repo/charts/aether-crds" --wait | grep -E '^(NAME|STATUS)' | indent
-echo "  \$ kubectl create namespace $NS; kubectl label namespace $NS pod-security.kubernetes.io/enforce=privileged"
+echo "  \$ kubectl create namespace $NS    (the controller's; the chart makes $NODE_NS for the node pods, labelled privileged)"
 kubectl create namespace $NS | indent
-kubectl label namespace $NS pod-security.kubernetes.io/enforce=privileged | indent
-helm install aether "$repo/charts/aether" -n $NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
+helm install aether "$repo/charts/aether" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
   | grep -E '^(NAME|STATUS)' | indent
 kubectl get pods -A -o wide | indent
 echo "  \$ helm test aether -n $NS    (aether-controller verify-install: webhook denial, admission, every agent's /readyz)"
@@ -170,4 +170,5 @@ kubectl delete pod web shop long client --wait=true >/dev/null
 ls -l /run/aether | indent
 helm uninstall aether -n $NS --wait | indent
 kubectl get all,secrets,leases -n $NS 2>&1 | indent
+echo "  namespace $NODE_NS: $(kubectl get namespace $NODE_NS -o name 2>&1)"
 echo "  /run/aether: $(ls -A /run/aether 2>/dev/null | wc -l) entries"

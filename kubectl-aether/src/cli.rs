@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// The chart's DaemonSet namespace in the documented install (`helm install -n aether-system`).
-pub const DEFAULT_AGENT_NAMESPACE: &str = "aether-system";
+pub const DEFAULT_AGENT_NAMESPACE: &str = "aether-node,aether-system";
 /// The labels every agent pod of the chart carries, whatever the release name
 /// (`charts/aether/templates/_helpers.tpl`, `aether.node.selector`, without the instance label).
 pub const DEFAULT_AGENT_SELECTOR: &str = "app.kubernetes.io/name=aether,app.kubernetes.io/component=node";
@@ -125,9 +125,12 @@ pub struct WhyArgs {
     /// The pod: `pod/NAME`, `pods/NAME` or `NAME`.
     #[arg(value_parser = parse_pod_ref)]
     pub pod: String,
-    /// Namespace of the agent DaemonSet (the chart's release namespace).
-    #[arg(long, default_value = DEFAULT_AGENT_NAMESPACE, env = "AETHER_AGENT_NAMESPACE")]
-    pub agent_namespace: String,
+    /// Namespaces to look for the agent pod in, in order, comma-separated: the chart's
+    /// daemonset.namespace (aether-node in the README's install), then its release namespace
+    /// (where the node side lives when daemonset.namespace is empty). The first with an agent pod
+    /// on the pod's node is used.
+    #[arg(long, default_value = DEFAULT_AGENT_NAMESPACE, value_delimiter = ',', env = "AETHER_AGENT_NAMESPACE")]
+    pub agent_namespace: Vec<String>,
     /// Label selector of the agent pods (the chart's node labels).
     #[arg(long, default_value = DEFAULT_AGENT_SELECTOR, env = "AETHER_AGENT_SELECTOR")]
     pub agent_selector: String,
@@ -208,7 +211,7 @@ mod tests {
             (cli.namespace.as_deref(), cli.output, cli.context.as_deref()),
             (Some("shop"), Output::Json, Some("kind"))
         );
-        assert_eq!(why.agent_namespace, DEFAULT_AGENT_NAMESPACE);
+        assert_eq!(why.agent_namespace, ["aether-node", "aether-system"]);
         assert_eq!(why.agent_selector, DEFAULT_AGENT_SELECTOR);
         assert_eq!((why.agent_debug_port, why.agent_timeout_seconds, why.offline), (9092, 5, false));
         let cli = parse(&["--kubeconfig", "/k", "why", "cart-1", "--agent-debug-port", "9999"]).unwrap();

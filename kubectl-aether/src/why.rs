@@ -96,30 +96,12 @@ async fn live(
     args: &WhyArgs,
     answer: &mut Answer,
 ) -> Result<Decision, NotReached> {
-    let agents: Api<Pod> = Api::namespaced(client.clone(), &args.agent_namespace);
-    let lp = ListParams::default().labels(&args.agent_selector).fields(&format!("spec.nodeName={node}"));
-    let found = agents.list(&lp).await.map_err(|e| {
-        format!(
-            "cannot list agent pods in namespace {} (selector {}): {}",
-            args.agent_namespace,
-            args.agent_selector,
-            api_error(&e)
-        )
-    })?;
-    let Some(agent) = found.items.iter().find(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_some()) else {
-        return Err(match found.items.len() {
-            0 => format!(
-                "no agent pod on node {node} in namespace {} with labels {} (is the chart installed there? see \
-                 --agent-namespace, --agent-selector)",
-                args.agent_namespace, args.agent_selector
-            ),
-            n => format!("{n} agent pod(s) on node {node}, but none has a pod IP yet"),
-        });
-    };
+    let (agents, agent) = find_agent(client, node, args).await?;
     let agent_name = agent.metadata.name.clone().unwrap_or_default();
     let port = args.agent_debug_port;
-    answer.agent = Some(AgentRef { namespace: args.agent_namespace.clone(), name: agent_name.clone(), port });
-    let via = format!("the port-forward to agent {}/{agent_name}:{port}", args.agent_namespace);
+    let agent_ns = agent.metadata.namespace.clone().unwrap_or_default();
+    answer.agent = Some(AgentRef { namespace: agent_ns.clone(), name: agent_name.clone(), port });
+    let via = format!("the port-forward to agent {agent_ns}/{agent_name}:{port}");
     let timeout = Duration::from_secs(args.agent_timeout_seconds);
     let (status, body) =
         match tokio::time::timeout(timeout, get_forwarded(&agents, &agent_name, port, namespace, name)).await {
@@ -133,6 +115,36 @@ async fn live(
         });
     }
     Err(agent_refusal(&via, status, &body))
+}
+
+/// The agent pod on `node`: the first of `--agent-namespace`'s namespaces, in order, with a pod
+/// matching `--agent-selector` there that has a pod IP. Returns the pods API of its namespace
+/// and the pod; else why none was found (every namespace's answer).
+async fn find_agent(client: &kube::Client, node: &str, args: &WhyArgs) -> Result<(Api<Pod>, Pod), NotReached> {
+    let lp = ListParams::default().labels(&args.agent_selector).fields(&format!("spec.nodeName={node}"));
+    let mut why_not = Vec::new();
+    for ns in &args.agent_namespace {
+        let agents: Api<Pod> = Api::namespaced(client.clone(), ns);
+        match agents.list(&lp).await {
+            Err(e) => why_not.push(format!("cannot list agent pods in namespace {ns}: {}", api_error(&e))),
+            Ok(found) => {
+                if let Some(agent) =
+                    found.items.iter().find(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_some())
+                {
+                    return Ok((agents, agent.clone()));
+                }
+                why_not.push(match found.items.len() {
+                    0 => format!("no agent pod on node {node} in namespace {ns}"),
+                    n => format!("{n} agent pod(s) on node {node} in namespace {ns}, but none has a pod IP yet"),
+                });
+            }
+        }
+    }
+    Err(format!(
+        "{} with labels {} (is the chart installed there? see --agent-namespace, --agent-selector)",
+        why_not.join("; "),
+        args.agent_selector
+    ))
 }
 
 /// How a port-forwarded request failed.

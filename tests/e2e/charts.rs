@@ -1530,14 +1530,62 @@ fn controller_network_policy_opens_only_the_webhook_and_admin_ports() {
     );
 }
 
-/// The README's Quickstart creates the release namespace with exactly the commands the real-node
-/// suites run (`release_namespace_commands`), so the path they prove is the one users follow.
+/// The README's Quickstart installs as the two-node suite does (on an API server that enforces
+/// Pod Security `restricted` by default): the release namespace made by `release_namespace_command`,
+/// the node side in `README_NODE_NAMESPACE`, which the chart creates labelled `privileged`.
 #[test]
-fn readme_creates_and_labels_the_release_namespace_as_the_suites_do() {
+fn readme_installs_the_node_side_in_its_own_namespace_as_the_two_node_suite_does() {
+    use aether_tests::node::{README_NODE_NAMESPACE, release_namespace_command};
     let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
-    for command in aether_tests::node::release_namespace_commands("aether-system") {
-        let line = format!("kubectl {}", command.join(" "));
-        assert!(readme.lines().any(|l| l.trim() == line), "README.md lacks the line `{line}`");
-    }
+    let create = format!("kubectl {}", release_namespace_command("aether-system").join(" "));
+    assert!(readme.lines().any(|l| l.trim() == create), "README.md lacks the line `{create}`");
+    let set = format!("--set daemonset.namespace={README_NODE_NAMESPACE}");
+    assert!(
+        readme.lines().any(|l| l.starts_with("helm install aether charts/aether -n aether-system") && l.contains(&set)),
+        "README.md's helm install lacks `{set}`"
+    );
     assert!(!readme.contains("--create-namespace"), "an unlabelled namespace fails on restricted clusters");
+}
+
+/// `daemonset.namespace`: every node-side object goes there, the chart renders that namespace
+/// labelled for Pod Security `privileged` (unless createNamespace=false), the controller stays in
+/// the release namespace, and the install check looks for the agents there with a Role there.
+#[test]
+fn the_node_side_can_live_in_its_own_privileged_namespace() {
+    let docs = render(&["daemonset.namespace=aether-node"]);
+    let ns_of = |kind: &str, name: &str| find(&docs, kind, name)["metadata"]["namespace"].as_str().unwrap().to_owned();
+    for (kind, name) in [
+        ("DaemonSet", "aether-node"),
+        ("DaemonSet", "aether-proxy"),
+        ("ServiceAccount", "aether-node"),
+        ("Role", "aether-node"),
+        ("RoleBinding", "aether-node"),
+        ("ConfigMap", "aether-node-envoy-bootstrap"),
+        ("ResourceQuota", "aether-node-critical-pods"),
+    ] {
+        assert_eq!(ns_of(kind, name), "aether-node", "{kind} {name}");
+    }
+    assert_eq!(ns_of("Deployment", "aether-controller"), NS);
+    let binding = find(&docs, "ClusterRoleBinding", "aether-node");
+    assert_eq!(binding["subjects"][0]["namespace"], "aether-node");
+    let ns = find(&docs, "Namespace", "aether-node");
+    assert_eq!(ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged");
+    let job = find(&docs, "Job", VERIFY);
+    assert_eq!(
+        flag(container(&job["spec"]["template"]["spec"], "verify-install"), "--agent-namespace").as_deref(),
+        Some("aether-node")
+    );
+    let objects = verify_objects(&docs);
+    let agents =
+        vec![rule("", "events", &["list"]), rule("", "pods", &["list"]), rule("apps", "daemonsets", &["list"])];
+    assert_eq!(role_rules(&objects[&key("Role", VERIFY, "aether-node")]), agents);
+    assert_eq!(
+        role_rules(&objects[&key("Role", VERIFY, NS)]),
+        vec![rule("config.aether.io", "endpointpolicies", &["create"])]
+    );
+    assert!(!has(&render(&["daemonset.namespace=aether-node", "daemonset.createNamespace=false"]), "Namespace"));
+    assert!(!has(&render(&[&format!("daemonset.namespace={NS}")]), "Namespace"), "the release namespace is Helm's");
+    assert!(!has(&render(&[]), "Namespace"));
+    let err = try_render(&["daemonset.namespace=Aether_Node"]).expect_err("not a DNS label");
+    assert!(err.contains("/daemonset/namespace"), "{err}");
 }

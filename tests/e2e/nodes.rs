@@ -23,14 +23,15 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use aether_tests::continuity::{self, Load, Report};
-use aether_tests::node::{aether_chart_args, release_namespace_commands};
+use aether_tests::node::{README_NODE_NAMESPACE, aether_chart_args, release_namespace_command};
 use aether_tests::nodes::{App, ClusterNode, Placement, RESTRICTED_CONTAINER, RESTRICTED_POD, RealNodes, app_yaml};
 use aether_tests::{Kubectl, eventually, repo_root};
 use anyhow::{Context, ensure};
 use serde_json::Value;
 
-/// Release namespace and name.
+/// Release namespace and name, and the node side's namespace (the README's install).
 const NS: &str = "aether-system";
+const NODE_NS: &str = README_NODE_NAMESPACE;
 const RELEASE: &str = "aether";
 /// Envoy's admin port, the agent's admin port and its debug port (chart defaults; 127.0.0.1,
 /// 0.0.0.0 and 127.0.0.1 of each node).
@@ -87,7 +88,10 @@ impl Env {
     }
 
     fn helm_aether(&self, verb: &str, extra: &[&str]) -> anyhow::Result<String> {
-        let args = aether_chart_args(verb, RELEASE, NS, extra)?;
+        // The README's install: the node side in its own namespace (kept on every upgrade).
+        let node_ns = format!("daemonset.namespace={NODE_NS}");
+        let sets: Vec<&str> = std::iter::once(node_ns.as_str()).chain(extra.iter().copied()).collect();
+        let args = aether_chart_args(verb, RELEASE, NS, &sets)?;
         self.nodes.helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
@@ -111,6 +115,17 @@ impl Env {
             )
         })?;
         Ok(pods)
+    }
+
+    /// Waits until a TCP connection from `node`'s network namespace to Service `name`'s ClusterIP
+    /// port 8080 opens: the pod is Ready, its EndpointSlice published and that node's kube-proxy has
+    /// programmed the Service (Ready alone races the last two).
+    fn wait_service_reachable(&self, name: &str, node: &str) -> anyhow::Result<()> {
+        let target: SocketAddr = format!("{}:8080", self.service_ip(name)?).parse()?;
+        let from = self.node(node);
+        eventually(&format!("Service {name} ({target}) reachable from {node}"), WAIT, || {
+            from.in_netns(move || Ok(std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)).is_ok()))
+        })
     }
 
     /// A client pod on `node` running `uds-echo --get <url>` (restartPolicy Never); waits until it
@@ -195,7 +210,7 @@ impl Env {
 
     /// The live agent pod (component node) on `node`.
     fn agent_on(&self, node: &str) -> anyhow::Result<Value> {
-        self.pods(NS, "app.kubernetes.io/component=node")?
+        self.pods(NODE_NS, "app.kubernetes.io/component=node")?
             .into_iter()
             .find(|p| node_name(p) == node && p["metadata"]["deletionTimestamp"].is_null())
             .with_context(|| format!("no agent pod on {node}"))
@@ -206,7 +221,7 @@ impl Env {
     /// template) makes it look again at once, so the wait measures the fix, not the backoff.
     fn agent_replaced_on(&self, node: &str, old: &str) -> anyhow::Result<()> {
         let nudge = format!("test.aether.io/nudge={}", chrono_now());
-        self.kube().ok(&["annotate", "daemonset", "-n", NS, "aether-node", &nudge, "--overwrite"])?;
+        self.kube().ok(&["annotate", "daemonset", "-n", NODE_NS, "aether-node", &nudge, "--overwrite"])?;
         eventually(&format!("a new Ready agent pod on {node}"), WAIT, || {
             let pod = self.agent_on(node);
             Ok(pod.is_ok_and(|p| pod_name(&p) != old && is_ready(&p)))
@@ -215,7 +230,7 @@ impl Env {
 
     /// The node pods (agent: component node; Envoy: component proxy) of the release.
     fn node_pods(&self) -> anyhow::Result<Vec<Value>> {
-        self.pods(NS, "app.kubernetes.io/component in (node,proxy)")
+        self.pods(NODE_NS, "app.kubernetes.io/component in (node,proxy)")
     }
 
     fn service_ip(&self, name: &str) -> anyhow::Result<String> {
@@ -229,7 +244,7 @@ impl Env {
     /// Waits until both node DaemonSets are rolled out on every node.
     fn node_daemonsets_rolled_out(&self) -> anyhow::Result<()> {
         for ds in ["daemonset/aether-node", "daemonset/aether-proxy"] {
-            self.kube().ok(&["rollout", "status", "-n", NS, ds, "--timeout=300s"])?;
+            self.kube().ok(&["rollout", "status", "-n", NODE_NS, ds, "--timeout=300s"])?;
         }
         eventually("every node pod Ready, one per DaemonSet per node", WAIT, || {
             let pods = self.node_pods()?;
@@ -301,7 +316,9 @@ fn two_nodes_run_every_node_daemonset_pod_ready(env: &Env) -> anyhow::Result<()>
             restarts(p)
         );
     }
-    println!("$ kubectl get pods -n {NS} -o wide\n{}", env.kube().ok(&["get", "pods", "-n", NS, "-o", "wide"])?);
+    for ns in [NS, NODE_NS] {
+        println!("$ kubectl get pods -n {ns} -o wide\n{}", env.kube().ok(&["get", "pods", "-n", ns, "-o", "wide"])?);
+    }
     Ok(())
 }
 
@@ -349,6 +366,19 @@ fn one_policy_reaches_pods_on_both_nodes_and_each_agent_serves_only_its_own(env:
             "{node}: agent /debug/pods {listed:?}; Envoy has app_default_{}_8080",
             own.first().map(|p| pod_name(p)).unwrap_or("?")
         );
+        // `kubectl aether why` with its defaults finds that node's agent in the README's node
+        // namespace and reads its decision through a port-forward (kubelet of that node).
+        let p = own.first().context("a spread pod on this node")?;
+        let out = std::process::Command::new(aether_tests::workspace_bin("kubectl-aether")?)
+            .arg("--kubeconfig")
+            .arg(env.nodes.kubeconfig())
+            .args(["why", &format!("pod/{}", pod_name(p)), "-n", "default", "-o", "json"])
+            .stdin(std::process::Stdio::null())
+            .output()?;
+        ensure!(out.status.success(), "kubectl aether why: {}", String::from_utf8_lossy(&out.stderr));
+        let why: Value = serde_json::from_slice(&out.stdout)?;
+        ensure!(why["live"] == true && why["agent"]["namespace"] == NODE_NS && why["node"] == node, "{why:#}");
+        ensure!(why["decision"]["delivery"] == "pipe" && why["decision"]["policy"] == "spread-uds", "{why:#}");
     }
     Ok(())
 }
@@ -360,6 +390,7 @@ fn a_client_on_each_node_calls_a_uds_only_service_on_the_other_by_name(env: &Env
         let server = env.wait_app_ready(service, 1)?.remove(0);
         let (server_pod, server_node) = (pod_name(&server).to_owned(), node_name(&server).to_owned());
         ensure!(server_node != client_node, "the server of {service} runs on {server_node}, the client's node");
+        env.wait_service_reachable(service, client_node)?;
         let stat = format!("tcp.inbound_default_{server_pod}_8080.downstream_cx_total");
         let before = env.counter(&server_node, &stat)?;
         let url = format!("http://{service}.default.svc.cluster.local:8080/cross");
@@ -431,7 +462,8 @@ fn a_rolling_upgrade_of_every_node_daemonset_fails_no_request(env: &Env) -> anyh
             println!("  request {i} at +{:.3} s: {:?}", o.at.as_secs_f64(), o.failure);
         }
     }
-    continuity::check_planned(&[("the roll of both node DaemonSets", r)])?;
+    // A lone Reset counts with the lone timeouts here (continuity::check_planned_with says why).
+    continuity::check_planned_with(&[("the roll of both node DaemonSets", r)], &[continuity::Failure::Reset])?;
     // A handed-over Envoy keeps its connections for its drain time (15 s here): the roll starts at
     // +2 s, so a keep-alive connection may end from +17 s on, never before.
     ensure!(
@@ -465,7 +497,7 @@ fn an_agent_restarted_while_its_node_cannot_reach_the_api_server_keeps_serving(e
     let web1: SocketAddr = format!("{}:8080", env.service_ip("web-1")?).parse()?;
     let web2: SocketAddr = format!("{}:8080", env.service_ip("web-2")?).parse()?;
     let agent = env
-        .pods(NS, "app.kubernetes.io/component=node")?
+        .pods(NODE_NS, "app.kubernetes.io/component=node")?
         .into_iter()
         .find(|p| node_name(p) == NODE1)
         .context("node 1's agent pod")?;
@@ -571,20 +603,28 @@ fn chrono_now() -> String {
 
 /// The cluster enforces Pod Security `restricted` by default and limits the critical priority
 /// classes to namespaces with a quota scoped to them (controlplane.sh's
-/// `AETHER_APISERVER_RESTRICTED`, as GKE): the node pods run at system-node-critical in the
-/// namespace the README's commands made (only its label lets them run), counted by the chart's
-/// quota. Taking either away, the DaemonSet cannot replace an agent pod, and `helm test` (the
-/// install check) names the cause from its FailedCreate Event; restoring it brings the pod back.
+/// `AETHER_APISERVER_RESTRICTED`, as GKE): installed as the README says, the controller runs in the
+/// release namespace under `restricted` (no label there), the node pods at system-node-critical
+/// in the chart's own namespace, labelled `privileged` (only that label lets them run), counted
+/// by the chart's quota. Taking either away, the DaemonSet cannot replace an agent pod, and `helm
+/// test` (the install check) names the cause from its FailedCreate Event; restoring it brings the
+/// pod back.
 fn node_pods_need_the_privileged_label_and_the_charts_quota_and_the_install_check_names_what_is_missing(
     env: &Env,
 ) -> anyhow::Result<()> {
-    let labels = env.kube().ok(&["get", "namespace", NS, "-o", "jsonpath={.metadata.labels}"])?;
-    let labels: Value = serde_json::from_str(&labels)?;
-    ensure!(labels["pod-security.kubernetes.io/enforce"] == "privileged", "namespace {NS} labels: {labels}");
+    let labels = |ns: &str| -> anyhow::Result<Value> {
+        let out = env.kube().ok(&["get", "namespace", ns, "-o", "jsonpath={.metadata.labels}"])?;
+        Ok(serde_json::from_str(&out)?)
+    };
+    let (release, node) = (labels(NS)?, labels(NODE_NS)?);
+    ensure!(release.get("pod-security.kubernetes.io/enforce").is_none(), "{NS} keeps the default: {release}");
+    ensure!(node["pod-security.kubernetes.io/enforce"] == "privileged", "namespace {NODE_NS} labels: {node}");
+    let controllers = env.pods(NS, "app.kubernetes.io/component=controller")?;
+    ensure!(controllers.len() == 2 && controllers.iter().all(is_ready), "2 controller replicas Ready under restricted");
     for pod in env.node_pods()? {
         ensure!(pod["spec"]["priorityClassName"] == "system-node-critical", "{}: {}", pod_name(&pod), pod["spec"]);
     }
-    let used = env.kube().ok(&["get", "resourcequota", "-n", NS, QUOTA, "-o", "jsonpath={.status.used.pods}"])?;
+    let used = env.kube().ok(&["get", "resourcequota", "-n", NODE_NS, QUOTA, "-o", "jsonpath={.status.used.pods}"])?;
     ensure!(used.trim() == "4", "quota {QUOTA} counts the 4 node pods: used {used:?}");
     // The level is enforced: a host-network pod outside a labelled namespace is refused.
     let refused = env.kube().run(&[
@@ -605,13 +645,13 @@ fn node_pods_need_the_privileged_label_and_the_charts_quota_and_the_install_chec
 
     let label = "pod-security.kubernetes.io/enforce";
     let without_label = refused_replacement_is_named(env, "violates PodSecurity", || {
-        env.kube().ok(&["label", "namespace", NS, &format!("{label}-")]).map(drop)
+        env.kube().ok(&["label", "namespace", NODE_NS, &format!("{label}-")]).map(drop)
     })?;
-    env.kube().ok(&["label", "namespace", NS, &format!("{label}=privileged")])?;
+    env.kube().ok(&["label", "namespace", NODE_NS, &format!("{label}=privileged")])?;
     env.agent_replaced_on(NODE1, &without_label)?;
 
     let without_quota = refused_replacement_is_named(env, "insufficient quota to match these scopes", || {
-        env.kube().ok(&["delete", "resourcequota", "-n", NS, QUOTA]).map(drop)
+        env.kube().ok(&["delete", "resourcequota", "-n", NODE_NS, QUOTA]).map(drop)
     })?;
     // helm upgrade puts the chart's quota back (and its startup check passes once the pod is back).
     env.helm_aether("upgrade", &[])?;
@@ -633,13 +673,13 @@ fn refused_replacement_is_named(
     take_away()?;
     let old = env.agent_on(NODE1)?;
     let old = pod_name(&old).to_owned();
-    env.kube().ok(&["delete", "pod", "-n", NS, &old, "--wait=true", "--timeout=60s"])?;
+    env.kube().ok(&["delete", "pod", "-n", NODE_NS, &old, "--wait=true", "--timeout=60s"])?;
     eventually(&format!("a FailedCreate Event of DaemonSet aether-node naming {cause:?}"), WAIT, || {
         let events = env.kube().ok(&[
             "get",
             "events",
             "-n",
-            NS,
+            NODE_NS,
             "--field-selector",
             "involvedObject.name=aether-node,reason=FailedCreate",
             "-o",
@@ -660,9 +700,12 @@ fn refused_replacement_is_named(
 
 /// `controller.hostNetwork=true` with webhook port 10260: the controller replicas run on the
 /// nodes' network (one per node), kube-apiserver calls the webhook at a node IP, and it denies an
-/// over-budget policy. Then back to the default (pod network, 10250).
+/// over-budget policy. A host-network pod meets only the Pod Security `privileged` level, so, as
+/// docs/install.md says, the release namespace is labelled so first. Then back to the default (pod
+/// network, 10250, the label removed).
 fn the_webhook_answers_from_the_host_network_on_a_port_that_is_not_the_kubelets(env: &Env) -> anyhow::Result<()> {
     let host = ["controller.hostNetwork=true", "controller.webhookPort=10260"];
+    env.kube().ok(&["label", "namespace", NS, "pod-security.kubernetes.io/enforce=privileged"])?;
     env.helm_aether("upgrade", &host)?;
     let result = (|| -> anyhow::Result<()> {
         let pods = env.pods(NS, "app.kubernetes.io/component=controller")?;
@@ -691,6 +734,7 @@ fn the_webhook_answers_from_the_host_network_on_a_port_that_is_not_the_kubelets(
         Ok(())
     })();
     env.helm_aether("upgrade", &[])?;
+    env.kube().ok(&["label", "namespace", NS, "pod-security.kubernetes.io/enforce-"])?;
     result
 }
 
@@ -723,9 +767,8 @@ fn setup() -> anyhow::Result<Env> {
     let env = Env { nodes: RealNodes::up(2)? };
     let crds = repo_root().join("charts/aether-crds");
     env.nodes.helm(&["install", "aether-crds", crds.to_str().context("path")?, "--wait"])?;
-    for command in release_namespace_commands(NS) {
-        env.kube().ok(&command)?;
-    }
+    // The README's install: only the release namespace by hand; the chart makes NODE_NS.
+    env.kube().ok(&release_namespace_command(NS))?;
     env.helm_aether("install", &[]).map_err(|e| anyhow::anyhow!("{e:#}{}", context(&env)))?;
     env.node_daemonsets_rolled_out().map_err(|e| anyhow::anyhow!("{e:#}{}", context(&env)))?;
     Ok(env)
@@ -744,7 +787,7 @@ fn context(env: &Env) -> String {
         text(&[
             "logs",
             "-n",
-            NS,
+            NODE_NS,
             "-l",
             "app.kubernetes.io/component in (node,proxy)",
             "--all-containers",

@@ -33,30 +33,31 @@ pub const CHART_IMAGE_SETS: &[&str] = &[
     "images.proxy.pullPolicy=Never",
 ];
 
+/// The README's command that creates the release namespace before `helm install` (kubectl
+/// arguments). The release namespace keeps the cluster's Pod Security level (the controller meets
+/// `restricted`); the node side goes to [`README_NODE_NAMESPACE`], which the chart creates and
+/// labels. `e2e_charts` checks that the README's Quickstart shows exactly this.
+pub fn release_namespace_command(namespace: &str) -> Vec<String> {
+    vec!["create".into(), "namespace".into(), namespace.into()]
+}
+
+/// The node side's namespace in the README's install (`--set daemonset.namespace=<it>`).
+pub const README_NODE_NAMESPACE: &str = "aether-node";
+
+/// docs/install.md's alternative, one namespace for everything: label the release namespace for
+/// the Pod Security level the node pods need (host network, hostPath, privileged containers: only
+/// `privileged`). kubectl arguments.
+pub fn privileged_label_command(namespace: &str) -> Vec<String> {
+    vec!["label".into(), "namespace".into(), namespace.into(), "pod-security.kubernetes.io/enforce=privileged".into()]
+}
+
 /// The arguments of `helm install|upgrade RELEASE charts/aether -n NAMESPACE` with
 /// [`CHART_IMAGE_SETS`] plus `extra` `--set` flags, waiting (300 s at most) for every workload and
-/// hook Job; `install` creates the namespace, `upgrade` resets the values to the chart's.
+/// hook Job; `upgrade` resets the values to the chart's. The namespace must exist (see
+/// [`release_namespace_command`]).
 ///
 /// # Errors
 /// When the repository path is not UTF-8.
-/// The README's commands that create the release namespace before `helm install` (kubectl
-/// arguments, one command per element): create it, and label it for the Pod Security level the
-/// node pods need (host network, hostPath, privileged containers: only `privileged`). The
-/// suites run exactly these, and `e2e_charts` checks that the README's Quickstart shows them.
-pub fn release_namespace_commands(namespace: &str) -> [Vec<String>; 2] {
-    [
-        vec!["create".into(), "namespace".into(), namespace.into()],
-        vec![
-            "label".into(),
-            "namespace".into(),
-            namespace.into(),
-            "pod-security.kubernetes.io/enforce=privileged".into(),
-        ],
-    ]
-}
-
-/// `helm install|upgrade` arguments for charts/aether (the release namespace must exist: see
-/// [`release_namespace_commands`]).
 pub fn aether_chart_args(verb: &str, release: &str, namespace: &str, extra: &[&str]) -> anyhow::Result<Vec<String>> {
     let chart = repo_root().join("charts/aether");
     let chart = chart.to_str().context("chart path is not UTF-8")?;

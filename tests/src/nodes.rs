@@ -150,6 +150,11 @@ impl RealNodes {
         &self.dir
     }
 
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
     /// kubectl with the admin kubeconfig.
     pub fn kube(&self) -> Kubectl {
         Kubectl::new(&self.kubeconfig)

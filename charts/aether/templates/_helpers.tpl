@@ -44,6 +44,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: proxy
 {{- end -}}
 
+{{/*
+The namespace of the node side (both DaemonSets, their ServiceAccount and Roles, the Envoy
+bootstrap ConfigMap, the PodMonitor and the priority quota): daemonset.namespace, default the
+release namespace.
+*/}}
+{{- define "aether.node.namespace" -}}
+{{- .Values.daemonset.namespace | default .Release.Namespace -}}
+{{- end -}}
+
 {{- define "aether.controller.fullname" -}}{{ include "aether.fullname" . }}-controller{{- end -}}
 {{- define "aether.node.fullname" -}}{{ include "aether.fullname" . }}-node{{- end -}}
 {{- define "aether.proxy.fullname" -}}{{ include "aether.fullname" . }}-proxy{{- end -}}

@@ -82,7 +82,7 @@ containers:
       - --log-format={{ $v.logFormat }}
       - --log-level={{ $v.logLevel }}
       - --namespace={{ include "aether.verify.namespace" .root }}
-      - --agent-namespace={{ .root.Release.Namespace }}
+      - --agent-namespace={{ include "aether.node.namespace" .root }}
       - --agent-selector=app.kubernetes.io/name={{ include "aether.name" .root }},app.kubernetes.io/instance={{ .root.Release.Name }},app.kubernetes.io/component=node
       - --daemonset-selector=app.kubernetes.io/name={{ include "aether.name" .root }},app.kubernetes.io/instance={{ .root.Release.Name }}
       - --agent-admin-port={{ $v.agent.adminPort }}

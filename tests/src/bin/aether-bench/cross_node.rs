@@ -11,7 +11,7 @@
 
 use std::process::{Command, Stdio};
 
-use aether_tests::node::{aether_chart_args, release_namespace_commands};
+use aether_tests::node::{README_NODE_NAMESPACE, aether_chart_args, release_namespace_command};
 use aether_tests::nodes::{App, ClusterNode, Placement, RealNodes, app_yaml};
 use aether_tests::{eventually, repo_root};
 use anyhow::{Context, ensure};
@@ -34,10 +34,9 @@ pub fn section(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
     let crds = repo_root().join("charts/aether-crds");
     nodes.helm(&["install", "aether-crds", crds.to_str().context("path")?, "--wait"])?;
     let kube = nodes.kube();
-    for command in release_namespace_commands("aether-system") {
-        kube.ok(&command)?;
-    }
-    let args = aether_chart_args("install", "aether", "aether-system", &[])?;
+    kube.ok(&release_namespace_command("aether-system"))?;
+    let node_ns = format!("daemonset.namespace={README_NODE_NAMESPACE}");
+    let args = aether_chart_args("install", "aether", "aether-system", &[&node_ns])?;
     nodes.helm(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
     kube.apply(&app_yaml("uds", 1, Placement::On(SERVER_NODE), App::Uds))?;
     kube.apply(&app_yaml("tcp", 1, Placement::On(SERVER_NODE), App::Tcp))?;
