@@ -660,14 +660,14 @@ fn kubectl_aether_why_reads_the_node_agents_live_decision(env: &Env) -> anyhow::
         "default",
         env.node.dir(),
     )?;
-    env.kube().apply(&format!(
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: why-viewer}}\n\
-         rules: [{{apiGroups: [''], resources: [pods], verbs: [get, list]}}, \
-         {{apiGroups: [config.aether.io], resources: [endpointpolicies], verbs: [list]}}]\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: why-viewer}}\n\
-         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: why-viewer}}\n\
-         subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: why-viewer}}]\n"
-    ))?;
+    env.kube().apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: why-viewer}\n\
+         rules: [{apiGroups: [''], resources: [pods], verbs: [get, list]}, \
+         {apiGroups: [config.aether.io], resources: [endpointpolicies], verbs: [list]}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: why-viewer}\n\
+         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: why-viewer}\n\
+         subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: why-viewer}]\n",
+    )?;
     let as_viewer = || -> anyhow::Result<Value> {
         let out = std::process::Command::new(aether_tests::workspace_bin("kubectl-aether")?)
             .args(["--kubeconfig", viewer.to_str().context("path")?, "--context", "viewer"])
