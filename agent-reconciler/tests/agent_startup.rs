@@ -33,6 +33,8 @@ fn a_pods_dir_without_budget_is_reported_at_start_up_and_the_agent_still_serves(
         .arg("--health-socket")
         .arg(dir.path().join("health.sock"))
         .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+        // Any free loopback port: the tests of this file run in parallel (the default is 9092).
+        .args(["--debug-addr", "127.0.0.1:0"])
         .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
         .env_remove("KUBERNETES_SERVICE_HOST")
         .stdin(Stdio::null())
@@ -61,6 +63,7 @@ fn a_bad_xds_address_fails_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(assert_cmd::cargo::cargo_bin!("aether-agent"))
         .args(["run", "--node-name", "n1", "--xds-address", "tcp:nonsense", "--admin-addr", "127.0.0.1:0"])
+        .args(["--debug-addr", "127.0.0.1:0"])
         .arg("--state-dir")
         .arg(dir.path().join("state"))
         .env("KUBECONFIG", dir.path().join("none"))

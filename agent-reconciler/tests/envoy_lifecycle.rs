@@ -105,6 +105,8 @@ impl Agent {
             .arg("--health-socket")
             .arg(dir.join("health.sock"))
             .args(["--admin-addr", &format!("127.0.0.1:{admin}"), "--xds-debounce-ms", "0"])
+            // Any free loopback port: tests run in parallel (the default is 127.0.0.1:9092).
+            .args(["--debug-addr", "127.0.0.1:0"])
             .args(extra)
             .env("KUBECONFIG", dir.join("no-such-kubeconfig"))
             .env("RUST_LOG", "info")

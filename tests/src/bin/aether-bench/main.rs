@@ -756,7 +756,9 @@ fn section_convergence(
     let agent_admin = free_port();
     let mut cmd = Command::new(workspace_bin("aether-agent")?);
     cmd.arg("run")
-        .args(["--node-name", NODE, "--admin-addr", &format!("127.0.0.1:{agent_admin}"), "--debug-addr", "127.0.0.1:0"])
+        .args(["--node-name", NODE, "--admin-addr", &format!("127.0.0.1:{agent_admin}")])
+        // Any free loopback debug port, by env: an earlier release under comparison has no such flag.
+        .env("AETHER_DEBUG_ADDR", "127.0.0.1:0")
         .args(["--xds-debounce-ms", &DEBOUNCE_MS.to_string()])
         .arg("--kubelet-pods-dir")
         .arg(&pods)

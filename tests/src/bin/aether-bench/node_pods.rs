@@ -107,7 +107,9 @@ pub(crate) fn start_agent(cp: &ControlPlane, dir: &Path, node: &str, extra: &[St
     };
     let mut cmd = Command::new(bin);
     cmd.arg("run")
-        .args(["--node-name", node, "--admin-addr", &format!("127.0.0.1:{admin}"), "--debug-addr", "127.0.0.1:0"])
+        .args(["--node-name", node, "--admin-addr", &format!("127.0.0.1:{admin}")])
+        // Any free loopback debug port, by env: an earlier release under comparison has no such flag.
+        .env("AETHER_DEBUG_ADDR", "127.0.0.1:0")
         .arg("--kubelet-pods-dir")
         .arg(pods_dir(dir))
         .arg("--state-dir")

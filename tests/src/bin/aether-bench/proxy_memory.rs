@@ -185,15 +185,9 @@ fn measure(agent: &Path, concurrency: usize, clusters: usize) -> anyhow::Result<
     let admin = free_port();
     let mut cmd = Command::new(agent);
     cmd.arg("run")
-        .args([
-            "--node-name",
-            NODE,
-            "--admin-addr",
-            &format!("127.0.0.1:{admin}"),
-            "--cri-endpoint=",
-            "--debug-addr",
-            "127.0.0.1:0",
-        ])
+        .args(["--node-name", NODE, "--admin-addr", &format!("127.0.0.1:{admin}"), "--cri-endpoint="])
+        // Any free loopback debug port, by env: an earlier release under comparison has no such flag.
+        .env("AETHER_DEBUG_ADDR", "127.0.0.1:0")
         .args(["--max-clusters", &clusters.max(2).to_string()])
         .arg("--kubelet-pods-dir")
         .arg(&pods)

@@ -93,7 +93,9 @@ pub(crate) fn start_agent(
     let agent_admin = free_port();
     let mut cmd = Command::new(agent_bin);
     cmd.arg("run")
-        .args(["--node-name", node, "--admin-addr", &format!("127.0.0.1:{agent_admin}"), "--debug-addr", "127.0.0.1:0"])
+        .args(["--node-name", node, "--admin-addr", &format!("127.0.0.1:{agent_admin}")])
+        // Any free loopback debug port, by env: an earlier release under comparison has no such flag.
+        .env("AETHER_DEBUG_ADDR", "127.0.0.1:0")
         .arg("--kubelet-pods-dir")
         .arg(work.join("pods"))
         .arg("--state-dir")
