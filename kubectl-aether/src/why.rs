@@ -8,11 +8,12 @@
 //!    [`Api::portforward`]; the container runtime dials `localhost:<port>` in the pod's network
 //!    namespace, the node's for the host-network agent pod) and send
 //!    `GET /debug/pods/<ns>/<name>` over it (HTTP/1.1, hyper). The debug port binds loopback only,
-//!    so a port-forward, which the API server authorizes per user (`get` and `create` on `pods/portforward`), is
-//!    the only way in: the pod proxy would drop the caller's identity before the agent.
-//! 4. Any failure of 2–3 (no agent pod there, RBAC forbids `list pods` or `create
-//!    pods/portforward`, a refused port, a time-out, the agent not knowing the pod) becomes the offline answer's
-//!    reason; the offline decision comes from the agent's own core (records, index, fold:
+//!    so a port-forward, which the API server authorizes per user (`get` and `create` on
+//!    `pods/portforward`), is the only way in: the pod proxy would drop the caller's identity
+//!    before the agent.
+//! 4. Any failure of 2–3 (no agent pod there, RBAC forbids `list pods` or `get`/`create` on
+//!    `pods/portforward`, a refused port, a time-out, the agent not knowing the pod) becomes the
+//!    offline answer's reason; the offline decision comes from the agent's own core (records, index, fold:
 //!    [`aether_agent_core`], as `aether-agent plan` uses it), without the node's facts.
 
 use std::time::Duration;
