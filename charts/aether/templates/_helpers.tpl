@@ -175,3 +175,12 @@ tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{- /*
+The project's documentation at this chart's release: "<home>/blob/v<appVersion>", so a link in
+NOTES or an annotation (a runbook URL) works from a packaged chart, where no repository file is
+next to it. Usage: {{ include "aether.docsURL" . }}/docs/install.md
+*/}}
+{{- define "aether.docsURL" -}}
+https://github.com/aether-mesh/aether/blob/v{{ .Chart.AppVersion }}
+{{- end -}}
