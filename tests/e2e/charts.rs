@@ -501,15 +501,19 @@ fn rendered_objects_follow_the_values_matrix() {
 /// ephemeral) and passes the DaemonSet's Envoy flags.
 #[test]
 fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
-    use aether_fixtures::envoy::{CHART_XDS_SOCKET, ChartBootstrap, chart_flags};
-    let cases: [(&[&str], u16, u16); 2] =
-        [(&[], 9901, 9902), (&["proxy.adminPort=19901", "proxy.readinessPort=19902"], 19901, 19902)];
-    for (sets, admin_port, readiness_port) in cases {
+    use aether_fixtures::envoy::{CHART_STATS_PORT, CHART_XDS_SOCKET, ChartBootstrap, chart_flags};
+    let cases: [(&[&str], u16, u16, Option<u16>); 3] = [
+        (&[], 9901, 9902, Some(CHART_STATS_PORT)),
+        (&["proxy.adminPort=19901", "proxy.readinessPort=19902", "proxy.stats.port=19090"], 19901, 19902, Some(19090)),
+        (&["proxy.stats.port=0"], 9901, 9902, None),
+    ];
+    for (sets, admin_port, readiness_port, stats_port) in cases {
         let docs = render(sets);
         let text =
             find(&docs, "ConfigMap", "aether-node-envoy-bootstrap")["data"]["envoy.yaml"].as_str().expect("envoy.yaml");
         let chart: Value = yaml_serde::from_str(text).expect("the bootstrap is YAML");
-        let ours = ChartBootstrap { xds_socket: CHART_XDS_SOCKET.to_owned(), admin_port, readiness_port }.render();
+        let ours =
+            ChartBootstrap { xds_socket: CHART_XDS_SOCKET.to_owned(), admin_port, readiness_port, stats_port }.render();
         assert_eq!(
             chart, ours,
             "{sets:?}: the chart's bootstrap changed; change aether_fixtures::envoy::ChartBootstrap::render with it"
@@ -532,7 +536,8 @@ fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
         assert_eq!(rest, chart_flags("$(NODE_NAME)"), "{sets:?}: the chart's Envoy args {chart_args:?}");
     }
     let launcher = aether_fixtures::Envoy::builder("/tmp/t/xds.sock", "node-a", "/tmp/t");
-    let overridden = ChartBootstrap { xds_socket: "/tmp/t/xds.sock".to_owned(), admin_port: 0, readiness_port: 0 };
+    let overridden =
+        ChartBootstrap { xds_socket: "/tmp/t/xds.sock".to_owned(), admin_port: 0, readiness_port: 0, stats_port: None };
     assert_eq!(launcher.bootstrap(), overridden.render());
     let launcher_args = launcher.args().join(" ");
     assert!(launcher_args.contains(&chart_flags("node-a").join(" ")), "{launcher_args}");
@@ -833,6 +838,36 @@ fn monitors_are_rendered_only_when_enabled_and_scrape_the_admin_ports() {
     assert!(ep.get("scrapeTimeout").is_none(), "an empty value leaves Prometheus's default: {ep}");
     let agent = container(&ds["spec"]["template"]["spec"], "aether-agent");
     assert_eq!(named_port_and_admin_flag(agent, ep["port"].as_str().expect("a named port")), (9292, 9292));
+
+    // The node Envoy's stats: the proxy pods declare no ports, so the endpoint names none and
+    // its relabelings keep the envoy container and address it at <pod IP>:<proxy.stats.port>.
+    let pm = find(&on, "PodMonitor", "aether-proxy");
+    let ds = find(&on, "DaemonSet", "aether-proxy");
+    for (k, v) in pm["spec"]["selector"]["matchLabels"].as_object().expect("matchLabels") {
+        assert_eq!(&ds["spec"]["template"]["metadata"]["labels"][k], v, "the proxy pods lack the label {k}");
+    }
+    let ep = &pm["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(ep["path"], "/stats/prometheus");
+    assert!(ep.get("port").is_none() && ep.get("portNumber").is_none(), "{ep}");
+    let relabel = ep["relabelings"].as_array().expect("relabelings");
+    assert_eq!(relabel[0]["regex"], "envoy;false");
+    assert!(container(&ds["spec"]["template"]["spec"], "envoy")["name"] == "envoy");
+    assert_eq!(relabel[1]["replacement"], "${1}:15090");
+    let moved = render(&["metrics.podMonitor.enabled=true", "proxy.stats.port=19090"]);
+    assert_eq!(
+        find(&moved, "PodMonitor", "aether-proxy")["spec"]["podMetricsEndpoints"][0]["relabelings"][2]["replacement"],
+        "[${1}]:19090"
+    );
+    let off = render(&["metrics.podMonitor.enabled=true", "proxy.stats.port=0"]);
+    assert!(
+        has(&off, "PodMonitor")
+            && off.iter().all(|d| d["metadata"]["name"] != "aether-proxy" || d["kind"] != "PodMonitor"),
+        "no stats listener, no proxy PodMonitor"
+    );
+    match try_render(&["proxy.stats.port=70000"]) {
+        Ok(_) => panic!("proxy.stats.port=70000 rendered"),
+        Err(e) => assert!(e.contains("stats"), "{e}"),
+    }
 
     match try_render(&["metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.interval=soon"]) {
         Ok(_) => panic!("interval=soon rendered; the schema should refuse it"),
@@ -1588,4 +1623,31 @@ fn the_node_side_can_live_in_its_own_privileged_namespace() {
     assert!(!has(&render(&[]), "Namespace"));
     let err = try_render(&["daemonset.namespace=Aether_Node"]).expect_err("not a DNS label");
     assert!(err.contains("/daemonset/namespace"), "{err}");
+}
+
+/// `metrics.dashboard`: the Grafana dashboard ConfigMap is rendered only when enabled, in the
+/// namespace asked for (the release's by default), with the sidecar's label; its one file is the
+/// dashboard JSON, whose every panel query reads the Prometheus data source variable.
+#[test]
+fn the_dashboard_configmap_carries_the_dashboard_for_grafanas_sidecar() {
+    assert!(!render(&[]).iter().any(|d| d["metadata"]["name"] == "aether-dashboard"), "off by default");
+    let on = render(&["metrics.dashboard.enabled=true"]);
+    let cm = find(&on, "ConfigMap", "aether-dashboard");
+    assert_eq!(cm["metadata"]["namespace"], NS);
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let dash: Value = serde_json::from_str(cm["data"]["aether.json"].as_str().expect("aether.json")).expect("JSON");
+    assert_eq!(dash["uid"], "aether-overview");
+    let targets: Vec<&Value> = dash["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .collect();
+    assert!(targets.len() >= 10, "{} queries", targets.len());
+    for t in targets {
+        assert_eq!(t["datasource"]["uid"], "${datasource}", "{t}");
+        assert!(!t["expr"].as_str().unwrap_or_default().is_empty(), "{t}");
+    }
+    let moved = render(&["metrics.dashboard.enabled=true", "metrics.dashboard.namespace=monitoring"]);
+    assert_eq!(find(&moved, "ConfigMap", "aether-dashboard")["metadata"]["namespace"], "monitoring");
 }

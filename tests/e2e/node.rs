@@ -39,6 +39,8 @@ const HEALTH_SOCKET: &str = "/run/aether/health.sock";
 const ENVOY_ADMIN: u16 = 9901;
 /// The agent's admin port (`agent.adminPort`), on the host network.
 const AGENT_ADMIN: u16 = 9091;
+/// The node Envoy's stats listener (`proxy.stats.port`), on the host network.
+const STATS_PORT: u16 = 15090;
 const WAIT: Duration = Duration::from_secs(90);
 /// The chart's default `agent.pinning.hostPath`: Envoy dials `<PINS>/<pod uid>.sock`.
 const PINS: &str = "/run/aether-pins";
@@ -1457,6 +1459,191 @@ fn deleted_pod_clusters_are_withdrawn(env: &Env) -> anyhow::Result<()> {
 /// Every other command line and path the chart can give a container, run on the node: a short
 /// pods-dir mount path (both binaries' --kubelet-pods-dir), a host state dir, a CNI records dir,
 /// plain logs; then UDS delivery disabled; then back to the defaults. Each is a `helm upgrade`.
+/// The chart's observability, on the real node: with `metrics.*` on, its PodMonitors,
+/// ServiceMonitor, PrometheusRule and dashboard ConfigMap pass the API server's validation
+/// against the Prometheus Operator's CRDs (tests/vendor/prometheus-operator; an object off the
+/// schema is refused); a real Prometheus, configured as the operator would configure it from the
+/// monitors the API server stored (`aether_tests::prometheus`, the operator does not run here),
+/// scrapes the agent, the controller and the node Envoy's stats listener (all targets up, and
+/// the listener serves nothing but `/stats/prometheus`); it loads the chart's rules, none fails
+/// to evaluate and none fires on this healthy node; every metric a rule reads and every query of
+/// every dashboard panel returns series; and requests to pod web count in Envoy's stats.
+fn prometheus_scrapes_the_node_and_every_rule_and_panel_has_series(env: &Env) -> anyhow::Result<()> {
+    use aether_tests::prometheus::{Prometheus, metric_names, scrape_configs};
+    let kube = env.kube();
+    let vendor = repo_root().join("tests/vendor/prometheus-operator");
+    for crd in ["podmonitors", "servicemonitors", "prometheusrules"] {
+        let file = vendor.join(format!("{crd}.yaml"));
+        kube.ok(&["apply", "--server-side", "-f", file.to_str().context("path")?])?;
+        kube.ok(&[
+            "wait",
+            "--for=condition=Established",
+            &format!("crd/{crd}.monitoring.coreos.com"),
+            "--timeout=60s",
+        ])?;
+    }
+    // The schemas are enforced: a PodMonitor endpoint with a port number out of range is refused.
+    let bad = "apiVersion: monitoring.coreos.com/v1\nkind: PodMonitor\nmetadata: {name: bad, namespace: default}\nspec:\n  selector: {matchLabels: {a: b}}\n  podMetricsEndpoints: [{portNumber: 70000}]\n";
+    let file = env.node.dir().join("bad-podmonitor.yaml");
+    std::fs::write(&file, bad)?;
+    let out = kube.run(&["apply", "--dry-run=server", "-f", file.to_str().context("path")?])?;
+    ensure!(!out.status.success(), "the operator's schema let portNumber 70000 through");
+    println!("schema check: {}", String::from_utf8_lossy(&out.stderr).trim());
+
+    let on = [
+        "metrics.podMonitor.enabled=true",
+        "metrics.podMonitor.interval=5s",
+        "metrics.podMonitor.scrapeTimeout=5s",
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.interval=5s",
+        "metrics.serviceMonitor.scrapeTimeout=5s",
+        "metrics.prometheusRule.enabled=true",
+        "metrics.dashboard.enabled=true",
+    ];
+    env.helm_aether("upgrade", &on)?;
+    check_release_settled(env)?;
+    let stored = |kind: &str| -> anyhow::Result<Vec<Value>> {
+        let v: Value = serde_json::from_str(&kube.ok(&["get", kind, "-n", NS, "-o", "json"])?)?;
+        Ok(v["items"].as_array().cloned().unwrap_or_default())
+    };
+    let mut monitors = stored("podmonitors.monitoring.coreos.com")?;
+    monitors.extend(stored("servicemonitors.monitoring.coreos.com")?);
+    let rules = stored("prometheusrules.monitoring.coreos.com")?;
+    let dashboards = stored("configmaps")?
+        .into_iter()
+        .filter(|c| c["metadata"]["labels"]["grafana_dashboard"] == "1")
+        .collect::<Vec<_>>();
+    ensure!(
+        monitors.len() == 3 && rules.len() == 1 && dashboards.len() == 1,
+        "stored: {} monitors, {} rules, {} dashboards",
+        monitors.len(),
+        rules.len(),
+        dashboards.len()
+    );
+
+    // The stats listener serves only GET /stats/prometheus, without a query string.
+    let ip = env.node.facts().node_ip.clone();
+    let stats = |path: &str| -> anyhow::Result<(u16, String)> {
+        let resp = reqwest::blocking::Client::new().get(format!("http://{ip}:{STATS_PORT}{path}")).send()?;
+        Ok((resp.status().as_u16(), resp.text()?))
+    };
+    let (code, body) = stats("/stats/prometheus")?;
+    ensure!(
+        code == 200 && body.contains("envoy_cluster_upstream_cx_total{envoy_cluster_name=\"app_default_web_8080\"}"),
+        "stats listener: {code}"
+    );
+    ensure!(
+        !body.contains("envoy_cluster_upstream_cx_rx_bytes_total"),
+        "the default filter keeps out per-cluster byte counters"
+    );
+    for path in ["/stats/prometheus?filter=.*", "/config_dump", "/stats", "/quitquitquit"] {
+        let (code, _) = stats(path)?;
+        ensure!(code == 404, "{path} on the stats listener answered {code}");
+    }
+
+    let dir = env.node.dir().join("prometheus");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let groups: Vec<Value> =
+        rules.iter().flat_map(|r| r["spec"]["groups"].as_array().cloned().unwrap_or_default()).collect();
+    std::fs::write(dir.join("rules.yml"), serde_json::to_string(&serde_json::json!({ "groups": groups }))?)?;
+    let config = serde_json::json!({
+        "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
+        "rule_files": [dir.join("rules.yml").display().to_string()],
+        "scrape_configs": scrape_configs(&monitors, &env.node.facts().kubeconfig)?,
+    });
+    let prom = Prometheus::start(&dir, &config)?;
+    let jobs = [format!("{NS}/aether-node"), format!("{NS}/aether-proxy"), "aether-controller".to_owned()];
+    let mut last = Vec::new();
+    eventually("Prometheus's agent, Envoy and controller targets are up", WAIT, || {
+        last = prom.targets()?;
+        Ok(jobs.iter().all(|j| last.iter().any(|(job, _, health, _)| job == j && health == "up"))
+            && last.iter().all(|(_, _, health, _)| health == "up"))
+    })
+    .with_context(|| format!("targets: {last:#?}\n{}", prom.log()))?;
+    for (job, url, health, _) in &last {
+        println!("target {job} {url} {health}");
+    }
+
+    // Requests to web through its inbound listener count in Envoy's stats for its cluster.
+    let web_ip = env.pod_json("default", "web")?["status"]["podIP"].as_str().context("web's pod IP")?.to_owned();
+    for _ in 0..5 {
+        let resp = reqwest::blocking::get(format!("http://{web_ip}:8080/hello"))?;
+        ensure!(resp.status().is_success(), "web answered {}", resp.status());
+    }
+    let served = r#"envoy_cluster_upstream_cx_total{envoy_cluster_name="app_default_web_8080"} >= 5"#;
+    eventually("Prometheus sees web's 5 connections in Envoy's stats", WAIT, || Ok(!prom.query(served)?.is_empty()))?;
+
+    // Two scrapes' worth of samples for rate() and the rules' first evaluations.
+    std::thread::sleep(Duration::from_secs(20));
+    let mut missing = Vec::new();
+    let mut names_checked = 0;
+    for group in &groups {
+        for rule in group["rules"].as_array().into_iter().flatten() {
+            let (alert, expr) = (rule["alert"].as_str().unwrap_or("?"), rule["expr"].as_str().unwrap_or_default());
+            for name in metric_names(expr, &["aether_", "envoy_", "up"]) {
+                names_checked += 1;
+                if prom.query(&format!("count({name})"))?.is_empty() {
+                    missing.push(format!("rule {alert}: {name}"));
+                }
+            }
+        }
+    }
+    let substitute = |e: &str| {
+        e.replace("$__rate_interval", "1m")
+            .replace("$job_controller", ".*")
+            .replace("$job_node", ".*")
+            .replace("$job_proxy", ".*")
+            .replace("$node", ".*")
+    };
+    let mut queries = 0;
+    for cm in &dashboards {
+        for (file, text) in cm["data"].as_object().into_iter().flatten() {
+            let dash: Value =
+                serde_json::from_str(text.as_str().unwrap_or_default()).with_context(|| format!("{file} is JSON"))?;
+            for panel in dash["panels"].as_array().into_iter().flatten() {
+                for target in panel["targets"].as_array().into_iter().flatten() {
+                    let expr = substitute(target["expr"].as_str().unwrap_or_default());
+                    queries += 1;
+                    if prom.query(&expr)?.is_empty() {
+                        missing.push(format!("panel {:?}: {expr}", panel["title"]));
+                    }
+                }
+            }
+            for var in dash["templating"]["list"].as_array().into_iter().flatten() {
+                if let Some(q) = var["query"]["query"].as_str().and_then(|q| q.strip_prefix("label_values(")) {
+                    let (metric, label) =
+                        q.trim_end_matches(')').split_once(',').context("label_values(metric, label)")?;
+                    queries += 1;
+                    let values = prom.api(&format!("label/{}/values", label.trim()), &[("match[]", metric.trim())])?;
+                    if values.as_array().is_none_or(Vec::is_empty) {
+                        missing.push(format!("variable {}: {q}", var["name"]));
+                    }
+                }
+            }
+        }
+    }
+    ensure!(missing.is_empty(), "no series for:\n{}", missing.join("\n"));
+    println!("{names_checked} metric names of the rules and {queries} dashboard queries return series");
+
+    let loaded = prom.api("rules", &[])?;
+    let mut count = 0;
+    for group in loaded["groups"].as_array().into_iter().flatten() {
+        for rule in group["rules"].as_array().into_iter().flatten() {
+            count += 1;
+            ensure!(rule["health"] == "ok", "rule {} does not evaluate: {}", rule["name"], rule["lastError"]);
+            ensure!(rule["state"] != "firing", "alert {} fires on a healthy node: {}", rule["name"], rule["alerts"]);
+        }
+    }
+    ensure!(count > 0, "Prometheus loaded no rule");
+    println!("{count} rules loaded, evaluated, none firing");
+    drop(prom);
+
+    env.helm_aether("upgrade", &[])?;
+    check_release_settled(env)?;
+    Ok(())
+}
+
 fn helm_upgrade_runs_every_chart_variant(env: &Env) -> anyhow::Result<()> {
     let pod = env.pod_json("default", "web")?;
     let web_uid = uid(&pod)?;
@@ -1846,6 +2033,10 @@ fn main() {
             suite::case("proxy_replacements_under_load_fail_no_request", proxy_replacements_under_load_fail_no_request),
             suite::case("replaced_node_pod_resumes_delivery", replaced_node_pod_resumes_delivery),
             suite::case("deleted_pod_clusters_are_withdrawn", deleted_pod_clusters_are_withdrawn),
+            suite::case(
+                "prometheus_scrapes_the_node_and_every_rule_and_panel_has_series",
+                prometheus_scrapes_the_node_and_every_rule_and_panel_has_series,
+            ),
             suite::case("helm_upgrade_runs_every_chart_variant", helm_upgrade_runs_every_chart_variant),
             suite::case(
                 "upgrade_with_a_broken_webhook_fails_through_the_startup_check",

@@ -26,6 +26,7 @@ use anyhow::{Context, bail, ensure};
 pub mod continuity;
 pub mod node;
 pub mod nodes;
+pub mod prometheus;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
