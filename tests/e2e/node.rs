@@ -1467,10 +1467,15 @@ fn deleted_pod_clusters_are_withdrawn(env: &Env) -> anyhow::Result<()> {
 /// scrapes the agent, the controller and the node Envoy's stats listener (all targets up, and
 /// the listener serves nothing but `/stats/prometheus`); it loads the chart's rules, none fails
 /// to evaluate and none fires on this healthy node; every metric a rule reads and every query of
-/// every dashboard panel returns series; and requests to pod web count in Envoy's stats.
+/// every dashboard panel returns series; and requests to a pod served over its socket count in
+/// Envoy's stats for its cluster.
 fn prometheus_scrapes_the_node_and_every_rule_and_panel_has_series(env: &Env) -> anyhow::Result<()> {
     use aether_tests::prometheus::{Prometheus, metric_names, scrape_configs};
     let kube = env.kube();
+    kube.apply(&app_yaml("scraped", "s", "", true, false))?;
+    let pod = env.wait_pod_ready("default", "scraped")?;
+    let socket = env.socket_path(&uid(&pod)?, "s", "app.sock");
+    env.wait_pinned("app_default_scraped_8080", &uid(&pod)?, &socket)?;
     let vendor = repo_root().join("tests/vendor/prometheus-operator");
     for crd in ["podmonitors", "servicemonitors", "prometheusrules"] {
         let file = vendor.join(format!("{crd}.yaml"));
@@ -1529,7 +1534,8 @@ fn prometheus_scrapes_the_node_and_every_rule_and_panel_has_series(env: &Env) ->
     };
     let (code, body) = stats("/stats/prometheus")?;
     ensure!(
-        code == 200 && body.contains("envoy_cluster_upstream_cx_total{envoy_cluster_name=\"app_default_web_8080\"}"),
+        code == 200
+            && body.contains("envoy_cluster_upstream_cx_total{envoy_cluster_name=\"app_default_scraped_8080\"}"),
         "stats listener: {code}"
     );
     ensure!(
@@ -1565,14 +1571,17 @@ fn prometheus_scrapes_the_node_and_every_rule_and_panel_has_series(env: &Env) ->
         println!("target {job} {url} {health}");
     }
 
-    // Requests to web through its inbound listener count in Envoy's stats for its cluster.
-    let web_ip = env.pod_json("default", "web")?["status"]["podIP"].as_str().context("web's pod IP")?.to_owned();
+    // Requests through the pod's inbound listener count in Envoy's stats for its cluster.
+    let pod_ip = pod["status"]["podIP"].as_str().context("the pod's IP")?.to_owned();
     for _ in 0..5 {
-        let resp = reqwest::blocking::get(format!("http://{web_ip}:8080/hello"))?;
-        ensure!(resp.status().is_success(), "web answered {}", resp.status());
+        let resp = reqwest::blocking::Client::new().get(format!("http://{pod_ip}:8080/hello")).send()?;
+        let (status, body) = (resp.status(), resp.text()?);
+        ensure!(status.is_success() && body.contains("over unix:/s/app.sock"), "the pod answered {status}: {body}");
     }
-    let served = r#"envoy_cluster_upstream_cx_total{envoy_cluster_name="app_default_web_8080"} >= 5"#;
-    eventually("Prometheus sees web's 5 connections in Envoy's stats", WAIT, || Ok(!prom.query(served)?.is_empty()))?;
+    let served = r#"envoy_cluster_upstream_cx_total{envoy_cluster_name="app_default_scraped_8080"} >= 5"#;
+    eventually("Prometheus sees the pod's 5 connections in Envoy's stats", WAIT, || {
+        Ok(!prom.query(served)?.is_empty())
+    })?;
 
     // Two scrapes' worth of samples for rate() and the rules' first evaluations.
     std::thread::sleep(Duration::from_secs(20));
@@ -1639,6 +1648,7 @@ fn prometheus_scrapes_the_node_and_every_rule_and_panel_has_series(env: &Env) ->
     println!("{count} rules loaded, evaluated, none firing");
     drop(prom);
 
+    kube.ok(&["delete", "pod,service,serviceaccount", "-n", "default", "scraped", "--wait=true"])?;
     env.helm_aether("upgrade", &[])?;
     check_release_settled(env)?;
     Ok(())
