@@ -1470,7 +1470,7 @@ fn deleted_pod_clusters_are_withdrawn(env: &Env) -> anyhow::Result<()> {
 /// every dashboard panel returns series; and requests to a pod served over its socket count in
 /// Envoy's stats for its cluster.
 fn prometheus_scrapes_the_node_and_every_rule_and_panel_has_series(env: &Env) -> anyhow::Result<()> {
-    use aether_tests::prometheus::{Prometheus, metric_names, scrape_configs};
+    use aether_tests::prometheus::{Prometheus, kubernetes_sd_targets, metric_names, scrape_configs};
     let kube = env.kube();
     kube.apply(&app_yaml("scraped", "s", "", true, false))?;
     let pod = env.wait_pod_ready("default", "scraped")?;
@@ -1553,10 +1553,19 @@ fn prometheus_scrapes_the_node_and_every_rule_and_panel_has_series(env: &Env) ->
     let groups: Vec<Value> =
         rules.iter().flat_map(|r| r["spec"]["groups"].as_array().cloned().unwrap_or_default()).collect();
     std::fs::write(dir.join("rules.yml"), serde_json::to_string(&serde_json::json!({ "groups": groups }))?)?;
+    // Debian's Prometheus has no Kubernetes discovery: the test discovers as it would.
+    for m in &monitors {
+        let file = dir.join(format!(
+            "{}_{}.json",
+            m["metadata"]["namespace"].as_str().unwrap_or_default(),
+            m["metadata"]["name"].as_str().unwrap_or_default()
+        ));
+        std::fs::write(file, serde_json::to_string(&kubernetes_sd_targets(&kube, m)?)?)?;
+    }
     let config = serde_json::json!({
         "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
         "rule_files": [dir.join("rules.yml").display().to_string()],
-        "scrape_configs": scrape_configs(&monitors, &env.node.facts().kubeconfig)?,
+        "scrape_configs": scrape_configs(&monitors, &dir)?,
     });
     let prom = Prometheus::start(&dir, &config)?;
     let jobs = [format!("{NS}/aether-node"), format!("{NS}/aether-proxy"), "aether-controller".to_owned()];

@@ -5,10 +5,13 @@
 //! The Prometheus Operator does not run in the tests. [`scrape_configs`] turns the chart's
 //! PodMonitors and ServiceMonitors (as the API server stored them) into the scrape configuration
 //! the operator would generate for them (its `pkg/prometheus/promcfg.go` at v0.90.1, the version
-//! of `tests/vendor/prometheus-operator`): Kubernetes service discovery with the admin kubeconfig,
-//! a `keep` per selector label, the port filter, the `namespace`/`pod`/`container` and `job`
-//! labels, then the monitor's own relabelings. What a scrape of that configuration finds is what
-//! the operator's Prometheus would find.
+//! of `tests/vendor/prometheus-operator`): a `keep` per selector label, the port filter, the
+//! `namespace`/`pod`/`container` and `job` labels, then the monitor's own relabelings.
+//!
+//! Debian's Prometheus is built without the Kubernetes service discovery (`kubernetes_sd_configs`
+//! is refused as an unknown field), so [`kubernetes_sd_targets`] lists the pods or Endpoints as
+//! that discovery would and writes its targets, with the same `__meta_kubernetes_*` labels, for
+//! `file_sd_configs`. Prometheus then runs the relabelings, the scrapes and the rules itself.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -146,15 +149,15 @@ fn relabeling(r: &Value) -> Value {
 }
 
 /// The scrape configurations the Prometheus Operator generates for `monitors` (PodMonitor and
-/// ServiceMonitor objects, `monitoring.coreos.com/v1`, as JSON), with Kubernetes service
-/// discovery through `kubeconfig`. Selectors are `matchLabels` only (the chart uses nothing
+/// ServiceMonitor objects, `monitoring.coreos.com/v1`, as JSON), each discovering its targets from
+/// the file `sd_dir/<namespace>_<name>.json` ([`kubernetes_sd_targets`] writes it). Selectors are `matchLabels` only (the chart uses nothing
 /// else); endpoints by `port` name, `portNumber`, or neither (every target, for relabelings to
 /// address). Jobs: `<namespace>/<name>` for a PodMonitor, the Service's name for a
 /// ServiceMonitor, as the operator sets them.
 ///
 /// # Errors
 /// When a monitor is neither kind or has a selector other than `matchLabels`.
-pub fn scrape_configs(monitors: &[Value], kubeconfig: &Path) -> anyhow::Result<Vec<Value>> {
+pub fn scrape_configs(monitors: &[Value], sd_dir: &Path) -> anyhow::Result<Vec<Value>> {
     let mut out = Vec::new();
     for m in monitors {
         let (kind, ns, name) = (
@@ -162,15 +165,14 @@ pub fn scrape_configs(monitors: &[Value], kubeconfig: &Path) -> anyhow::Result<V
             m["metadata"]["namespace"].as_str().unwrap_or_default(),
             m["metadata"]["name"].as_str().unwrap_or_default(),
         );
-        let (role, meta, endpoints) = match kind {
-            "PodMonitor" => ("pod", "pod", &m["spec"]["podMetricsEndpoints"]),
-            "ServiceMonitor" => ("endpoints", "service", &m["spec"]["endpoints"]),
+        let (meta, endpoints) = match kind {
+            "PodMonitor" => ("pod", &m["spec"]["podMetricsEndpoints"]),
+            "ServiceMonitor" => ("service", &m["spec"]["endpoints"]),
             other => bail!("{ns}/{name}: a {other} is not a monitor"),
         };
         if m["spec"]["selector"].get("matchExpressions").is_some() {
             bail!("{kind} {ns}/{name}: matchExpressions are not translated here");
         }
-        let namespaces = m["spec"]["namespaceSelector"]["matchNames"].clone();
         for (i, ep) in endpoints.as_array().into_iter().flatten().enumerate() {
             let mut relabel = Vec::new();
             if kind == "PodMonitor" {
@@ -210,11 +212,7 @@ pub fn scrape_configs(monitors: &[Value], kubeconfig: &Path) -> anyhow::Result<V
                 "honor_labels": false,
                 "metrics_path": ep["path"].as_str().unwrap_or("/metrics"),
                 "scheme": ep["scheme"].as_str().unwrap_or("http"),
-                "kubernetes_sd_configs": [{
-                    "role": role,
-                    "kubeconfig_file": kubeconfig.display().to_string(),
-                    "namespaces": {"names": namespaces},
-                }],
+                "file_sd_configs": [{"files": [sd_dir.join(format!("{ns}_{name}.json")).display().to_string()]}],
                 "relabel_configs": relabel,
             });
             for (from, to) in [("interval", "scrape_interval"), ("scrapeTimeout", "scrape_timeout")] {
@@ -226,6 +224,141 @@ pub fn scrape_configs(monitors: &[Value], kubeconfig: &Path) -> anyhow::Result<V
         }
     }
     Ok(out)
+}
+
+/// What Prometheus's Kubernetes service discovery finds for `monitor` (a PodMonitor: role `pod`;
+/// a ServiceMonitor: role `endpoints`) in the namespaces of its `namespaceSelector.matchNames`,
+/// as `file_sd_configs` target groups with the discovery's `__meta_kubernetes_*` labels:
+/// - role `pod`: per container (init containers too) one target per declared port
+///   (`<pod IP>:<port>`, with the port's name, number and protocol), or one port-less target
+///   (`<pod IP>`) for a container that declares none;
+/// - role `endpoints`: one target per address and port of each Endpoints object, with its
+///   Service's labels and, for an address backed by a pod, that pod's labels and the container
+///   that declares the port.
+///
+/// # Errors
+/// When kubectl fails or answers something that is not a list.
+pub fn kubernetes_sd_targets(kube: &crate::Kubectl, monitor: &Value) -> anyhow::Result<Vec<Value>> {
+    let list = |kind: &str, ns: &str| -> anyhow::Result<Vec<Value>> {
+        let v: Value = serde_json::from_str(&kube.ok(&["get", kind, "-n", ns, "-o", "json"])?)?;
+        v["items"].as_array().cloned().with_context(|| format!("kubectl get {kind} -n {ns}: no items"))
+    };
+    let labels_of = |prefix: &str, obj: &Value, out: &mut serde_json::Map<String, Value>| {
+        for (k, v) in obj["metadata"]["labels"].as_object().into_iter().flatten() {
+            let k = sanitize(k);
+            out.insert(format!("__meta_kubernetes_{prefix}_label_{k}"), v.clone());
+            out.insert(format!("__meta_kubernetes_{prefix}_labelpresent_{k}"), json!("true"));
+        }
+    };
+    let pod_meta = |pod: &Value, out: &mut serde_json::Map<String, Value>| {
+        let s = |v: &Value| json!(v.as_str().unwrap_or_default());
+        out.insert("__meta_kubernetes_pod_name".into(), s(&pod["metadata"]["name"]));
+        out.insert("__meta_kubernetes_pod_ip".into(), s(&pod["status"]["podIP"]));
+        out.insert("__meta_kubernetes_pod_node_name".into(), s(&pod["spec"]["nodeName"]));
+        out.insert("__meta_kubernetes_pod_phase".into(), s(&pod["status"]["phase"]));
+        out.insert("__meta_kubernetes_pod_uid".into(), s(&pod["metadata"]["uid"]));
+        labels_of("pod", pod, out);
+    };
+    let containers = |pod: &Value| -> Vec<(Value, bool)> {
+        let of = |key: &str, init: bool| {
+            pod["spec"][key].as_array().cloned().unwrap_or_default().into_iter().map(move |c| (c, init))
+        };
+        of("containers", false).chain(of("initContainers", true)).collect()
+    };
+    let mut groups = Vec::new();
+    for ns in monitor["spec"]["namespaceSelector"]["matchNames"].as_array().into_iter().flatten() {
+        let ns = ns.as_str().unwrap_or_default();
+        match monitor["kind"].as_str() {
+            Some("PodMonitor") => {
+                for pod in list("pods", ns)? {
+                    let ip = pod["status"]["podIP"].as_str().unwrap_or_default().to_owned();
+                    if ip.is_empty() {
+                        continue;
+                    }
+                    let mut common = serde_json::Map::new();
+                    common.insert("__meta_kubernetes_namespace".into(), json!(ns));
+                    pod_meta(&pod, &mut common);
+                    let mut targets = Vec::new();
+                    for (c, init) in containers(&pod) {
+                        let mut labels = common.clone();
+                        labels.insert("__meta_kubernetes_pod_container_name".into(), c["name"].clone());
+                        labels.insert("__meta_kubernetes_pod_container_init".into(), json!(init.to_string()));
+                        let ports = c["ports"].as_array().cloned().unwrap_or_default();
+                        if ports.is_empty() {
+                            targets.push(json!({"targets": [ip.clone()], "labels": labels}));
+                        }
+                        for p in ports {
+                            let mut l = labels.clone();
+                            let n = p["containerPort"].as_u64().unwrap_or_default();
+                            l.insert(
+                                "__meta_kubernetes_pod_container_port_name".into(),
+                                json!(p["name"].as_str().unwrap_or_default()),
+                            );
+                            l.insert("__meta_kubernetes_pod_container_port_number".into(), json!(n.to_string()));
+                            l.insert(
+                                "__meta_kubernetes_pod_container_port_protocol".into(),
+                                json!(p["protocol"].as_str().unwrap_or("TCP")),
+                            );
+                            targets.push(json!({"targets": [format!("{ip}:{n}")], "labels": l}));
+                        }
+                    }
+                    groups.extend(targets);
+                }
+            }
+            Some("ServiceMonitor") => {
+                let services = list("services", ns)?;
+                let pods = list("pods", ns)?;
+                for ep in list("endpoints", ns)? {
+                    let name = ep["metadata"]["name"].as_str().unwrap_or_default();
+                    let Some(svc) = services.iter().find(|s| s["metadata"]["name"] == name) else { continue };
+                    for subset in ep["subsets"].as_array().into_iter().flatten() {
+                        for addr in subset["addresses"].as_array().into_iter().flatten() {
+                            for port in subset["ports"].as_array().into_iter().flatten() {
+                                let (ip, n) = (
+                                    addr["ip"].as_str().unwrap_or_default(),
+                                    port["port"].as_u64().unwrap_or_default(),
+                                );
+                                let mut l = serde_json::Map::new();
+                                l.insert("__meta_kubernetes_namespace".into(), json!(ns));
+                                l.insert("__meta_kubernetes_endpoints_name".into(), json!(name));
+                                l.insert("__meta_kubernetes_service_name".into(), json!(name));
+                                l.insert(
+                                    "__meta_kubernetes_endpoint_port_name".into(),
+                                    json!(port["name"].as_str().unwrap_or_default()),
+                                );
+                                l.insert(
+                                    "__meta_kubernetes_endpoint_port_protocol".into(),
+                                    json!(port["protocol"].as_str().unwrap_or("TCP")),
+                                );
+                                l.insert("__meta_kubernetes_endpoint_ready".into(), json!("true"));
+                                labels_of("service", svc, &mut l);
+                                let pod = pods.iter().find(|p| {
+                                    addr["targetRef"]["kind"] == "Pod"
+                                        && p["metadata"]["name"] == addr["targetRef"]["name"]
+                                });
+                                if let Some(pod) = pod {
+                                    pod_meta(pod, &mut l);
+                                    for (c, _) in containers(pod) {
+                                        if c["ports"]
+                                            .as_array()
+                                            .into_iter()
+                                            .flatten()
+                                            .any(|p| p["containerPort"].as_u64() == Some(n))
+                                        {
+                                            l.insert("__meta_kubernetes_pod_container_name".into(), c["name"].clone());
+                                        }
+                                    }
+                                }
+                                groups.push(json!({"targets": [format!("{ip}:{n}")], "labels": l}));
+                            }
+                        }
+                    }
+                }
+            }
+            other => bail!("{other:?} is not a monitor kind"),
+        }
+    }
+    Ok(groups)
 }
 
 /// The metric names `expr` (PromQL) reads: every identifier that starts with one of `prefixes`,
@@ -317,12 +450,12 @@ mod tests {
         let pm = json!({"kind": "PodMonitor", "metadata": {"namespace": "n", "name": "m"},
             "spec": {"namespaceSelector": {"matchNames": ["n"]}, "selector": {"matchLabels": {"app.kubernetes.io/name": "a"}},
               "podMetricsEndpoints": [{"port": "admin", "path": "/metrics", "relabelings": [{"action": "replace", "sourceLabels": ["x"], "targetLabel": "y"}]}]}});
-        let sc = &scrape_configs(&[pm], Path::new("/k")).expect("translates")[0];
+        let sc = &scrape_configs(&[pm], Path::new("/sd")).expect("translates")[0];
         let r = sc["relabel_configs"].as_array().expect("relabelings");
         assert_eq!(r[1]["source_labels"][0], "__meta_kubernetes_pod_label_app_kubernetes_io_name");
         assert_eq!(r[1]["regex"], "(a);true");
         assert_eq!(r[2]["regex"], "admin");
         assert_eq!(r.last().expect("one")["target_label"], "y");
-        assert_eq!(sc["kubernetes_sd_configs"][0]["role"], "pod");
+        assert_eq!(sc["file_sd_configs"][0]["files"][0], "/sd/n_m.json");
     }
 }
