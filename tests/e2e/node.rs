@@ -1815,6 +1815,7 @@ fn chart_values_at_their_edges_run_on_the_real_node(env: &Env) -> anyhow::Result
         "agent.listeners.xds.keepaliveTimeoutSeconds=1",
         "agent.watchGraceSeconds=0",
         "proxy.readinessPort=65535",
+        "proxy.stats.port=0",
         "proxy.concurrency=1",
         "proxy.handOver.baseId=1",
         "proxy.handOver.parentShutdownSeconds=1",
@@ -1852,6 +1853,7 @@ fn chart_values_at_their_edges_run_on_the_real_node(env: &Env) -> anyhow::Result
         "agent.listeners.xds.keepaliveTimeoutSeconds=3600",
         "agent.watchGraceSeconds=86400",
         "proxy.readinessPort=1024",
+        "proxy.stats.port=65534",
         "proxy.concurrency=64",
         "proxy.handOver.baseId=400000000",
         "verifyInstall.timeoutSeconds=1800",
@@ -1860,6 +1862,10 @@ fn chart_values_at_their_edges_run_on_the_real_node(env: &Env) -> anyhow::Result
     check_release_settled(env)?;
     denied_through_the_service()?;
     clusters_max(65535, "200000")?;
+    let node_ip = env.node.facts().node_ip.clone();
+    eventually("Envoy's stats listener answers on port 65534", WAIT, || {
+        Ok(reqwest::blocking::get(format!("http://{node_ip}:65534/stats/prometheus")).is_ok_and(|r| r.status() == 200))
+    })?;
     let web = uid(&env.pod_json("default", "web")?)?;
     env.wait_pinned("app_default_web_8080", &web, &env.socket_path(&web, "s", "app.sock"))?;
 
