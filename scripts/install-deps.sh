@@ -14,7 +14,10 @@
 #   build      Debian protobuf-compiler (protoc: the k8s-cri crate's build script compiles the
 #              CRI proto the agent's runtime client speaks)
 #   test       Debian openssl, curl, iproute2, mount, util-linux and python3-venv (the harness:
-#              test certificates, probes, `ip netns`, bind mounts, setpriv, the Envoy venv)
+#              test certificates, probes, `ip netns`, bind mounts, setpriv, the Envoy venv), and
+#              prometheus for its promtool (tests/alerts.rs: `promtool check rules` and `promtool
+#              test rules` on the chart's PrometheusRule); the package's Prometheus service is
+#              kept from starting (below)
 #   node       Debian containerd, runc, containernetworking-plugins, iptables, conntrack (the real
 #              node of tests/harness/node.sh)
 #   lint       cargo-deny $CARGO_DENY_VERSION, built from crates.io into .cache/cargo-tools/bin
@@ -48,6 +51,26 @@ apt_install() {
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } >&2 \
     || die "apt-get could not install ${need[*]} (is the Debian package mirror reachable?)"
   log "installed ${need[*]} in $((SECONDS - start))s"
+}
+
+# apt_install_no_start PACKAGE...: apt_install, with the packages' services kept from starting.
+# Debian's maintainer scripts start a packaged daemon through invoke-rc.d, which asks
+# /usr/sbin/policy-rc.d first (exit 101: action forbidden, the install goes on). Without systemd
+# and without that file, prometheus' postinst would start the server from /etc/init.d (and fail
+# the install when it cannot); when the machine has no policy-rc.d, one that forbids every
+# start is put there for this one install and removed after it, whatever happens.
+apt_install_no_start() {
+  local policy=/usr/sbin/policy-rc.d
+  if [ "$(id -u)" = 0 ] && [ ! -e "$policy" ]; then
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    printf '#!/bin/sh\n# scripts/install-deps.sh: no service starts during its apt-get install\nexit 101\n' >"$policy"
+    chmod 0755 "$policy"
+    apt_install "$@"
+    rm -f "$policy"
+    trap - EXIT
+  else
+    apt_install "$@"
+  fi
 }
 
 # The toolchain pinned in rust-toolchain.toml: `channel = "X.Y.Z"`.
@@ -123,7 +146,8 @@ for g in "${groups[@]}"; do
     test)
       apt_install openssl curl iproute2 mount util-linux
       # The Envoy venv needs venv + ensurepip in the python3 on PATH (which need not be Debian's).
-      python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv ;;
+      python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+      apt_install_no_start prometheus ;;
     node) apt_install containerd runc containernetworking-plugins iptables conntrack ;;
     lint) lint_tools ;;
     *) die "unknown group '$g' (known: toolchain build test node lint)" ;;

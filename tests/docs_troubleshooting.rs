@@ -4,13 +4,15 @@
 //! constants, the controller's condition [`Reason`]s, and the metric families both binaries
 //! register (their `/metrics` exposition at start-up). No control plane needed.
 
+#[path = "served_metrics.rs"]
+mod served_metrics;
+
 use std::collections::BTreeSet;
 
 use aether_agent_reconciler::TcpReason;
 use aether_agent_reconciler::pod_events;
-use aether_agent_reconciler::status::Status;
 use aether_controller::status::Reason;
-use aether_serve_policy::{Gate, ListenerKind};
+use served_metrics::{code_metrics, metric_names};
 
 fn doc() -> String {
     std::fs::read_to_string(aether_tests::repo_root().join("docs/troubleshooting.md")).expect("docs/troubleshooting.md")
@@ -37,48 +39,6 @@ fn agent_reasons() -> Vec<&'static str> {
         pod_events::INBOUND_NO_NETNS_REASON,
     ]);
     out
-}
-
-/// The sample names a PromQL query uses for every metric family of an exposition: `<name>_total`
-/// for a counter, `<name>_info` for an info metric, `<name>` otherwise (a histogram's `_bucket`,
-/// `_sum` and `_count` are its family's).
-fn metric_names(exposition: &str) -> BTreeSet<String> {
-    exposition
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(name, kind)| match kind.trim() {
-            "counter" => format!("{name}_total"),
-            "info" => format!("{name}_info"),
-            _ => name.to_owned(),
-        })
-        .collect()
-}
-
-/// Every metric both binaries serve. A labelled family prints nothing until it has a series, so
-/// this does what each binary does at start-up (build its listeners' gates, register its
-/// watches) and counts one of each event-driven counter, as a running binary would.
-fn code_metrics() -> BTreeSet<String> {
-    let agent = aether_agent_reconciler::metrics::Metrics::new();
-    for kind in [ListenerKind::Admin, ListenerKind::Xds] {
-        let _ = Gate::new(kind.default_policy(), &agent.listeners);
-    }
-    aether_agent_reconciler::watch::register(
-        &aether_agent_reconciler::watch::WatchBoard::new(agent.watches.clone()),
-        true,
-    );
-    agent.pod_event(pod_events::DELIVERED_LABEL, "created");
-    let controller = aether_controller::metrics::Metrics::default();
-    for kind in [ListenerKind::Webhook, ListenerKind::Admin] {
-        let _ = Gate::new(kind.default_policy(), &controller.listeners);
-    }
-    let _ = controller.watches.register("", "services");
-    controller.count("EndpointPolicy", "allowed");
-    controller.count_warning("conflict");
-    controller.count_patch("applied", Reason::Accepted.label());
-    let mut names = metric_names(&agent.encode(&Status::default()));
-    names.extend(metric_names(&controller.encode()));
-    names
 }
 
 /// The entries of a `## ` section: (names in backticks in the `### ` heading, the entry's text).

@@ -62,6 +62,10 @@ pub struct Metrics {
     /// The status writer's watches and `aether_controller_watch_errors_total{resource,reason}`,
     /// `aether_controller_watches_failing` ([`crate::admin::watches`]).
     pub watches: crate::admin::watches::Watches,
+    /// `aether_webhook_certificate_expiry_timestamp_seconds`: the `notAfter` of the serving leaf
+    /// certificate, in seconds since the Unix epoch; 0 until the certificate is loaded. Set by
+    /// [`Metrics::set_certificate`] at start-up and after every reload.
+    pub certificate_expiry: Gauge,
 }
 
 impl Default for Metrics {
@@ -97,6 +101,12 @@ impl Default for Metrics {
             "1 while this replica holds the status-writer Lease and writes EndpointPolicy status, else 0",
             leader.clone(),
         );
+        let certificate_expiry = Gauge::default();
+        registry.register(
+            "aether_webhook_certificate_expiry_timestamp_seconds",
+            "notAfter of the webhook's serving (leaf) certificate, in seconds since the Unix epoch; 0 until it is loaded",
+            certificate_expiry.clone(),
+        );
         let listeners = aether_serve_policy::ListenerMetrics::new();
         listeners.register(&mut registry);
         let watches = crate::admin::watches::Watches::default();
@@ -111,6 +121,7 @@ impl Default for Metrics {
             leader,
             listeners,
             watches,
+            certificate_expiry,
         }
     }
 }
@@ -129,6 +140,21 @@ impl Metrics {
     /// Counts one status write.
     pub fn count_patch(&self, result: &str, reason: &str) {
         self.status_patches.get_or_create(&PatchLabels { result: result.to_owned(), reason: reason.to_owned() }).inc();
+    }
+
+    /// Sets `aether_webhook_certificate_expiry_timestamp_seconds` from the leaf certificate now
+    /// served (DER). A certificate whose `notAfter` cannot be read (rustls served it, so this
+    /// should not happen) is logged as a warning naming the reason, and the gauge keeps its value.
+    pub fn set_certificate(&self, leaf_der: &[u8]) {
+        match aether_webhook_certs::expiry::not_after_unix(leaf_der) {
+            Ok(unix) => {
+                self.certificate_expiry.set(unix);
+                tracing::info!(not_after_unix = unix, "webhook serving certificate expiry");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the serving certificate's notAfter; aether_webhook_certificate_expiry_timestamp_seconds not updated")
+            }
+        }
     }
 
     /// The OpenMetrics text exposition.
@@ -198,6 +224,24 @@ mod tests {
         assert!(value("process_open_fds") > 0.0);
         assert!(value("process_cpu_seconds_total") >= 0.0);
         assert!(value("process_start_time_seconds") > 1.6e9, "seconds since the epoch");
+    }
+
+    #[test]
+    fn the_certificate_expiry_is_the_served_leaf_s_not_after() {
+        let m = Metrics::default();
+        let text = m.encode();
+        assert!(text.contains("# TYPE aether_webhook_certificate_expiry_timestamp_seconds gauge"), "{text}");
+        assert!(text.lines().any(|l| l == "aether_webhook_certificate_expiry_timestamp_seconds 0"), "{text}");
+        // A real certificate with a known notAfter: 2031-05-04T03:02:01Z.
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params.not_after = rcgen::date_time_ymd(2031, 5, 4) + std::time::Duration::from_secs(3 * 3600 + 2 * 60 + 1);
+        let cert = params.self_signed(&rcgen::KeyPair::generate().unwrap()).unwrap();
+        m.set_certificate(cert.der());
+        let want = "aether_webhook_certificate_expiry_timestamp_seconds 1935630121";
+        assert!(m.encode().lines().any(|l| l == want), "missing {want:?} in\n{}", m.encode());
+        // Bytes that are no certificate leave the last value.
+        m.set_certificate(b"junk");
+        assert!(m.encode().lines().any(|l| l == want), "{}", m.encode());
     }
 
     #[test]

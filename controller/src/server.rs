@@ -89,12 +89,28 @@ pub async fn run_reloading(cfg: RunConfig, poll: Duration) -> anyhow::Result<()>
     serve(cfg, Some(poll)).await
 }
 
-async fn load_tls(files: &TlsFiles, reload: Option<Duration>) -> anyhow::Result<RustlsConfig> {
+/// Loads the serving pair, and sets `aether_webhook_certificate_expiry_timestamp_seconds` from its
+/// leaf: once, or (with `reload`) again with every pair the resolver swaps in.
+async fn load_tls(files: &TlsFiles, reload: Option<Duration>, metrics: &Metrics) -> anyhow::Result<RustlsConfig> {
     let what = || format!("cannot load TLS certificate {} / key {}", files.cert.display(), files.key.display());
     match reload {
-        None => RustlsConfig::from_pem_file(&files.cert, &files.key).await.with_context(what),
+        None => {
+            let config = RustlsConfig::from_pem_file(&files.cert, &files.key).await.with_context(what)?;
+            match aether_webhook_certs::expiry::leaf_not_after_file(&files.cert) {
+                Ok(unix) => {
+                    metrics.certificate_expiry.set(unix);
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the serving certificate's notAfter"),
+            }
+            Ok(config)
+        }
         Some(poll) => {
             let resolver = Arc::new(ReloadingCertResolver::from_files(&files.cert, &files.key).with_context(what)?);
+            let gauge = metrics.clone();
+            resolver.on_load(move |ck| match ck.cert.first() {
+                Some(leaf) => gauge.set_certificate(leaf),
+                None => tracing::warn!("the served certificate chain is empty"),
+            });
             resolver.watch(poll).context("cannot start the certificate reload thread")?;
             tracing::info!(poll_seconds = poll.as_secs_f64(), "watching the certificate files for rotation");
             Ok(RustlsConfig::from_config(Arc::new(resolver.server_config().context("building the TLS configuration")?)))
@@ -145,7 +161,7 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
             async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(shutdown_signal()).await },
         );
 
-    let tls = load_tls(&cfg.tls, reload).await?;
+    let tls = load_tls(&cfg.tls, reload, &metrics).await?;
     let listener = TcpListener::bind(cfg.webhook_addr)
         .with_context(|| format!("cannot bind --webhook-addr {}", cfg.webhook_addr))?;
     listener.set_nonblocking(true)?;

@@ -190,6 +190,23 @@ fn controller_metrics_count_the_decisions(env: &Env) -> anyhow::Result<()> {
     for want in [r#"result="denied""#, r#"result="allowed""#, "aether_admission_requests_total"] {
         ensure!(body.contains(want), "/metrics lacks {want}: {body}");
     }
+    // The serving certificate's notAfter: the leaf in the tls.crt the harness minted (valid
+    // DEFAULT_VALIDITY_DAYS from its start), as the webhook loaded it.
+    let served: i64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("aether_webhook_certificate_expiry_timestamp_seconds "))
+        .context("/metrics lacks aether_webhook_certificate_expiry_timestamp_seconds")?
+        .trim()
+        .parse()?;
+    let tls_crt = env.controller.ca_file.with_file_name(aether_webhook_certs::CERT_FILE);
+    let leaf = aether_webhook_certs::expiry::leaf_not_after_file(&tls_crt)?;
+    ensure!(served == leaf, "the gauge says {served}, {} says {leaf}", tls_crt.display());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
+    let validity = i64::from(aether_webhook_certs::DEFAULT_VALIDITY_DAYS) * 86_400;
+    ensure!(
+        (now + validity - 3600..=now + validity).contains(&served),
+        "notAfter {served} is not {validity} s after the start"
+    );
     Ok(())
 }
 

@@ -5,7 +5,7 @@
 //! ValidatingWebhookConfiguration's `caBundle`; aether-controller serves the leaf.
 //!
 //! [`reload::ReloadingCertResolver`] serves the pair from a mounted Secret folder and follows
-//! its updates; [`bootstrap`] creates the Secret and sets the webhook configuration's `caBundle`
+//! its updates, and [`expiry`] reads when the served leaf expires; [`bootstrap`] creates the Secret and sets the webhook configuration's `caBundle`
 //! (the chart's hook Job); [`cleanup`] deletes that Secret again after `helm uninstall` (the
 //! chart's post-delete hook Job), and only if bootstrap created it. [`cli`] is the command line
 //! of the `aether-webhook-certs` binary; [`logging`] (shared by every aether binary) sets up its logs.
@@ -30,6 +30,7 @@ pub const KEY_FILE: &str = "tls.key";
 pub mod bootstrap;
 pub mod cleanup;
 pub mod cli;
+pub mod expiry;
 /// The log set-up every aether binary shares ([`aether_process::logging`]).
 pub use aether_process::logging;
 pub mod reload;

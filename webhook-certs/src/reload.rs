@@ -10,6 +10,9 @@
 //! pair replaces the served one atomically; a bad one (unparsable, half-written, key of another
 //! certificate, missing file) is logged once, naming the file, and the last good pair keeps
 //! being served. Nothing here panics.
+//!
+//! [`ReloadingCertResolver::on_load`] registers a function called with every pair that is served
+//! from then on (aether-controller sets its certificate-expiry gauge there).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -120,6 +123,9 @@ struct Seen {
     key: Vec<u8>,
 }
 
+/// A function told of each pair served ([`ReloadingCertResolver::on_load`]).
+type OnLoad = Box<dyn Fn(&CertifiedKey) + Send + Sync>;
+
 /// Serves the certificate in a folder's `tls.crt` / `tls.key` (or two named files) and reloads it
 /// when they change.
 /// See the module docs.
@@ -129,6 +135,8 @@ pub struct ReloadingCertResolver {
     current: RwLock<Arc<CertifiedKey>>,
     /// What the files held at the last check (good or bad), so a bad pair is logged once.
     seen: Mutex<Seen>,
+    /// Called with each newly served pair.
+    on_load: Mutex<Vec<OnLoad>>,
 }
 
 impl std::fmt::Debug for ReloadingCertResolver {
@@ -171,7 +179,23 @@ impl ReloadingCertResolver {
         let seen = read_pair(&cert_path, &key_path)?;
         let ck = certified_key_from_pem(&seen.cert, &seen.key, &cert_path, &key_path)?;
         tracing::info!(cert = %cert_path.display(), key = %key_path.display(), "loaded webhook serving certificate");
-        Ok(ReloadingCertResolver { cert_path, key_path, current: RwLock::new(Arc::new(ck)), seen: Mutex::new(seen) })
+        Ok(ReloadingCertResolver {
+            cert_path,
+            key_path,
+            current: RwLock::new(Arc::new(ck)),
+            seen: Mutex::new(seen),
+            on_load: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Calls `f` with the pair served now, and again with each pair a later
+    /// [`check`](Self::check) swaps in (not with a bad pair that was refused), on the thread
+    /// that runs the check. `f` should be quick: the next check waits for it.
+    pub fn on_load(&self, f: impl Fn(&CertifiedKey) + Send + Sync + 'static) {
+        // Held across the call, so a reload cannot slip between `current` and the registration.
+        let mut hooks = self.on_load.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&self.current());
+        hooks.push(Box::new(f));
     }
 
     /// The certificate file watched.
@@ -212,8 +236,13 @@ impl ReloadingCertResolver {
         }
         let outcome = match certified_key_from_pem(&now.cert, &now.key, cert_path, key_path) {
             Ok(ck) => {
-                *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(ck);
+                let ck = Arc::new(ck);
+                let hooks = self.on_load.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = ck.clone();
                 tracing::info!(cert = %cert_path.display(), key = %key_path.display(), "reloaded webhook serving certificate");
+                for f in hooks.iter() {
+                    f(&ck);
+                }
                 CheckOutcome::Reloaded
             }
             Err(e) => {
@@ -280,7 +309,7 @@ mod tests {
     use rustls::pki_types::ServerName;
 
     use super::*;
-    use crate::{Bundle, CA_FILE, mint, write_dir};
+    use crate::{Bundle, CA_FILE, mint, mint_with_validity, write_dir};
 
     fn names() -> Vec<String> {
         vec!["localhost".to_owned(), "127.0.0.1".to_owned()]
@@ -421,6 +450,30 @@ mod tests {
         std::fs::write(dir.path().join(KEY_FILE), &c.key_pem).unwrap();
         assert_eq!(r.check(), CheckOutcome::Reloaded);
         assert_eq!(handshake(&r, &[&c.ca_pem]).unwrap(), leaf_der(&c));
+    }
+
+    #[test]
+    fn on_load_sees_the_served_pair_and_each_reload_but_no_refused_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (mint_with_validity(&names(), 30).unwrap(), mint_with_validity(&names(), 3).unwrap());
+        write_dir(&a, dir.path()).unwrap();
+        let r = Arc::new(ReloadingCertResolver::new(dir.path()).unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        r.on_load(move |ck| record.lock().unwrap().push(ck.cert[0].to_vec()));
+        assert_eq!(*seen.lock().unwrap(), [leaf_der(&a)], "called at once with the pair served");
+        assert_eq!(r.check(), CheckOutcome::Unchanged);
+        std::fs::write(dir.path().join(CERT_FILE), &b.cert_pem).unwrap();
+        assert_eq!(r.check(), CheckOutcome::KeptPrevious);
+        assert_eq!(seen.lock().unwrap().len(), 1, "a refused pair is not reported");
+        write_dir(&b, dir.path()).unwrap();
+        assert_eq!(r.check(), CheckOutcome::Reloaded);
+        assert_eq!(*seen.lock().unwrap(), [leaf_der(&a), leaf_der(&b)]);
+        let days = |der: &[u8]| {
+            let left = crate::expiry::not_after_unix(der).unwrap() - time::OffsetDateTime::now_utc().unix_timestamp();
+            (left + 3600) / 86_400
+        };
+        assert_eq!(seen.lock().unwrap().iter().map(|d| days(d)).collect::<Vec<_>>(), [30, 3]);
     }
 
     #[test]
