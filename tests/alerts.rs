@@ -162,7 +162,10 @@ fn the_rule_is_off_by_default_and_its_values_reach_the_expressions() {
     assert!(expr("AetherWebhookCertificateExpiresSoon").ends_with("< 30 * 86400"));
     assert!(expr("AetherWebhookCertificateExpiresVerySoon").ends_with("< 7 * 86400"));
     assert!(expr("AetherTcpFallbacksRising").ends_with(">= 5"));
-    assert_eq!(expr("AetherScrapeTargetDown"), format!(r#"up{{job=~"aether-controller|{NODE_NS}/aether-node"}} == 0"#));
+    assert_eq!(
+        expr("AetherScrapeTargetDown"),
+        format!(r#"up{{job=~"aether-controller|{NODE_NS}/aether-node|{NODE_NS}/aether-proxy"}} == 0"#)
+    );
 
     // Bad thresholds are refused, naming the value and the rule.
     let err =
