@@ -101,33 +101,39 @@ Y
 endpoint() { curl -s "http://127.0.0.1:9901/clusters" | grep -E "^$1::.*::health_flags::" || echo "    ($1: not in Envoy)"; }
 wait_endpoint() { for _ in $(seq 1 150); do endpoint "$1" | grep -- "$2.*::healthy" >/dev/null && return 0; sleep 0.2; done; return 1; }
 
-step "a UDS-only app: pod web, annotation endpoint.aether.io/uds-socket: s/app.sock (no TCP port at all)"
-app web 'endpoint.aether.io/uds-socket: s/app.sock' "" | kubectl apply -f - | indent
-kubectl wait --for=condition=Ready pod/web --timeout=90s | indent
-uid=$(kubectl get pod web -o jsonpath='{.metadata.uid}')
-sock=/var/lib/kubelet/pods/$uid/volumes/kubernetes.io~empty-dir/s/app.sock
+# The Quickstart's workload and request, with the README's own files (examples/quickstart/).
+step "the Quickstart's workload: Service echo in namespace shop, its pod serving only on uds/app.sock; the policy crds/examples/ok-echo-uds.yaml"
+echo "  \$ kubectl apply -f examples/quickstart/echo.yaml"
+kubectl apply -f "$repo/examples/quickstart/echo.yaml" | indent
+echo "  \$ kubectl -n shop apply -f crds/examples/ok-echo-uds.yaml    (no warning: 12 bytes, 4 to spare)"
+kubectl -n shop apply -f "$repo/crds/examples/ok-echo-uds.yaml" 2>&1 | indent
+for _ in $(seq 1 50); do
+  [ "$(kubectl -n shop get epol echo-uds -o jsonpath='{.status.conditions[0].reason}')" = Accepted ] && break; sleep 0.2
+done
+kubectl -n shop get epol | indent
+echo "  \$ kubectl -n shop rollout status deploy/echo    (Ready once the kubelet's probe of <pod IP>:8080 reaches the socket)"
+kubectl -n shop rollout status deploy/echo --timeout=120s | indent
+pod=$(kubectl -n shop get pod -l app=echo -o jsonpath='{.items[0].metadata.name}')
+uid=$(kubectl -n shop get pod "$pod" -o jsonpath='{.metadata.uid}')
+sock=/var/lib/kubelet/pods/$uid/volumes/kubernetes.io~empty-dir/uds/app.sock
 echo "  the socket the app made, at the kubelet's emptyDir path ($(printf %s "$sock" | wc -c) bytes):"
 ls -l "$sock" | indent
-echo "  Envoy (in the aether-proxy pod, through the read-only HostToContainer pods-dir mount) health-checks it:"
-wait_endpoint app_default_web_8080 "$sock" || true
-endpoint app_default_web_8080 | indent
+echo "  Envoy (in the aether-proxy pod) health-checks it (through the agent's pin /run/aether-pins/<uid>.sock, the chart's default):"
+wait_endpoint "app_shop_${pod}_8080" "$uid" || true
+endpoint "app_shop_${pod}_8080" | indent
 health() { curl -s -o /dev/null -w '%{http_code}' --unix-socket /run/aether/health.sock "http://localhost/healthz/$1"; }
-for _ in $(seq 1 100); do [ "$(health health_default_web)" = 200 ] && break; sleep 0.2; done
-echo "  \$ curl --unix-socket /run/aether/health.sock http://localhost/healthz/health_default_web"
-echo "    HTTP $(health health_default_web)"
-
-step "a client pod calls Service web: ClusterIP -> pod IP:8080 (Envoy's listener in the pod's netns) -> the socket"
-kubectl create service clusterip web --tcp=8080 | indent
-for _ in $(seq 1 150); do curl -s http://127.0.0.1:9901/listeners | grep -q '^inbound_default_web_8080::' && break; sleep 0.2; done
-echo "  Envoy's listeners (\$ curl 127.0.0.1:9901/listeners):"
+for _ in $(seq 1 100); do [ "$(health "health_shop_$pod")" = 200 ] && break; sleep 0.2; done
+echo "  \$ curl --unix-socket /run/aether/health.sock http://localhost/healthz/health_shop_$pod"
+echo "    HTTP $(health "health_shop_$pod")"
+echo "  Envoy's listeners (\$ curl 127.0.0.1:9901/listeners): inbound_shop_${pod}_8080 is bound in the pod's network namespace"
 curl -s http://127.0.0.1:9901/listeners | indent
-cip=$(kubectl get service web -o jsonpath='{.spec.clusterIP}')
-echo "  \$ kubectl run client --image=localhost/aether/uds-echo:dev --restart=Never -- --get http://$cip:8080/hello"
-kubectl run client --image=localhost/aether/uds-echo:dev --image-pull-policy=Never --restart=Never -- --get "http://$cip:8080/hello" >/dev/null
-for _ in $(seq 1 150); do
-  case "$(kubectl get pod client -o jsonpath='{.status.phase}')" in Succeeded|Failed) break ;; esac; sleep 0.2
-done
-kubectl logs client | indent
+
+step "the Quickstart's request: a client pod calls Service echo by name -> ClusterIP -> pod IP:8080 (Envoy's listener) -> the socket"
+echo "  \$ kubectl apply -f examples/quickstart/client.yaml"
+kubectl apply -f "$repo/examples/quickstart/client.yaml" | indent
+kubectl -n shop wait --for=jsonpath='{.status.phase}'=Succeeded pod/client --timeout=60s >/dev/null || true
+echo "  \$ kubectl -n shop logs client"
+kubectl -n shop logs client | indent
 
 step "a policy switches pod shop (app on TCP :8080 and on s/app.sock) to its socket, and back"
 app shop "" tcp | kubectl apply -f - >/dev/null
@@ -143,7 +149,7 @@ spec:
   targetRef: {kind: Service, name: shop}
   udsSocket: s/app.sock
 EPOL
-wait_endpoint app_default_shop_8080 "app.sock" || true
+wait_endpoint app_default_shop_8080 "\.sock" || true   # the pin (chart default) or the kubelet path
 echo "  with the policy:"; endpoint app_default_shop_8080 | indent
 kubectl delete epol shop-uds | indent
 wait_endpoint app_default_shop_8080 ":8080" || true
@@ -154,9 +160,10 @@ app long 'endpoint.aether.io/uds-socket: sockets/app1.sock' "" | kubectl apply -
 for _ in $(seq 1 50); do kubectl get events --field-selector involvedObject.name=long -o name 2>/dev/null | grep . >/dev/null && break; sleep 0.2; done
 kubectl get events --field-selector involvedObject.name=long -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message' | indent
 kubectl wait --for=condition=Ready pod/long --timeout=90s >/dev/null || true
-for pod in web long; do
-  echo "  \$ kubectl aether why pod/$pod    (the node agent's live decision, read through a port-forward to its loopback-only debug port)"
-  "$repo/target/debug/kubectl-aether" --kubeconfig "$KUBECONFIG" why "pod/$pod" 2>&1 | indent || true
+for target in "-n shop pod/$pod" "pod/long"; do
+  echo "  \$ kubectl aether why $target    (the node agent's live decision, read through a port-forward to its loopback-only debug port)"
+  # shellcheck disable=SC2086 # $target is the namespace flag and the pod, split on purpose
+  "$repo/target/debug/kubectl-aether" --kubeconfig "$KUBECONFIG" why $target 2>&1 | indent || true
 done
 
 step "metrics: the agent (node IP :9091) and a controller replica (pod IP :9090)"
@@ -166,7 +173,8 @@ for cip in $(kubectl get pods -n $NS -l app.kubernetes.io/component=controller -
 done
 
 step "helm uninstall aether: no release object, nothing of ours on the host"
-kubectl delete pod web shop long client --wait=true >/dev/null
+kubectl delete -f "$repo/examples/quickstart/client.yaml" -f "$repo/examples/quickstart/echo.yaml" --wait=true >/dev/null
+kubectl delete pod shop long --wait=true >/dev/null
 ls -l /run/aether | indent
 helm uninstall aether -n $NS --wait | indent
 kubectl get all,secrets,leases -n $NS 2>&1 | indent

@@ -291,13 +291,25 @@ fn validate_tie_break_spans_files() {
 
 #[test]
 fn validate_warns_about_a_value_within_two_bytes_of_the_budget_like_the_webhook() {
-    let (code, entries) = validate_json(&[&example("ok-echo-uds.yaml")], &[]);
+    // echo-uds in all-valid.yaml: "sockets/app.sock", exactly the 16-byte budget.
+    let (code, entries) = validate_json(&[&policies("all-valid.yaml")], &[]);
     assert_eq!(code, 0);
     let warnings = entry(&entries, "echo-uds")["warnings"].as_array().expect("warnings").clone();
     assert!(
         warnings.iter().filter_map(|w| w.as_str()).any(|w| w.starts_with("spec.udsSocket") && w.contains("0 to spare")),
         "{warnings:?}"
     );
+}
+
+/// The canonical example (the README's, the Quickstart's) applies without any warning: a first
+/// `kubectl apply` of it must not look like a mistake.
+#[test]
+fn validate_gives_the_canonical_example_no_warning() {
+    let (code, entries) = validate_json(&[&example("ok-echo-uds.yaml")], &[]);
+    assert_eq!(code, 0);
+    let e = entry(&entries, "echo-uds");
+    assert_eq!(e["allowed"], true, "{e}");
+    assert!(e["warnings"].as_array().is_none_or(Vec::is_empty), "{e}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -171,7 +171,7 @@ fn get_epol_prints_target_socket_accepted_reason_age_and_wide_message(env: &Env)
     let wide = env.cp.kubectl_ok(&["get", "epol", "-o", "wide"])?;
     let columns: Vec<&str> = wide.lines().next().unwrap_or_default().split_whitespace().collect();
     ensure!(columns == ["NAME", "TARGET", "SOCKET", "ACCEPTED", "REASON", "AGE", "MESSAGE"], "-o wide header: {wide}");
-    ensure!(out.contains("echo-uds") && out.contains("sockets/app.sock"), "echo-uds row missing: {out}");
+    ensure!(out.contains("echo-uds") && out.contains("uds/app.sock"), "echo-uds row missing: {out}");
     let cats = env.cp.kubectl_ok(&["get", "aether"])?;
     ensure!(cats.contains("echo-uds"), "category 'aether' does not list policies: {cats}");
     Ok(())

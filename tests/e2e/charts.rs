@@ -1567,17 +1567,29 @@ fn controller_network_policy_opens_only_the_webhook_and_admin_ports() {
 
 /// The README's Quickstart installs as the two-node suite does (on an API server that enforces
 /// Pod Security `restricted` by default): the release namespace made by `release_namespace_command`,
-/// the node side in `README_NODE_NAMESPACE`, which the chart creates labelled `privileged`.
+/// the node side in `README_NODE_NAMESPACE`, which the chart creates labelled `privileged`. It
+/// installs the charts `make charts` packages (`helm package`: `.cache/charts/<name>-<version>.tgz`),
+/// so the README names each chart's current version.
 #[test]
 fn readme_installs_the_node_side_in_its_own_namespace_as_the_two_node_suite_does() {
     use aether_tests::node::{README_NODE_NAMESPACE, release_namespace_command};
     let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
     let create = format!("kubectl {}", release_namespace_command("aether-system").join(" "));
     assert!(readme.lines().any(|l| l.trim() == create), "README.md lacks the line `{create}`");
+    let package = |name: &str| -> String {
+        let meta: Value = yaml_serde::from_str(
+            &std::fs::read_to_string(repo_root().join("charts").join(name).join("Chart.yaml")).expect("Chart.yaml"),
+        )
+        .expect("Chart.yaml parses");
+        format!(".cache/charts/{name}-{}.tgz", meta["version"].as_str().expect("Chart.yaml version"))
+    };
+    let crds = format!("helm install aether-crds {}", package("aether-crds"));
+    assert!(readme.lines().any(|l| l.trim() == crds), "README.md lacks the line `{crds}`");
+    let install = format!("helm install aether {} -n aether-system", package("aether"));
     let set = format!("--set daemonset.namespace={README_NODE_NAMESPACE}");
     assert!(
-        readme.lines().any(|l| l.starts_with("helm install aether charts/aether -n aether-system") && l.contains(&set)),
-        "README.md's helm install lacks `{set}`"
+        readme.lines().any(|l| l.starts_with(&install) && l.contains(&set)),
+        "README.md lacks a line starting `{install}` with `{set}`"
     );
     assert!(!readme.contains("--create-namespace"), "an unlabelled namespace fails on restricted clusters");
 }

@@ -464,12 +464,15 @@ fn a_policy_admitted_without_the_webhook_is_invalid_and_never_wins(env: &Env) ->
     Ok(())
 }
 
-/// The README's `kubectl get epol` samples (blocks opening with `$ kubectl get epol -n shop`, up to
-/// the closing fence): (command arguments, the printed lines).
-fn readme_samples() -> anyhow::Result<Vec<(Vec<String>, Vec<String>)>> {
-    let readme = std::fs::read_to_string(aether_tests::repo_root().join("README.md"))?;
+/// The page that shows `kubectl get epol` samples (docs/endpointpolicy.md, "Status").
+const SAMPLES_PAGE: &str = "docs/endpointpolicy.md";
+
+/// The `kubectl get epol` samples of [`SAMPLES_PAGE`] (blocks opening with
+/// `$ kubectl get epol -n shop`, up to the closing fence): (command arguments, the printed lines).
+fn doc_samples() -> anyhow::Result<Vec<(Vec<String>, Vec<String>)>> {
+    let page = std::fs::read_to_string(aether_tests::repo_root().join(SAMPLES_PAGE))?;
     let mut samples = Vec::new();
-    let mut lines = readme.lines();
+    let mut lines = page.lines();
     while let Some(line) = lines.next() {
         if let Some(args) = line.strip_prefix("$ kubectl get epol -n shop") {
             let mut argv: Vec<String> = ["get", "epol", "-n", "shop"].map(String::from).to_vec();
@@ -478,7 +481,7 @@ fn readme_samples() -> anyhow::Result<Vec<(Vec<String>, Vec<String>)>> {
             samples.push((argv, out));
         }
     }
-    ensure!(samples.len() == 2, "README.md has {} `$ kubectl get epol -n shop` samples, want 2", samples.len());
+    ensure!(samples.len() == 2, "{SAMPLES_PAGE} has {} `$ kubectl get epol -n shop` samples, want 2", samples.len());
     Ok(samples)
 }
 
@@ -499,13 +502,13 @@ fn table_cells(lines: &[String]) -> Vec<Vec<String>> {
 }
 
 /// Runs after the webhook is gone (an over-budget policy is stored, so the sample shows every
-/// reason): the README's `kubectl get epol` and `-o wide` samples are what kubectl prints for
+/// reason): the `kubectl get epol` and `-o wide` samples of [`SAMPLES_PAGE`] are what kubectl prints for
 /// them, up to AGE.
-fn readme_get_epol_samples_are_what_kubectl_prints(env: &Env) -> anyhow::Result<()> {
+fn get_epol_samples_in_the_docs_are_what_kubectl_prints(env: &Env) -> anyhow::Result<()> {
     let ns = "shop";
     namespace(env, ns)?;
     service(env, ns, "echo")?;
-    apply_ok(env, ns, "echo-uds", "echo", "sockets/app.sock")?;
+    apply_ok(env, ns, "echo-uds", "echo", "uds/app.sock")?;
     apply_ok(env, ns, "echo-uds-v2", "echo", "sock/app.sock")?;
     apply_ok(env, ns, "echo-long", "echo", "sockets/app1.sock")?;
     apply_ok(env, ns, "grpc-api-uds", "grpc-api", "grpc/api.sock")?;
@@ -513,11 +516,11 @@ fn readme_get_epol_samples_are_what_kubectl_prints(env: &Env) -> anyhow::Result<
     wait_reason(env, ns, "echo-uds-v2", "Conflicted", &[])?;
     wait_reason(env, ns, "echo-long", "Invalid", &[])?;
     wait_reason(env, ns, "grpc-api-uds", "AcceptedWithoutService", &[])?;
-    for (argv, want) in readme_samples()? {
+    for (argv, want) in doc_samples()? {
         let got: Vec<String> = env.cp.kubectl_ok(&argv)?.lines().map(String::from).collect();
         ensure!(
             table_cells(&got) == table_cells(&want),
-            "README.md's `kubectl {}` sample differs; kubectl printed:\n{}",
+            "{SAMPLES_PAGE}'s `kubectl {}` sample differs; kubectl printed:\n{}",
             argv.join(" "),
             got.join("\n")
         );
@@ -558,8 +561,8 @@ fn main() {
                 a_policy_admitted_without_the_webhook_is_invalid_and_never_wins,
             ),
             suite::case(
-                "readme_get_epol_samples_are_what_kubectl_prints",
-                readme_get_epol_samples_are_what_kubectl_prints,
+                "get_epol_samples_in_the_docs_are_what_kubectl_prints",
+                get_epol_samples_in_the_docs_are_what_kubectl_prints,
             ),
         ],
         setup,

@@ -1,6 +1,6 @@
 //! Section 2: the webhook (the release `aether-controller run`) against `webhook-floor` (the same
 //! TLS + HTTP stack answering a fixed review), with two real reviews the webhook allows: one that
-//! produces no warning and one that does (the canonical `sockets/app.sock`, exactly the 16-byte
+//! produces no warning and one that does (`sockets/app.sock` of `create-valid.json`, exactly the 16-byte
 //! budget). Goals (issue 15): saturation ≥ 0.7× the floor and p99 at 2k/s ≤ 1.5× the floor, per
 //! review. When one is missed and perf is there, the webhook is sampled under saturation and its
 //! top self-time symbols go into the report ([`crate::profile`]).
