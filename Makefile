@@ -62,8 +62,10 @@ test-nodes: root tools build ## The multi-node suite alone (root: two real nodes
 test: tools build ## Everything: unit, property, TLS, real-control-plane and real-node tests
 	$(CARGO) test --workspace
 
-lint: ## The pinned rustc, rustfmt check, clippy and rustdoc with warnings as errors, cargo-deny (licences, bans, sources), shell syntax, the agent core's dependency tree
+lint: ## The pinned rustc, rustfmt check, clippy and rustdoc with warnings as errors, cargo-deny (licences, bans, sources), shell syntax, actionlint (+ shellcheck) on .github/workflows, the agent core's dependency tree
 	scripts/install-deps.sh toolchain build lint
+	tests/harness/build-tools.sh actionlint
+	$(TOOLS_BIN)/actionlint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps -q

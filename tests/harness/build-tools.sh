@@ -5,9 +5,10 @@
 # (go.etcd.io/etcd/server/v3), helm (helm.sh/helm/v3) and coredns (the real node's cluster DNS:
 # tests/harness/coredns/main.go, a CoreDNS with only the plugins the test cluster uses, built
 # against github.com/coredns/coredns). Each binary is built once per pinned version; later runs
-# only check that it is there.
+# only check that it is there. On request only (not in the default set): actionlint
+# (github.com/rhysd/actionlint, `make lint`'s check of .github/workflows).
 #
-# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine)
+# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint)
 # Env:   AETHER_TOOLS_DIR  cache folder (default: <repo>/.cache/tools)
 set -euo pipefail
 
@@ -15,6 +16,7 @@ KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.7.3}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
@@ -118,6 +120,11 @@ for t in "${want[@]}"; do
         (cd "$d" && go get "github.com/coredns/coredns@$COREDNS_VERSION" >&2)
       fi
       build coredns "$COREDNS_VERSION" "$d" . ;;
-    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm coredns)"; exit 2 ;;
+    actionlint)
+      d="$tools/src/actionlint-$ACTIONLINT_VERSION"; new_module "$d"
+      [ -x "$tools/bin/actionlint-$ACTIONLINT_VERSION" ] || (cd "$d" && go get "github.com/rhysd/actionlint@$ACTIONLINT_VERSION" >&2)
+      build actionlint "$ACTIONLINT_VERSION" "$d" github.com/rhysd/actionlint/cmd/actionlint \
+        "-X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION" ;;
+    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm coredns actionlint)"; exit 2 ;;
   esac
 done
