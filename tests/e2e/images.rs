@@ -275,6 +275,7 @@ fn aether_images_carry_the_oci_labels() -> anyhow::Result<()> {
         ensure!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         Ok(String::from_utf8(out.stdout)?.trim().to_owned())
     };
+    built_images()?; // first: the labels name HEAD as of the build
     let head = git(&["rev-parse", "HEAD"])?;
     let created = git(&["log", "-1", "--date=format-local:%Y-%m-%dT%H:%M:%SZ", "--format=%cd", "HEAD"])?;
     for (name, title) in [
