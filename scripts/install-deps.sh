@@ -21,7 +21,9 @@
 #   node       Debian containerd, runc, containernetworking-plugins, iptables, conntrack (the real
 #              node of tests/harness/node.sh)
 #   lint       cargo-deny $CARGO_DENY_VERSION, built from crates.io into .cache/cargo-tools/bin
-#              (make lint's licence, ban and source checks; a few minutes, once)
+#              (make lint's licence, ban and source checks; a few minutes, once), and the Debian
+#              package shellcheck: actionlint (tests/harness/build-tools.sh actionlint) checks the
+#              workflows' `run:` scripts with it when it is on PATH
 #
 # Debian packages are installed with apt-get when missing, which needs root; without root the
 # script names the missing packages and the command that installs them, and exits 1.
@@ -149,7 +151,7 @@ for g in "${groups[@]}"; do
       python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
       apt_install_no_start prometheus ;;
     node) apt_install containerd runc containernetworking-plugins iptables conntrack ;;
-    lint) lint_tools ;;
+    lint) lint_tools; apt_install shellcheck ;;
     *) die "unknown group '$g' (known: toolchain build test node lint)" ;;
   esac
 done

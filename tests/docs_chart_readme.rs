@@ -102,6 +102,8 @@ const SCHEMA: &str = r##"{
   }
 }"##;
 
+const DEMO_CHART: &str = "name: demo\ndescription: A demo.\nhome: https://example.org/demo\nappVersion: \"1.2.3\"\n";
+
 const VALUES: &str = "# -- The mode.\nmode: a\nport: 9090\nbare: true\n# A box of things.\nbox:\n  path: /k\nresources:\n  limits: {memory: 1Mi}\n";
 
 /// The generator's own rules on a small chart: `$ref` descriptions and bounds, `allOf` bounds,
@@ -109,8 +111,7 @@ const VALUES: &str = "# -- The mode.\nmode: a\nport: 9090\nbare: true\n# A box o
 /// by name.
 #[test]
 fn the_generator_reads_refs_allof_and_refuses_a_value_without_description() {
-    let chart =
-        readme::Chart { chart_yaml: "name: demo\ndescription: A demo.\n", values_yaml: VALUES, schema_json: SCHEMA };
+    let chart = readme::Chart { chart_yaml: DEMO_CHART, values_yaml: VALUES, schema_json: SCHEMA };
     let groups = readme::groups(&chart).expect("parses");
     let row = |key: &str| {
         groups.iter().flat_map(|g| &g.rows).find(|r| r.key == key).unwrap_or_else(|| panic!("{key}: no row"))
@@ -135,4 +136,39 @@ fn the_generator_reads_refs_allof_and_refuses_a_value_without_description() {
     let unknown = format!("{VALUES}extra: 1\n");
     let err = readme::groups(&readme::Chart { values_yaml: &unknown, ..chart }).expect_err("no schema for extra");
     assert!(err.to_string().contains("extra"), "{err}");
+}
+
+/// The README's links are absolute (it travels in the packaged chart): `docs/<page>.md` mentions
+/// become links at `<home>/blob/v<appVersion>`, a quoted heading after one its GitHub anchor;
+/// mentions in a path, a code span or an existing link stay as they are; no `home` is an error.
+#[test]
+fn the_generator_links_docs_mentions_at_the_charts_release() {
+    let base = "https://example.org/demo/blob/v1.2.3";
+    let chart: yaml_serde::Value = yaml_serde::from_str(DEMO_CHART).expect("parses");
+    assert_eq!(readme::docs_base(&chart).expect("home and appVersion"), base);
+    for (text, want) in [
+        ("Caps (docs/listeners.md).", format!("Caps ([docs/listeners.md]({base}/docs/listeners.md)).")),
+        (
+            "No refusal (docs/design-notes.md, \"Handing the node proxy over\").",
+            format!(
+                "No refusal ([docs/design-notes.md, \"Handing the node proxy over\"]({base}/docs/design-notes.md#handing-the-node-proxy-over))."
+            ),
+        ),
+        ("see docs/rbac.md", format!("see [docs/rbac.md]({base}/docs/rbac.md)")),
+        (
+            "x/docs/a.md, `docs/b.md`, [docs/c.md](u), docs/d.txt",
+            "x/docs/a.md, `docs/b.md`, [docs/c.md](u), docs/d.txt".to_owned(),
+        ),
+    ] {
+        assert_eq!(readme::link_docs(text, base), want, "{text}");
+    }
+    assert_eq!(
+        readme::github_anchor("Webhook certificates (`webhook.certs.mode`)"),
+        "webhook-certificates-webhookcertsmode"
+    );
+    assert_eq!(readme::github_anchor("Troubleshooting: a watch that fails"), "troubleshooting-a-watch-that-fails");
+    let no_home =
+        readme::Chart { chart_yaml: "name: demo\nappVersion: \"1\"\n", values_yaml: VALUES, schema_json: SCHEMA };
+    let err = readme::render(&no_home).expect_err("no home").to_string();
+    assert!(err.contains("home"), "{err}");
 }

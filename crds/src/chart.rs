@@ -16,9 +16,15 @@ use crate::EndpointPolicy;
 use crate::policy::socket_length_rule;
 use crate::udspath::SocketLimit;
 
-/// Labels the chart copy carries.
-pub const CHART_LABELS: &[(&str, &str)] =
-    &[("app.kubernetes.io/name", "aether-crds"), ("app.kubernetes.io/part-of", "aether")];
+/// Labels the chart copy carries (Kubernetes' recommended `app.kubernetes.io/*` labels): the
+/// chart's name, the project it belongs to, and the release (`workspace.package.version` of the
+/// root `Cargo.toml`, which is also the charts' `appVersion`), so `kubectl get crd -L
+/// app.kubernetes.io/version` tells which release's schema a cluster serves.
+pub const CHART_LABELS: &[(&str, &str)] = &[
+    ("app.kubernetes.io/name", "aether-crds"),
+    ("app.kubernetes.io/part-of", "aether"),
+    ("app.kubernetes.io/version", env!("CARGO_PKG_VERSION")),
+];
 
 /// Helm's annotation that keeps the CRD (and so every EndpointPolicy) on `helm uninstall`.
 pub const KEEP_ANNOTATION: (&str, &str) = ("helm.sh/resource-policy", "keep");

@@ -1,5 +1,5 @@
 //! The CRD copy in the chart equals the generated one except for chart metadata: its labels and
-//! the `helm.sh/resource-policy: keep` annotation (DESIGN.md "Contracts").
+//! the `helm.sh/resource-policy: keep` annotation.
 
 use std::collections::BTreeMap;
 
@@ -45,6 +45,12 @@ fn chart_copy_has_exactly_the_chart_labels() {
     let expected: BTreeMap<String, String> =
         CHART_LABELS.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
     assert_eq!(labels, expected);
+    // The release, as the chart's appVersion says it (a release bump regenerates the copy).
+    let chart_yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/aether-crds/Chart.yaml"))
+        .expect("charts/aether-crds/Chart.yaml");
+    let chart: Value = yaml_serde::from_str(&chart_yaml).expect("Chart.yaml parses");
+    assert_eq!(labels.get("app.kubernetes.io/version").map(String::as_str), chart["appVersion"].as_str());
+    assert_eq!(labels.get("app.kubernetes.io/part-of").map(String::as_str), Some("aether"));
 }
 
 #[test]

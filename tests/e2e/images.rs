@@ -4,6 +4,7 @@
 //! its `COPY --from=build` lines put in place, executable, with its ELF interpreter and every
 //! shared library it needs (transitively) inside the image. The Envoy, uds-echo and pause images
 //! carry their entrypoint binary the same way; the CoreDNS image its static Go binary, run as root.
+//! The images of aether's binaries carry the OCI labels (version, revision, created, ...).
 //!
 //! The Dockerfiles are parsed here, independently of the builder (`tests/harness/mkimage.py`);
 //! the tarballs are read with its `inspect` subcommand (JSON: config, paths, library closure).
@@ -263,6 +264,52 @@ fn coredns_image_has_its_static_binary_run_as_root() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The images of aether's own binaries carry the OCI annotation keys as config labels: the
+/// workspace version (this crate inherits `workspace.package.version`), git HEAD and its commit
+/// time (also the config's `created`, so a rebuild of the commit is byte-identical), the project
+/// and its licence.
+#[test]
+fn aether_images_carry_the_oci_labels() -> anyhow::Result<()> {
+    let git = |args: &[&str]| -> anyhow::Result<String> {
+        let out = Command::new("git").arg("-C").arg(repo_root()).args(args).env("TZ", "UTC0").output()?;
+        ensure!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+    };
+    built_images()?; // first: the labels name HEAD as of the build
+    let head = git(&["rev-parse", "HEAD"])?;
+    let created = git(&["log", "-1", "--date=format-local:%Y-%m-%dT%H:%M:%SZ", "--format=%cd", "HEAD"])?;
+    for (name, title) in [
+        ("aether-controller", "aether-controller"),
+        ("aether-agent", "aether-agent"),
+        ("uds-echo", "uds-echo"),
+        ("pause", "aether-pause"),
+    ] {
+        let image = inspect(name)?;
+        let labels = &image["config"]["Labels"];
+        for (key, want) in [
+            ("title", title),
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("revision", head.as_str()),
+            ("created", created.as_str()),
+            ("source", "https://github.com/aether-mesh/aether"),
+            ("licenses", "Apache-2.0"),
+        ] {
+            let key = format!("org.opencontainers.image.{key}");
+            ensure!(labels[&key] == want, "{name}: label {key} is {}, expected {want}", labels[&key]);
+        }
+        ensure!(
+            labels["org.opencontainers.image.description"].as_str().is_some_and(|d| !d.is_empty()),
+            "{name}: no description label: {labels}"
+        );
+        ensure!(
+            image["created"] == created.as_str(),
+            "{name}: config created {} but HEAD is of {created}",
+            image["created"]
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn every_image_has_a_sticky_tmp_and_the_distroless_users() -> anyhow::Result<()> {
     for name in ["aether-controller", "aether-agent", "envoy", "uds-echo", "pause", "coredns"] {
@@ -294,6 +341,29 @@ fn the_image_builder_refuses_dockerfile_lines_it_cannot_reproduce() -> anyhow::R
             .output()?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         ensure!(!out.status.success() && stderr.contains(rule), "{tail:?}: expected failure {rule:?}, got {stderr}");
+    }
+    Ok(())
+}
+
+#[test]
+fn the_image_builder_refuses_bad_labels_and_times() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("x.tar");
+    for (flags, rule) in [
+        (&["--label", "no-equals-sign"][..], "--label no-equals-sign: expected KEY=VALUE"),
+        (&["--label", "a=1", "--label", "a=2"][..], "--label a is given twice"),
+        (&["--created", "2026-01-01 10:00:00"][..], "expected YYYY-MM-DDTHH:MM:SSZ"),
+    ] {
+        let run = Command::new("python3")
+            .arg(repo_root().join("tests/harness/mkimage.py"))
+            .args(["build", "--ref", "localhost/x:dev", "--out"])
+            .arg(&out)
+            .args(["--add", "/bin/true:/usr/local/bin/true", "--entrypoint", r#"["/usr/local/bin/true"]"#])
+            .args(flags)
+            .output()?;
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        ensure!(!run.status.success() && stderr.contains(rule), "{flags:?}: expected failure {rule:?}, got {stderr}");
+        ensure!(!out.exists(), "{flags:?}: a tarball was written");
     }
     Ok(())
 }

@@ -5,9 +5,10 @@
 # (go.etcd.io/etcd/server/v3), helm (helm.sh/helm/v3) and coredns (the real node's cluster DNS:
 # tests/harness/coredns/main.go, a CoreDNS with only the plugins the test cluster uses, built
 # against github.com/coredns/coredns). Each binary is built once per pinned version; later runs
-# only check that it is there.
+# only check that it is there. On request only (not in the default set): actionlint
+# (github.com/rhysd/actionlint, `make lint`'s check of .github/workflows).
 #
-# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine)
+# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint)
 # Env:   AETHER_TOOLS_DIR  cache folder (default: <repo>/.cache/tools)
 set -euo pipefail
 
@@ -15,6 +16,7 @@ KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.7.3}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
@@ -91,9 +93,23 @@ for t in "${want[@]}"; do
       [ -x "$tools/bin/etcd-$ETCD_VERSION" ] || (cd "$d" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2)
       build etcd "$ETCD_VERSION" "$d" go.etcd.io/etcd/server/v3 ;;
     helm)
+      # Stamped as Helm's own release build stamps it (the LDFLAGS of its Makefile): the version
+      # `helm version` prints, and the Kubernetes version `helm template` and `helm lint` assume
+      # without a cluster: the client-go minor Helm is built with (unstamped it is 1.20, which
+      # the charts' `kubeVersion: ">=1.25.0-0"` refuses). "-stamped" keeps it apart from an
+      # unstamped build of the same version.
       d="$tools/src/helm-$HELM_VERSION"; new_module "$d"
-      [ -x "$tools/bin/helm-$HELM_VERSION" ] || (cd "$d" && go get "helm.sh/helm/v3@$HELM_VERSION" >&2)
-      build helm "$HELM_VERSION" "$d" helm.sh/helm/v3/cmd/helm ;;
+      if [ ! -x "$tools/bin/helm-$HELM_VERSION-stamped" ]; then
+        (cd "$d" && go get "helm.sh/helm/v3@$HELM_VERSION" >&2)
+        client_go=$(cd "$d" && go list -m -f '{{.Version}}' k8s.io/client-go)  # v0.<minor>.<patch>
+        k8s_minor=$(echo "$client_go" | cut -d. -f2)
+        [[ $k8s_minor =~ ^[0-9]+$ ]] || { log "helm: cannot read the client-go minor from '$client_go'"; exit 1; }
+        helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+        for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+          helm_ldflags+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$k8s_minor"
+        done
+      fi
+      build helm "$HELM_VERSION-stamped" "$d" helm.sh/helm/v3/cmd/helm "${helm_ldflags:-}" ;;
     coredns)
       # The main package is the repository's own (tests/harness/coredns/main.go), copied into the
       # scratch module, which then requires CoreDNS at the pinned version. Like the others, the
@@ -104,6 +120,11 @@ for t in "${want[@]}"; do
         (cd "$d" && go get "github.com/coredns/coredns@$COREDNS_VERSION" >&2)
       fi
       build coredns "$COREDNS_VERSION" "$d" . ;;
-    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm coredns)"; exit 2 ;;
+    actionlint)
+      d="$tools/src/actionlint-$ACTIONLINT_VERSION"; new_module "$d"
+      [ -x "$tools/bin/actionlint-$ACTIONLINT_VERSION" ] || (cd "$d" && go get "github.com/rhysd/actionlint@$ACTIONLINT_VERSION" >&2)
+      build actionlint "$ACTIONLINT_VERSION" "$d" github.com/rhysd/actionlint/cmd/actionlint \
+        "-X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION" ;;
+    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm coredns actionlint)"; exit 2 ;;
   esac
 done

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Builds the OCI images the real-node tests run, from the workspace's own debug binaries, as
+# Builds the OCI images the real-node tests run, from the workspace's own binaries, as
 # `docker save` (docker-archive) tarballs: no registry, no Docker engine (tests/harness/mkimage.py
 # writes them). Each image is one deterministic layer: the binaries, the shared libraries ldd names
 # for them, /tmp, /etc/passwd + /etc/group (root, nonroot 65532) and empty /proc /sys /dev.
+# Profile (AETHER_IMAGE_PROFILE): `debug` (the default: what the test suites build anyway) or
+# `release` (`make images`: `cargo build --release`, binaries from $CARGO_TARGET_DIR/release).
+# The images of aether's own binaries carry the OCI annotation keys as image config labels
+# (org.opencontainers.image.title, description, version = workspace.package.version of Cargo.toml,
+# revision = git HEAD, source, licenses, created = HEAD's commit time, so that a rebuild of the
+# same commit gives the same tarball).
 #
 #   <prefix>/aether-controller:<tag>  aether-controller + aether-webhook-certs; binaries' paths,
 #                                     USER, ENTRYPOINT, CMD, EXPOSE from controller/Dockerfile
@@ -15,7 +21,7 @@
 #                                     binary, so no libraries) at /usr/local/bin/coredns
 #
 # Usage:
-#   tests/harness/images.sh build         cargo build the binaries, then (re)build every tarball
+#   tests/harness/images.sh build         cargo build the binaries (the profile's), then (re)build every tarball
 #                                         whose inputs changed; prints REF  TAR  SIZE per image
 #   tests/harness/images.sh import SOCK   `ctr -a SOCK -n k8s.io images import` every tarball
 #                                         (run `build` first); idempotent
@@ -23,7 +29,9 @@
 # Env: AETHER_IMAGES_DIR    where the tarballs go (default: <repo>/.cache/images)
 #      AETHER_IMAGE_PREFIX  repository prefix (default: localhost/aether)
 #      AETHER_IMAGE_TAG     tag (default: dev)
+#      AETHER_IMAGE_PROFILE debug (default) or release: the cargo profile of the binaries
 #      CARGO_TARGET_DIR     cargo's target dir (default: <repo>/target); binaries from its debug/
+#                           or release/ folder (the profile's)
 #      AETHER_TOOLS_DIR     build-tools.sh's folder, for CoreDNS (default: <repo>/.cache/tools)
 #      AETHER_IMAGES_NO_CARGO=1  skip the cargo build (the binaries must already be there)
 #      CARGO, PYTHON        the cargo and python3 to run (defaults: cargo, python3)
@@ -34,7 +42,7 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=${AETHER_IMAGES_DIR:-$repo/.cache/images}
 prefix=${AETHER_IMAGE_PREFIX:-localhost/aether}
 tag=${AETHER_IMAGE_TAG:-dev}
-bin_dir=${CARGO_TARGET_DIR:-$repo/target}/debug
+profile=${AETHER_IMAGE_PROFILE:-debug}
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
 CARGO=${CARGO:-cargo}
 PYTHON=${PYTHON:-python3}
@@ -42,6 +50,12 @@ mkimage=("$PYTHON" "$repo/tests/harness/mkimage.py")
 
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+case $profile in
+  debug | release) ;;
+  *) die "AETHER_IMAGE_PROFILE=$profile: expected debug or release" ;;
+esac
+bin_dir=${CARGO_TARGET_DIR:-$repo/target}/$profile
 
 # The six images: short name (the tarball is <name>.tar).
 names=(aether-controller aether-agent envoy uds-echo pause coredns)
@@ -56,12 +70,55 @@ list() {
 # human SIZE-IN-BYTES: the size in MiB with one decimal.
 human() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
+# The OCI labels of an image of aether's binaries, as mkimage.py flags, one word a line: --created
+# and --label flags. Usage: labels TITLE DESCRIPTION.
+# Version from Cargo.toml, revision and created from git (HEAD and its commit time, UTC); without
+# a git checkout (an unpacked source archive) revision is left out and created is the epoch.
+labels() {
+  local version revision="" created="1970-01-01T00:00:00Z"
+  version=$("$PYTHON" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["workspace"]["package"]["version"])' \
+    "$repo/Cargo.toml") || die "no workspace.package.version in $repo/Cargo.toml"
+  if revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null); then
+    created=$(TZ=UTC0 git -C "$repo" log -1 --date=format-local:%Y-%m-%dT%H:%M:%SZ --format=%cd HEAD)
+  else
+    revision=""
+  fi
+  local flags=(
+    --created "$created"
+    --label "org.opencontainers.image.title=$1"
+    --label "org.opencontainers.image.description=$2"
+    --label "org.opencontainers.image.version=$version"
+    --label "org.opencontainers.image.source=https://github.com/aether-mesh/aether"
+    --label "org.opencontainers.image.licenses=Apache-2.0"
+    --label "org.opencontainers.image.created=$created"
+  )
+  [ -z "$revision" ] || flags+=(--label "org.opencontainers.image.revision=$revision")
+  printf '%s\n' "${flags[@]}"
+}
+
 build() {
   if [ "${AETHER_IMAGES_NO_CARGO:-}" != 1 ]; then
-    log "cargo build (debug) of the image binaries ..."
-    (cd "$repo" && "$CARGO" build -q -p aether-controller -p aether-webhook-certs \
-      -p aether-agent-reconciler -p aether-proxy-launcher -p aether-tests --bins)
+    if [ "$profile" = release ]; then
+      # Only the images' binaries: the tests crate's other binaries (the bench) are not shipped.
+      log "cargo build --release of the image binaries ..."
+      (cd "$repo" && "$CARGO" build -q --locked --release -p aether-controller -p aether-webhook-certs \
+        -p aether-agent-reconciler -p aether-proxy-launcher -p aether-tests \
+        --bin aether-controller --bin aether-webhook-certs --bin aether-agent --bin aether-proxy-launcher \
+        --bin uds-echo --bin aether-pause)
+    else
+      log "cargo build (debug) of the image binaries ..."
+      (cd "$repo" && "$CARGO" build -q -p aether-controller -p aether-webhook-certs \
+        -p aether-agent-reconciler -p aether-proxy-launcher -p aether-tests --bins)
+    fi
   fi
+  local -a controller_labels agent_labels echo_labels pause_labels
+  mapfile -t controller_labels < <(labels aether-controller \
+    "aether's admission webhook for EndpointPolicy (config.aether.io/v1) and the chart's webhook certificate job (aether-webhook-certs)")
+  mapfile -t agent_labels < <(labels aether-agent \
+    "aether's node agent (xDS over a Unix socket to the node's Envoy) and the Envoy launcher (aether-proxy-launcher)")
+  mapfile -t echo_labels < <(labels uds-echo "aether's test workload: an echo server on a Unix socket or TCP")
+  mapfile -t pause_labels < <(labels aether-pause "aether's pod sandbox (pause) image for its test node")
+  [ ${#controller_labels[@]} -ge 14 ] || die "could not work out the image labels (Cargo.toml, git)"
   local envoy
   envoy=$("$repo/tests/harness/install-envoy.sh")
   # CoreDNS: built from its Go module the first time (minutes); later runs only check it is there.
@@ -74,9 +131,9 @@ build() {
   flock -n 9 || { log "waiting for another images.sh build in $out ..."; flock 9; }
   local nonroot='65532:65532' lines=()
   lines+=("$("${mkimage[@]}" build --ref "$prefix/aether-controller:$tag" --out "$out/aether-controller.tar" \
-    --dockerfile "$repo/controller/Dockerfile" --bin-dir "$bin_dir")")
+    --dockerfile "$repo/controller/Dockerfile" --bin-dir "$bin_dir" "${controller_labels[@]}")")
   lines+=("$("${mkimage[@]}" build --ref "$prefix/aether-agent:$tag" --out "$out/aether-agent.tar" \
-    --dockerfile "$repo/agent-reconciler/Dockerfile" --bin-dir "$bin_dir")")
+    --dockerfile "$repo/agent-reconciler/Dockerfile" --bin-dir "$bin_dir" "${agent_labels[@]}")")
   # The chart runs Envoy as root (proxy.securityContext.runAsUser: 0) under the launcher that an
   # initContainer copies from the agent image; the launcher's libraries (libgcc_s, libc) are in the
   # upstream envoyproxy/envoy image (Ubuntu), so this image carries them too (--libs-of).
@@ -85,10 +142,10 @@ build() {
     --cmd '["--config-path","/etc/envoy/envoy.yaml"]' --user 0:0)")
   lines+=("$("${mkimage[@]}" build --ref "$prefix/uds-echo:$tag" --out "$out/uds-echo.tar" \
     --add "$bin_dir/uds-echo:/usr/local/bin/uds-echo" --entrypoint '["/usr/local/bin/uds-echo"]' \
-    --user "$nonroot")")
+    --user "$nonroot" "${echo_labels[@]}")")
   lines+=("$("${mkimage[@]}" build --ref "$prefix/pause:$tag" --out "$out/pause.tar" \
     --add "$bin_dir/aether-pause:/usr/local/bin/aether-pause" \
-    --entrypoint '["/usr/local/bin/aether-pause"]' --user "$nonroot")")
+    --entrypoint '["/usr/local/bin/aether-pause"]' --user "$nonroot" "${pause_labels[@]}")")
   # Root (0:0): CoreDNS binds port 53, below 1024, and the image has no file capabilities.
   lines+=("$("${mkimage[@]}" build --ref "$prefix/coredns:$tag" --out "$out/coredns.tar" \
     --add "$tools/bin/coredns:/usr/local/bin/coredns" --entrypoint '["/usr/local/bin/coredns"]' \

@@ -12,11 +12,16 @@ nobody (65534) and nonroot (65532) as in distroless, /root, /home/nonroot, and e
 Usage:
   mkimage.py build --ref REF --out TAR [--dockerfile FILE --bin-dir DIR]
                    [--add SRC:DEST ...] [--libs-of SRC ...] [--entrypoint JSON] [--cmd JSON] [--user USER]
+                   [--label KEY=VALUE ...] [--created TIME]
       Builds TAR for REF (e.g. localhost/aether/aether-agent:dev). With --dockerfile, the final
       stage of FILE gives the binaries (each `COPY --from=<stage> /out/<bin>... <dest>` copies
       DIR/<bin>), USER, ENTRYPOINT, CMD and EXPOSE; --entrypoint/--cmd/--user are then refused.
       --add copies the host file SRC to the absolute image path DEST (mode 0755).
       --libs-of adds only the libraries and interpreter SRC needs (a binary another image brings).
+      --label sets a label of the image config (`config.Labels`, e.g. the OCI annotation keys
+      org.opencontainers.image.*); --created the config's and its history's `created` time
+      (RFC 3339 in UTC, `YYYY-MM-DDTHH:MM:SSZ`; default the epoch), e.g. the commit's time, so
+      the tarball stays a function of its inputs.
       The digest of every input (this script, the spec, each file's content) is kept next to TAR
       in TAR.inputs: when it is unchanged and TAR exists, nothing is rebuilt.
       Prints one line: REF<TAB>TAR<TAB>SIZE-IN-BYTES<TAB>built|unchanged
@@ -24,9 +29,10 @@ Usage:
       Prints, as JSON, what the final stage of FILE says: user, entrypoint, cmd, exposed ports
       and copies ({source, binary, dest}); exits 1 naming the line and the rule it breaks otherwise.
   mkimage.py inspect TAR
-      Prints, as JSON, the image's repo tags, platform, config, every path of its layers
-      (type, mode, uid, gid, size) and, for each dynamically linked ELF executable, its
-      interpreter, the libraries it needs (transitively) and which of them the image lacks.
+      Prints, as JSON, the image's repo tags, platform, created time, config (labels included),
+      every path of its layers (type, mode, uid, gid, size) and, for each dynamically linked ELF
+      executable, its interpreter, the libraries it needs (transitively) and which of them the
+      image lacks.
 
 Stdlib only.
 """
@@ -332,9 +338,21 @@ def write_layer(layer, files, dirs, texts):
 
 
 def image_spec(args):
-    """The image to build, as a dict: ref, binaries {dest: src}, entrypoint, cmd, user, ports."""
+    """The image to build, as a dict: ref, binaries {dest: src}, entrypoint, cmd, user, ports,
+    labels {key: value} and created (RFC 3339, UTC)."""
     spec = {"ref": args.ref, "binaries": {}, "entrypoint": None, "cmd": None, "user": None,
-            "exposed_ports": []}
+            "exposed_ports": [], "labels": {}, "created": CREATED}
+    for label in args.label:
+        key, sep, value = label.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", key):
+            raise ImageError(f"--label {label}: expected KEY=VALUE with a key of letters, digits, '.', '_', '/', '-'")
+        if key in spec["labels"]:
+            raise ImageError(f"--label {key} is given twice")
+        spec["labels"][key] = value
+    if args.created is not None:
+        if not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", args.created):
+            raise ImageError(f"--created {args.created}: expected YYYY-MM-DDTHH:MM:SSZ (RFC 3339, UTC)")
+        spec["created"] = args.created
     if args.dockerfile:
         if not args.bin_dir:
             raise ImageError("--dockerfile needs --bin-dir (where /out/<bin> comes from)")
@@ -405,11 +423,13 @@ def cmd_build(args):
         config = {
             "architecture": "amd64",
             "os": "linux",
-            "created": CREATED,
+            "created": spec["created"],
             "config": {"Env": [PATH_ENV], "Entrypoint": spec["entrypoint"], "WorkingDir": "/"},
             "rootfs": {"type": "layers", "diff_ids": ["sha256:" + diff_id]},
-            "history": [{"created": CREATED, "created_by": "tests/harness/mkimage.py " + spec["ref"]}],
+            "history": [{"created": spec["created"], "created_by": "tests/harness/mkimage.py " + spec["ref"]}],
         }
+        if spec["labels"]:
+            config["config"]["Labels"] = dict(sorted(spec["labels"].items()))
         if spec["cmd"]:
             config["config"]["Cmd"] = spec["cmd"]
         if spec["user"]:
@@ -558,6 +578,7 @@ def cmd_inspect(args):
             "repo_tags": manifest[0].get("RepoTags") or [],
             "architecture": config.get("architecture"),
             "os": config.get("os"),
+            "created": config.get("created"),
             "config": config.get("config", {}),
             "layers": len(manifest[0]["Layers"]),
             "files": files,
@@ -584,6 +605,9 @@ def main():
     build.add_argument("--entrypoint", help="JSON array")
     build.add_argument("--cmd", help="JSON array")
     build.add_argument("--user", help="USER of the image config, e.g. 65532:65532")
+    build.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                       help="a label of the image config (config.Labels)")
+    build.add_argument("--created", help="the config's created time, YYYY-MM-DDTHH:MM:SSZ (default: the epoch)")
     dockerfile = sub.add_parser("dockerfile", help="print what a Dockerfile's final stage says, as JSON")
     dockerfile.add_argument("file")
     inspect = sub.add_parser("inspect", help="print an image tarball's config, paths and libraries, as JSON")

@@ -10,6 +10,12 @@
 //! Every value must have a `description` in the schema (its own, or the one of the definition
 //! its `$ref` names; both are shown when both exist); [`render`] fails with the list of values
 //! that lack one.
+//!
+//! The README travels inside the packaged chart (`helm package`, `helm show readme`), where no
+//! repository file is next to it, so every link is absolute: a mention of a repository page
+//! `docs/<page>.md` in a description or introduction (optionally followed by `, "<heading>"`)
+//! becomes a link to that page, and that heading's anchor, at the chart's release
+//! ([`docs_base`]: the same URL as the chart's `aether.docsURL` template helper).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -77,6 +83,7 @@ pub fn render(chart: &Chart<'_>) -> anyhow::Result<String> {
     let meta: Yaml = yaml_serde::from_str(chart.chart_yaml)?;
     let name = meta.get("name").and_then(Yaml::as_str).ok_or_else(|| anyhow::anyhow!("Chart.yaml: no `name`"))?;
     let about = meta.get("description").and_then(Yaml::as_str).unwrap_or_default();
+    let base = docs_base(&meta)?;
     let groups = groups(chart)?;
     let missing = undescribed(&groups);
     anyhow::ensure!(
@@ -93,7 +100,7 @@ pub fn render(chart: &Chart<'_>) -> anyhow::Result<String> {
     );
     let _ = writeln!(s, "# Helm chart `{name}`\n");
     let _ = writeln!(s, "{}\n", about.trim());
-    let _ = writeln!(s, "{}\n", install_hint(name));
+    let _ = writeln!(s, "{}\n", install_hint(name, &base));
     let _ = writeln!(s, "## Values\n");
     let _ = writeln!(
         s,
@@ -111,7 +118,7 @@ pub fn render(chart: &Chart<'_>) -> anyhow::Result<String> {
             let _ = writeln!(s, "### `{}`\n", g.key);
         }
         if let Some(intro) = &g.intro {
-            let _ = writeln!(s, "{}\n", escape(intro));
+            let _ = writeln!(s, "{}\n", link_docs(&escape(intro), &base));
         }
         if g.rows.is_empty() {
             continue;
@@ -126,7 +133,7 @@ pub fn render(chart: &Chart<'_>) -> anyhow::Result<String> {
                 cell(&r.kind),
                 code_cell(&r.default),
                 cell(&r.bounds),
-                cell(r.description.as_deref().unwrap_or_default())
+                link_docs(&cell(r.description.as_deref().unwrap_or_default()), &base)
             );
         }
         s.push('\n');
@@ -134,8 +141,75 @@ pub fn render(chart: &Chart<'_>) -> anyhow::Result<String> {
     Ok(s)
 }
 
-/// How to install the chart, per chart name, with links to the docs (relative to the chart dir).
-fn install_hint(name: &str) -> String {
+/// The repository at the chart's release, `<home>/blob/v<appVersion>` from `Chart.yaml` (e.g.
+/// `https://github.com/aether-mesh/aether/blob/v0.10.0`), which the README's links start with.
+/// Errors: `home` or `appVersion` missing, or `home` not an `https://` URL.
+pub fn docs_base(chart_yaml: &Yaml) -> anyhow::Result<String> {
+    let field = |key: &str| {
+        chart_yaml.get(key).and_then(Yaml::as_str).ok_or_else(|| {
+            anyhow::anyhow!("Chart.yaml: no `{key}` (the README's links are <home>/blob/v<appVersion>/docs/...)")
+        })
+    };
+    let (home, app_version) = (field("home")?, field("appVersion")?);
+    anyhow::ensure!(home.starts_with("https://"), "Chart.yaml: `home` must be an https:// URL, got {home:?}");
+    Ok(format!("{}/blob/v{app_version}", home.trim_end_matches('/')))
+}
+
+/// GitHub's anchor of a Markdown heading: lowercased, every character other than a letter, a
+/// digit, a space, `-` or `_` dropped, then each space turned into `-` (e.g. "Handing the node
+/// proxy over" → `handing-the-node-proxy-over`, "Webhook certificates (`webhook.certs.mode`)" →
+/// `webhook-certificates-webhookcertsmode`).
+pub fn github_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// `text` (Markdown prose) with each mention of a repository page `docs/<page>.md` turned into a
+/// link to `<base>/docs/<page>.md`; a mention followed by `, "<heading>"` links to that heading
+/// ([`github_anchor`]) and takes the heading into the link text. A mention inside a word, a path
+/// (`x/docs/a.md`), a code span or a link text is left alone.
+pub fn link_docs(text: &str, base: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("docs/") {
+        let (before, from) = rest.split_at(at);
+        out.push_str(before);
+        let starts_word = out.chars().next_back().is_none_or(|c| !(c.is_alphanumeric() || "/._-[`".contains(c)));
+        let page_len = from["docs/".len()..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .unwrap_or(from.len() - "docs/".len());
+        let path_len = "docs/".len() + page_len;
+        if !starts_word || page_len == 0 || !from[path_len..].starts_with(".md") {
+            out.push_str("docs/");
+            rest = &from["docs/".len()..];
+            continue;
+        }
+        let path = &from[..path_len + ".md".len()];
+        let after = &from[path.len()..];
+        let heading = after.strip_prefix(", \"").and_then(|h| h.split_once('"')).map(|(h, _)| h);
+        match heading {
+            Some(h) => {
+                let _ = write!(out, "[{path}, \"{h}\"]({base}/{path}#{})", github_anchor(h));
+                rest = &after[", \"".len() + h.len() + 1..];
+            }
+            None => {
+                let _ = write!(out, "[{path}]({base}/{path})");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// How to install the chart, per chart name, with links to the docs at the chart's release
+/// (`base`, [`docs_base`]).
+fn install_hint(name: &str, base: &str) -> String {
     let cmd = match name {
         "aether-crds" => "helm install aether-crds charts/aether-crds".to_owned(),
         "aether" => "kubectl create namespace aether-system\n\
@@ -145,9 +219,9 @@ fn install_hint(name: &str) -> String {
         other => format!("helm install {other} charts/{other}"),
     };
     format!(
-        "```sh\n{cmd}\n```\n\nInstall, certificate modes and pods dirs: [docs/install.md](../../docs/install.md); \
-         upgrades, GitOps and uninstall: [docs/upgrade.md](../../docs/upgrade.md); when something does not \
-         work: [docs/troubleshooting.md](../../docs/troubleshooting.md)."
+        "```sh\n{cmd}\n```\n\nInstall, certificate modes and pods dirs: [docs/install.md]({base}/docs/install.md); \
+         upgrades, GitOps and uninstall: [docs/upgrade.md]({base}/docs/upgrade.md); when something does not \
+         work: [docs/troubleshooting.md]({base}/docs/troubleshooting.md)."
     )
 }
 
