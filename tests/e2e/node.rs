@@ -1697,7 +1697,7 @@ fn helm_upgrade_runs_every_chart_variant(env: &Env) -> anyhow::Result<()> {
 /// socket path is past sun_path (a 50-byte volume name: 150 bytes) is served through its pin,
 /// the webhook admits a policy value the default CRD refuses, and the defaults come back.
 fn socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin(env: &Env) -> anyhow::Result<()> {
-    let crds = repo_root().join("charts/aether-crds");
+    let crds = aether_tests::node::packaged_chart("aether-crds")?;
     let crds = crds.to_str().context("path")?;
     let volume = format!("v{}", "x".repeat(49));
     let policy = format!(
@@ -1948,7 +1948,7 @@ fn setup() -> anyhow::Result<Env> {
     let node = RealNode::up()?;
     eprintln!("node up in {} s", t0.elapsed().as_secs());
     let env = Env { node, installed_at: Instant::now() };
-    let crds = repo_root().join("charts/aether-crds");
+    let crds = aether_tests::node::packaged_chart("aether-crds")?;
     env.node.helm(&["install", "aether-crds", crds.to_str().context("path")?, "--wait"])?;
     let t1 = Instant::now();
     // One namespace for everything (docs/install.md's alternative to the README's split): this

@@ -25,7 +25,7 @@ use std::time::Duration;
 use aether_tests::continuity::{self, Load, Report};
 use aether_tests::node::{README_NODE_NAMESPACE, aether_chart_args, release_namespace_command};
 use aether_tests::nodes::{App, ClusterNode, Placement, RESTRICTED_CONTAINER, RESTRICTED_POD, RealNodes, app_yaml};
-use aether_tests::{Kubectl, eventually, repo_root};
+use aether_tests::{Kubectl, eventually};
 use anyhow::{Context, ensure};
 use serde_json::Value;
 
@@ -765,7 +765,7 @@ fn node_down_restores_the_host(env: &Env) -> anyhow::Result<()> {
 
 fn setup() -> anyhow::Result<Env> {
     let env = Env { nodes: RealNodes::up(2)? };
-    let crds = repo_root().join("charts/aether-crds");
+    let crds = aether_tests::node::packaged_chart("aether-crds")?;
     env.nodes.helm(&["install", "aether-crds", crds.to_str().context("path")?, "--wait"])?;
     // The README's install: only the release namespace by hand; the chart makes NODE_NS.
     env.kube().ok(&release_namespace_command(NS))?;

@@ -51,15 +51,51 @@ pub fn privileged_label_command(namespace: &str) -> Vec<String> {
     vec!["label".into(), "namespace".into(), namespace.into(), "pod-security.kubernetes.io/enforce=privileged".into()]
 }
 
-/// The arguments of `helm install|upgrade RELEASE charts/aether -n NAMESPACE` with
+/// The chart `charts/<name>` as `helm package` makes it (what `make charts` ships and the README
+/// installs): `<target>/packaged-charts/<pid>/<name>-<version>.tgz`, packaged once per test
+/// process. The real-node suites install these, so a packaged chart is what runs.
+///
+/// # Errors
+/// When `helm package` fails (its stderr) or its output names no file.
+pub fn packaged_chart(name: &str) -> anyhow::Result<PathBuf> {
+    use std::sync::Mutex;
+    static DONE: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+    let mut done = DONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(path) = done.get(name) {
+        return Ok(path.clone());
+    }
+    let dir = repo_root().join("target/packaged-charts").join(std::process::id().to_string());
+    std::fs::create_dir_all(&dir)?;
+    let out = Command::new(tools_bin().join("helm"))
+        .arg("package")
+        .arg(repo_root().join("charts").join(name))
+        .arg("--destination")
+        .arg(&dir)
+        .output()
+        .context("running helm package")?;
+    if !out.status.success() {
+        bail!("helm package charts/{name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // "Successfully packaged chart and saved it to: <path>"
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let path = stdout
+        .rsplit_once(": ")
+        .map(|(_, p)| PathBuf::from(p.trim()))
+        .filter(|p| p.is_file())
+        .with_context(|| format!("helm package printed no file: {stdout}"))?;
+    done.insert(name.to_owned(), path.clone());
+    Ok(path)
+}
+
+/// The arguments of `helm install|upgrade RELEASE <packaged charts/aether> -n NAMESPACE` with
 /// [`CHART_IMAGE_SETS`] plus `extra` `--set` flags, waiting (300 s at most) for every workload and
 /// hook Job; `upgrade` resets the values to the chart's. The namespace must exist (see
 /// [`release_namespace_command`]).
 ///
 /// # Errors
-/// When the repository path is not UTF-8.
+/// What [`packaged_chart`] returns; when the path is not UTF-8.
 pub fn aether_chart_args(verb: &str, release: &str, namespace: &str, extra: &[&str]) -> anyhow::Result<Vec<String>> {
-    let chart = repo_root().join("charts/aether");
+    let chart = packaged_chart("aether")?;
     let chart = chart.to_str().context("chart path is not UTF-8")?;
     let mut args: Vec<String> = [verb, release, chart, "-n", namespace].map(String::from).to_vec();
     if verb != "install" {
