@@ -77,7 +77,7 @@ lint: ## The pinned rustc, rustfmt check, clippy and rustdoc with warnings as er
 root: # The real node needs root: say so before building anything
 	@[ "$$(id -u)" = 0 ] || { echo "make demo / test-node: needs root (it starts containerd and kubelet): sudo make ..." >&2; exit 1; }
 
-demo: root tools build ## Real node (root): helm install both charts, the webhook via its Service, a UDS-only pod, a policy switch, an Event, metrics, helm uninstall
+demo: root tools build images charts ## Real node (root): the README's Quickstart (release images, the packaged charts), the webhook via its Service, a UDS-only pod, a policy switch, an Event, metrics, helm uninstall
 	scripts/demo.sh
 
 attack: root tools build ## The socket-swap attack for AETHER_ATTACK_SECS (60) against the real agent and Envoy: 0 requests may reach the victim (not in CI)

@@ -41,10 +41,10 @@ kubectl get nodes -o wide | indent
 in_node() { local pid=$1; shift; nsenter -t "$pid" -n -m -- "$@"; }
 
 step "helm install aether-crds; helm install aether -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs (the README's install)"
-helm install aether-crds "$repo/charts/aether-crds" --wait | grep -E '^(NAME|STATUS)' | indent
+helm install aether-crds "$crds_chart" --wait | grep -E '^(NAME|STATUS)' | indent
 echo "  \$ kubectl create namespace $NS    (the controller's; the chart makes $NODE_NS for the node pods, labelled privileged)"
 kubectl create namespace $NS | indent
-helm install aether "$repo/charts/aether" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
+helm install aether "$aether_chart" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
   | grep -E '^(NAME|STATUS)' | indent
 kubectl rollout status -n $NODE_NS daemonset/aether-node --timeout=120s >/dev/null
 kubectl rollout status -n $NODE_NS daemonset/aether-proxy --timeout=120s >/dev/null

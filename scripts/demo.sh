@@ -43,11 +43,11 @@ step "bringing up a real node (containerd, kubelet, controller-manager, schedule
 . "$work/env"
 kubectl get nodes -o wide | indent
 
-step "helm install aether-crds; helm install aether -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs (the README's install; images built here)"
-helm install aether-crds "$repo/charts/aether-crds" --wait | grep -E '^(NAME|STATUS)' | indent
+step "helm install aether-crds; helm install aether -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs (the README's install: the packaged charts of make charts, the release images of make images)"
+helm install aether-crds "$crds_chart" --wait | grep -E '^(NAME|STATUS)' | indent
 echo "  \$ kubectl create namespace $NS    (the controller's; the chart makes $NODE_NS for the node pods, labelled privileged)"
 kubectl create namespace $NS | indent
-helm install aether "$repo/charts/aether" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
+helm install aether "$aether_chart" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
   | grep -E '^(NAME|STATUS)' | indent
 kubectl get pods -A -o wide | indent
 echo "  \$ helm test aether -n $NS    (aether-controller verify-install: webhook denial, admission, every agent's /readyz)"
