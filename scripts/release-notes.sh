@@ -18,6 +18,12 @@ version=$1
 changelog=${2:-$(cd "$(dirname "$0")/.." && pwd)/CHANGELOG.md}
 [ -f "$changelog" ] || { echo "release-notes: $changelog does not exist" >&2; exit 1; }
 
+# The section's heading must carry the release date (an "Unreleased" section is not a release).
+if ! grep -Eq "^## \[$version\] - [0-9]{4}-[0-9]{2}-[0-9]{2}\b" "$changelog"; then
+  echo "release-notes: $changelog has no heading \"## [$version] - YYYY-MM-DD\" (still Unreleased?)" >&2
+  exit 1
+fi
+
 notes=$(awk -v heading="## [$version]" '
   index($0, heading) == 1 && (length($0) == length(heading) || substr($0, length(heading) + 1, 1) == " ") { on = 1; next }
   on && /^## \[/ { exit }

@@ -855,8 +855,8 @@ fn monitors_are_rendered_only_when_enabled_and_scrape_the_admin_ports() {
     assert_eq!(relabel[1]["replacement"], "${1}:15090");
     let moved = render(&["metrics.podMonitor.enabled=true", "proxy.stats.port=19090"]);
     assert_eq!(
-        find(&moved, "PodMonitor", "aether-proxy")["spec"]["podMetricsEndpoints"][0]["relabelings"][2]["replacement"],
-        "[${1}]:19090"
+        find(&moved, "PodMonitor", "aether-proxy")["spec"]["podMetricsEndpoints"][0]["relabelings"][1]["replacement"],
+        "${1}:19090"
     );
     let off = render(&["metrics.podMonitor.enabled=true", "proxy.stats.port=0"]);
     assert!(
