@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make lint: the agent's pure core (aether-agent-core) must stay free of I/O runtimes. Fails, naming
 # the crates, if its normal dependency tree holds an async runtime, an HTTP/gRPC stack or the
-# Kubernetes client (issue 11: "no tokio, hyper or kube client in its dependency tree").
+# Kubernetes client, so every rule stays testable with plain values (docs/design-notes.md, "Agent").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 forbidden='^(tokio|tokio-[a-z-]+|mio|hyper|hyper-[a-z-]+|h2|tonic|tonic-[a-z-]+|tower|tower-[a-z-]+|axum|kube-client|kube-runtime|reqwest|rustls) '

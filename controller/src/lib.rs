@@ -1,4 +1,5 @@
-//! aether-controller: the cluster-scoped half of aether's UDS delivery (proposal 034 Phase 1b).
+//! aether-controller: the cluster-scoped half of aether's UDS delivery (docs/reference.md,
+//! "`aether-controller`").
 //!
 //! - [`admission`]: AdmissionReview v1 parsing and the decision, dispatched by kind, with warnings.
 //! - [`warnings`]: the admission warnings (other policy on the Service, missing Service, budget).

@@ -2,8 +2,8 @@
 //! ([`aether_controller::cli::dispatch`]).
 //!
 //! The process allocates through jemalloc ([`tikv_jemallocator`]), like `aether-agent`: under
-//! admission load glibc's malloc/free were ~17 % of the webhook's self time (perf, issue 15
-//! item 4; `make bench` section 2 measures the webhook against its floor).
+//! admission load glibc's malloc/free were ~17 % of the webhook's self time (perf; `make bench`
+//! section 2 measures the webhook against its floor).
 
 use std::process::ExitCode;
 

@@ -59,7 +59,7 @@ pub struct WebhookState {
 /// The state is shared behind one `Arc`: axum clones the state for every request (and the
 /// 413-counting layer once more), and a [`WebhookState`] clone costs one atomic increment per
 /// `Arc` inside [`Metrics`] and the caches — 2.4 % of the webhook's CPU under saturation
-/// (issue 15 profile), against one increment here.
+/// (measured with perf), against one increment here.
 pub fn router(state: WebhookState, max_body_bytes: usize) -> Router {
     let state = Arc::new(state);
     Router::new()
@@ -123,7 +123,7 @@ async fn validate(State(state): State<Arc<WebhookState>>, request: Request) -> R
     // busy webhook does not write a line per request (the API server's audit log has those, and
     // `aether_admission_warnings_total{warning}` counts the warnings). The canonical example value is
     // exactly the default budget and always warns: logging warned allows at info cost ~19 % of
-    // saturation throughput in `make bench` (issue 15).
+    // saturation throughput in `make bench`.
     let warnings = decision.response.warnings.as_deref().unwrap_or_default();
     macro_rules! decided {
         ($level:expr) => {

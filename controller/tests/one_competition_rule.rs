@@ -1,10 +1,11 @@
-//! One competition rule (DESIGN.md "Precedence": among valid policies the lexicographically
-//! smallest name wins), seen from both sides. For random policy sets (names, namespaces, targets,
-//! valid and invalid specs, pods dirs with and without a budget) and random sets of existing
-//! Services, the policy the agent applies to a service key is the one the status writer reports
-//! in effect (`Accepted` when its Service exists, `AcceptedWithoutService` when it does not: the
-//! agent never looks at Services), the agent's conflict names the policies the status writer
-//! reports Conflicted (with or without the Service), and both sides agree on which are invalid.
+//! One competition rule (docs/endpointpolicy.md, "Which pods a policy reaches": among valid
+//! policies the lexicographically smallest name wins), seen from both sides. For random policy sets
+//! (names, namespaces, targets, valid and invalid specs, pods dirs with and without a budget) and
+//! random sets of existing Services, the policy the agent applies to a service key is the one the
+//! status writer reports in effect (`Accepted` when its Service exists, `AcceptedWithoutService`
+//! when it does not: the agent never looks at Services), the agent's conflict names the policies
+//! the status writer reports Conflicted (with or without the Service), and both sides agree on
+//! which are invalid.
 //!
 //! Both sides run their real code: on the agent `PolicyRecord::from_policy`, the index (whose
 //! fold names the policy it applied in each pod's delivery) and `fold::select_policy`; on the

@@ -1,8 +1,8 @@
 //! `POST /validate` at the router level (no sockets): AdmissionReview v1 fixtures shaped as
 //! kube-apiserver sends them, sent through `webhook::router` with `tower::ServiceExt::oneshot`.
-//! Covers the decision (allowed / denied naming the field), F04 (DELETE with `object: null`),
-//! F05 (malformed → 400, oversized → 413, a 2.5 MiB UPDATE decided normally) and F06 (response
-//! shape, unknown request fields tolerated).
+//! Covers the decision (allowed / denied naming the field), DELETE with `object: null`, bodies
+//! (malformed → 400, oversized → 413, a 2.5 MiB UPDATE decided normally) and the response shape
+//! (unknown request fields tolerated).
 
 mod common;
 
@@ -117,7 +117,7 @@ async fn valid_create_is_allowed_and_echoes_the_uid() {
 
 #[tokio::test]
 async fn socket_one_byte_over_the_budget_is_denied_with_the_arithmetic() {
-    // F01: "sockets/app1.sock" is 17 bytes; with /var/lib/kubelet/pods the path would be 108.
+    // One over: "sockets/app1.sock" is 17 bytes; with /var/lib/kubelet/pods the path would be 108.
     let r = review("create-over-budget.json");
     let message = denial(&decide(default_state(), &r).await);
     for want in ["spec.udsSocket", "\"sockets/app1.sock\"", "17 bytes", "16 bytes", "/var/lib/kubelet/pods"] {
@@ -143,7 +143,8 @@ async fn traversal_socket_value_is_denied_naming_the_field() {
 
 #[tokio::test]
 async fn every_injection_shaped_socket_value_is_denied_naming_the_field() {
-    // F03 over the webhook: each value reaches the same decision as the agent and is denied.
+    // Injection-shaped values over the webhook: each reaches the same decision as the agent and is
+    // denied.
     let values = [
         "sockets/app.sock\n",
         "../app.sock",
@@ -181,7 +182,7 @@ async fn non_service_target_is_denied_naming_spec_target_ref_kind() {
 
 #[tokio::test]
 async fn target_namespace_field_is_denied_never_read_as_a_cross_namespace_target() {
-    // F09: an unknown `namespace` in targetRef must not take effect.
+    // An unknown `namespace` in targetRef must not take effect.
     let mut r = review("create-valid.json");
     r["request"]["object"]["spec"]["targetRef"]["namespace"] = json!("payments");
     let message = denial(&decide(default_state(), &r).await);
@@ -247,7 +248,7 @@ async fn update_that_changes_an_invalid_spec_to_another_invalid_one_is_denied() 
 
 #[tokio::test]
 async fn delete_with_null_object_is_allowed_and_echoes_the_uid() {
-    // F04: DELETE reviews carry `object: null` and the old object (here one that would be denied
+    // DELETE reviews carry `object: null` and the old object (here one that would be denied
     // today: deleting it must still work).
     let r = review("delete-null-object.json");
     assert!(r["request"]["object"].is_null() && r["request"]["oldObject"].is_object());
@@ -293,7 +294,7 @@ async fn misconfigured_budget_denies_every_policy_create_saying_so() {
 
 #[tokio::test]
 async fn a_shorter_pods_dir_widens_the_budget() {
-    // F02: mounting the pods dir at /k gives 35 bytes.
+    // Mounting the pods dir at /k gives 35 bytes.
     let mut r = review("create-valid.json");
     let sock = "sockets/application-server-012.sock";
     assert_eq!(sock.len(), 35);
@@ -304,7 +305,7 @@ async fn a_shorter_pods_dir_widens_the_budget() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// F06: response shape
+// Response shape
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test]
@@ -342,7 +343,7 @@ async fn content_type_with_a_charset_is_accepted() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// F05: malformed and oversized bodies
+// Malformed and oversized bodies
 // ---------------------------------------------------------------------------------------------
 
 async fn assert_400(body: impl Into<Body>, content_type: Option<&str>, reason: &[&str]) {
@@ -722,8 +723,8 @@ async fn a_value_near_the_budget_is_warned_even_without_a_cluster_and_counted() 
 }
 
 // ---------------------------------------------------------------------------------------------
-// --socket-limit filesystem (issue 13 item 4): with pinning on every node, the file system's
-// limits replace the sun_path budget; the grammar and the default are unchanged.
+// --socket-limit filesystem: with pinning on every node, the file system's limits replace the
+// sun_path budget; the grammar and the default are unchanged.
 // ---------------------------------------------------------------------------------------------
 
 fn filesystem_state(pods_dir: &str) -> WebhookState {

@@ -1,5 +1,5 @@
-//! The API contract of aether's UDS delivery (proposal 034, Phases 1 and 1b), shared by the
-//! controller's webhook, the offline validator and the node agent. Pure: no I/O, no async, no
+//! The API contract of aether's UDS delivery, shared by the controller's webhook, the offline
+//! validator and the node agent. Pure: no I/O, no async, no
 //! Kubernetes client.
 //!
 //! - [`policy`]: the `EndpointPolicy` CRD types (`config.aether.io/v1`).

@@ -1,5 +1,5 @@
-//! The pod-side contract (DESIGN.md "Contracts", spec Phase 1 "Annotation"): label and annotation
-//! keys the agent reads, and their defaults.
+//! The pod-side contract (docs/workload-requirements.md, "What the app must do"): label and
+//! annotation keys the agent reads, and their defaults.
 
 /// Label that makes a pod managed by the mesh; unmanaged pods are ignored and every
 /// `endpoint.aether.io/*` annotation is inert on them.

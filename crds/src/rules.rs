@@ -2,10 +2,11 @@
 //! socket limit.
 //!
 //! The webhook, `aether-controller validate`, the status writer and the agent all judge socket
-//! values and policies against the budget of one pods dir under one [`SocketLimit`] (DESIGN.md
-//! "Socket value and path"; `--socket-limit`). A pods dir that leaves no budget is a
-//! configuration error that each of them reports in its own words, so [`Rules`] keeps either the
-//! [`Budget`] or that [`PodsDirError`], and every check hands the error back instead of deciding.
+//! values and policies against the budget of one pods dir under one [`SocketLimit`]
+//! (docs/endpointpolicy.md, "The socket budget"; `--socket-limit`). A pods dir that leaves no
+//! budget is a configuration error that each of them reports in its own words, so [`Rules`] keeps
+//! either the [`Budget`] or that [`PodsDirError`], and every check hands the error back instead of
+//! deciding.
 
 use serde_json::Value;
 

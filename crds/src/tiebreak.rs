@@ -1,5 +1,5 @@
-//! One policy per Service: the deterministic tie-break (spec Phase 1b "Precedence"; DESIGN.md
-//! "Precedence").
+//! One policy per Service: the deterministic tie-break (docs/endpointpolicy.md, "Which pods a
+//! policy reaches").
 //!
 //! Two EndpointPolicies targeting one Service are a configuration error, not a merge: among the
 //! *valid* ones the lexicographically smallest `metadata.name` wins (byte order, as Go's string
@@ -17,8 +17,9 @@ use std::fmt;
 
 use crate::policy::EndpointPolicy;
 
-/// The mesh service key `<namespace>/<name>` (DESIGN.md "Contracts"): for a pod, its namespace and
-/// ServiceAccount; for a policy, its namespace and `spec.targetRef.name`.
+/// The mesh service key `<namespace>/<name>` (docs/endpointpolicy.md, "Which pods a policy
+/// reaches"): for a pod, its namespace and ServiceAccount; for a policy, its namespace and
+/// `spec.targetRef.name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceKey {
     /// The namespace.
@@ -77,7 +78,7 @@ impl<T> Resolution<T> {
 }
 
 /// Resolves the competition among the candidates for **one** service key (the caller selects
-/// them: same namespace, same `spec.targetRef.name`). The rule (DESIGN.md "Precedence"): among
+/// them: same namespace, same `spec.targetRef.name`). The rule: among
 /// the candidates for which `valid` holds, the one whose `name` is lexicographically smallest in
 /// byte order wins; the other valid ones are conflicted; invalid ones never win.
 ///

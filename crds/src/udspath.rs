@@ -1,8 +1,8 @@
 //! Socket value grammar, the socket limits (sun_path budget or file system), and the host path
 //! resolver.
 //!
-//! A socket value is `<volume>/<file>` (spec Phase 1, "Annotation"; DESIGN.md "Socket value and
-//! path"). It resolves to
+//! A socket value is `<volume>/<file>` (docs/workload-requirements.md, "The byte budget"). It
+//! resolves to
 //! `<pods-dir>/<pod-dir-id>/volumes/kubernetes.io~empty-dir/<volume>/<file>`. Every length here is
 //! counted in **bytes**, never characters. What bounds the value's length is the
 //! [`SocketLimit`] the node runs with (`--socket-limit`):
@@ -12,7 +12,7 @@
 //!   (unix(7)). The budget for the value is `107 − len(pods-dir) − 70`, where 70 bytes are `/`, a
 //!   36-byte pod UID and `/volumes/kubernetes.io~empty-dir/`. With the default pods dir
 //!   `/var/lib/kubelet/pods` (21 bytes) the budget is 16 bytes.
-//! - [`SocketLimit::Filesystem`]: every node's agent pins sockets (`--pin-dir`, issue 13), so
+//! - [`SocketLimit::Filesystem`]: every node's agent pins sockets (`--pin-dir`), so
 //!   Envoy dials only the short pin path and the 107 bytes apply to that, not to the pod's path.
 //!   The value is then bounded by the file system: the volume by its grammar (a DNS-1123 label,
 //!   at most [`VOLUME_NAME_MAX`] = 63 bytes) and the file by [`NAME_MAX`] = 255 bytes, so at most
@@ -38,7 +38,7 @@ pub const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
 pub const FIXED_BYTES: usize = 1 + UID_BYTES + "/volumes/".len() + EMPTY_DIR_PLUGIN.len() + 1;
 
 /// The shortest possible socket value, `a/b`, in bytes. A pods dir whose budget is below this can
-/// never pipe any pod: a configuration error (DESIGN.md).
+/// never pipe any pod: a configuration error.
 pub const MIN_VALUE_BYTES: usize = 3;
 
 /// kubelet's default pods dir (`--root-dir` `/var/lib/kubelet` + `/pods`).
@@ -390,9 +390,10 @@ impl fmt::Display for SocketPath {
     }
 }
 
-/// The name of a pod's directory under the pods dir: its API UID (canonical lowercase UUID,
-/// 36 bytes) or, for a static pod, kubelet's config hash (32 lowercase hex digits, DESIGN.md
-/// "Security"). Both are untrusted input and are checked before they become a path segment.
+/// The name of a pod's directory under the pods dir: its API UID (canonical lowercase UUID, 36
+/// bytes) or, for a static pod, kubelet's config hash (32 lowercase hex digits;
+/// docs/design-notes.md, "Agent"). Both are untrusted input and are checked before they become a
+/// path segment.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodDirId(String);
 

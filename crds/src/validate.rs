@@ -160,7 +160,7 @@ pub fn validate_spec(spec: &EndpointPolicySpec, budget: &Budget) -> Result<(), V
 
 /// The fields the schema declares, per object path; anything else is an unknown field, which the
 /// API server rejects under strict field validation (kubectl's default) or prunes. We reject it:
-/// a `namespace` in `targetRef` must never be read as a cross-namespace target (F09).
+/// a `namespace` in `targetRef` must never be read as a cross-namespace target.
 const KNOWN_FIELDS: &[(&str, &[&str])] =
     &[("spec", &["targetRef", "udsSocket"]), ("spec.targetRef", &["group", "kind", "name"])];
 

@@ -1,5 +1,6 @@
-//! A pod's directory name under the pods dir is untrusted path input (DESIGN.md "Security"):
-//! only a canonical lowercase UUID or a 32-hex-digit static pod hash becomes a path segment.
+//! A pod's directory name under the pods dir is untrusted path input (docs/design-notes.md,
+//! "Agent"): only a canonical lowercase UUID or a 32-hex-digit static pod hash becomes a path
+//! segment.
 
 use aether_crds::PodDirId;
 use aether_crds::udspath::{MIRROR_HASH_BYTES, UID_BYTES};

@@ -1,12 +1,12 @@
-//! Properties of the budget and the resolver (DESIGN.md "Socket value and path", "Security"):
-//! whatever the value, the resolved path stays inside the pod's own emptyDir volume and fits in
-//! sun_path; anything else is an error.
+//! Properties of the budget and the resolver (docs/workload-requirements.md, "The byte budget";
+//! docs/design-notes.md, "Agent"): whatever the value, the resolved path stays inside the pod's
+//! own emptyDir volume and fits in sun_path; anything else is an error.
 
 use aether_crds::udspath::{self, EMPTY_DIR_PLUGIN, SUN_PATH_MAX};
 use aether_crds::{Budget, PodDirId};
 use proptest::prelude::*;
 
-/// Pods dirs: the distro ones from F02, a non-ASCII one, the shortest, and random clean paths
+/// Pods dirs: the distros' kubelet ones, a non-ASCII one, the shortest, and random clean paths
 /// (some with multi-byte characters) of any length.
 fn pods_dir() -> impl Strategy<Value = String> {
     let segment = "[a-z0-9ü日._-]{1,9}".prop_filter("clean segment", |s| s != "." && s != "..");

@@ -1,6 +1,6 @@
 //! `aether_crds::review` on whole EndpointPolicy objects, as the webhook, `aether-controller
-//! validate` and the agent see them (field report F09, plus the socket rules of F01/F03 through
-//! the spec). Every denial names the wire field and the rule.
+//! validate` and the agent see them (targetRef, plus the socket budget and grammar through the
+//! spec). Every denial names the wire field and the rule.
 
 use aether_crds::{Budget, Verdict, review};
 use serde_json::{Value, json};
@@ -80,7 +80,7 @@ fn value_that_fills_the_budget_exactly_is_accepted() {
     assert!(decide(&object).allowed());
 }
 
-// ---------------------------------------------------------------- F09: targetRef
+// ---------------------------------------------------------------- targetRef
 
 #[test]
 fn lowercase_service_kind_is_denied_naming_the_allowed_kind() {

@@ -1,8 +1,8 @@
-//! `--socket-limit filesystem` (issue 13 item 4, DESIGN.md "Socket value and path"): with socket
-//! pinning on every node, Envoy dials only the short pin path, so a socket value is limited by the
-//! file system (volume a DNS-1123 label of at most 63 bytes, file at most NAME_MAX = 255 bytes),
-//! not by the sun_path budget of the pods dir; the grammar is the same. `sun-path` (the default)
-//! decides exactly as before. Every length is in bytes.
+//! `--socket-limit filesystem` (docs/design-notes.md, "The socket limit once every node pins"):
+//! with socket pinning on every node, Envoy dials only the short pin path, so a socket value is
+//! limited by the file system (volume a DNS-1123 label of at most 63 bytes, file at most NAME_MAX =
+//! 255 bytes), not by the sun_path budget of the pods dir; the grammar is the same. `sun-path` (the
+//! default) decides exactly as before. Every length is in bytes.
 
 use aether_crds::chart::{crd_with_chart_metadata, crd_with_chart_metadata_for, socket_max_bytes};
 use aether_crds::policy::{EndpointPolicySpec, TargetRef, socket_length_rule};

@@ -1,5 +1,5 @@
-//! Socket value grammar and the sun_path budget as tables (DESIGN.md "Socket value and path";
-//! field reports F01, F02, F03). Every length is in bytes.
+//! Socket value grammar and the sun_path budget as tables (docs/workload-requirements.md, "The
+//! byte budget"). Every length is in bytes.
 
 use aether_crds::udspath::{self, PodsDirError, SocketError};
 use aether_crds::{Budget, PodDirId};
@@ -15,7 +15,7 @@ fn uid() -> PodDirId {
     PodDirId::new(UID).expect("the field-report UID is a canonical UUID")
 }
 
-// ---------------------------------------------------------------- F01: the sun_path off-by-one
+// ---------------------------------------------------------------- the sun_path off-by-one
 
 #[test]
 fn default_pods_dir_leaves_a_budget_of_16_bytes() {
@@ -71,7 +71,7 @@ fn grammar_errors_come_before_the_length_error() {
     assert!(matches!(default_budget().check(value), Err(SocketError::Volume { .. })));
 }
 
-// ---------------------------------------------------------------- F02: kubelet roots by distro
+// ---------------------------------------------------------------- kubelet roots by distro
 
 #[test]
 fn budget_table_for_distro_pods_dirs() {
@@ -192,9 +192,9 @@ fn unclean_pods_dirs_are_rejected() {
     }
 }
 
-// ---------------------------------------------------------------- F03: grammar and injection
+// ---------------------------------------------------------------- grammar and injection
 
-/// Every F03 value and the variant (and rule) that rejects it.
+/// Every injection-shaped value and the variant (and rule) that rejects it.
 #[test]
 fn field_report_injection_values_are_rejected_with_their_rule() {
     fn slashes(found: usize) -> SocketError {

@@ -1,5 +1,6 @@
 //! `kubectl aether budget`: the socket-value arithmetic of [`aether_crds::udspath::Budget`]
-//! (DESIGN.md "Socket value and path"), explained, and given values checked against it.
+//! (docs/kubectl-plugin.md, "`budget`: the arithmetic"), explained, and given values checked
+//! against it.
 
 use aether_crds::udspath::{self, Budget, FIXED_BYTES, SUN_PATH_MAX, UID_BYTES};
 use aether_crds::{Rules, SocketLimit};

@@ -1,4 +1,4 @@
-//! `kubectl aether` (issue 16): a kubectl plugin for aether's operators.
+//! `kubectl aether`: a kubectl plugin for aether's operators (docs/kubectl-plugin.md).
 //!
 //! - `why pod/NAME`: what the node agent actually decided for a pod ([`why`]), read live from the
 //!   agent's admin port through the API server's pod proxy, else the offline fold, labelled.

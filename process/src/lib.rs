@@ -1,4 +1,4 @@
-//! What every aether binary does the same as a process (issue 16): which build it is
+//! What every aether binary does the same as a process: which build it is
 //! ([`build_info`]: the `--version` line and `aether_build_info`), its logs ([`logging`]:
 //! `--log-level`, `--log-format`, `RUST_LOG`, flat JSON), and its own Prometheus metrics:
 //!

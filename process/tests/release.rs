@@ -1,4 +1,5 @@
-//! One version everywhere, and a compatibility table that says what CI runs (issue 16 item 6).
+//! One version everywhere, and a compatibility table that says what CI runs (docs/compatibility.md,
+//! "Versions").
 //!
 //! - The binaries' version is the workspace's `workspace.package.version` (every crate inherits
 //!   it); `charts/aether/Chart.yaml`'s `appVersion`, which the chart's default image tags use,

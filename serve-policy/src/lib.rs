@@ -1,6 +1,6 @@
 //! The connection policy of every listener aether's binaries open — the controller's webhook
 //! (TLS) and admin port, the agent's admin port and xDS server — so that connections that never
-//! speak cannot exhaust the process's file descriptors (issue 14).
+//! speak cannot exhaust the process's file descriptors (docs/listeners.md).
 //!
 //! A listener's [`ConnectionPolicy`] has
 //! - a cap on concurrent connections ([`Gate`]): over it a connection is accepted and closed at

@@ -210,7 +210,7 @@ fn controller_metrics_count_the_decisions(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `socketLimit: filesystem` (issue 13 item 4) end to end: the CRD as the chart renders it under
+/// `socketLimit: filesystem` end to end: the CRD as the chart renders it under
 /// that value (`maxLength` 319) and a controller run with `--socket-limit filesystem` admit a
 /// 40-byte value and deny a 256-byte file naming the rule; back on the default CRD and
 /// controller, a 40-byte value is refused as before.

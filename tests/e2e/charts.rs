@@ -632,7 +632,7 @@ fn bounded_integers(schema: &Value, node: &Value, path: &str, out: &mut Vec<(Str
     }
 }
 
-/// Issue 14 item 7: every bounded integer value of charts/aether renders at each of its edges and
+/// Every bounded integer value of charts/aether renders at each of its edges and
 /// is refused one past it, with an error naming the value and the bound. The real-node suite runs
 /// the chart with the values at their edges (`chart_values_at_their_edges_run_on_the_real_node`).
 #[test]
@@ -1151,7 +1151,7 @@ fn rule(group: &str, resource: &str, verbs: &[&str]) -> (String, String, Vec<Str
     (group.to_owned(), resource.to_owned(), verbs.iter().map(|v| v.to_string()).collect())
 }
 
-/// Issue 16 item 2: the startup check Job runs after every install and upgrade, after the
+/// The startup check Job runs after every install and upgrade, after the
 /// certificate Job has set the webhook's caBundle (hook weight 10 > 0), retries for
 /// `verifyInstall.timeoutSeconds` and fails the release (backoffLimit 0: the binary retries); the
 /// `helm test` Pod checks once; each runs `aether-controller verify-install` from the controller

@@ -235,7 +235,7 @@ fn e_crd_installed_after_the_agent_started_takes_effect_without_a_restart(env: &
     })?;
     env.wait_pipe("app_e2e_late-1_8080", &socket)?;
     env.wait_served("app_e2e_late-1_8080", "late-1")?;
-    // Uninstalling the CRD reverts those pods to TCP (F07), and installing it again works.
+    // Uninstalling the CRD reverts those pods to TCP, and installing it again works.
     env.cp.kubectl_ok(&["delete", "crd", "endpointpolicies.config.aether.io", "--wait=true"])?;
     env.wait_not_pipe("app_e2e_late-1_8080")?;
     env.cp.install_crd()?;
@@ -355,11 +355,11 @@ fn g_symlinked_socket_or_volume_dir_is_refused(env: &Env) -> anyhow::Result<()> 
     env.wait_served("app_e2e_sym-1_8080", "sym-1")
 }
 
-/// The toggle attack (issue 13): pod atk-1 keeps swapping its socket for a symlink to vic-1's
-/// socket and back, ~every 2 ms, for `AETHER_ATTACK_SECS` (10; `make attack`: 60), against the
-/// agent's 1 s re-check, while requests go to atk-1's cluster through Envoy. Envoy dials atk-1's
-/// pin, the inode the agent verified, so no request may reach vic-1 (without pinning: 2656 did
-/// here); once a check sees the link, atk-1 stays on TCP until it is re-created.
+/// The toggle attack (docs/design-notes.md, "Agent"): pod atk-1 keeps swapping its socket for a
+/// symlink to vic-1's socket and back, ~every 2 ms, for `AETHER_ATTACK_SECS` (10; `make attack`:
+/// 60), against the agent's 1 s re-check, while requests go to atk-1's cluster through Envoy. Envoy
+/// dials atk-1's pin, the inode the agent verified, so no request may reach vic-1 (without pinning:
+/// 2656 did here); once a check sees the link, atk-1 stays on TCP until it is re-created.
 fn k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &Env) -> anyhow::Result<()> {
     // Its own victim, so `make attack` can run this trial alone.
     let victim_uid = env.pod(NS, "vic-1", "vic", Some("s/app.sock"))?;
@@ -640,7 +640,7 @@ fn l_new_connections_keep_working_while_the_agent_restarts(env: &Env) -> anyhow:
     eventually("the restarted agent serves the same clusters", WAIT, || Ok(env.envoy(|e| e.clusters())? == before))
 }
 
-/// `--socket-limit filesystem` (issue 13 item 4): a pod whose socket path on the host is longer
+/// `--socket-limit filesystem`: a pod whose socket path on the host is longer
 /// than sun_path (a 50-byte volume name: 150 bytes here) is served through its pin by an agent
 /// running with the file system's limit; under the default limit the same pod falls back to TCP
 /// with the budget reason; and the agent refuses the file system's limit without `--pin-dir`.

@@ -1,9 +1,8 @@
-//! Idle-connection floods against the real binaries (issue 14 item 1; the policy is
-//! docs/listeners.md): the real `aether-controller` (webhook over TLS registered with a real
-//! kube-apiserver, `failurePolicy: Fail`; admin port) and the real `aether-agent` (admin port,
-//! xDS on a Unix socket, a real Envoy), each under a lowered open-files limit (`prlimit
-//! --nofile`) so low that twice the caps would exhaust it, with small caps and timeouts set by
-//! their flags.
+//! Idle-connection floods against the real binaries (the policy is docs/listeners.md): the real
+//! `aether-controller` (webhook over TLS registered with a real kube-apiserver, `failurePolicy:
+//! Fail`; admin port) and the real `aether-agent` (admin port, xDS on a Unix socket, a real Envoy),
+//! each under a lowered open-files limit (`prlimit --nofile`) so low that twice the caps would
+//! exhaust it, with small caps and timeouts set by their flags.
 //!
 //! Each port is flooded with twice its cap of connections that never speak (on the webhook also
 //! half-open TLS handshakes and finished handshakes that never send a request): the cap's worth

@@ -373,7 +373,7 @@ fn verdict_lines(log: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Issue 16 item 2: the install passed its startup check (setup's `helm install --wait
+/// The install passed its startup check (setup's `helm install --wait
 /// --wait-for-jobs` would have failed otherwise, and the Job is gone: it passed); `helm test`
 /// passes, with a PASS line for both webhook checks and for the node's agent; with the webhook's
 /// Service pointed at no pod, `helm test` fails and its log names the webhook check and the
@@ -463,7 +463,7 @@ fn helm_test_passes_and_fails_naming_the_webhook_when_its_service_is_broken(env:
     Ok(())
 }
 
-/// Issue 16 item 2: an upgrade that breaks the webhook (a caBundle that did not sign its serving
+/// An upgrade that breaks the webhook (a caBundle that did not sign its serving
 /// certificate: the API server's TLS check fails) fails through the startup check Job, whose log
 /// names the webhook check; the next good upgrade (its check reaching the agent through the API
 /// server's pod proxy) passes and removes the failed Job.
@@ -747,9 +747,10 @@ fn a_client_pod_reaches_a_uds_only_app_through_its_service_ip(env: &Env) -> anyh
     Ok(())
 }
 
-/// The toggle attack between two real pods (issue 13): pod atk's app keeps swapping its socket
-/// for a symlink to pod vic's socket (the path Envoy would resolve) every ~2 ms; requests to atk's
-/// pod IP:8080 (its inbound listener) for 10 s. Envoy dials atk's pin, so none reaches vic.
+/// The toggle attack between two real pods (docs/design-notes.md, "Agent"): pod atk's app keeps
+/// swapping its socket for a symlink to pod vic's socket (the path Envoy would resolve) every ~2
+/// ms; requests to atk's pod IP:8080 (its inbound listener) for 10 s. Envoy dials atk's pin, so
+/// none reaches vic.
 fn a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &Env) -> anyhow::Result<()> {
     env.kube().apply(&app_yaml("vic", "s", "", true, false))?;
     let vic_uid = uid(&env.wait_pod_ready("default", "vic")?)?;
@@ -1693,7 +1694,7 @@ fn helm_upgrade_runs_every_chart_variant(env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `socketLimit=filesystem` in both charts (issue 13 item 4, off by default): a pod whose kubelet
+/// `socketLimit=filesystem` in both charts (off by default): a pod whose kubelet
 /// socket path is past sun_path (a 50-byte volume name: 150 bytes) is served through its pin,
 /// the webhook admits a policy value the default CRD refuses, and the defaults come back.
 fn socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin(env: &Env) -> anyhow::Result<()> {

@@ -1,4 +1,4 @@
-//! A failing watch is visible (issue 14 item 5), against a real kube-apiserver, the real
+//! A failing watch is visible, against a real kube-apiserver, the real
 //! `aether-agent` and a real Envoy pulling its xDS.
 //!
 //! Each trial runs an agent under its own ServiceAccount token whose RBAC allows `list` but not

@@ -1,4 +1,4 @@
-//! Health of a binary's Kubernetes watches (issue 14 item 5: a failing watch must be visible),
+//! Health of a binary's Kubernetes watches (a failing watch must be visible),
 //! shared by the agent and the controller.
 //!
 //! Always built (pure, no I/O; the agent's core uses only this part):

@@ -1,4 +1,4 @@
-//! Health of the controller's watches (issue 14 item 5: a failing watch must be visible): the
+//! Health of the controller's watches (a failing watch must be visible): the
 //! status writer's two reflectors, EndpointPolicies and Services ([`crate::cluster`]).
 //!
 //! The status writer registers each watch on [`Watches`] (held by [`crate::metrics::Metrics`], so

@@ -1,4 +1,4 @@
-//! Section 3f of `make bench`: a fleet, simulated (issue 15 item 6). N release `aether-agent`
+//! Section 3f of `make bench`: a fleet, simulated. N release `aether-agent`
 //! processes (N = 10, then 100), each for its own node, against the bench's one kube-apiserver; no
 //! Envoy: each agent has an ADS client ([`crate::ads_client`], delta CDS wildcard, ACKs every
 //! response) standing in for it.
@@ -55,7 +55,7 @@ const RESPONSE: Duration = Duration::from_secs(20);
 const READY: Duration = Duration::from_secs(150);
 /// Agents (or nodes' pods) started at once.
 const PARALLEL: usize = 25;
-/// Targets of issue 15.
+/// Targets (docs/benchmarks.md, "Goals").
 const UNRELATED_CPU_TARGET_S: f64 = 0.001;
 const LOCAL_P99_TARGET_S: f64 = 0.100;
 

@@ -1,5 +1,6 @@
 //! Section 3c of `make bench`: a pod added or removed → the health gateway answering for it on a
-//! keep-alive connection opened before the change (issue 14 item 4).
+//! keep-alive connection opened before the change (docs/design-notes.md, "Health gateway without
+//! listener churn").
 //!
 //! The release `aether-agent` watching the bench's kube-apiserver, a real Envoy on its ADS, and
 //! one HTTP/1.1 connection to the gateway socket (`--health-socket`) opened before the first pod

@@ -412,7 +412,7 @@ fn section_agent(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
         limit: String::new(),
     });
 
-    // The live agent's own path (issue 15): driver → per-pod render → renderer (`agent_*` groups).
+    // The live agent's own path: driver → per-pod render → renderer (`agent_*` groups).
     let mut rows = Vec::new();
     let mut policy = Vec::new();
     for n in PODS {

@@ -1,6 +1,6 @@
 //! Section 3e of `make bench`: what one policy change costs the live agent and the wire, at 110,
 //! 1,000 and 10,000 pods on its node, with a real Envoy on incremental (`DELTA_GRPC`, the chart's)
-//! and State-of-the-World (`GRPC`) ADS (issue 15 item 5).
+//! and State-of-the-World (`GRPC`) ADS.
 //!
 //! The pods are API objects on the agent's node ([`crate::node_pods`]): one service of
 //! [`TARGET_PODS`] pods (service account `target`) and the rest in another (`app`), grown
@@ -56,7 +56,7 @@ const POLL: Duration = Duration::from_millis(1);
 const CPU_POLL: Duration = Duration::from_millis(10);
 /// The longest wait for Envoy to hold every cluster (20k clusters at 10k pods).
 const ENVOY_LOAD: Duration = Duration::from_secs(150);
-/// Targets of issue 15.
+/// Targets (docs/benchmarks.md, "Goals").
 const CPU_TARGET_S: f64 = 0.005;
 const ACK_P99_10K_S: f64 = 0.100;
 const ACK_P99_1K_S: f64 = 0.060;

@@ -1,4 +1,4 @@
-//! The SVG plots of `make bench` (issue 15 item 5), drawn with `plotters` (SVG backend) into
+//! The SVG plots of `make bench`, drawn with `plotters` (SVG backend) into
 //! `<report dir>/benchmarks/` and linked from the report: per-change agent CPU and bytes sent vs
 //! pods on the node (Delta vs SotW, section 3e), live agent RSS vs pods (section 3d). Written only
 //! when the report is.

@@ -1,4 +1,4 @@
-//! Section "Envoy memory per cluster" of `make bench` (issue 14 item 2: one pod declaring 10,000
+//! Section "Envoy memory per cluster" of `make bench` (why: one pod declaring 10,000
 //! ports took the node's Envoy from 70 to 566 MiB, past the chart's 512Mi limit).
 //!
 //! What runs: the release `aether-agent` serving a state dir of N/2 one-port pods (so N

@@ -1,5 +1,4 @@
-//! Section 3b of `make bench`: the re-pin latency (issue 13 item 2, "make bench reports the
-//! re-pin latency").
+//! Section 3b of `make bench`: the re-pin latency.
 //!
 //! The release `aether-agent` with `--pin-dir` (root: it mounts the pins), a real Envoy on its
 //! ADS, and one managed pod whose app (`uds-echo`) serves on its socket. Each repetition plays a

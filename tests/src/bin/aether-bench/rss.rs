@@ -1,4 +1,4 @@
-//! Section 3d of `make bench`: the resident size of the running agent per pod (issue 15 item 3).
+//! Section 3d of `make bench`: the resident size of the running agent per pod.
 //!
 //! The release `aether-agent` (default flags, no Envoy attached) watching the bench's
 //! kube-apiserver; the pods are real API objects on the agent's node, created through the API in
@@ -28,7 +28,7 @@ const NS: &str = "bench-rss";
 const NODE: &str = "bench-rss-node";
 /// The node sizes measured, in pods.
 const SIZES: [usize; 2] = [1_000, 10_000];
-/// The target of issue 15: live RSS growth per pod at 10k pods, in KiB.
+/// The target (docs/benchmarks.md, "Goals"): live RSS growth per pod at 10k pods, in KiB.
 const TARGET_KIB_PER_POD: f64 = 8.0;
 /// The port of etcd's client URL (from the control plane's `env` file).
 fn etcd_port(cp: &ControlPlane) -> anyhow::Result<u16> {
@@ -81,7 +81,7 @@ struct Sample {
 }
 
 /// The list strategy the agent logged (`strategy=Streaming` or `strategy=Paged`), or "not logged"
-/// (an agent from before issue 15).
+/// (an older agent that does not log it).
 fn strategy(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     text.lines()

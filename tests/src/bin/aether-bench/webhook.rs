@@ -1,9 +1,9 @@
 //! Section 2: the webhook (the release `aether-controller run`) against `webhook-floor` (the same
 //! TLS + HTTP stack answering a fixed review), with two real reviews the webhook allows: one that
-//! produces no warning and one that does (`sockets/app.sock` of `create-valid.json`, exactly the 16-byte
-//! budget). Goals (issue 15): saturation ≥ 0.7× the floor and p99 at 2k/s ≤ 1.5× the floor, per
-//! review. When one is missed and perf is there, the webhook is sampled under saturation and its
-//! top self-time symbols go into the report ([`crate::profile`]).
+//! produces no warning and one that does (`sockets/app.sock` of `create-valid.json`, exactly the
+//! 16-byte budget). Goals (docs/benchmarks.md, "Goals"): saturation ≥ 0.7× the floor and p99 at
+//! 2k/s ≤ 1.5× the floor, per review. When one is missed and perf is there, the webhook is sampled
+//! under saturation and its top self-time symbols go into the report ([`crate::profile`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,7 +15,7 @@ use anyhow::{Context, ensure};
 use crate::stats::{OhaRun, Spread, md_table, ratio, show_count, show_ratio, show_secs};
 use crate::{Goal, Opts, Proc, Report, api_client, oha, profile};
 
-/// Fixed rates; `None` = saturation. 500/s was dropped (issue 15): two reviews and the floor at
+/// Fixed rates; `None` = saturation. 500/s was dropped: two reviews and the floor at
 /// four rates would not fit the section's 4-minute budget, and 500/s showed nothing 2k/s does not.
 const RATES: [Option<u32>; 3] = [Some(2_000), Some(5_000), None];
 const WEBHOOK_CONNECTIONS: usize = 8;
