@@ -11,6 +11,12 @@
 //! The real-node suites run the same workload shape; `make demo` runs these very files. No
 //! control plane needed.
 
+// The generator's GitHub anchor rule, so the README check and the chart READMEs agree.
+#[path = "src/bin/chart-readme/readme.rs"]
+#[allow(dead_code)]
+mod readme;
+use readme::github_anchor;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -66,21 +72,13 @@ fn prose(text: &str) -> Vec<(usize, &str)> {
         .collect()
 }
 
-/// GitHub's anchor of a heading: lowercase, only letters, digits, `-`, `_` and spaces kept,
-/// spaces as `-`.
-fn anchor(heading: &str) -> String {
-    heading
-        .trim()
-        .to_lowercase()
-        .chars()
-        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
-        .map(|c| if c == ' ' { '-' } else { c })
-        .collect()
-}
-
 fn anchors(page: &Path) -> BTreeSet<String> {
     let text = std::fs::read_to_string(page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
-    prose(&text).iter().filter_map(|(_, l)| l.strip_prefix('#')).map(|h| anchor(h.trim_start_matches('#'))).collect()
+    prose(&text)
+        .iter()
+        .filter_map(|(_, l)| l.strip_prefix('#'))
+        .map(|h| github_anchor(h.trim_start_matches('#')))
+        .collect()
 }
 
 /// The targets of the inline links `[text](target)` on `line`.
