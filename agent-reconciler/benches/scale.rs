@@ -13,7 +13,8 @@
 //! event delivers is extracted once, before timing (`common::pod`/`policy` build an API object
 //! and run the agent's extraction), and cloned per event, as a watch hands over a fresh record.
 //!
-//! The live agent's own path (issue 15), `agent_*` groups, 110 / 1k / 10k pods and 10 policies:
+//! The live agent's own path (docs/design-notes.md, "Per-change work and a lean process"),
+//! `agent_*` groups, 110 / 1k / 10k pods and 10 policies:
 //! a `Driver` (no state dir) fed the watch events as API objects, publishing the pods it
 //! re-rendered on a `pod_specs` channel, and the renderer task's step on it (encoded, digested,
 //! versioned resources ready for the ADS streams; no debounce, no send):

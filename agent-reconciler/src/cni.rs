@@ -1,4 +1,5 @@
-//! Network namespaces of pods, from the CNI plugin's records (DESIGN.md "Envoy resources").
+//! Network namespaces of pods, from the CNI plugin's records: the source used until the container
+//! runtime answers (docs/reference.md, "`aether-agent`: the node side").
 //!
 //! The netns path is not in the Kubernetes API; the CNI plugin knows it. With
 //! `--cni-records-dir DIR`, the agent reads `DIR/<pod uid>.json` = `{"netns": "/var/run/netns/..."}`

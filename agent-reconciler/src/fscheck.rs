@@ -1,4 +1,5 @@
-//! The on-disk check before a pipe is rendered (DESIGN.md "Security").
+//! The on-disk check before a pipe is rendered (docs/design-notes.md, "Agent", "Symlink check and
+//! its window; socket pinning closes it").
 //!
 //! The socket value is written by whoever can create pods, and the proxy that dials it is root.
 //! `connect(2)` follows symlinks, so a pod could plant a symlink (as its socket file, or anywhere on
@@ -8,15 +9,16 @@
 //!
 //! - `<pods-dir>/<id>`, `…/volumes`, `…/kubernetes.io~empty-dir` and `…/<volume>` must each be a real
 //!   directory, or not exist yet (kubelet has not created it: the pipe is rendered, and the health
-//!   check fails like a not-yet-listening port, spec Phase 1 "Failure semantics");
+//!   check fails like a not-yet-listening port);
 //! - the socket file must be a real socket, or not exist yet.
 //!
 //! Anything else refuses the pipe and the pod is delivered over TCP with the reason. The pods dir
 //! itself is operator configuration, not pod input, and is not checked.
 //!
 //! Remaining window: between this check and Envoy's `connect(2)` the pod can swap the socket for a
-//! symlink. The periodic re-check bounds how long such a swap can stand; closing it fully needs
-//! the proxy to open the path with `O_NOFOLLOW`-like semantics, which Envoy's pipe upstream lacks.
+//! symlink. The periodic re-check bounds how long such a swap can stand. Envoy's pipe upstream has
+//! no `O_NOFOLLOW`-like open, so only socket pinning ([`crate::pin`], `--pin-dir`) closes it: Envoy
+//! then dials a path the agent owns, never one the pod can change.
 
 use std::fs;
 use std::io::ErrorKind;

@@ -1,7 +1,7 @@
-//! aether's node reconciler, embedded in `aether-agent` (proposal 034 Phases 1 and 1b, agent
-//! side; DESIGN.md "What runs where").
+//! aether's node reconciler, embedded in `aether-agent` (docs/reference.md, "`aether-agent`: the
+//! node side").
 //!
-//! Two layers (issue 11):
+//! Two layers (docs/design-notes.md, "Agent", "Two layers"):
 //! - the **pure core**, crate `aether-agent-core` (re-exported here under the same paths):
 //!   [`record`], [`settings`](aether_agent_core::settings), [`fold`], [`index`] (which also keeps
 //!   the per-pod node facts the shell gathers, e.g. the netns), [`names`], [`model`] (the xDS

@@ -1,4 +1,4 @@
-//! Socket pinning (issue 13, DESIGN.md "Security"): Envoy dials a path the agent owns that reaches
+//! Socket pinning (docs/design-notes.md, "Agent"): Envoy dials a path the agent owns that reaches
 //! the socket inode the agent verified, never a name the pod controls.
 //!
 //! The threat: the socket path lies in the pod's emptyDir, which the pod writes. `connect(2)`

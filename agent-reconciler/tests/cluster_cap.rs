@@ -1,5 +1,6 @@
-//! Issue 14 item 2 against a real Envoy: a node at its cluster cap (`--max-clusters`) serves
-//! exactly the pods admitted first, and the pod past it gets nothing until room frees.
+//! The node's cluster cap against a real Envoy (docs/workload-requirements.md, "Ports per pod and
+//! clusters per node"): a node at its cluster cap (`--max-clusters`) serves exactly the pods
+//! admitted first, and the pod past it gets nothing until room frees.
 //!
 //! The agent's own index (capped), render and xDS server feed an Envoy started with the chart's
 //! bootstrap (`aether_fixtures::envoy`); each pod is served over its socket by a UDS echo server in

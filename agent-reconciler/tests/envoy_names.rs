@@ -1,5 +1,5 @@
-//! Envoy cluster names are unique across namespaces and stable, and never truncated (DESIGN.md
-//! "Envoy resources", field report F10).
+//! Envoy cluster names are unique across namespaces and stable, and never truncated
+//! (docs/contracts.md, "Envoy resources and their names").
 
 mod support;
 

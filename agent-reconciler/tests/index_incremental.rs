@@ -1,6 +1,7 @@
-//! The incremental index fed watcher events: what each event re-renders, resyncs, relists
-//! (F08), conflicts reported once per change, and the fallbacks the spec names ("removing the
-//! annotation falls back to the CR", "removing the CR reverts the pods to TCP").
+//! The incremental index fed watcher events: what each event re-renders, resyncs, relists,
+//! conflicts reported once per change (docs/contracts.md, "The index: a relist equals a fresh
+//! build"), and the fallbacks: removing the annotation falls back to the policy, removing the
+//! policy reverts the pods to TCP.
 
 mod support;
 
@@ -204,7 +205,7 @@ fn a_relist_reports_a_conflict_once_and_not_its_transient_states() {
 
 #[test]
 fn relist_after_a_missed_policy_delete_removes_its_effect() {
-    // F08: the watch expired (410 Gone) while "cart-uds" was deleted; the relist no longer lists it.
+    // The watch expired (410 Gone) while "cart-uds" was deleted; the relist no longer lists it.
     let (mut index, pods) = three_services();
     let remaining: Vec<_> = index.policies().filter(|p| p.name != "cart-uds").cloned().collect();
     let change = index.reset_policies(remaining.clone());
@@ -242,7 +243,7 @@ fn pod_recreated_under_the_same_name_replaces_its_predecessor() {
 
 #[test]
 fn uninstalling_the_crd_reverts_policy_pods_to_tcp_and_keeps_annotation_pods() {
-    // F07: an empty policy relist is what the driver sends when the CRD disappears.
+    // An empty policy relist is what the driver sends when the CRD disappears.
     let mut index = Index::new(settings());
     index.apply_policy(policy("shop", "cart-uds", "cart", "sockets/p.sock"));
     let by_policy = pod("shop", "cart-1", &uid(1), "cart");

@@ -1,5 +1,5 @@
-//! The precedence fold, rule by rule (DESIGN.md "Precedence", "Security"; spec Phase 1b
-//! "Precedence"; field reports F01, F02, F03). Each test is named as the claim it checks.
+//! The precedence fold, rule by rule (docs/contracts.md, "Precedence: which delivery a pod gets"
+//! and "The socket value"). Each test is named as the claim it checks.
 
 mod support;
 
@@ -38,7 +38,9 @@ fn annotation_wins_over_the_policy() {
 fn invalid_annotation_never_falls_back_to_the_policy() {
     let valid_policy = policy("shop", "cart-uds", "cart", "sockets/p.sock");
     assert!(valid_policy.is_valid());
-    // F03's injection list, plus a value over budget: each is TCP with its reason, never the policy.
+    // Values that try to leave the volume or slip past the grammar (traversal, look-alikes,
+    // escapes, NUL, whitespace), plus a value over budget: each is TCP with its reason, never the
+    // policy.
     let cases = [
         ("sockets/app.sock\n", TcpReason::InvalidAnnotation),
         ("../app.sock", TcpReason::InvalidAnnotation),
@@ -187,7 +189,7 @@ fn socket_in_a_configmap_volume_is_tcp_volume_not_emptydir() {
     assert!(d.reason.contains("\"config\""));
 }
 
-// ------------------------------------------------------------------------ budget (F01, F02)
+// ------------------------------------ budget (sun_path's 107 bytes; a pods dir without budget)
 
 #[test]
 fn socket_of_16_bytes_pipes_at_exactly_107_bytes() {

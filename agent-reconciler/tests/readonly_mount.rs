@@ -1,7 +1,8 @@
-//! The chart mounts the kubelet pods dir read-only (DESIGN.md "Socket value and path"). The spec
-//! claims connect(2) on a Unix socket through a read-only mount fails with EROFS; it does not:
-//! connect checks write permission on the socket inode, not whether the mount is writable. This
-//! test keeps us honest with a real read-only bind mount (needs root, as CI and the proxy have).
+//! The chart mounts the kubelet pods dir read-only (docs/design-notes.md, "Envoy facts the design
+//! relies on"). A common claim is that connect(2) on a Unix socket through a read-only mount fails
+//! with EROFS; it does not: connect checks write permission on the socket inode, not whether the
+//! mount is writable. This test keeps us honest with a real read-only bind mount (needs root, as CI
+//! and the proxy have).
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};

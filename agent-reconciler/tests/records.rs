@@ -1,5 +1,6 @@
-//! Extraction of pod and policy records from API objects (DESIGN.md "Contracts"): only managed
-//! pods, defaults, fallbacks for bad endpoint annotations, and serde round trips for the state dir.
+//! Extraction of pod and policy records from API objects (docs/contracts.md, "Managed pods and
+//! their annotations"): only managed pods, defaults, fallbacks for bad endpoint annotations, and
+//! serde round trips for the state dir.
 
 mod support;
 

@@ -1,6 +1,6 @@
-//! Property: whatever sequence of watch events and relists the index sees, its state equals a
-//! fresh build on the same pods and policies (field report F08), every event re-renders only
-//! what it may, and a repeated event re-renders nothing.
+//! Property: whatever sequence of watch events and relists the index sees, its state equals a fresh
+//! build on the same pods and policies (docs/contracts.md, "The index: a relist equals a fresh
+//! build"), every event re-renders only what it may, and a repeated event re-renders nothing.
 
 mod support;
 

@@ -1,5 +1,6 @@
-//! The node's cluster cap (`--max-clusters`, issue 14): which pods the node's Envoy is given
-//! clusters for when all of them would not fit. Pure bookkeeping, kept by the [`crate::Index`].
+//! The node's cluster cap (`--max-clusters`): which pods the node's Envoy is given clusters for
+//! when all of them would not fit. Pure bookkeeping, kept by the [`crate::Index`]. Why the cap and
+//! its order: docs/workload-requirements.md, "Ports per pod and clusters per node".
 //!
 //! Each pod asks for [`PodRecord::cluster_demand`] clusters (its ports + 1 health; 0 over the
 //! per-pod port cap). The rule, in this order:

@@ -1,6 +1,7 @@
-//! What the agent decided for one pod, as an operator reads it (issue 16, `kubectl aether why`):
-//! a pure projection of the pod's [`PodDelivery`] entry, the on-disk check's [`Refusal`] (if
-//! any) and the open [`Conflict`] on its service key into a serde [`Decision`].
+//! What the agent decided for one pod, as an operator reads it (`kubectl aether why`,
+//! docs/kubectl-plugin.md): a pure projection of the pod's [`PodDelivery`] entry, the on-disk
+//! check's [`Refusal`] (if any) and the open [`Conflict`] on its service key into a serde
+//! [`Decision`].
 //!
 //! The agent serves it on its admin port (`GET /debug/pods/{namespace}/{name}`, the list on
 //! `GET /debug/pods`); the plugin `kubectl-aether` reads it through the API server's pod proxy,
@@ -77,7 +78,8 @@ impl EffectiveDelivery {
 }
 
 /// Several valid EndpointPolicies target the pod's service key: only `winner` (the
-/// lexicographically smallest name) applies; `losers` do not (spec Phase 1b "Precedence").
+/// lexicographically smallest name) applies; `losers` do not (docs/contracts.md, "Precedence: which
+/// delivery a pod gets").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConflictView {
     /// The contested service key, `<namespace>/<service>`.

@@ -1,5 +1,5 @@
 //! The one vocabulary of TCP-fallback reasons: why a pod that could be delivered over its Unix
-//! socket is delivered over TCP; and of the two cap refusals (issue 14, [`Detail::Cap`]): why a
+//! socket is delivered over TCP; and of the two cap refusals ([`Detail::Cap`]): why a
 //! pod is served no clusters at all, whatever its delivery.
 //!
 //! Every reason is declared once, in the `vocabulary!` list at the bottom of this file, with
@@ -43,9 +43,11 @@ pub enum Detail {
     /// Decided from the CRD's absence; the note names the policy that governed the pod's service
     /// key when the EndpointPolicy CRD went away.
     StrandedPolicy,
-    /// A cap on what the node's Envoy is given (issue 14): the per-pod port cap (decided by the
-    /// fold) or the node's `--max-clusters` (decided by [`crate::admission`] in the index). The pod
-    /// is served *no clusters at all*, over TCP or its socket; the note names the count and the cap.
+    /// A cap on what the node's Envoy is given, so one pod cannot fill its memory
+    /// (docs/workload-requirements.md, "Ports per pod and clusters per node"): the per-pod port cap
+    /// (decided by the fold) or the node's `--max-clusters` (decided by [`crate::admission`] in the
+    /// index). The pod is served *no clusters at all*, over TCP or its socket; the note names the
+    /// count and the cap.
     Cap,
 }
 

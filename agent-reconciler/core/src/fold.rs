@@ -1,5 +1,5 @@
 //! The precedence fold: one pod, the winning policy of its service, the node's settings → one
-//! [`Delivery`] (DESIGN.md "Precedence"; spec Phase 1b "Precedence").
+//! [`Delivery`] (docs/contracts.md, "Precedence: which delivery a pod gets").
 //!
 //! Rules, in the order they are applied:
 //! 0. A pod whose `endpoint.aether.io/ports` is over the per-pod cap ([`PodRecord::too_many_ports`])
@@ -99,7 +99,8 @@ impl Delivery {
 /// The competition among `candidates` (all for one service key), decided by
 /// [`aether_crds::tiebreak::resolve`] on each record's name and [`PolicyRecord::is_valid`]: the
 /// *valid* one with the lexicographically smallest name (byte order) wins; invalid policies never
-/// win and never shadow a valid one (spec Phase 1b "Precedence").
+/// win and never shadow a valid one (the tie-break of docs/contracts.md, "Precedence: which
+/// delivery a pod gets").
 pub fn resolve_policies<'a>(candidates: impl IntoIterator<Item = &'a PolicyRecord>) -> Resolution<&'a PolicyRecord> {
     tiebreak::resolve(candidates, |p| p.name.as_str(), |p| p.is_valid())
 }

@@ -7,12 +7,13 @@
 //!   winning policy of that key changed (a losing policy's edit re-renders nothing);
 //! - an event that leaves a record equal to the stored one re-renders nothing (a resync);
 //! - a relist ([`Index::reset_pods`], [`Index::reset_policies`]) applies the difference, so the
-//!   result equals a fresh build on the same state (field report F08).
+//!   result equals a fresh build on the same state.
 //!
 //! Conflicts (several valid policies on one service key) are reported in the [`Change`] that
-//! makes them appear or alter, never again on a resync (DESIGN.md "Precedence").
+//! makes them appear or alter, never again on a resync. Both are contracts: docs/contracts.md,
+//! "The index: a relist equals a fresh build".
 //!
-//! With a cluster cap ([`Settings::max_clusters`], issue 14) the index also keeps who holds the
+//! With a cluster cap ([`Settings::max_clusters`]) the index also keeps who holds the
 //! node's clusters ([`crate::admission`]): a pod past the cap is delivered as
 //! [`TcpReason::NodeClusterCap`] (no clusters at all), and a pod event that frees room re-renders
 //! the refused pods it admits (they are in [`Change::rerendered`]). Admission is sticky, so with
@@ -81,7 +82,7 @@ impl DeliveryMap {
 }
 
 /// Several valid policies target one service: `winner` (smallest name) applies, `losers` do not
-/// (spec Phase 1b "Precedence").
+/// (docs/contracts.md, "Precedence: which delivery a pod gets").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conflict {
     /// The contested service key.
@@ -136,8 +137,8 @@ pub struct Index {
     admission: Admission,
     map: Arc<DeliveryMap>,
     /// Pods whose entry in `map` was added, replaced or removed since the last
-    /// [`Index::take_changed`]: what the next publish re-renders (issue 15: per-change work in
-    /// proportion to the pods a change touched, never a pass over the whole map).
+    /// [`Index::take_changed`]: what the next publish re-renders (per-change work in proportion to
+    /// the pods a change touched, never a pass over the whole map).
     changed: BTreeSet<PodKey>,
 }
 
@@ -290,9 +291,10 @@ impl Index {
         self.edit_policies([((namespace.to_owned(), name.to_owned()), None)])
     }
 
-    /// A relist of policies: `policies` is the whole truth (an empty list also models the CRD
-    /// being uninstalled, F07). Conflicts are compared before and after the whole relist, so a
-    /// transient state between two list items is never reported.
+    /// A relist of policies: `policies` is the whole truth (an empty list is also what the driver
+    /// sends when the CRD is deleted: docs/contracts.md, "When the EndpointPolicy CRD is missing").
+    /// Conflicts are compared before and after the whole relist, so a transient state between two
+    /// list items is never reported.
     pub fn reset_policies(&mut self, policies: impl IntoIterator<Item = PolicyRecord>) -> Change {
         let listed: BTreeMap<PolicyId, PolicyRecord> =
             policies.into_iter().map(|p| ((p.namespace.clone(), p.name.clone()), p)).collect();

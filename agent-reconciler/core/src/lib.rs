@@ -1,5 +1,5 @@
-//! The agent's pure core (proposal 034 Phases 1 and 1b, agent side; DESIGN.md "What runs where"):
-//! everything the node reconciler *decides*, with no I/O and no async runtime. The I/O shell
+//! The agent's pure core (docs/design-notes.md, "Agent", "Two layers"): everything the node
+//! reconciler *decides*, with no I/O and no async runtime. The I/O shell
 //! (`aether-agent-reconciler`: watches, the driver loop, the state dir, the on-disk check, the
 //! container runtime, the xDS server, the admin port) feeds it facts and serves what it returns.
 //!

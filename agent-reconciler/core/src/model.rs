@@ -208,8 +208,8 @@ impl ClusterSpec {
     }
 }
 
-/// One inbound listener (proposal 034 "inbound": the listener is bound inside the pod's network
-/// namespace, so registry endpoints stay `<pod IP>:<port>` and clients are unaffected): Envoy
+/// One inbound listener (bound inside the pod's network namespace, so Services and endpoints
+/// keep `<pod IP>:<port>` and clients are unaffected; docs/design-notes.md, "Agent"): Envoy
 /// listens on `0.0.0.0:<port>` (and `[::]:<port>` when `ipv6`) in `netns`, without
 /// `SO_REUSEPORT`, and hands every connection to `cluster` (TCP proxy), which dials the app's
 /// socket. Plain data; [`ListenerSpec::validate`] says whether Envoy would accept it.

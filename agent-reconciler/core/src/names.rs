@@ -1,9 +1,10 @@
-//! Envoy resource names (DESIGN.md "Envoy resources", field report F10): delivery clusters
+//! Envoy resource names (docs/contracts.md, "Envoy resources and their names"): delivery clusters
 //! `app_<ns>_<pod>_<port>` per declared port, `health_<ns>_<pod>` per pod, and, for a pod
 //! delivered over its socket, the inbound listener `inbound_<ns>_<pod>_<port>` per declared port
 //! (bound in the pod's netns, handing connections to the `app_` cluster of the same port).
 //!
-//! The spec's `app_<pod>_<port>` collides across namespaces, so names are namespace-qualified.
+//! A name without the namespace (`app_<pod>_<port>`) would collide across namespaces, so names
+//! are namespace-qualified.
 //! They are never truncated or hashed: a name is a pure function of namespace, pod name and
 //! port, so it is stable across agent restarts and pod re-creation under the same name.
 //!
@@ -33,8 +34,8 @@ pub const APP_PREFIX: &str = "app";
 pub const HEALTH_PREFIX: &str = "health";
 
 /// The pin path of pod `uid` under the agent's pin dir: `<pin_dir>/<uid>.sock`, the path Envoy
-/// dials for a pod delivered over its socket when pinning is on (issue 13): an agent-owned file on
-/// which the agent mounts the socket inode it verified. At most `len(pin_dir) + 42` bytes.
+/// dials for a pod delivered over its socket when pinning is on (`--pin-dir`): an agent-owned file
+/// on which the agent mounts the socket inode it verified. At most `len(pin_dir) + 42` bytes.
 pub fn pin_path(pin_dir: &str, uid: &str) -> String {
     format!("{}/{uid}.sock", pin_dir.trim_end_matches('/'))
 }

@@ -9,11 +9,12 @@
 //! check's [`Refusal`], or `PolicyCrdMissing` (below). [`crate::fallback`] declares every reason
 //! with its Event reason, its metric label and how its note is made ([`TcpReason::detail`]).
 //!
-//! **Caps** (issue 14): a pod served no clusters at all because it declares more ports than a pod
-//! may (`UdsTooManyPorts`) or because the node's `--max-clusters` is taken by pods admitted before
-//! it (`UdsNodeClusterCapReached`) is told so whether or not it asked for a socket: the action is
-//! [`CAP_ACTION`] and the note names the count and the cap. When it is served again over its
-//! socket it gets the `Normal` event; a TCP pod's cause ends silently.
+//! **Caps** (docs/workload-requirements.md, "Ports per pod and clusters per node"): a pod served no
+//! clusters at all because it declares more ports than a pod may (`UdsTooManyPorts`) or because the
+//! node's `--max-clusters` is taken by pods admitted before it (`UdsNodeClusterCapReached`) is told
+//! so whether or not it asked for a socket: the action is [`CAP_ACTION`] and the note names the
+//! count and the cap. When it is served again over its socket it gets the `Normal` event; a TCP
+//! pod's cause ends silently.
 //!
 //! **CRD missing**: while the EndpointPolicy CRD is not served, no policy can exist, so "a policy
 //! targets the pod" can only come from what the agent last knew. A pod without the annotation
@@ -54,7 +55,7 @@ pub const DELIVERED_ACTION: &str = "DeliverOverSocket";
 pub const CAP_ACTION: &str = "ServeNoClusters";
 /// Longest Event note the API server accepts (`note` is at most 1 kB).
 pub const NOTE_MAX_BYTES: usize = 1024;
-/// Event reason when the node proxy could not bind a pod's inbound listener (issue 12): the pod is
+/// Event reason when the node proxy could not bind a pod's inbound listener: the pod is
 /// delivered over its socket, but traffic to that port through its Service does not reach it.
 pub const INBOUND_BIND_FAILED_REASON: &str = "UdsInboundListenerFailed";
 /// The metric label of [`INBOUND_BIND_FAILED_REASON`].

@@ -4,16 +4,16 @@
 //! Records hold only the fields that decide a delivery or name an Envoy resource, so an update
 //! that touches nothing else (a status condition, a label the mesh ignores) yields an equal
 //! record and the index re-renders nothing. Both are serde-serializable: the agent persists them
-//! in `--state-dir` to serve the same clusters with the API server down (DESIGN.md "Envoy
-//! resources").
+//! in `--state-dir` to serve the same clusters with the API server down (docs/contracts.md, "The
+//! state dir").
 //!
-//! Pod annotations follow DESIGN.md "Contracts". A bad `endpoint.aether.io/*` annotation never
-//! drops the pod: that annotation falls back to its default and the record carries an
-//! [`AnnotationDefect`], which makes the fold deliver the pod over TCP (see
-//! [`crate::TcpReason::InvalidEndpointAnnotation`]).
+//! Pod annotations follow docs/contracts.md, "Managed pods and their annotations". A bad
+//! `endpoint.aether.io/*` annotation never drops the pod: that annotation falls back to its default
+//! and the record carries an [`AnnotationDefect`], which makes the fold deliver the pod over TCP
+//! (see [`crate::TcpReason::InvalidEndpointAnnotation`]).
 //!
-//! Every per-pod input has a size cap (issue 14: one pod declaring 10,000 ports took the node's
-//! Envoy from 70 to 566 MiB): `endpoint.aether.io/ports` at most [`MAX_PORTS_ANNOTATION_BYTES`]
+//! Every per-pod input has a size cap (one pod declaring 10,000 ports once took the node's Envoy
+//! from 70 to 566 MiB): `endpoint.aether.io/ports` at most [`MAX_PORTS_ANNOTATION_BYTES`]
 //! bytes (checked before it is split) and [`MAX_PORTS`] entries, else the record carries
 //! [`TooManyPorts`] and the pod is served no clusters at all
 //! ([`crate::TcpReason::TooManyPorts`]); `endpoint.aether.io/health-path` at most
@@ -157,8 +157,9 @@ impl fmt::Display for PodKey {
 pub enum AppProtocol {
     /// HTTP/1.1 (the default for a port without a suffix).
     Http1,
-    /// HTTP/2 with prior knowledge: the port's cluster uses the HTTP/2 codec, and so does the
-    /// HTTP health check when the primary port is `h2` (DESIGN.md "Envoy resources").
+    /// HTTP/2 with prior knowledge: the port's cluster uses the HTTP/2 codec, and so does the HTTP
+    /// health check when the primary port is `h2` (docs/contracts.md, "Envoy resources and their
+    /// names").
     H2,
     /// A gRPC server (HTTP/2 with prior knowledge, like `h2`). When it is the primary port the
     /// health check is gRPC's standard health protocol (`grpc.health.v1.Health/Check`), not an
@@ -183,7 +184,8 @@ impl AppProtocol {
 }
 
 /// One declared service port of a pod: the port clients dial, and its protocol. Over a pipe,
-/// every declared port's `app_` cluster dials the same socket (spec Phase 1).
+/// every declared port's `app_` cluster dials the same socket (docs/workload-requirements.md, "What
+/// the app must do").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PortSpec {
     /// The port number, 1–65535.
@@ -230,8 +232,9 @@ impl HealthCheck {
     }
 }
 
-/// What the agent knows about a static pod's mirror (DESIGN.md "Security"): kubelet names a
-/// static pod's directory by its config hash, not by the mirror's API UID.
+/// What the agent knows about a static pod's mirror: kubelet names a static pod's directory by its
+/// config hash, not by the mirror's API UID, and any pod creator can write that annotation, so
+/// such pods are always TCP (docs/design-notes.md, "Agent").
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StaticPod {
@@ -347,8 +350,8 @@ pub struct PodRecord {
     /// fold deliver over TCP.
     pub defects: Vec<AnnotationDefect>,
     /// `metadata.creationTimestamp`, in seconds since the Unix epoch; `None` for a manifest (an
-    /// offline plan) and in records written by agents before issue 14. Orders the pods that
-    /// compete for the node's cluster cap ([`crate::admission`]): oldest first.
+    /// offline plan) and in records written by agents older than the cluster cap. Orders the pods
+    /// that compete for the node's cluster cap ([`crate::admission`]): oldest first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<i64>,
 }
@@ -356,7 +359,7 @@ pub struct PodRecord {
 impl PodRecord {
     /// Extracts the record of a pod, or `None` when the pod is not managed (label
     /// `aether.io/managed` is not exactly `"true"`): unmanaged pods are ignored and their
-    /// annotations are inert (spec Phase 1).
+    /// annotations are inert (docs/contracts.md, "Managed pods and their annotations").
     ///
     /// A finished pod ([`is_finished`]: phase `Succeeded` or `Failed`) also has no record: its
     /// containers are gone and kubelet removes its sockets, so it gets no clusters, exactly like a
@@ -541,7 +544,8 @@ impl PodRecord {
         }
     }
 
-    /// The pod's mesh service key `<namespace>/<service account>` (DESIGN.md "Contracts").
+    /// The pod's mesh service key `<namespace>/<service account>` (docs/endpointpolicy.md, "Which
+    /// pods a policy reaches").
     pub fn service_key(&self) -> ServiceKey {
         ServiceKey::new(&self.namespace, &self.service_account)
     }
@@ -850,8 +854,9 @@ mod tests {
         assert_eq!(capped_socket_value(&wide).len(), MAX_SOCKET_VALUE_BYTES - 1);
     }
 
-    /// Issue 14's pod: 10,000 ports in a 60 KB annotation. It is refused by its size, before it is
-    /// split: its first entry is not even a port, and no defect says so.
+    /// The pod that once took the node's Envoy to 566 MiB: 10,000 ports in a 60 KB annotation. It
+    /// is refused by its size, before it is split: its first entry is not even a port, and no
+    /// defect says so.
     #[test]
     fn a_60_kb_ports_annotation_is_refused_by_size_without_being_parsed() {
         let list = format!("not-a-port,{}", ports(9_999, ","));

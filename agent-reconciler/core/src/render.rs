@@ -1,4 +1,5 @@
-//! From the delivery map to the xDS input: one pure function (DESIGN.md "Envoy resources").
+//! From the delivery map to the xDS input: one pure function (docs/contracts.md, "Envoy resources
+//! and their names").
 //!
 //! For every pod in the [`DeliveryMap`]:
 //! - one `app_<ns>_<pod>_<port>` cluster per declared port, all dialing the same endpoint;

@@ -32,14 +32,14 @@ impl Settings {
     }
 
     /// Settings from the node's [`Rules`] (built once at start-up) and the `--uds-workloads`
-    /// switch. Rules without a usable budget are kept as they are: every pod is then delivered
-    /// over TCP with [`crate::TcpReason::BudgetConfig`] (field report F02); the binary also reports it
-    /// loudly at start-up.
+    /// switch. Rules without a usable budget are kept as they are: every pod is then delivered over
+    /// TCP with [`crate::TcpReason::BudgetConfig`] (docs/troubleshooting.md,
+    /// "`UdsNoSocketBudget`"); the binary also reports it loudly at start-up.
     pub fn with_rules(rules: Rules, uds_workloads: bool) -> Self {
         Settings { uds_workloads, rules, pin_dir: None, max_clusters: None }
     }
 
-    /// With a cap on the clusters the node's Envoy is given (`--max-clusters`, issue 14): pods
+    /// With a cap on the clusters the node's Envoy is given (`--max-clusters`): pods
     /// compete for it in the order of [`crate::admission`] and those past it are served no
     /// clusters ([`crate::TcpReason::NodeClusterCap`]). `None` (the default of
     /// [`Settings::new`], for tests, benches and the offline plan): no cap. The agent always
@@ -54,9 +54,9 @@ impl Settings {
         self.max_clusters
     }
 
-    /// With socket pinning (`--pin-dir`, issue 13): Envoy dials `<pin_dir>/<uid>.sock`
-    /// ([`crate::names::pin_path`]), on which the agent mounts the socket it verified, instead of
-    /// the pod's own path.
+    /// With socket pinning (`--pin-dir`; docs/design-notes.md, "Agent"): Envoy dials
+    /// `<pin_dir>/<uid>.sock` ([`crate::names::pin_path`]), on which the agent mounts the socket it
+    /// verified, instead of the pod's own path.
     pub fn with_pin_dir(mut self, pin_dir: Option<String>) -> Self {
         self.pin_dir = pin_dir;
         self

@@ -1,7 +1,8 @@
-//! Issue 14 item 2: one pod must not be able to OOM the node proxy. The per-pod port cap (the
-//! fold) and the node's cluster cap (`--max-clusters`, the index's admission), driven through the
-//! public API as the agent's reconcile loop drives it: records from API pods, the index, render
-//! (what the xDS layer serves) and the pod-event ledger.
+//! One pod must not be able to OOM the node proxy (docs/workload-requirements.md, "Ports per pod
+//! and clusters per node"). The per-pod port cap (the fold) and the node's cluster cap
+//! (`--max-clusters`, the index's admission), driven through the public API as the agent's
+//! reconcile loop drives it: records from API pods, the index, render (what the xDS layer serves)
+//! and the pod-event ledger.
 
 use std::collections::{BTreeSet, HashMap};
 

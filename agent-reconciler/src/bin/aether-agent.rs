@@ -4,7 +4,7 @@
 //! The process allocates through jemalloc ([`tikv_jemallocator`]), not glibc's malloc: the
 //! agent holds ~10k pods' small records and renders, and a relist briefly holds a second copy of
 //! them; glibc kept the freed copies resident as fragmented arena space, jemalloc returns them
-//! to the OS (issue 15 item 3, `make bench` section 3d: live RSS per pod at 10k pods).
+//! to the OS (docs/benchmarks.md, section 3d, "The running agent's resident size per pod").
 
 use std::process::ExitCode;
 

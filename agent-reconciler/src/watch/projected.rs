@@ -1,4 +1,5 @@
-//! [`ProjectedPod`]: a Pod read off the wire with only the fields the agent uses (issue 15 item 3).
+//! [`ProjectedPod`]: a Pod read off the wire with only the fields the agent uses
+//! (docs/design-notes.md, "Per-change work and a lean process").
 //!
 //! A Pod as the API server serves it is mostly what the agent never reads: `managedFields`, the
 //! containers, the projected service-account volume, conditions, container statuses, tolerations.
@@ -30,7 +31,8 @@ use kube::Resource;
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-/// The prefix of the pod annotations the agent reads (DESIGN.md "Contracts").
+/// The prefix of the pod annotations the agent reads (docs/contracts.md, "Managed pods and their
+/// annotations").
 const ENDPOINT_ANNOTATION_PREFIX: &str = "endpoint.aether.io/";
 
 /// Whether the agent reads annotation `key`: `endpoint.aether.io/*` and the static-pod mirror.

@@ -5,7 +5,7 @@
 //! dir and this host's `/dev/shm`, each running a real Envoy with an LDS listener (from a file,
 //! `enable_reuse_port: false`, `tcp_proxy` to a `uds-echo` app on a Unix socket: the shape of an
 //! inbound listener of a UDS pod) and the admin bound with `SO_REUSEPORT`, as the chart's. The
-//! load is the field reports' (`aether_tests::continuity`: 50 new-connection requests/s, 3
+//! load is the one `e2e_node` uses (`aether_tests::continuity`: 50 new-connection requests/s, 3
 //! keep-alive connections, no retries). Events:
 //! - **replacement**: with the hand-over, the new launcher starts, takes the sockets over, then
 //!   the old one gets SIGTERM (a surge roll); without it (`--no-hot-restart`), the old one gets

@@ -1,5 +1,6 @@
-//! Section 7 of `make bench`: delivery over a pod's socket against delivery over TCP, seen from a
-//! client on another node: the latency the proposal asks to compare before and after, on two
+//! Section 7 of `make bench` ("7. Cross-node", newer than the committed docs/benchmarks.md):
+//! delivery over a pod's socket against delivery over TCP, seen from a client on another node:
+//! what moving the last hop from TCP to the socket does to a cross-node call's latency, on two
 //! real nodes (`aether_tests::nodes::RealNodes`: kubelet, containerd, kube-proxy per node, the
 //! charts installed with helm).
 //!

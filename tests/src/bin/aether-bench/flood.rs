@@ -1,13 +1,15 @@
-//! Section 3c of `make bench`: what a file flood in one pod's socket volume costs the agent.
+//! The section "3c. A file flood in one pod's socket volume" of `make bench` (newer than the
+//! committed docs/benchmarks.md): what a file flood in one pod's socket volume costs the agent.
 //!
-//! The stage of section 3b (the release `aether-agent` with `--pin-dir`, a real Envoy on its
-//! ADS), one pod delivered over its socket through its pin. A thread then creates and deletes
-//! `--flood-files` files (100,000) in that pod's volume dir, as fast as it can: inotify reports
-//! every one to the agent's socket watch. Measured: the flood's wall time, the agent's CPU time
-//! over it (all threads, `/proc/<pid>/task/*/schedstat`), and the delivery of a second pod
-//! created meanwhile (from its app's socket appearing to the first request through Envoy that it
-//! answers), against the same delivery with no flood. `BENCH_FLOOD_BASELINE` may name another
-//! `aether-agent` binary (an earlier release) to measure the same way, for a before/after table.
+//! The stage of the re-pin section (docs/benchmarks.md, section 3b, "Re-pin": the release
+//! `aether-agent` with `--pin-dir`, a real Envoy on its ADS), one pod delivered over its socket
+//! through its pin. A thread then creates and deletes `--flood-files` files (100,000) in that pod's
+//! volume dir, as fast as it can: inotify reports every one to the agent's socket watch. Measured:
+//! the flood's wall time, the agent's CPU time over it (all threads,
+//! `/proc/<pid>/task/*/schedstat`), and the delivery of a second pod created meanwhile (from its
+//! app's socket appearing to the first request through Envoy that it answers), against the same
+//! delivery with no flood. `BENCH_FLOOD_BASELINE` may name another `aether-agent` binary (an
+//! earlier release) to measure the same way, for a before/after table.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

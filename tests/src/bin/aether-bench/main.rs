@@ -11,10 +11,13 @@
 //!              [--sections agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet,nodes]
 //! ```
 //!
-//! `fleet` (section 3f, [`fleet`]) runs 10, then 100 agents with an ADS client each ([`ads_client`]).
+//! `fleet` ([`fleet`]; docs/benchmarks.md, section 3f, "A fleet, simulated") runs 10, then 100
+//! agents with an ADS client each ([`ads_client`]).
 //!
-//! `repin` (section 3b, [`repin`]) and `flood` (section 3c, [`flood`]) need root: their agent
-//! mounts the socket pins. So does `nodes` (section 7, [`cross_node`]): two real nodes.
+//! `repin` ([`repin`]; docs/benchmarks.md, section 3b, "Re-pin") and `flood` ([`flood`]: its
+//! section "3c. A file flood in one pod's socket volume", newer than the committed
+//! docs/benchmarks.md) need root: their agent mounts the socket pins. So does `nodes`
+//! ([`cross_node`]: section "7. Cross-node", also newer than the committed report): two real nodes.
 
 mod ads_client;
 mod continuity;

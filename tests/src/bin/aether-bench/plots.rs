@@ -1,7 +1,8 @@
 //! The SVG plots of `make bench`, drawn with `plotters` (SVG backend) into
 //! `<report dir>/benchmarks/` and linked from the report: per-change agent CPU and bytes sent vs
-//! pods on the node (Delta vs SotW, section 3e), live agent RSS vs pods (section 3d). Written only
-//! when the report is.
+//! pods on the node (Delta vs SotW; docs/benchmarks.md, section 3e, "One policy change on the live
+//! agent"), live agent RSS vs pods (section 3d, "The running agent's resident size per pod").
+//! Written only when the report is.
 
 use std::ops::Range;
 use std::path::Path;
@@ -13,7 +14,7 @@ use plotters::prelude::*;
 use crate::Report;
 use crate::per_change::Mode;
 
-/// One node size × ADS mode of section 3e.
+/// One node size × ADS mode of section 3e, "One policy change on the live agent".
 pub(crate) struct ChangePoint {
     pub pods: usize,
     pub mode: Mode,
@@ -23,7 +24,7 @@ pub(crate) struct ChangePoint {
     pub bytes: f64,
 }
 
-/// One node size of section 3d, KiB.
+/// One node size of section 3d, "The running agent's resident size per pod", KiB.
 pub(crate) struct RssPoint {
     pub pods: usize,
     /// The agent with no pods.
