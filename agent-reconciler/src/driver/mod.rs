@@ -1,13 +1,13 @@
 //! The reconcile loop: the one task that owns the [`Index`]. Watch drivers send it [`Event`]s;
-//! after each it checks the re-rendered pipes on disk ([`sockets`]), persists what changed
-//! ([`persist`]), re-renders only the pods the change touched (the index's
+//! after each it checks the re-rendered pipes on disk (`sockets`), persists what changed
+//! (`persist`), re-renders only the pods the change touched (the index's
 //! [`Index::take_changed`] and the pods whose on-disk verdict moved) and sends the renderer task
-//! only those whose rendering differs ([`publish`]): the work of a change is in proportion to the
-//! pods it touched, and the status's counts are kept by difference ([`tally`];
+//! only those whose rendering differs (`publish`): the work of a change is in proportion to the
+//! pods it touched, and the status's counts are kept by difference (`tally`;
 //! docs/design-notes.md "Per-change work and a lean process"). Fallbacks and conflicts are logged
 //! once per change, never per resync.
 //!
-//! Pod Events ([`notices`]): every re-rendered pod (and every pod whose on-disk check changed) is
+//! Pod Events (`notices`): every re-rendered pod (and every pod whose on-disk check changed) is
 //! observed by the ledger of [`crate::pod_events`]; what it decides is queued to the event task
 //! without waiting. The ledger and the "stranded" service keys are kept in the state dir, so a
 //! restarted agent does not repeat an Event. A change that alters what the renderer is sent is
