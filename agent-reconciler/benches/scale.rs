@@ -13,9 +13,9 @@
 //! event delivers is extracted once, before timing (`common::pod`/`policy` build an API object
 //! and run the agent's extraction), and cloned per event, as a watch hands over a fresh record.
 //!
-//! The live agent's own path (docs/design-notes.md, "Per-change work and a lean process"),
-//! `agent_*` groups, 110 / 1k / 10k pods and 10 policies:
-//! a `Driver` (no state dir) fed the watch events as API objects, publishing the pods it
+//! The live agent's own path (docs/design-notes.md "Per-change work and a lean process"),
+//! `agent_*` groups, 110 / 1k / 10k pods and 10 policies: a `Driver` (no state dir, detached
+//! collaborators) fed the watch events made from API objects, publishing the pods it
 //! re-rendered on a `pod_specs` channel, and the renderer task's step on it (encoded, digested,
 //! versioned resources ready for the ADS streams; no debounce, no send):
 //! - `agent_full_build`: boot (the policy list and the pod list) and the first render;
@@ -38,7 +38,9 @@ use std::time::Duration;
 use std::net::Ipv4Addr;
 
 use aether_agent_reconciler::cni::CniRecords;
-use aether_agent_reconciler::driver::{Driver, Event as Watch, Status};
+use aether_agent_reconciler::driver::{Collaborators, Driver};
+use aether_agent_reconciler::event::{self, Event as Watch};
+use aether_agent_reconciler::status::Status;
 use aether_agent_reconciler::xds::publish::{PodSpecs, RenderSource, pod_specs};
 use aether_agent_reconciler::xds::resources::{Endpoint, RenderOptions, Renderer, Resources};
 use aether_agent_reconciler::{Index, PodRecord, PolicyRecord};
@@ -232,10 +234,11 @@ impl Agent {
     fn boot(pods: Vec<Pod>, policies: Vec<EndpointPolicy>) -> Agent {
         let (tx, mut specs) = pod_specs();
         let (status, _) = watch::channel(Status::default());
-        let mut driver = Driver::new(Index::new(common::settings()), None, CniRecords::default(), tx, status);
+        let detached = Collaborators::detached();
+        let mut driver = Driver::new(Index::new(common::settings()), None, CniRecords::default(), tx, status, detached);
         driver.handle(Watch::PoliciesListed(policies));
         // The watch hands over the records of the listed pods (it keeps no Pod objects).
-        driver.handle(Watch::PodsListed(pods.iter().filter_map(|p| PodRecord::from_pod(p).ok().flatten()).collect()));
+        driver.handle(Watch::PodsListed(pods.iter().filter_map(event::listed_record).collect()));
         let mut renderer = Renderer::new(RenderOptions::default());
         let resources = specs.render(&mut renderer, true);
         Agent { driver, specs, renderer, resources }
@@ -278,7 +281,7 @@ fn agent(c: &mut Criterion) {
         c.benchmark_group("agent_pod_change").bench_function(BenchmarkId::from_parameter(&id), |b| {
             b.iter(|| {
                 flip = !flip;
-                node.event(Watch::PodApplied(Box::new(edits[usize::from(flip)].clone())))
+                node.event(Watch::pod_applied(&edits[usize::from(flip)]).expect("a served pod"))
             })
         });
         c.benchmark_group("agent_recheck")

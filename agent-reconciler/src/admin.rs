@@ -3,8 +3,9 @@
 //!
 //! `/readyz` is 200 once the xDS listener is bound: the node's Envoy can be served (from the state
 //! dir if need be). Its body states what is degraded, e.g. "EndpointPolicy CRD not installed", so
-//! a missing CRD is visible without making the agent unready (F07), and ends with one line on the
-//! node's Envoy (see [`crate::xds::readiness`]), e.g.
+//! a missing CRD is visible without making the agent unready (only pod annotations apply then: the
+//! node is served all the same), and ends with one line on the node's Envoy (see
+//! [`crate::xds::readiness`]), e.g.
 //! `envoy: 1 stream(s) connected (node n1); CDS version <v> acked; LDS version <v> acked`,
 //! `envoy: not connected`, or `... CDS version <v> not acked yet (acked <old>) ...`.
 //!
@@ -18,7 +19,7 @@
 //! least `--watch-grace-seconds` ([`aether_agent_core::status::overdue`]). The agent keeps serving
 //! its last good state meanwhile: readiness reports, it withdraws nothing.
 //!
-//! Decisions ([`crate::decisions`], issue 16): `GET /debug/pods/{namespace}/{name}` answers the
+//! Decisions ([`crate::decisions`], docs/kubectl-plugin.md): `GET /debug/pods/{namespace}/{name}` answers the
 //! agent's live decision for one pod as JSON ([`aether_agent_core::decision`] documents the
 //! shape), or 404 with `{"error", "namespace", "name", "node"}` when the agent does not know the
 //! pod (not managed, not on this node, or not seen yet); `GET /debug/pods` lists them
@@ -34,6 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use aether_agent_core::status::Status;
 use axum::Json;
 use axum::Router;
 use axum::extract::{Path, State};
@@ -43,7 +45,6 @@ use axum::routing::get;
 use tokio::sync::watch;
 
 use crate::decisions::Decisions;
-use crate::driver::Status;
 use crate::metrics::Metrics;
 use crate::status::overdue;
 use crate::watch::WatchBoard;

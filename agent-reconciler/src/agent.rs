@@ -15,11 +15,14 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::{mpsc, watch};
 
+use aether_agent_core::status::Status;
+
 use crate::admin::EnvoyView;
 use crate::admin::{self, AdminState};
 use crate::cli::RunArgs;
 use crate::cni::CniRecords;
-use crate::driver::{Driver, Event, Status};
+use crate::driver::{Collaborators, Driver, SocketCheck};
+use crate::event::Event;
 use crate::fold::Settings;
 use crate::index::Index;
 use crate::metrics::Metrics;
@@ -54,6 +57,28 @@ fn netns_lookup(
     Ok(Some(crate::runtime::NetnsLookup::spawn(client, crate::runtime::LOOKUP_QUEUE)))
 }
 
+/// How the loop verifies sockets: on disk without `pinner` (`--pin-dir`), else pinned, with the
+/// volume dirs watched (`socket_watch_max`, `--socket-watch-max`, above 0 and an inotify instance
+/// to be had). With the watch, the batches of pods it names.
+fn socket_check(
+    pinner: Option<&crate::pin::Pinner>,
+    socket_watch_max: usize,
+    metrics: &Metrics,
+) -> (SocketCheck, Option<crate::socket_watch::Changes>) {
+    let Some(pinner) = pinner else { return (SocketCheck::OnDisk, None) };
+    tracing::info!(pin_dir = %pinner.dir().display(), "pinning verified sockets; Envoy dials <pin-dir>/<pod uid>.sock");
+    if socket_watch_max == 0 {
+        return (SocketCheck::Pinned(pinner.clone()), None);
+    }
+    match crate::socket_watch::SocketWatch::spawn(socket_watch_max, metrics.socket_watch.clone()) {
+        Ok((w, changes)) => (SocketCheck::Watched(pinner.clone(), w), Some(changes)),
+        Err(e) => {
+            tracing::warn!(error = %e, "no inotify instance; sockets are re-pinned at each re-check only");
+            (SocketCheck::Pinned(pinner.clone()), None)
+        }
+    }
+}
+
 /// Runs the agent until SIGTERM/SIGINT.
 ///
 /// # Errors
@@ -71,7 +96,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let stop = stop_on_signal()?;
     let store =
         StateStore::open(&args.state_dir).with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
-    // Only the pods a change re-rendered travel to the renderer (issue 15).
+    // Only the pods a change re-rendered travel to the renderer: a change costs work for the pods
+    // it touched (docs/design-notes.md "Per-change work and a lean process").
     let (snap_tx, snap_rx) = crate::xds::publish::pod_specs();
     // Envoy's streams are held unanswered until the loop has a complete state (the driver clears
     // it: a replayed state dir, or the first pod list and the socket pods' netns).
@@ -79,17 +105,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let (notices, notice_rx) = NoticeSender::channel(metrics.clone());
     let decisions = crate::decisions::Decisions::new(&args.node_name);
-    let mut driver = Driver::new(
-        Index::new(settings.clone()),
-        Some(store),
-        CniRecords::new(args.cni_records_dir.clone()),
-        snap_tx,
-        status_tx,
-    )
-    .with_notices(notices)
-    .with_change_clock(metrics.xds.clock.clone())
-    .with_cluster_metrics(metrics.clusters.clone())
-    .with_decisions(decisions.clone());
     let pinner = match &args.pin_dir {
         Some(dir) => Some(
             crate::pin::Pinner::new(&args.delivery.kubelet_pods_dir, dir)
@@ -97,29 +112,27 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let mut socket_events = None;
-    if let Some(pinner) = &pinner {
-        tracing::info!(pin_dir = %pinner.dir().display(), "pinning verified sockets; Envoy dials <pin-dir>/<pod uid>.sock");
-        driver = driver.with_pinner(pinner.clone());
-        if args.socket_watch_max > 0 {
-            match crate::socket_watch::SocketWatch::spawn(args.socket_watch_max, metrics.socket_watch.clone()) {
-                Ok((w, changes)) => {
-                    driver = driver.with_socket_watch(w);
-                    socket_events = Some(changes);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "no inotify instance; sockets are re-pinned at each re-check only")
-                }
-            }
-        }
-    }
-    let netns_updates = match netns_lookup(&args)? {
-        Some((lookup, updates)) => {
-            driver = driver.with_netns_lookup(lookup);
-            Some(updates)
-        }
-        None => None,
+    let (sockets, socket_events) = socket_check(pinner.as_ref(), args.socket_watch_max, &metrics);
+    let (netns, netns_updates) = match netns_lookup(&args)? {
+        Some((lookup, updates)) => (crate::runtime::PodNetns::with_lookup(lookup), Some(updates)),
+        None => (crate::runtime::PodNetns::default(), None),
     };
+    let collaborators = Collaborators {
+        notices,
+        clock: metrics.xds.clock.clone(),
+        cluster_metrics: metrics.clusters.clone(),
+        decisions: decisions.clone(),
+        sockets,
+        netns,
+    };
+    let mut driver = Driver::new(
+        Index::new(settings.clone()),
+        Some(store),
+        CniRecords::new(args.cni_records_dir.clone()),
+        snap_tx,
+        status_tx,
+        collaborators,
+    );
     driver.boot();
 
     let opts = RenderOptions { health_socket: Some(args.health_socket.clone()), ..RenderOptions::default() };

@@ -1,16 +1,16 @@
-//! The decision board: the agent's live per-pod [`Decision`] (issue 16), kept by the reconcile
-//! loop and served by the admin port (`GET /debug/pods/{namespace}/{name}`, `GET /debug/pods`,
+//! The decision board: the agent's live per-pod [`Decision`], kept by the reconcile loop and
+//! served by the admin port (`GET /debug/pods/{namespace}/{name}`, `GET /debug/pods`,
 //! see [`crate::admin`]) for `kubectl aether why`.
 //!
-//! Per change, never per pod: the driver ([`crate::driver::Driver::with_decisions`]) updates the
+//! Per change, never per pod: the driver ([`crate::driver::Collaborators::decisions`]) updates the
 //! board only for the pods an event touched (re-rendered, removed, or whose on-disk check, netns
 //! or inbound listeners changed) and for the service keys whose conflict appeared, altered or
 //! ended. The conflict of a pod's service key is joined at read time, so a losing policy's edit
 //! (which re-renders no pod) still shows on every pod of that service.
 //!
-//! Decided on read (issue 15 item 3: a lean process): the board keeps, per pod, only what the
-//! decision is made of — the pod's index entry ([`PodDelivery`], whose record is shared with the
-//! index, not copied), its on-disk refusal and when it was decided (a 16-byte timestamp) — and
+//! Decided on read, for a lean process (docs/design-notes.md "Per-change work and a lean
+//! process"): the board keeps, per pod, only what the decision is made of — the pod's index
+//! entry ([`PodDelivery`], whose record is shared with the index, not copied), its on-disk refusal and when it was decided (a 16-byte timestamp) — and
 //! projects the [`Decision`] (cluster and listener names, the sentence, the labels) when it is
 //! asked for. A rendered `Decision` per pod held ~1 KiB of small strings per pod at 10k pods.
 
@@ -54,6 +54,8 @@ struct Board {
 pub struct Decisions {
     node: Arc<str>,
     board: Arc<RwLock<Board>>,
+    /// False for a [`Decisions::detached`] board, which keeps nothing.
+    kept: bool,
 }
 
 /// `GET /debug/pods`: the decisions of the node's managed pods, by namespace and name.
@@ -72,7 +74,13 @@ pub struct Listing {
 impl Decisions {
     /// An empty board for the agent of node `node`.
     pub fn new(node: &str) -> Self {
-        Decisions { node: node.into(), board: Arc::default() }
+        Decisions { node: node.into(), board: Arc::default(), kept: true }
+    }
+
+    /// A board that keeps nothing (every update is a no-op, every lookup finds nothing), for a
+    /// loop whose decisions nobody reads, e.g. in tests and benchmarks.
+    pub fn detached() -> Self {
+        Decisions { node: "".into(), board: Arc::default(), kept: false }
     }
 
     /// The node this board describes.
@@ -85,7 +93,7 @@ impl Decisions {
     /// longer in it is dropped (unless a newer pod of the same name, another UID, holds the
     /// entry). O(`keys`).
     pub fn update(&self, map: &DeliveryMap, keys: &[PodKey], refused: &HashMap<PodKey, Refusal>) {
-        if keys.is_empty() {
+        if keys.is_empty() || !self.kept {
             return;
         }
         let now = Timestamp::now();
@@ -116,7 +124,7 @@ impl Decisions {
     pub fn changed(&self, map: &DeliveryMap, change: &Change, refused: &HashMap<PodKey, Refusal>) {
         self.update(map, &change.removed, refused);
         self.update(map, &change.rerendered, refused);
-        if change.conflicts.is_empty() && change.resolved.is_empty() {
+        if (change.conflicts.is_empty() && change.resolved.is_empty()) || !self.kept {
             return;
         }
         let mut board = self.board.write().unwrap_or_else(|e| e.into_inner());

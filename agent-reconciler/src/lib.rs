@@ -1,7 +1,7 @@
-//! aether's node reconciler, embedded in `aether-agent` (docs/reference.md, "`aether-agent`: the
-//! node side").
+//! aether's node reconciler, embedded in `aether-agent`: the node side (docs/reference.md
+//! "`aether-agent`: the node side").
 //!
-//! Two layers (docs/design-notes.md, "Agent", "Two layers"):
+//! Two layers, so the decisions can be tested without a runtime, a network or a cluster:
 //! - the **pure core**, crate `aether-agent-core` (re-exported here under the same paths):
 //!   [`record`], [`settings`](aether_agent_core::settings), [`fold`], [`index`] (which also keeps
 //!   the per-pod node facts the shell gathers, e.g. the netns), [`names`], [`model`] (the xDS
@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! watch (Pods on this node, CRD-gated EndpointPolicies)   runtime / cni (pod netns)
-//!   └─► driver: Event ─► core Index (record ─► fold, + netns facts) ─► fscheck (lstat)
+//!   └─► event ─► driver ─► core Index (record ─► fold, + netns facts) ─► fscheck (lstat)
 //!                          │ store (--state-dir)          core render_pod (changed pods only)
 //!                          ▼                                                      ▼ pod_specs
 //!                  replay at boot                xds: encoder (resources) ─► ADS server ─► Envoy
@@ -22,8 +22,9 @@
 //! on an agent-owned path Envoy dials), [`store`] (state dir), [`replay`] (what of it a restarted
 //! agent may replay: is a pod's netns still there), [`cni`] (netns records, read on a
 //! pod's events and the periodic re-check), [`runtime`] (pod netns from the container runtime over
-//! CRI), [`watch`] (kube-runtime watchers), [`driver`] (the reconcile loop), [`xds::resources`]
-//! (the encoder: Envoy protos, content-hash versions), [`xds::server`] with `xds::stream`,
+//! CRI), [`watch`] (kube-runtime watchers), [`event`] (the loop's input), [`driver`] (the
+//! reconcile loop), [`xds::resources`] (the encoder: Envoy protos, content-hash versions),
+//! [`xds::server`] with `xds::stream`,
 //! [`xds::acks`], [`xds::metrics`], [`xds::publish`], [`xds::listen`] (ADS, ACK/NACK tracking,
 //! connected streams), [`xds::bind_failures`] (which inbound listener Envoy could not bind),
 //! [`xds::readiness`] (is Envoy caught up: pure), [`recorder`] (the pod Event
@@ -42,6 +43,7 @@ pub mod cli;
 pub mod cni;
 pub mod decisions;
 pub mod driver;
+pub mod event;
 pub mod fscheck;
 pub mod logging;
 pub mod metrics;

@@ -28,13 +28,13 @@
 
 use std::collections::BTreeMap;
 
+use aether_agent_core::status::Status;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::driver::Status;
 use crate::fallback::TcpReason;
 use crate::watch::WatchMetrics;
 use crate::xds::server::XdsMetrics;
@@ -71,10 +71,10 @@ pub struct EventLabels {
     pub result: &'static str,
 }
 
-/// The node's cluster cap (issue 14): `aether_agent_clusters` (served now),
-/// `aether_agent_clusters_max` (`--max-clusters`) and `aether_agent_pods_refused{reason}`. Set by
-/// the reconcile loop on every publish (give a clone to
-/// [`crate::driver::Driver::with_cluster_metrics`]); clones share the values.
+/// The node's cluster cap (docs/workload-requirements.md "Ports per pod and clusters per node"):
+/// `aether_agent_clusters` (served now), `aether_agent_clusters_max` (`--max-clusters`) and
+/// `aether_agent_pods_refused{reason}`. Set by the reconcile loop on every publish (give a clone
+/// to the driver: [`crate::driver::Collaborators::cluster_metrics`]); clones share the values.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterMetrics {
     served: Gauge,

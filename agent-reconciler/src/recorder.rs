@@ -36,26 +36,33 @@ const ATTEMPTS: u32 = 4;
 /// The loop's end of the queue: never blocks.
 #[derive(Clone)]
 pub struct NoticeSender {
-    tx: mpsc::Sender<Notice>,
-    metrics: Arc<Metrics>,
+    /// The queue and the metrics its drops are counted in; `None` when detached.
+    queue: Option<(mpsc::Sender<Notice>, Arc<Metrics>)>,
 }
 
 impl NoticeSender {
     /// A queue of [`QUEUE`] notices; the receiver goes to [`spawn`] (or a test).
     pub fn channel(metrics: Arc<Metrics>) -> (NoticeSender, mpsc::Receiver<Notice>) {
         let (tx, rx) = mpsc::channel(QUEUE);
-        (NoticeSender { tx, metrics }, rx)
+        (NoticeSender { queue: Some((tx, metrics)) }, rx)
+    }
+
+    /// A sender to no queue: every notice is dropped silently (the loop still logs what it
+    /// decides). For a loop that publishes no Events, e.g. in tests and benchmarks.
+    pub fn detached() -> NoticeSender {
+        NoticeSender { queue: None }
     }
 
     /// Queues `notice`; a full or closed queue drops it (logged and counted).
     pub fn send(&self, notice: Notice) {
-        if let Err(e) = self.tx.try_send(notice) {
+        let Some((tx, metrics)) = &self.queue else { return };
+        if let Err(e) = tx.try_send(notice) {
             let n = match e {
                 mpsc::error::TrySendError::Full(n) | mpsc::error::TrySendError::Closed(n) => n,
             };
             tracing::warn!(pod = %format!("{}/{}", n.pod.namespace, n.pod.name), reason = n.reason,
                 "the pod Event queue is full (or its task ended); dropping the Event");
-            self.metrics.pod_event(n.label, "dropped");
+            metrics.pod_event(n.label, "dropped");
         }
     }
 }

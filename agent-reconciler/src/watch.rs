@@ -4,18 +4,19 @@
 //!   (`aether.io/managed=true` label selector), each read as a [`ProjectedPod`] (the few fields
 //!   the agent uses; the rest of the object is skipped by the parser, never allocated), the
 //!   complete list streamed object by object ([`ListStrategy::Streaming`], Kubernetes streaming
-//!   lists) or, where the API server does not serve those, in pages of [`PAGE_SIZE`] (issue 15
-//!   item 3: the agent used to hold the whole list as full Pod objects, ~25 KiB per pod).
+//!   lists) or, where the API server does not serve those, in pages of [`PAGE_SIZE`], so the whole
+//!   list is never held as full Pod objects (~25 KiB per pod; docs/design-notes.md "Per-change work
+//!   and a lean process").
 //! - EndpointPolicies: gated on the CRD being served, dynamically. While it is absent the gate
 //!   polls discovery with bounded, jittered backoff ([`crd_check_delays`]: 1 s doubling to 30 s,
 //!   each plus a random part of up to its own length) and logs the absence once; once
 //!   installed the watch starts without a restart; when it goes away the loop is told
-//!   ([`Event::CrdAbsent`]) and the gate polls again (F07).
+//!   ([`Event::CrdAbsent`]) and the gate polls again: a missing CRD never needs an agent restart.
 //!
 //! Watch errors and 410 Gone never end a loop: kube-runtime relists with backoff, and a relist
-//! arrives as one complete list that replaces the index's state (F08). Policies are watched as
-//! untyped objects and parsed one by one, so one malformed object is logged and skipped instead of
-//! failing the whole list.
+//! arrives as one complete list that replaces the index's state, so nothing missed during the
+//! outage survives it. Policies are watched as untyped objects and parsed one by one, so one
+//! malformed object is logged and skipped instead of failing the whole list.
 //!
 //! Every watch reports to the [`WatchBoard`] ([`health`]): each error is counted by resource and
 //! reason, an outage is logged once when it starts and once when it ends, and `/readyz` turns 503
@@ -43,7 +44,7 @@ use kube::runtime::watcher::{self, Event as WEvent};
 use kube::{Client, Resource};
 use tokio::sync::mpsc;
 
-use crate::driver::Event;
+use crate::event::{Event, listed_record};
 use crate::record::PodRecord;
 pub use health::{Watch, WatchBoard, WatchMetrics, WatchStartLayer};
 pub use projected::ProjectedPod;
@@ -127,7 +128,7 @@ fn server_minor(info: &k8s_openapi::apimachinery::pkg::version::Info) -> Option<
 
 /// Whether `e` is the API server refusing the watch call that starts a streaming list in a way
 /// a paged list may not be refused: HTTP 400 or 422 (the `WatchList` feature is off) or 403 (RBAC
-/// grants `list` but not `watch`: a paged list still delivers the pods, as before issue 15, and
+/// grants `list` but not `watch`: a paged list still delivers the pods, as lists did before streaming lists, and
 /// its watch then fails and is reported like any failing watch).
 pub fn refused_streaming(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 422))
@@ -138,7 +139,7 @@ pub fn refused_streaming(e: &watcher::Error) -> bool {
 ///
 /// Each pod is read as a [`ProjectedPod`] (only the fields the agent uses are ever allocated) and
 /// the complete list comes as a stream of objects ([`ListStrategy`], chosen from the API server's
-/// version); each listed pod becomes its record at once ([`ProjectedPod::record`]), so neither a
+/// version); each listed pod becomes its record at once ([`listed_record`]), so neither a
 /// whole list response nor Pod objects are held: the buffer that becomes [`Event::PodsListed`]
 /// holds records. A pod that cannot be read is logged and left out.
 pub async fn pods(client: Client, node: String, tx: mpsc::Sender<Event>, health: Watch) {
@@ -208,12 +209,7 @@ async fn watch_pods(client: &Client, cfg: watcher::Config, tx: &mpsc::Sender<Eve
         let sent = match event {
             WEvent::Init => Ok(()),
             WEvent::InitApply(p) => {
-                let name = p.name();
-                match p.record() {
-                    Ok(Some(record)) => buffer.push(record),
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(pod = %name, error = %e, "ignoring a pod the agent cannot read"),
-                }
+                buffer.extend(listed_record(&p.into_pod()));
                 Ok(())
             }
             WEvent::InitDone => {
@@ -221,12 +217,20 @@ async fn watch_pods(client: &Client, cfg: watcher::Config, tx: &mpsc::Sender<Eve
                 tracing::info!(pods = listed.len(), "listed this node's pods");
                 tx.send(Event::PodsListed(listed)).await
             }
-            WEvent::Apply(p) => tx.send(Event::PodApplied(Box::new(p.into_pod()))).await,
-            WEvent::Delete(p) => tx.send(Event::PodDeleted(Box::new(p.into_pod()))).await,
+            WEvent::Apply(p) => send_some(tx, Event::pod_applied(&p.into_pod())).await,
+            WEvent::Delete(p) => send_some(tx, Event::pod_deleted(&p.into_pod())).await,
         };
         if sent.is_err() {
             return PodWatchEnd::Closed;
         }
+    }
+}
+
+/// Sends `event`, if there is one.
+async fn send_some(tx: &mpsc::Sender<Event>, event: Option<Event>) -> Result<(), mpsc::error::SendError<Event>> {
+    match event {
+        Some(event) => tx.send(event).await,
+        None => Ok(()),
     }
 }
 

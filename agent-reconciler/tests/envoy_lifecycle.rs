@@ -20,8 +20,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use aether_agent_reconciler::admin::{self, AdminState, EnvoyView};
-use aether_agent_reconciler::driver::Status;
 use aether_agent_reconciler::metrics::Metrics;
+use aether_agent_reconciler::status::Status;
 use aether_agent_reconciler::xds::{
     Drained, RenderOptions, Renderer, Snapshot, XdsAddr, XdsListener, XdsServer, render, serve_listener,
     spawn_renderer_with_clock,

@@ -9,12 +9,12 @@
 //! check's [`Refusal`], or `PolicyCrdMissing` (below). [`crate::fallback`] declares every reason
 //! with its Event reason, its metric label and how its note is made ([`TcpReason::detail`]).
 //!
-//! **Caps** (docs/workload-requirements.md, "Ports per pod and clusters per node"): a pod served no
-//! clusters at all because it declares more ports than a pod may (`UdsTooManyPorts`) or because the
-//! node's `--max-clusters` is taken by pods admitted before it (`UdsNodeClusterCapReached`) is told
-//! so whether or not it asked for a socket: the action is [`CAP_ACTION`] and the note names the
-//! count and the cap. When it is served again over its socket it gets the `Normal` event; a TCP
-//! pod's cause ends silently.
+//! **Caps** (docs/workload-requirements.md "Ports per pod and clusters per node"): a pod served no
+//! clusters at all because it declares more ports than a pod may (`UdsTooManyPorts`) or because
+//! the node's `--max-clusters` is taken by pods admitted before it (`UdsNodeClusterCapReached`)
+//! is told so whether or not it asked for a socket: the action is
+//! [`CAP_ACTION`] and the note names the count and the cap. When it is served again over its
+//! socket it gets the `Normal` event; a TCP pod's cause ends silently.
 //!
 //! **CRD missing**: while the EndpointPolicy CRD is not served, no policy can exist, so "a policy
 //! targets the pod" can only come from what the agent last knew. A pod without the annotation
@@ -55,8 +55,9 @@ pub const DELIVERED_ACTION: &str = "DeliverOverSocket";
 pub const CAP_ACTION: &str = "ServeNoClusters";
 /// Longest Event note the API server accepts (`note` is at most 1 kB).
 pub const NOTE_MAX_BYTES: usize = 1024;
-/// Event reason when the node proxy could not bind a pod's inbound listener: the pod is
-/// delivered over its socket, but traffic to that port through its Service does not reach it.
+/// Event reason when the node proxy could not bind a pod's inbound listener (docs/service-meshes.md):
+/// the pod is delivered over its socket, but traffic to that port through its Service does not
+/// reach it.
 pub const INBOUND_BIND_FAILED_REASON: &str = "UdsInboundListenerFailed";
 /// The metric label of [`INBOUND_BIND_FAILED_REASON`].
 pub const INBOUND_BIND_FAILED_LABEL: &str = "inbound-listener-failed";
@@ -65,6 +66,51 @@ pub const INBOUND_BIND_FAILED_LABEL: &str = "inbound-listener-failed";
 pub const INBOUND_NO_NETNS_REASON: &str = "UdsInboundNoNetns";
 /// The metric label of [`INBOUND_NO_NETNS_REASON`].
 pub const INBOUND_NO_NETNS_LABEL: &str = "inbound-no-netns";
+
+/// The Event `action` of both inbound listener Warnings ([`inbound_bind_failed`],
+/// [`inbound_no_netns`]): the node proxy listens on the pod's ports in its network namespace.
+pub const INBOUND_ACTION: &str = "ListenInPodNetns";
+
+/// Why a pod delivered over its socket gets no inbound listener for want of its network
+/// namespace: the container runtime reports none of the pod's own (`error` is `None`: a
+/// host-network pod) or could not be asked (`Some(error)`, the runtime's error).
+pub fn no_netns_cause(error: Option<&str>) -> String {
+    match error {
+        None => "the container runtime reports no network namespace of its own for the pod (host network?)".to_owned(),
+        Some(e) => format!("the container runtime could not say where the pod's network namespace is ({e})"),
+    }
+}
+
+/// The Warning [`INBOUND_NO_NETNS_REASON`] on pod `key`; `cause` is the [`no_netns_cause`].
+pub fn inbound_no_netns(key: &PodKey, cause: &str) -> Notice {
+    let note = format!(
+        "{cause}: the node proxy cannot listen on its ports inside it, so traffic to them through its \
+         Service does not reach the socket until the namespace is known"
+    );
+    inbound_warning(key, INBOUND_NO_NETNS_REASON, INBOUND_NO_NETNS_LABEL, note)
+}
+
+/// The Warning [`INBOUND_BIND_FAILED_REASON`] on pod `key`: the node proxy could not listen on
+/// `port` in the pod's network namespace; `details` is Envoy's reason.
+pub fn inbound_bind_failed(key: &PodKey, port: u16, details: &str) -> Notice {
+    let note = format!(
+        "the node proxy could not listen on port {port} in the pod's network namespace ({details}); \
+         is the app also listening on it? Traffic to this port through its Service does not \
+         reach the socket. The listener is tried again when the pod is re-created"
+    );
+    inbound_warning(key, INBOUND_BIND_FAILED_REASON, INBOUND_BIND_FAILED_LABEL, note)
+}
+
+fn inbound_warning(key: &PodKey, reason: &'static str, label: &'static str, note: String) -> Notice {
+    Notice {
+        pod: key.clone(),
+        severity: Severity::Warning,
+        reason,
+        label,
+        action: INBOUND_ACTION,
+        note: clip_note(note),
+    }
+}
 
 /// `note` cut to at most [`NOTE_MAX_BYTES`] at a character boundary, ending in `…` when cut.
 pub fn clip_note(note: String) -> String {

@@ -1,4 +1,5 @@
-//! Per-watch health (issue 14 item 5): a failing watch must be visible.
+//! Per-watch health: a failing watch must be visible (docs/troubleshooting.md "The agent's
+//! `/readyz`").
 //!
 //! Each watch the agent runs registers on the [`WatchBoard`] and reports through its [`Watch`]
 //! handle: [`Watch::failed`] for every error kube-runtime's watcher yields (each counted in

@@ -5,8 +5,9 @@
 //! containers, the projected service-account volume, conditions, container statuses, tolerations.
 //! Deserialized as a k8s-openapi [`Pod`] it costs tens of KiB of small allocations per pod, and
 //! the initial list used to hold every one of them at once. [`ProjectedPod`] deserializes the same
-//! JSON and keeps only what [`aether_agent_core::record::PodRecord::from_pod`], the driver and
-//! kube-runtime's watcher read; everything else is skipped by the parser without being allocated:
+//! JSON and keeps only what [`aether_agent_core::record::PodRecord::from_pod`], the loop's input
+//! ([`crate::event`]) and kube-runtime's watcher read; everything else is skipped by the parser
+//! without being allocated:
 //!
 //! - `metadata`: `name`, `namespace`, `uid`, `resourceVersion` (the watcher resumes from it),
 //!   `creationTimestamp`, the `aether.io/managed` label, the `endpoint.aether.io/*` annotations
@@ -14,7 +15,7 @@
 //! - `spec`: `serviceAccountName`, `nodeName`, and the names of the `emptyDir` volumes;
 //! - `status`: `phase`, `podIP`, `podIPs`.
 //!
-//! [`ProjectedPod::into_pod`] gives the driver a [`Pod`] holding exactly those fields, so the
+//! [`ProjectedPod::into_pod`] gives [`crate::event`] a [`Pod`] holding exactly those fields, so the
 //! record built from it equals the record of the full object (tested below on every fixture
 //! shape the record reads).
 
@@ -22,6 +23,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
+#[cfg(test)]
 use aether_agent_core::record::{PodRecord, RecordError};
 use aether_crds::pod::{MANAGED_LABEL, MIRROR_ANNOTATION};
 use k8s_openapi::NamespaceResourceScope;
@@ -99,18 +101,14 @@ impl ProjectedPod {
     }
 
     /// The pod's record ([`PodRecord::from_pod`] of [`ProjectedPod::into_pod`]): `None` for a pod
-    /// that is not managed or has finished.
+    /// that is not managed or has finished. The agent reads its pods in [`crate::event`]; this is
+    /// for the tests below, which compare it with the record of the full object.
     ///
     /// # Errors
     /// Those of [`PodRecord::from_pod`] (a missing or invalid name, namespace or UID).
+    #[cfg(test)]
     pub fn record(self) -> Result<Option<PodRecord>, RecordError> {
         PodRecord::from_pod(&self.into_pod())
-    }
-
-    /// `<namespace>/<name>`, for log lines.
-    pub fn name(&self) -> String {
-        let m = &self.metadata;
-        format!("{}/{}", m.namespace.as_deref().unwrap_or(""), m.name.as_deref().unwrap_or(""))
     }
 }
 
