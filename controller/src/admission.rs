@@ -11,7 +11,7 @@ use crate::warnings::{self, Rival, WarningKind};
 
 /// What the webhook decided, with the facts its log line and metrics need.
 #[derive(Debug)]
-pub struct Decision {
+pub struct Verdict {
     /// The response to send (uid echoed).
     pub response: AdmissionResponse,
     /// `allowed`, `denied` (a rule broke) — the `result` label of the metric.
@@ -300,32 +300,32 @@ impl<'a> From<&'a AdmissionResponse> for Answer<'a> {
 /// (e.g. after the pods dir changed), with the violations as a warning: otherwise metadata-only
 /// updates, such as removing a finalizer, could never complete (the same ratcheting the API
 /// server applies to CRD schema validation).
-pub fn decide(req: &Request, rules: &Rules) -> Decision {
+pub fn decide(req: &Request, rules: &Rules) -> Verdict {
     let object = format!("{}/{}", req.namespace.as_deref().unwrap_or(""), req.name);
     let is_policy = req.kind.group == policy::GROUP && req.kind.kind == policy::KIND;
     // A fixed label set: the kind comes from the request, and metric labels must stay bounded.
     let kind = if is_policy { policy::KIND } else { "other" }.to_owned();
     let base = allowing(req);
     let Some(obj) = req.object.as_ref().filter(|_| is_policy && req.operation != Operation::Delete) else {
-        return Decision { response: base, result: "allowed", object, kind, warned: vec![] };
+        return Verdict { response: base, result: "allowed", object, kind, warned: vec![] };
     };
     let verdict = match rules.review(&reviewed_value(obj)) {
         Ok(verdict) => verdict,
         Err(e) => {
             let message = format!("aether-controller is misconfigured, no policy can be admitted: {e}");
-            return Decision { response: base.deny(message), result: "denied", object, kind, warned: vec![] };
+            return Verdict { response: base.deny(message), result: "denied", object, kind, warned: vec![] };
         }
     };
     let Some(message) = verdict.message() else {
-        return Decision { response: base, result: "allowed", object, kind, warned: vec![] };
+        return Verdict { response: base, result: "allowed", object, kind, warned: vec![] };
     };
     if spec_unchanged(req, obj) {
         let mut response = base;
         response.warnings =
             Some(vec![format!("spec is unchanged and allowed to stay, but it no longer passes: {message}")]);
-        return Decision { response, result: "allowed", object, kind, warned: vec![WarningKind::NoLongerValid] };
+        return Verdict { response, result: "allowed", object, kind, warned: vec![WarningKind::NoLongerValid] };
     }
-    Decision { response: base.deny(message), result: "denied", object, kind, warned: vec![] }
+    Verdict { response: base.deny(message), result: "denied", object, kind, warned: vec![] }
 }
 
 /// The object as [`Rules::review`] reads it, without its metadata: `apiVersion`, `kind`,
@@ -371,7 +371,7 @@ pub trait ClusterFacts {
 /// [`decide`], plus the warnings of [`warnings::for_allowed_policy`] for an allowed, valid
 /// EndpointPolicy CREATE or UPDATE. Without `cluster` (status writer off) only the warnings that
 /// need no cluster state are given (the socket value near the budget).
-pub fn decide_with_warnings(req: &Request, rules: &Rules, cluster: Option<&dyn ClusterFacts>) -> Decision {
+pub fn decide_with_warnings(req: &Request, rules: &Rules, cluster: Option<&dyn ClusterFacts>) -> Verdict {
     let mut decision = decide(req, rules);
     let (Ok(budget), Some(obj)) = (rules.budget(), req.object.as_ref()) else { return decision };
     let creates_or_updates = matches!(req.operation, Operation::Create | Operation::Update);

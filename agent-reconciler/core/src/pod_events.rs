@@ -137,9 +137,9 @@ pub fn classify(entry: &PodDelivery, refusal: Option<&Refusal>, stranded: Option
     }
 }
 
-/// Whether the pod is a Warning, a Normal, or no event.
+/// What the [`Ledger`] says to report about a pod: a Warning (it falls back to TCP for a new cause) or a Normal (it is delivered over its socket again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub enum Report {
     /// The pod falls back to TCP for a cause not reported yet for this UID.
     Warn(TcpReason),
     /// A reported pod is delivered over its socket again (it had `was`).
@@ -165,15 +165,15 @@ impl Ledger {
     /// Records the pod `uid`'s current cause (`None`: it did not ask, or it is served over its
     /// socket, which `piped` says) and decides what to publish: an event only when the cause
     /// changed since the last observation.
-    pub fn observe(&mut self, uid: &str, now: Option<TcpReason>, piped: bool) -> Option<Decision> {
+    pub fn observe(&mut self, uid: &str, now: Option<TcpReason>, piped: bool) -> Option<Report> {
         match now {
             Some(cause) => {
                 let before = self.reported.insert(uid.to_owned(), cause);
-                (before != Some(cause)).then_some(Decision::Warn(cause))
+                (before != Some(cause)).then_some(Report::Warn(cause))
             }
             None => {
                 let was = self.reported.remove(uid)?;
-                piped.then_some(Decision::Delivered { was })
+                piped.then_some(Report::Delivered { was })
             }
         }
     }
@@ -249,7 +249,7 @@ pub struct Notice {
     pub note: String,
 }
 
-/// The Event for a [`Decision`] about `key`. `budget` (the node's socket budget, when it has
+/// The Event for a [`Report`] about `key`. `budget` (the node's socket budget, when it has
 /// one) adds the arithmetic to a path-too-long note.
 pub fn notice(
     key: &PodKey,
@@ -257,12 +257,12 @@ pub fn notice(
     refusal: Option<&Refusal>,
     stranded: Option<&str>,
     budget: Option<&Budget>,
-    decision: Decision,
+    report: Report,
 ) -> Notice {
     let d: &Delivery = &entry.delivery;
     let pod = format!("pod {}/{}", key.namespace, key.name);
-    let (severity, reason, label, action, note) = match decision {
-        Decision::Warn(cause) => {
+    let (severity, reason, label, action, note) = match report {
+        Report::Warn(cause) => {
             let detail = match (cause.detail(), refusal, stranded, budget) {
                 (Detail::StrandedPolicy, _, Some(policy), _) => format!(
                     "EndpointPolicy {}/{policy} governed service {}, but the EndpointPolicy CRD \
@@ -293,7 +293,7 @@ pub fn notice(
                 (Severity::Warning, cause.event_reason(), cause.label(), FALLBACK_ACTION, note)
             }
         }
-        Decision::Delivered { was } => {
+        Report::Delivered { was } => {
             let path = d.path.as_ref().map(|p| p.as_str()).unwrap_or_default();
             (
                 Severity::Normal,
@@ -337,8 +337,8 @@ pub fn decide<'a>(
     for (key, entry, refusal, stranded) in observed {
         let cause = classify(entry, refusal, stranded);
         let piped = entry.delivery.is_pipe() && refusal.is_none();
-        if let Some(decision) = ledger.observe(&key.uid, cause, piped) {
-            out.push(notice(key, entry, refusal, stranded, budget, decision));
+        if let Some(report) = ledger.observe(&key.uid, cause, piped) {
+            out.push(notice(key, entry, refusal, stranded, budget, report));
         }
     }
     out
