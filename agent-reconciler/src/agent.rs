@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::admin::EnvoyView;
 use crate::admin::{self, AdminState};
-use crate::cli::RunArgs;
+use crate::cli::flags::RunArgs;
 use crate::cni::CniRecords;
 use crate::driver::{Driver, Event, Status};
 use crate::fold::Settings;
