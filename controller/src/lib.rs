@@ -13,7 +13,8 @@
 //!   TLS files, the tokio runtime, the exit code.
 //! - [`offline`]: `validate`, the same decision for YAML files.
 //! - [`verify`]: `verify-install`, the install check `helm test` and the startup-check Job run.
-//! - [`cli`]: the command line, and [`cli::dispatch`] to the subcommand.
+//! - [`cli`]: the command line: its flags ([`cli::flags`]), and [`cli::dispatch`] to the
+//!   subcommand.
 //! - [`logging`]: `--log-format` and the log set-up.
 
 pub mod admin;

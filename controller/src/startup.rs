@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cli::RunArgs;
+use crate::cli::flags::RunArgs;
 use crate::cluster::StatusWriterConfig;
 use crate::lease::LeaseConfig;
 use crate::server::{self, RunConfig, TlsFiles};
