@@ -4,7 +4,8 @@
 //! - [`admission`]: AdmissionReview v1 parsing and the decision, dispatched by kind, with warnings.
 //! - [`warnings`]: the admission warnings (other policy on the Service, missing Service, budget).
 //! - [`status`]: the `Accepted` condition a policy should carry (GEP-713 reasons). Pure.
-//! - [`cluster`]: the status writer: reflectors shared with the webhook, the Controller, writes.
+//! - [`status_writer`]: the status writer: reflectors shared with the webhook, the Controller,
+//!   writes.
 //! - [`lease`]: leader election on a Lease, so one replica writes status.
 //! - [`webhook`]: `POST /validate` over axum (body cap, 400/413 answers).
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics` on a plain port.
@@ -20,7 +21,6 @@
 pub mod admin;
 pub mod admission;
 pub mod cli;
-pub mod cluster;
 pub mod lease;
 pub mod logging;
 pub mod metrics;
@@ -28,6 +28,7 @@ pub mod offline;
 pub mod server;
 pub mod startup;
 pub mod status;
+pub mod status_writer;
 pub mod verify;
 pub mod warnings;
 pub mod webhook;
