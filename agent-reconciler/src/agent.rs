@@ -19,7 +19,7 @@ use aether_agent_core::status::Status;
 
 use crate::admin::EnvoyView;
 use crate::admin::{self, AdminState};
-use crate::cli::RunArgs;
+use crate::cli::flags::RunArgs;
 use crate::cni::CniRecords;
 use crate::driver::{Collaborators, Driver, SocketCheck};
 use crate::event::Event;

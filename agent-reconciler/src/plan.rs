@@ -9,7 +9,7 @@ use serde_json::Value;
 
 pub use aether_agent_core::plan::{InputError, PodPlan, plan, render_text};
 
-use crate::cli::{Output, PlanArgs};
+use crate::cli::flags::{Output, PlanArgs};
 use crate::fold::Settings;
 
 /// `aether-agent plan`: reads `--pods` and `--policies`, plans, prints. Exit code 0, or 2 (the

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use crate::cli::RunArgs;
+use crate::cli::flags::RunArgs;
 
 /// The target of the log lines below: the binary's crate, as when they were written in `main`,
 /// so `RUST_LOG=aether_agent=...` still selects them.

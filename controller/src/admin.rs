@@ -22,8 +22,8 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use crate::cluster::ClusterView;
 use crate::metrics::Metrics;
+use crate::status_writer::ClusterView;
 
 /// State of the admin endpoints.
 #[derive(Clone)]

@@ -359,7 +359,7 @@ fn spec_unchanged(req: &Request, obj: &DynamicObject) -> bool {
 }
 
 /// What the webhook knows about the cluster from its caches, for warnings. Implemented by
-/// [`crate::cluster::ClusterView`]; tests use plain data.
+/// [`crate::status_writer::ClusterView`]; tests use plain data.
 pub trait ClusterFacts {
     /// The other policies of `namespace` targeting Service `target` (excluding `name`), each
     /// with its name and whether it passes validation; `None` while the cache is not synced.

@@ -19,7 +19,7 @@ mod tests {
     use aether_webhook_certs::cleanup::CleanupError;
     use aether_webhook_certs::{CertError, ReloadingCertResolver};
 
-    use crate::cluster::StatusError;
+    use crate::status_writer::StatusError;
 
     /// `cause` shows exactly once in each way an error is printed: its message (`error = %e` in
     /// a log line), anyhow's one-line chain (`{:#}`, how `run` logs a fatal error) and anyhow's

@@ -16,7 +16,7 @@ use aether_crds::{manifests, policy};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::cli::{Output, ValidateArgs};
+use crate::cli::flags::{Output, ValidateArgs};
 use crate::warnings::{self, Rival};
 
 /// The outcome for one document.

@@ -1,7 +1,7 @@
 //! `aether-controller run`: the webhook over rustls and the admin port, until SIGTERM/SIGINT.
 //! With `--tls-dir` the certificate is reloaded when the mounted Secret changes. With a status
 //! writer configured, the caches, the election and the status writer run alongside
-//! ([`crate::cluster`]); the webhook never waits for them.
+//! ([`crate::status_writer`]); the webhook never waits for them.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -16,8 +16,8 @@ use anyhow::Context;
 use axum_server::tls_rustls::RustlsConfig;
 
 use crate::admin::{self, AdminState};
-use crate::cluster::{self, StatusWriterConfig};
 use crate::metrics::Metrics;
+use crate::status_writer::{self, StatusWriterConfig};
 use crate::webhook::{self, WebhookState};
 
 /// How long a client may take to send a request's headers (HTTP/1.1).
@@ -141,7 +141,7 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
             (None, None)
         }
         Some(writer) => {
-            let (view, task) = cluster::start(writer, rules.clone(), metrics.clone(), stop_rx)?;
+            let (view, task) = status_writer::start(writer, rules.clone(), metrics.clone(), stop_rx)?;
             (Some(view), Some(task))
         }
     };

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cli::RunArgs;
-use crate::cluster::StatusWriterConfig;
+use crate::cli::flags::RunArgs;
 use crate::lease::LeaseConfig;
 use crate::server::{self, RunConfig, TlsFiles};
+use crate::status_writer::StatusWriterConfig;
 
 /// The target of the log lines below: the binary's crate, as when they were written in `main`,
 /// so `RUST_LOG=aether_controller=...` still selects them.

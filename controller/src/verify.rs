@@ -50,7 +50,7 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use tokio::time::Instant;
 
-use crate::cli::VerifyArgs;
+use crate::cli::flags::{AgentAccess, VerifyArgs};
 
 /// The webhook's name in the chart's ValidatingWebhookConfiguration: a denial that names it came
 /// from our webhook, not from the CRD schema or another webhook.
@@ -65,17 +65,6 @@ pub const TARGET_SERVICE: &str = "aether-verify-install";
 
 /// How long one agent `/readyz` request may take before it counts as failed.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How `verify-install` reaches each agent's admin port.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AgentAccess {
-    /// `http://<pod IP>:<admin port>/readyz` straight from this pod (the node pod is on the host
-    /// network: its pod IP is the node's).
-    PodIp,
-    /// The API server's pod proxy, `/api/v1/namespaces/<ns>/pods/<pod>:<port>/proxy/readyz`
-    /// (needs `get` on `pods/proxy`).
-    ApiServerProxy,
-}
 
 /// One check's final result.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,8 +24,8 @@ use axum::routing::post;
 use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::admission::{self, ClusterFacts};
-use crate::cluster::ClusterView;
 use crate::metrics::Metrics;
+use crate::status_writer::ClusterView;
 
 /// How long one request may take, body included, before it is answered 408: the API server's
 /// webhook timeout is at most 30 s and the chart sets at most 10 s, so nothing useful is lost.

@@ -6,6 +6,7 @@
 //! - [`udspath`]: socket value grammar, the socket limits (sun_path budget or file system), and the
 //!   host path resolver.
 //! - [`validate`]: the one decision every component uses for a policy.
+//! - [`field_rules`]: the check of each spec field (garde validators), which that decision runs.
 //! - [`rules`]: that decision bound to the configured pods dir and socket limit, built once at
 //!   start-up.
 //! - [`tiebreak`]: the one-policy-per-Service rule ([`tiebreak::resolve`]) and the mesh service key.
@@ -13,6 +14,7 @@
 //! - [`manifests`]: multi-document YAML text to JSON values (`List` expanded), for the offline tools.
 
 pub mod chart;
+pub mod field_rules;
 pub mod manifests;
 pub mod pod;
 pub mod policy;

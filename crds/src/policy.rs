@@ -1,4 +1,4 @@
-//! The `EndpointPolicy` custom resource (`config.aether.io/v1`), spec Phase 1b "Shape".
+//! The `EndpointPolicy` custom resource (`config.aether.io/v1`; docs/endpointpolicy.md).
 //!
 //! Every field carries a doc comment: kube-derive copies them into the CRD's OpenAPI schema, so
 //! they are what `kubectl explain endpointpolicy.spec` prints. The schema rejects bad *shapes*
@@ -133,7 +133,7 @@ pub struct EndpointPolicySpec {
     /// Example: "sockets/app.sock".
     #[x_kube(validation = socket_length_rule(SocketLimit::SunPath))]
     #[x_kube(validation = Rule::new(SOCKET_RULE).message(SOCKET_MESSAGE))]
-    #[garde(custom(crate::validate::socket_rule))]
+    #[garde(custom(crate::field_rules::socket_rule))]
     pub uds_socket: String,
 }
 
@@ -147,18 +147,18 @@ pub struct TargetRef {
     /// there). Defaults to "".
     #[serde(default)]
     #[x_kube(validation = Rule::new(GROUP_RULE).message(GROUP_MESSAGE))]
-    #[garde(custom(crate::validate::group_rule))]
+    #[garde(custom(crate::field_rules::group_rule))]
     pub group: String,
 
     /// The kind of the target. Only "Service" is supported.
     #[x_kube(validation = Rule::new(KIND_RULE).message(KIND_MESSAGE))]
-    #[garde(custom(crate::validate::kind_rule))]
+    #[garde(custom(crate::field_rules::kind_rule))]
     pub kind: String,
 
     /// The name of the target Service in the policy's namespace: a DNS-1035 label (1-63 of
     /// lowercase a-z, 0-9 and '-', starting with a letter and ending with a letter or digit).
     #[x_kube(validation = Rule::new(SERVICE_NAME_RULE).message(SERVICE_NAME_MESSAGE))]
-    #[garde(custom(crate::validate::service_name_rule))]
+    #[garde(custom(crate::field_rules::service_name_rule))]
     pub name: String,
 }
 

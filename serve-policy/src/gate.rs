@@ -13,7 +13,6 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::io::GatedIo;
 use crate::metrics::ListenerMetrics;
 use crate::policy::{ConnectionPolicy, Eviction};
 
@@ -64,7 +63,8 @@ impl Gate {
     }
 
     /// A slot for a new connection, or `None` over the cap (counted as refused; the caller
-    /// closes the connection). Logs a warning at most once per [`REFUSAL_LOG_INTERVAL`].
+    /// closes the connection). [`GatedIo::new`](crate::GatedIo::new) wraps the admitted
+    /// connection with its slot. Logs a warning at most once per [`REFUSAL_LOG_INTERVAL`].
     pub fn admit(&self) -> Option<Slot> {
         match self.inner.slots.clone().try_acquire_owned() {
             Ok(permit) => {
@@ -77,12 +77,6 @@ impl Gate {
                 None
             }
         }
-    }
-
-    /// Wraps an admitted connection accepted at `accepted` so that it obeys the policy's
-    /// timeouts (see [`GatedIo`]).
-    pub fn wrap<S>(&self, io: S, slot: Slot, accepted: Instant) -> GatedIo<S> {
-        GatedIo::new(io, slot, accepted)
     }
 
     pub(crate) fn count_eviction(&self, reason: Eviction) {

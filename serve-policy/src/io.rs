@@ -20,8 +20,8 @@ use crate::policy::{Eviction, Liveness};
 /// An admitted connection: the stream `S`, its [`Slot`] under the cap, and its timers.
 ///
 /// Reads and writes pass through unchanged. A byte read counts as the client speaking; a byte
-/// either way is activity for the idle timeout. Built by [`crate::Gate::wrap`] (or a
-/// [`crate::GatedListener`] / `GatedAcceptor`).
+/// either way is activity for the idle timeout. Built by [`GatedIo::new`] from a slot
+/// [`crate::Gate::admit`] gave (or by a [`crate::GatedListener`] / `GatedAcceptor`).
 #[derive(Debug)]
 pub struct GatedIo<S> {
     io: S,
@@ -32,7 +32,9 @@ pub struct GatedIo<S> {
 }
 
 impl<S> GatedIo<S> {
-    pub(crate) fn new(io: S, slot: Slot, accepted: Instant) -> Self {
+    /// Wraps a connection accepted at `accepted` and admitted under `slot`, so that it obeys the
+    /// timeouts of the policy of the slot's gate.
+    pub fn new(io: S, slot: Slot, accepted: Instant) -> Self {
         let live = Liveness::new(accepted);
         let first = live.deadline(slot.gate().policy()).map_or(accepted, |(at, _)| at);
         GatedIo { io, slot, live, timer: Box::pin(tokio::time::sleep_until(first)), evicted: None }
@@ -189,7 +191,7 @@ mod tests {
     fn connect(gate: &Gate) -> (GatedIo<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
         let (server, client) = tokio::io::duplex(1024);
         let slot = gate.admit().expect("under the cap");
-        (gate.wrap(server, slot, Instant::now()), client)
+        (GatedIo::new(server, slot, Instant::now()), client)
     }
 
     #[tokio::test(start_paused = true)]

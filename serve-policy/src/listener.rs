@@ -47,7 +47,7 @@ impl<L: Listener> GatedListener<L> {
             let (io, addr) = self.inner.accept().await;
             let accepted = Instant::now();
             match self.gate.admit() {
-                Some(slot) => return (self.gate.wrap(io, slot, accepted), addr),
+                Some(slot) => return (GatedIo::new(io, slot, accepted), addr),
                 None => drop(io),
             }
         }

@@ -62,7 +62,7 @@ where
         let gate = self.gate.clone();
         Box::pin(async move {
             match handshake.await {
-                Ok((tls, service)) => Ok((gate.wrap(tls, slot, accepted), service)),
+                Ok((tls, service)) => Ok((GatedIo::new(tls, slot, accepted), service)),
                 Err(e) => {
                     if e.kind() == io::ErrorKind::TimedOut {
                         gate.count_eviction(Eviction::HandshakeTimeout);

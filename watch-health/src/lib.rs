@@ -16,7 +16,8 @@
 //!   ([`WatchMetrics`]: `<prefix>_watch_errors_total{resource,reason}`,
 //!   `<prefix>_watches_failing`), named after the binary's [`WatchOwner`];
 //! - [`WatchStartLayer`]: the client layer that reports each watch request the API server
-//!   accepted, the positive evidence a watch recovered.
+//!   accepted, the positive evidence a watch recovered; [`watched_resource`] reads which resource
+//!   a request watches.
 
 mod health;
 mod reason;
@@ -29,6 +30,8 @@ mod classify;
 mod layer;
 #[cfg(feature = "client")]
 mod metrics;
+#[cfg(feature = "client")]
+mod watch_request;
 
 pub use health::{Transition, WatchHealth, WatchPhase, overdue};
 pub use reason::WatchErrorReason;
@@ -38,6 +41,8 @@ pub use board::{Watch, WatchBoard};
 #[cfg(feature = "client")]
 pub use classify::{classify, classify_client};
 #[cfg(feature = "client")]
-pub use layer::{WatchStart, WatchStartLayer, watched_resource};
+pub use layer::{WatchStart, WatchStartLayer};
 #[cfg(feature = "client")]
 pub use metrics::{WatchErrorLabels, WatchMetrics, WatchOwner};
+#[cfg(feature = "client")]
+pub use watch_request::watched_resource;

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
@@ -15,14 +16,24 @@ use tokio::net::UnixStream;
 use tokio::sync::Mutex;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use super::error::RuntimeError;
 use super::netns::{NetnsDirs, NetnsPath, sandbox_netns};
-use super::{CALL_TIMEOUT, CONNECT_TIMEOUT, RuntimeError};
 
 /// The default of `--cri-endpoint`: containerd's socket.
 pub const DEFAULT_CRI_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
 
 /// The sandbox label kubelet sets to the pod's UID.
 pub const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
+
+/// How long connecting to the CRI socket may take. A runtime that accepts no connection within
+/// it counts as down for this lookup; the next lookup tries again. The socket is local: a healthy
+/// runtime accepts in microseconds.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long one CRI call (`ListPodSandbox`, `PodSandboxStatus`) may take once a connection is
+/// there. Also sent to the runtime as the call's gRPC deadline. A lookup makes two calls, so it
+/// ends after at most `CONNECT_TIMEOUT + 2 * CALL_TIMEOUT`.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `--cri-endpoint`: a Unix socket, or disabled (the empty string).
 #[derive(Debug, Clone, PartialEq, Eq)]

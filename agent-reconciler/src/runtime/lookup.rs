@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::mpsc;
 use tokio::task::{Id, JoinSet};
 
-use super::RuntimeError;
 use super::cri::CriClient;
+use super::error::RuntimeError;
 use super::netns::NetnsPath;
 
 /// The default queue size for [`NetnsLookup::spawn`]: more than the pods a node runs (kubelet's

@@ -1,5 +1,5 @@
-//! Pod network namespaces from the container runtime, over CRI (DESIGN.md "Envoy resources", the
-//! TCP variant; issue 12).
+//! Pod network namespaces from the container runtime, over CRI (docs/reference.md,
+//! "`aether-agent`: the node side": TCP delivery dials the pod inside its network namespace).
 //!
 //! A TCP-delivered pod is reached at `127.0.0.1:<port>` *inside its network namespace*, and an
 //! inbound listener is bound in that namespace: Envoy needs the path of the pod's netns
@@ -11,6 +11,7 @@
 //!   `SANDBOX_READY`, newest `created_at` wins), then `PodSandboxStatus { verbose: true }`.
 //!   Connects lazily and again after the runtime restarts; every call is bounded by
 //!   [`CONNECT_TIMEOUT`] and [`CALL_TIMEOUT`].
+//! - [`error`]: [`RuntimeError`], what went wrong, for every part below.
 //! - [`netns`]: pure. Reads the netns path out of the runtime's verbose info, and checks and
 //!   translates it ([`NetnsDirs::translate`]): only a file directly inside `--netns-host-dir` with
 //!   a plain name becomes a [`NetnsPath`], re-rooted at `--netns-proxy-dir`. A runtime-supplied
@@ -62,120 +63,13 @@
 //! and they are dialled at their IP.
 
 pub mod cri;
+pub mod error;
 pub mod lookup;
 pub mod netns;
 pub mod pod_netns;
 
-use std::time::Duration;
-
-pub use cri::{CriClient, CriEndpoint, DEFAULT_CRI_ENDPOINT};
+pub use cri::{CALL_TIMEOUT, CONNECT_TIMEOUT, CriClient, CriEndpoint, DEFAULT_CRI_ENDPOINT};
+pub use error::RuntimeError;
 pub use lookup::{LOOKUP_QUEUE, NetnsLookup, NetnsSource, NetnsUpdate, Requested};
 pub use netns::{DEFAULT_NETNS_DIR, NetnsDirs, NetnsPath, sandbox_netns};
 pub use pod_netns::PodNetns;
-
-/// How long connecting to the CRI socket may take. A runtime that accepts no connection within
-/// it counts as down for this lookup; the next lookup tries again. The socket is local: a healthy
-/// runtime accepts in microseconds.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// How long one CRI call (`ListPodSandbox`, `PodSandboxStatus`) may take once a connection is
-/// there. Also sent to the runtime as the call's gRPC deadline. A lookup makes two calls, so it
-/// ends after at most `CONNECT_TIMEOUT + 2 * CALL_TIMEOUT`.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Why a pod's network namespace could not be learned from the runtime.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RuntimeError {
-    /// `--cri-endpoint` is not `unix:///<absolute path>`.
-    #[error("--cri-endpoint {endpoint:?}: {reason}")]
-    Endpoint {
-        /// The flag's value.
-        endpoint: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// A netns dir flag is not an absolute, normal path.
-    #[error("{flag} {dir:?}: {reason}")]
-    Dir {
-        /// `--netns-host-dir` or `--netns-proxy-dir`.
-        flag: &'static str,
-        /// The flag's value.
-        dir: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// The runtime's socket did not accept a connection.
-    #[error("container runtime at {endpoint}: cannot connect: {detail}")]
-    Connect {
-        /// The CRI endpoint.
-        endpoint: String,
-        /// The connect error, with its causes.
-        detail: String,
-    },
-    /// A CRI call did not answer within its timeout.
-    #[error("container runtime at {endpoint}: {call} timed out after {after:?}")]
-    Timeout {
-        /// The CRI endpoint.
-        endpoint: String,
-        /// `ListPodSandbox`, `PodSandboxStatus` or `connect`.
-        call: &'static str,
-        /// The timeout that elapsed.
-        after: Duration,
-    },
-    /// A CRI call failed.
-    #[error("container runtime at {endpoint}: {call} failed: {code:?}: {detail}")]
-    Call {
-        /// The CRI endpoint.
-        endpoint: String,
-        /// `ListPodSandbox` or `PodSandboxStatus`.
-        call: &'static str,
-        /// The gRPC status code.
-        code: tonic::Code,
-        /// The status message, with its causes.
-        detail: String,
-    },
-    /// The sandbox's verbose info is not the shape this module reads (see the module docs).
-    #[error("pod sandbox {sandbox}: verbose status: {detail}")]
-    VerboseInfo {
-        /// The sandbox ID.
-        sandbox: String,
-        /// What is missing or malformed.
-        detail: String,
-    },
-    /// The runtime reported a netns path that is not a plain file directly inside
-    /// `--netns-host-dir`: it is not given to Envoy.
-    #[error("netns path {path:?} refused: {rule}")]
-    UnsafePath {
-        /// The path the runtime reported.
-        path: String,
-        /// The rule it breaks.
-        rule: String,
-    },
-}
-
-impl RuntimeError {
-    /// A short, fixed label for logs and metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            RuntimeError::Endpoint { .. } => "endpoint",
-            RuntimeError::Dir { .. } => "dir",
-            RuntimeError::Connect { .. } => "connect",
-            RuntimeError::Timeout { .. } => "timeout",
-            RuntimeError::Call { .. } => "call",
-            RuntimeError::VerboseInfo { .. } => "verbose_info",
-            RuntimeError::UnsafePath { .. } => "unsafe_path",
-        }
-    }
-
-    /// Whether the runtime itself could not be reached (no connection, a connect timeout, or a
-    /// call answered `UNAVAILABLE`, gRPC's code for a broken transport): every pod would fail
-    /// alike, so lookups are paused to one probe ([`pod_netns`]).
-    pub fn is_unreachable(&self) -> bool {
-        match self {
-            RuntimeError::Connect { .. } => true,
-            RuntimeError::Timeout { call, .. } => *call == "connect",
-            RuntimeError::Call { code, .. } => *code == tonic::Code::Unavailable,
-            _ => false,
-        }
-    }
-}

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 
-use super::RuntimeError;
+use super::error::RuntimeError;
 
 /// The default of `--netns-host-dir`: where containerd (and CRI-O) pin pod network namespaces.
 pub const DEFAULT_NETNS_DIR: &str = "/run/netns";

@@ -4,14 +4,15 @@
 //! - A pod is asked for when it appears or its pod IPs change (a new sandbox), never per publish.
 //! - An answer `Some(path)` is kept until the pod goes or is answered again. `None` (host network,
 //!   a static pod's API UID, no ready sandbox) is final for that sandbox: the pod is asked again
-//!   only when its IPs change. Before, the periodic re-check asked every such pod again, every
-//!   `--recheck-seconds`, forever (issue 15: 150–190 ms of agent CPU per re-check at 10k pods).
+//!   only when its IPs change. Asking every such pod again on each periodic re-check, forever,
+//!   cost 150–190 ms of agent CPU per re-check at 10k pods.
 //! - An error is retried on the periodic re-check after a per-pod delay: [`RETRY_MIN`] doubling
 //!   to [`RETRY_MAX`], each plus a random part of up to its own length (backon's jitter), so the
 //!   retries of many pods spread out.
-//! - While the runtime cannot be connected to ([`super::RuntimeError::is_unreachable`]) every pod would
-//!   fail alike: a re-check then asks for one due pod only (a probe). The first answer that is
-//!   not an error ends it, and every failed pod is due at the next re-check.
+//! - While the runtime cannot be connected to
+//!   ([`super::error::RuntimeError::is_unreachable`]) every pod would fail alike: a re-check then
+//!   asks for one due pod only (a probe). The first answer that is not an error ends it, and
+//!   every failed pod is due at the next re-check.
 //!
 //! Pure bookkeeping around the [`NetnsLookup`] handle (which never waits); time is passed in.
 
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
-use super::{NetnsLookup, NetnsUpdate, Requested};
+use super::lookup::{NetnsLookup, NetnsUpdate, Requested};
 
 /// The first delay before a pod whose lookup failed is asked again (before jitter): one default
 /// `--recheck-seconds`, so the next re-check but one at the latest.

@@ -1,5 +1,5 @@
 //! Health of the controller's watches (a failing watch must be visible): the
-//! status writer's two reflectors, EndpointPolicies and Services ([`crate::cluster`]).
+//! status writer's two reflectors, EndpointPolicies and Services ([`crate::status_writer`]).
 //!
 //! The status writer registers each watch on [`Watches`] (held by [`crate::metrics::Metrics`], so
 //! every part of the controller reaches it) and reports through its [`WatchHandle`]: every error
@@ -16,7 +16,7 @@
 //!   <answer>`) but never turns 503 for it: the webhook's decisions need no cache, and a webhook
 //!   taken out of its Service for a watch failure would block every EndpointPolicy write
 //!   (`failurePolicy: Fail`). While a watch fails, the status writer pauses and the cluster-based
-//!   admission warnings are left out, as before the first list ([`crate::cluster::ClusterView`]).
+//!   admission warnings are left out, as before the first list ([`crate::status_writer::ClusterView`]).
 //!
 //! The reasons, the state machine, the log lines, the metrics and the client layer are the
 //! agent's (crate `aether-watch-health`, shared by both binaries), named here for the controller

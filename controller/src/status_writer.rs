@@ -52,6 +52,10 @@ use crate::lease::{Elector, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::status::{self, Desired};
 
+/// The target of this module's log lines: its path before it was named `status_writer`, so
+/// `RUST_LOG=aether_controller::cluster=debug` (docs/install.md, "Logs") still selects them.
+const LOG_TARGET: &str = "aether_controller::cluster";
+
 /// The field manager of status writes.
 pub const FIELD_MANAGER: &str = "aether-controller";
 
@@ -230,7 +234,7 @@ async fn reconcile(p: Arc<EndpointPolicy>, ctx: Arc<Ctx>) -> Result<Action, Stat
     ctx.metrics.count_patch("applied", desired.reason.label());
     ctx.retries.lock().expect("lock").remove(&key);
     ctx.written.lock().expect("lock").insert(key, in_flight);
-    tracing::info!(
+    tracing::info!(target: LOG_TARGET,
         %object,
         accepted = desired.status(),
         reason = desired.reason.as_str(),
@@ -252,7 +256,7 @@ async fn reconcile(p: Arc<EndpointPolicy>, ctx: Arc<Ctx>) -> Result<Action, Stat
         };
         let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
         if let Err(e) = recorder.publish(&event, &p.object_ref(&())).await {
-            tracing::warn!(%object, error = %e, "cannot record an Event for the status change");
+            tracing::warn!(target: LOG_TARGET, %object, error = %e, "cannot record an Event for the status change");
         }
     }
     Ok(Action::requeue(RESYNC))
@@ -267,7 +271,7 @@ fn error_policy(p: Arc<EndpointPolicy>, err: &StatusError, ctx: Arc<Ctx>) -> Act
         .or_insert_with(|| retry_delays().build())
         .next()
         .unwrap_or(RETRY_MAX);
-    tracing::warn!(object = %object_id(&p), error = %err, kind = err.label(), retry_in = ?delay, "status write failed; retrying");
+    tracing::warn!(target: LOG_TARGET, object = %object_id(&p), error = %err, kind = err.label(), retry_in = ?delay, "status write failed; retrying");
     Action::requeue(delay)
 }
 
@@ -323,7 +327,7 @@ impl Triggers {
             Ok(Event::InitDone) => {
                 self.health.ok();
                 if !self.synced.swap(true, Ordering::AcqRel) {
-                    tracing::info!(
+                    tracing::info!(target: LOG_TARGET,
                         policies = self.store.state().len(),
                         "EndpointPolicies listed; the status writer's cache is synced"
                     );
@@ -405,7 +409,7 @@ pub fn start(
                 Ok(Event::InitDone) => {
                     service_health.ok();
                     if !services_synced.swap(true, Ordering::AcqRel) {
-                        tracing::info!("Services listed; the missing-Service check is synced");
+                        tracing::info!(target: LOG_TARGET, "Services listed; the missing-Service check is synced");
                     }
                 }
                 // While it fails, AcceptedWithoutService and its warning wait (ClusterView::synced).
@@ -443,15 +447,15 @@ pub fn start(
             match res {
                 Ok(_) => {}
                 Err(kube::runtime::controller::Error::ObjectNotFound(r)) => {
-                    tracing::debug!(object = %r, "reconcile of a deleted policy skipped")
+                    tracing::debug!(target: LOG_TARGET, object = %r, "reconcile of a deleted policy skipped")
                 }
                 // Write failures are logged by `error_policy`, watch failures once per outage by
                 // the reflectors above.
-                Err(e) => tracing::debug!(error = %e, "status writer"),
+                Err(e) => tracing::debug!(target: LOG_TARGET, error = %e, "status writer"),
             }
         });
 
-    tracing::info!(
+    tracing::info!(target: LOG_TARGET,
         lease = %format!("{}/{}", cfg.lease.namespace, cfg.lease.name),
         holder = %cfg.lease.holder,
         "status writer starting: watching EndpointPolicies and Services, electing one writer"
@@ -462,7 +466,7 @@ pub fn start(
             let _ = stop.wait_for(|s| *s).await;
         };
         tokio::select! {
-            () = controller => tracing::warn!("the status writer's controller stopped"),
+            () = controller => tracing::warn!(target: LOG_TARGET, "the status writer's controller stopped"),
             () = elector.run(leader_tx, metrics, stopped) => {},
         }
     });
