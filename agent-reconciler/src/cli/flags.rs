@@ -168,7 +168,7 @@ pub struct RunArgs {
     /// (the chart mounts it at the same path).
     #[arg(long, env = "AETHER_NETNS_PROXY_DIR", value_parser = parse_netns_dir)]
     pub netns_proxy_dir: Option<PathBuf>,
-    /// Socket pinning (issue 13): a directory only the agent writes, seen at the same path by
+    /// Socket pinning: a directory only the agent writes, seen at the same path by
     /// Envoy. Each verified socket inode (opened with openat2, no link followed) is bind-mounted
     /// on <DIR>/<pod uid>.sock and Envoy dials that, so a pod swapping its socket for a link
     /// between two checks reaches nothing but its own socket. Needs CAP_SYS_ADMIN and mount
