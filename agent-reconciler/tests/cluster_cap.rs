@@ -3,7 +3,7 @@
 //! admitted first, and the pod past it gets nothing until room frees.
 //!
 //! The agent's own index (capped), render and xDS server feed an Envoy started with the chart's
-//! bootstrap (`aether_fixtures::envoy`); each pod is served over its socket by a UDS echo server in
+//! bootstrap (the shared fixture, `support::ads`); each pod is served over its socket by a UDS echo server in
 //! a kubelet-like pods dir, so "served" is observable three ways: the clusters Envoy holds, traffic
 //! through a static routing listener, and the health gateway (200 for a served healthy pod, 503
 //! for a refused one although its app is up). Also: the chart's `agent.maxClusters` default and
@@ -13,38 +13,20 @@ mod support;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aether_agent_reconciler::cli::MAX_CLUSTERS_RANGE;
 use aether_agent_reconciler::record::PodRecord;
-use aether_agent_reconciler::xds::{
-    HealthTiming, RenderOptions, Renderer, Snapshot, XdsAddr, XdsListener, XdsMetrics, XdsServer, serve_listener,
-    spawn_renderer_with_clock,
-};
+use aether_agent_reconciler::xds::Snapshot;
 use aether_agent_reconciler::{Index, Settings, TcpReason, render};
-use aether_fixtures::envoy::{Envoy, WAIT};
+use aether_fixtures::envoy::Envoy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use support::client_builder;
-use tokio::sync::{oneshot, watch};
+use support::ads::Fixture;
+use support::start_path_echo as echo;
 
 /// The kubelet layout of pod `uid`'s socket `s/app.sock` under `pods`.
 fn socket_of(pods: &Path, uid: &str) -> PathBuf {
     pods.join(uid).join("volumes/kubernetes.io~empty-dir/s/app.sock")
-}
-
-/// An HTTP echo server on a Unix socket: 200 `<tag> <path>` for everything.
-fn echo(socket: &Path, tag: &str) -> tokio::task::JoinHandle<()> {
-    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    let listener = tokio::net::UnixListener::bind(socket).expect("bind echo socket");
-    let tag = tag.to_owned();
-    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
-        let tag = tag.clone();
-        async move { format!("{tag} {}", req.uri().path()) }
-    });
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    })
 }
 
 /// Managed pod `shop/<name>` (UID `uid(n)`), created at second `created`, declaring `ports`
@@ -79,29 +61,6 @@ fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
-/// GET `path` on the health gateway socket.
-async fn gateway(socket: &Path, path: &str) -> u16 {
-    let client = client_builder().unix_socket(socket).timeout(Duration::from_secs(5)).build().unwrap();
-    client.get(format!("http://localhost{path}")).send().await.expect("health gateway").status().as_u16()
-}
-
-/// Polls `f` until it returns `want`; fails with the last value after [`WAIT`].
-async fn eventually<T: PartialEq + std::fmt::Debug, Fut: Future<Output = T>>(
-    what: &str,
-    want: T,
-    mut f: impl FnMut() -> Fut,
-) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = f().await;
-        if got == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: want {want:?}, still {got:?} after {WAIT:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_at_the_cluster_cap_serves_exactly_the_pods_admitted_first() {
     let dir = tempfile::Builder::new().prefix("acap").tempdir().unwrap();
@@ -117,61 +76,40 @@ async fn a_node_at_the_cluster_cap_serves_exactly_the_pods_admitted_first() {
     assert_eq!(refused, [("c".to_owned(), TcpReason::NodeClusterCap)]);
 
     // The agent's xDS path: render → encoder (fast health checks) → ADS server on a Unix socket.
-    let health_socket = dir.path().join("health.sock");
-    let options = RenderOptions {
-        connect_timeout: Duration::from_secs(1),
-        health: HealthTiming {
-            interval: Duration::from_millis(300),
-            timeout: Duration::from_millis(300),
-            unhealthy_threshold: 1,
-            healthy_threshold: 1,
-            jitter_percent: 0,
-        },
-        health_socket: Some(health_socket.to_str().unwrap().to_owned()),
-        health_socket_mode: 0o666,
-        ..Default::default()
-    };
-    let (feed, rx) = watch::channel(Arc::new(snapshot(&index)));
-    let metrics = XdsMetrics::new();
-    let (resources, _render) =
-        spawn_renderer_with_clock(rx, Renderer::new(options), Duration::from_millis(20), metrics.clock.clone());
-    let server = XdsServer::new(resources).with_metrics(metrics);
-    let addr: XdsAddr = format!("unix://{}", dir.path().join("xds.sock").display()).parse().unwrap();
-    let listener = XdsListener::bind(&addr).await.unwrap();
-    let (_stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(serve_listener(listener, server, async {
-        let _ = stopped.await;
-    }));
-    let mut envoy = Envoy::builder(dir.path().join("xds.sock"), "node-cap", dir.path()).inbound().start().unwrap();
-    envoy.wait_ready().unwrap();
+    let f = Fixture::builder("node-cap")
+        .in_dir(dir)
+        .inbound()
+        .debounce(Duration::from_millis(20))
+        .snapshot(snapshot(&index))
+        .await;
 
     // Exactly a's and b's clusters; c's app is up, but Envoy has nothing for it.
     let capped = set(&["app_shop_a_8080", "app_shop_b_8080", "app_shop_b_8081", "health_shop_a", "health_shop_b"]);
-    eventually("the capped set", capped.clone(), || async { served(&envoy) }).await;
-    assert_eq!(envoy.via("app_shop_b_8081", "/x").unwrap(), (200, "b /x".to_owned()), "b is served");
-    assert_eq!(envoy.via("app_shop_c_8080", "/x").unwrap().0, 503, "c is not: no such cluster");
-    eventually("a served and healthy", 200, || gateway(&health_socket, "/healthz/health_shop_a")).await;
-    assert_eq!(gateway(&health_socket, "/healthz/health_shop_c").await, 503, "c is listed, unhealthy: unpromoted");
+    f.eventually("the capped set", capped.clone(), || async { served(f.envoy()) }).await;
+    assert_eq!(f.envoy().via("app_shop_b_8081", "/x").unwrap(), (200, "b /x".to_owned()), "b is served");
+    assert_eq!(f.envoy().via("app_shop_c_8080", "/x").unwrap().0, 503, "c is not: no such cluster");
+    f.eventually("a served and healthy", 200, || f.gateway("/healthz/health_shop_a")).await;
+    assert_eq!(f.gateway("/healthz/health_shop_c").await, 503, "c is listed, unhealthy: unpromoted");
 
     // A new pod, even one created before all others, takes nothing from them.
     let d = pod(4, "d", 1, 1);
     let _d_echo = echo(&socket_of(&pods, &d.uid), "d");
     let change = index.apply_pod(d);
     assert_eq!(change.rerendered.iter().map(|k| &*k.name).collect::<Vec<_>>(), ["d"]);
-    feed.send_replace(Arc::new(snapshot(&index)));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(served(&envoy), capped);
+    f.push(snapshot(&index));
+    f.wait_acked().await;
+    assert_eq!(served(f.envoy()), capped);
 
     // a goes: its 2 clusters go to the oldest refused pod that fits. d was created first.
     let change = index.delete_pod(&a.uid);
     assert_eq!(change.rerendered.iter().map(|k| &*k.name).collect::<Vec<_>>(), ["d"]);
-    feed.send_replace(Arc::new(snapshot(&index)));
+    f.push(snapshot(&index));
     let now = set(&["app_shop_b_8080", "app_shop_b_8081", "app_shop_d_8080", "health_shop_b", "health_shop_d"]);
-    eventually("d admitted in a's room", now, || async { served(&envoy) }).await;
-    assert_eq!(envoy.via("app_shop_d_8080", "/y").unwrap(), (200, "d /y".to_owned()));
-    eventually("d healthy", 200, || gateway(&health_socket, "/healthz/health_shop_d")).await;
-    assert_eq!(gateway(&health_socket, "/healthz/health_shop_c").await, 503, "c still waits");
-    assert_eq!(gateway(&health_socket, "/healthz/health_shop_a").await, 404, "a is gone");
+    f.eventually("d admitted in a's room", now, || async { served(f.envoy()) }).await;
+    assert_eq!(f.envoy().via("app_shop_d_8080", "/y").unwrap(), (200, "d /y".to_owned()));
+    f.eventually("d healthy", 200, || f.gateway("/healthz/health_shop_d")).await;
+    assert_eq!(f.gateway("/healthz/health_shop_c").await, 503, "c still waits");
+    assert_eq!(f.gateway("/healthz/health_shop_a").await, 404, "a is gone");
 }
 
 /// `charts/aether`: `agent.maxClusters` defaults to the binary's default, and the schema's bounds

@@ -22,13 +22,11 @@ use std::time::{Duration, Instant};
 use aether_agent_reconciler::admin::{self, AdminState, EnvoyView};
 use aether_agent_reconciler::metrics::Metrics;
 use aether_agent_reconciler::status::Status;
-use aether_agent_reconciler::xds::{
-    Drained, RenderOptions, Renderer, Snapshot, XdsAddr, XdsListener, XdsServer, render, serve_listener,
-    spawn_renderer_with_clock,
-};
+use aether_agent_reconciler::xds::{Drained, RenderOptions, Snapshot, render};
 use aether_fixtures::envoy::{Envoy, WAIT};
 use aether_fixtures::process;
-use tokio::sync::{oneshot, watch};
+use support::ads::{Fixture, gateway};
+use tokio::sync::watch;
 
 fn http() -> reqwest::Client {
     support::client_builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap()
@@ -39,12 +37,6 @@ async fn get(port: u16, path: &str) -> Option<(u16, String)> {
     let resp = http().get(format!("http://127.0.0.1:{port}{path}")).send().await.ok()?;
     let code = resp.status().as_u16();
     Some((code, resp.text().await.ok()?))
-}
-
-/// GET `path` on the health gateway Envoy serves at `socket`.
-async fn gateway(socket: &Path, path: &str) -> Option<u16> {
-    let client = support::client_builder().unix_socket(socket).timeout(Duration::from_secs(5)).build().unwrap();
-    Some(client.get(format!("http://localhost{path}")).send().await.ok()?.status().as_u16())
 }
 
 /// Polls `f` until it returns `Some`, for at most [`WAIT`]; panics with `what` and `context()`.
@@ -156,20 +148,18 @@ fn envoy_ready(dir: &Path, node: &str) -> Envoy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connected_streams_count_envoy_from_its_first_request_until_it_is_killed() {
-    let dir = tempfile::Builder::new().prefix("alc").tempdir().unwrap();
-    let health = dir.path().join("health.sock");
     let metrics = Arc::new(Metrics::new());
-    let opts = RenderOptions { health_socket: Some(health.to_str().unwrap().to_owned()), ..Default::default() };
-    let (_snapshots, rx) = watch::channel(Arc::new(Snapshot::default()));
-    let (resources, _render) =
-        spawn_renderer_with_clock(rx, Renderer::new(opts), Duration::ZERO, metrics.xds.clock.clone());
-    let server = XdsServer::new(resources.clone()).with_metrics(metrics.xds.clone());
-    let tracker = server.tracker();
-    let addr: XdsAddr = format!("unix://{}", dir.path().join("xds.sock").display()).parse().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve_listener(XdsListener::bind(&addr).await.unwrap(), server, async {
-        let _ = stopped.await;
-    }));
+    let mut f = Fixture::builder("node-s")
+        .options(|dir| RenderOptions {
+            health_socket: Some(dir.join("health.sock").to_str().unwrap().to_owned()),
+            ..Default::default()
+        })
+        .debounce(Duration::ZERO)
+        .metrics(metrics.xds.clone())
+        .without_envoy()
+        .snapshot(Snapshot::default())
+        .await;
+    let (health, tracker, resources) = (f.health_socket(), f.tracker().clone(), f.resources.clone());
     // The admin port as `run` wires it, without --readyz-requires-envoy.
     let (_status_tx, status_rx) = watch::channel(Status::default());
     let envoy_view = EnvoyView { tracker: tracker.clone(), resources: resources.clone(), required: false };
@@ -193,9 +183,8 @@ async fn connected_streams_count_envoy_from_its_first_request_until_it_is_killed
     assert_eq!(code, 200, "without the flag Envoy does not gate readiness: {body}");
     assert!(body.ends_with("envoy: not connected\n"), "{body}");
 
-    let mut envoy = start_envoy(dir.path(), "node-s");
-    assert!(tracker.wait_for(WAIT, |t| t.connected("node-s") == 1).await, "no stream:\n{}", envoy.log_tail());
-    envoy.wait_ready().unwrap();
+    f.start_envoy().await;
+    assert!(tracker.wait_for(WAIT, |t| t.connected("node-s") == 1).await, "no stream:\n{}", f.envoy_log());
     assert_eq!(tracker.connected_total(), 1);
     assert_eq!(gauge().await.as_deref(), Some("1"));
     let (cds, lds, ecds) = empty_versions(&health);
@@ -205,13 +194,13 @@ async fn connected_streams_count_envoy_from_its_first_request_until_it_is_killed
     let body = until(
         "/readyz to report the ACKs",
         || async { get(admin_port, "/readyz").await.filter(|(_, b)| b.ends_with(&want)) },
-        || envoy.log_tail(),
+        || f.envoy_log(),
     )
     .await;
     eprintln!("/readyz with Envoy: {}\n{}", body.0, body.1);
     assert_eq!(body.0, 200);
 
-    envoy.kill();
+    f.envoy_mut().kill();
     assert!(
         tracker.wait_for(WAIT, |t| t.connected_total() == 0).await,
         "stream still counted after Envoy died: {:?}",
@@ -224,10 +213,9 @@ async fn connected_streams_count_envoy_from_its_first_request_until_it_is_killed
     // The node's history stays: what it ACKed last.
     assert_eq!(tracker.nodes(), vec!["node-s".to_owned()]);
 
-    stop.send(()).unwrap();
-    let drained = tokio::time::timeout(WAIT, task).await.expect("serve_listener returns").unwrap().unwrap();
+    let (_, drained) = f.stop_server().await;
     assert_eq!(drained, Drained { left_open: 0 });
-    assert!(!dir.path().join("xds.sock").exists());
+    assert!(!f.path("xds.sock").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

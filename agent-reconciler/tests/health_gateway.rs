@@ -10,22 +10,20 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aether_agent_reconciler::xds::{
-    AckTracker, CLUSTER_TYPE_URL, ClusterSpec, Drained, EXTENSION_CONFIG_TYPE_URL, Endpoint, HEALTH_CHECKS_NAME,
-    HealthCheck, HealthTiming, LISTENER_TYPE_URL, RenderOptions, Renderer, Resources, ServeError, Snapshot, XdsAddr,
-    XdsListener, XdsMetrics, XdsServer, render, render_cluster, render_health_checks, render_health_listener,
-    serve_listener, spawn_renderer_with_clock,
+    CLUSTER_TYPE_URL, ClusterSpec, EXTENSION_CONFIG_TYPE_URL, Endpoint, HEALTH_CHECKS_NAME, HealthCheck,
+    LISTENER_TYPE_URL, RenderOptions, Resources, Snapshot, render_cluster, render_health_checks,
+    render_health_listener,
 };
-use aether_fixtures::envoy::{Envoy, WAIT};
+use aether_fixtures::envoy::WAIT;
 use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::util::pack_any;
+use support::ads::{Fixture, FixtureBuilder, exposition, test_options};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{oneshot, watch};
 
 /// One HTTP/1.1 connection to the gateway, kept open: every request goes over this one socket,
 /// and a response that closes it (EOF, or `Connection: close`) is an error, never a silent
@@ -93,158 +91,37 @@ fn accepting(socket: &Path) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Where the served resources come from.
-enum Feed {
-    /// Snapshots through `spawn_renderer_with_clock` (the agent's wiring).
-    Snapshots(watch::Sender<Arc<Snapshot>>),
-    /// Hand-built resources straight into the server (to hand Envoy something it NACKs).
-    Raw(watch::Sender<Arc<Resources>>),
+/// Our ADS server and a real Envoy (no inbound listener) with the agent's renderer (20 ms
+/// debounce), the gateway capped at `max_connections`.
+fn gateway(node: &str, max_connections: u64) -> FixtureBuilder {
+    Fixture::builder(node)
+        .debounce(Duration::from_millis(20))
+        .options(move |dir| RenderOptions { health_max_connections: max_connections, ..test_options(dir) })
 }
 
-/// Our ADS server and a real Envoy in a temp dir; everything stops on drop.
-struct Gateway {
-    dir: tempfile::TempDir,
-    node: String,
-    opts: RenderOptions,
-    feed: Feed,
-    tracker: AckTracker,
-    metrics: XdsMetrics,
-    envoy: Envoy,
-    _server: (oneshot::Sender<()>, tokio::task::JoinHandle<Result<Drained, ServeError>>),
-}
-
-fn options(dir: &Path, max_connections: u64) -> RenderOptions {
-    RenderOptions {
-        health: HealthTiming {
-            interval: Duration::from_millis(300),
-            timeout: Duration::from_millis(300),
-            unhealthy_threshold: 1,
-            healthy_threshold: 1,
-            jitter_percent: 0,
-        },
-        health_socket: Some(dir.join("health.sock").to_str().unwrap().to_owned()),
-        health_max_connections: max_connections,
-        ..Default::default()
+/// Polls `conn` for `path` until the answer is not 404 (bounded by [`WAIT`]): the status.
+async fn first_answer(g: &Fixture, conn: &mut KeepAlive, path: &str) -> u16 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = conn.get(path).await.unwrap_or_else(|e| panic!("GET {path} on the kept connection: {e}"));
+        if status != 404 {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{path} still 404 after {WAIT:?}\n{}", g.envoy_log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
-impl Gateway {
-    /// Snapshots rendered by the agent's renderer (20 ms debounce), gateway capped at
-    /// `max_connections`.
-    async fn with_snapshot(node: &str, snapshot: Snapshot, max_connections: u64) -> Gateway {
-        let dir = tempfile::Builder::new().prefix("ahg").tempdir().unwrap();
-        let opts = options(dir.path(), max_connections);
-        let (tx, rx) = watch::channel(Arc::new(snapshot));
-        let metrics = XdsMetrics::new();
-        let renderer = Renderer::new(opts.clone());
-        let (resources, _task) =
-            spawn_renderer_with_clock(rx, renderer, Duration::from_millis(20), metrics.clock.clone());
-        Self::start(dir, node, opts, Feed::Snapshots(tx), resources, metrics).await
-    }
-
-    async fn with_resources(node: &str, make: impl FnOnce(&RenderOptions) -> Resources) -> Gateway {
-        let dir = tempfile::Builder::new().prefix("ahg").tempdir().unwrap();
-        let opts = options(dir.path(), 64);
-        let (tx, rx) = watch::channel(Arc::new(make(&opts)));
-        Self::start(dir, node, opts, Feed::Raw(tx), rx, XdsMetrics::new()).await
-    }
-
-    async fn start(
-        dir: tempfile::TempDir,
-        node: &str,
-        opts: RenderOptions,
-        feed: Feed,
-        resources: watch::Receiver<Arc<Resources>>,
-        metrics: XdsMetrics,
-    ) -> Gateway {
-        let server = XdsServer::new(resources).with_metrics(metrics.clone());
-        let tracker = server.tracker();
-        let addr: XdsAddr = format!("unix://{}", dir.path().join("xds.sock").display()).parse().unwrap();
-        let listener = XdsListener::bind(&addr).await.unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve_listener(listener, server, async {
-            let _ = stopped.await;
-        }));
-        let mut envoy = Envoy::builder(dir.path().join("xds.sock"), node, dir.path()).start().unwrap();
-        envoy.wait_ready().unwrap();
-        let gateway =
-            Gateway { dir, node: node.to_owned(), opts, feed, tracker, metrics, envoy, _server: (stop, task) };
-        gateway.wait_acked().await;
-        gateway
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("health.sock")
-    }
-
-    fn push(&self, snapshot: Snapshot) {
-        let Feed::Snapshots(tx) = &self.feed else { panic!("this gateway takes raw resources") };
-        tx.send_replace(Arc::new(snapshot));
-    }
-
-    fn push_raw(&self, resources: Resources) {
-        let Feed::Raw(tx) = &self.feed else { panic!("this gateway takes snapshots") };
-        tx.send_replace(Arc::new(resources));
-    }
-
-    /// What the server will serve once the feed settles.
-    fn expected(&self) -> Resources {
-        match &self.feed {
-            Feed::Snapshots(tx) => render(&tx.borrow(), &self.opts),
-            Feed::Raw(tx) => (**tx.borrow()).clone(),
+/// Polls `conn` for `path` until it answers `want` (bounded by [`WAIT`]).
+async fn until(g: &Fixture, conn: &mut KeepAlive, path: &str, want: u16) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = conn.get(path).await.unwrap_or_else(|e| panic!("GET {path} on the kept connection: {e}"));
+        if status == want {
+            return;
         }
-    }
-
-    /// Waits until Envoy has ACKed the CDS, LDS and ECDS versions of the last push.
-    async fn wait_acked(&self) {
-        let expected = self.expected();
-        let want: Vec<(&str, String)> = [CLUSTER_TYPE_URL, LISTENER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL]
-            .into_iter()
-            .map(|t| (t, expected.get(t).unwrap().version.clone()))
-            .filter(|(t, _)| *t != EXTENSION_CONFIG_TYPE_URL || !expected.extension_configs.resources.is_empty())
-            .collect();
-        let ok = self
-            .tracker
-            .wait_for(WAIT, |t| want.iter().all(|(ty, v)| t.acked_version(&self.node, ty).as_deref() == Some(v)))
-            .await;
-        assert!(ok, "Envoy did not ACK {want:?}: {:?}\n{}", self.states(), self.envoy.log_tail());
-    }
-
-    fn states(&self) -> Vec<(&'static str, aether_agent_reconciler::xds::TypeState)> {
-        [("CDS", CLUSTER_TYPE_URL), ("LDS", LISTENER_TYPE_URL), ("ECDS", EXTENSION_CONFIG_TYPE_URL)]
-            .into_iter()
-            .map(|(l, t)| (l, self.tracker.get(&self.node, t)))
-            .collect()
-    }
-
-    fn stat(&self, name: &str) -> u64 {
-        self.envoy.stat(name).unwrap()
-    }
-
-    /// Polls `conn` for `path` until the answer is not 404 (bounded by [`WAIT`]): the status.
-    async fn first_answer(&self, conn: &mut KeepAlive, path: &str) -> u16 {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let status = conn.get(path).await.unwrap_or_else(|e| panic!("GET {path} on the kept connection: {e}"));
-            if status != 404 {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "{path} still 404 after {WAIT:?}\n{}", self.envoy.log_tail());
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Polls `conn` for `path` until it answers `want` (bounded by [`WAIT`]).
-    async fn until(&self, conn: &mut KeepAlive, path: &str, want: u16) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let status = conn.get(path).await.unwrap_or_else(|e| panic!("GET {path} on the kept connection: {e}"));
-            if status == want {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{path}: want {want}, still {status}\n{}", self.envoy.log_tail());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        assert!(Instant::now() < deadline, "{path}: want {want}, still {status}\n{}", g.envoy_log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -279,20 +156,20 @@ const CHURN_STATS: [&str; 6] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_added_are_answered_on_a_connection_opened_before_them_and_the_listener_never_changes() {
-    let g = Gateway::with_snapshot("node-churn", Snapshot::default(), 64).await;
+    let g = gateway("node-churn", 64).snapshot(Snapshot::default()).await;
     let first = (String::from("health_ns_p0"), g.dir.path().join("p0.sock"));
     let mut live = vec![accepting(&first.1)];
     let mut pods = vec![first];
     g.push(snapshot(&pods));
     g.wait_acked().await;
-    let mut conn = KeepAlive::open(&g.socket()).await;
-    g.until(&mut conn, "/healthz/health_ns_p0", 200).await;
+    let mut conn = KeepAlive::open(&g.health_socket()).await;
+    until(&g, &mut conn, "/healthz/health_ns_p0", 200).await;
     assert_eq!(conn.get("/healthz/health_ns_p1").await.unwrap(), 404, "not listed yet");
     assert_eq!(conn.get("/other").await.unwrap(), 404);
     let before: Vec<u64> = CHURN_STATS.iter().map(|s| g.stat(s)).collect();
     assert_eq!((before[4], before[5]), (0, 0), "nothing drains before the churn");
     let ecds_before = g.stat("extension_config_discovery.http_filter.aether_health_checks.update_success");
-    let lds_sends = g.tracker.get(&g.node, LISTENER_TYPE_URL).sends;
+    let lds_sends = g.tracker().get(&g.node, LISTENER_TYPE_URL).sends;
 
     // Pods added one by one; odd pods have no socket (unhealthy). Each is answered (200 or 503,
     // not 404) on the connection opened before any of them, within a bounded wait.
@@ -304,19 +181,19 @@ async fn pods_added_are_answered_on_a_connection_opened_before_them_and_the_list
         }
         pods.push(pod);
         g.push(snapshot(&pods));
-        let status = g.first_answer(&mut conn, &format!("/healthz/health_ns_p{i}")).await;
+        let status = first_answer(&g, &mut conn, &format!("/healthz/health_ns_p{i}")).await;
         assert!(status == 200 || status == 503, "pod {i}: {status}");
     }
     g.wait_acked().await;
     for i in 1..=ADDS {
         let want = if i % 2 == 0 { 200 } else { 503 };
-        g.until(&mut conn, &format!("/healthz/health_ns_p{i}"), want).await;
+        until(&g, &mut conn, &format!("/healthz/health_ns_p{i}"), want).await;
     }
 
     // A pod removed: 404 for it on the same connection, the others still answered.
     pods.retain(|(name, _)| name != "health_ns_p2");
     g.push(snapshot(&pods));
-    g.until(&mut conn, "/healthz/health_ns_p2", 404).await;
+    until(&g, &mut conn, "/healthz/health_ns_p2", 404).await;
     assert_eq!(conn.get("/healthz/health_ns_p4").await.unwrap(), 200);
     assert_eq!(conn.get("/healthz/health_ns_p3").await.unwrap(), 503);
     g.wait_acked().await;
@@ -331,7 +208,7 @@ async fn pods_added_are_answered_on_a_connection_opened_before_them_and_the_list
     let ecds = g.stat("extension_config_discovery.http_filter.aether_health_checks.update_success") - ecds_before;
     assert_eq!(ecds, ADDS as u64 + 1, "one ECDS update per add and one for the removal");
     assert_eq!(g.stat("extension_config_discovery.http_filter.aether_health_checks.update_rejected"), 0);
-    assert_eq!(g.tracker.get(&g.node, LISTENER_TYPE_URL).sends, lds_sends, "no LDS push during the churn");
+    assert_eq!(g.tracker().get(&g.node, LISTENER_TYPE_URL).sends, lds_sends, "no LDS push during the churn");
     drop(live);
 }
 
@@ -349,14 +226,13 @@ async fn a_nacked_gateway_config_withdraws_nothing_else_and_the_last_good_checks
         Resources::from_protos(clusters, vec![render_health_listener(opts).unwrap().unwrap()])
             .with_extension_configs(vec![checks])
     };
-    let g = Gateway::with_resources("node-nack", |opts| {
-        resources(opts, &["health_ns_a"], render_health_checks(&["health_ns_a".to_owned()]))
-    })
-    .await;
-    let mut conn = KeepAlive::open(&g.socket()).await;
-    g.until(&mut conn, "/healthz/health_ns_a", 200).await;
-    let lds = g.tracker.acked_version(&g.node, LISTENER_TYPE_URL).unwrap();
-    let ecds = g.tracker.acked_version(&g.node, EXTENSION_CONFIG_TYPE_URL).unwrap();
+    let g = gateway("node-nack", 64)
+        .raw(|opts| resources(opts, &["health_ns_a"], render_health_checks(&["health_ns_a".to_owned()])))
+        .await;
+    let mut conn = KeepAlive::open(&g.health_socket()).await;
+    until(&g, &mut conn, "/healthz/health_ns_a", 200).await;
+    let lds = g.tracker().acked_version(&g.node, LISTENER_TYPE_URL).unwrap();
+    let ecds = g.tracker().acked_version(&g.node, EXTENSION_CONFIG_TYPE_URL).unwrap();
 
     // Cluster b arrives with checks of a type the listener does not accept (a router config
     // where an ExtensionWithMatcher is required): Envoy NACKs the ECDS response only.
@@ -364,32 +240,32 @@ async fn a_nacked_gateway_config_withdraws_nothing_else_and_the_last_good_checks
         TypedExtensionConfig { name: HEALTH_CHECKS_NAME.to_owned(), typed_config: Some(pack_any(Router::default())) };
     g.push_raw(resources(&g.opts, &["health_ns_a", "health_ns_b"], wrong));
     assert!(
-        g.tracker.wait_for(WAIT, |t| t.nack_count(&g.node, EXTENSION_CONFIG_TYPE_URL) == 1).await,
+        g.tracker().wait_for(WAIT, |t| t.nack_count(&g.node, EXTENSION_CONFIG_TYPE_URL) == 1).await,
         "no ECDS NACK: {:?}\n{}",
         g.states(),
-        g.envoy.log_tail()
+        g.envoy_log()
     );
-    let nack = g.tracker.get(&g.node, EXTENSION_CONFIG_TYPE_URL).last_nack.unwrap();
+    let nack = g.tracker().get(&g.node, EXTENSION_CONFIG_TYPE_URL).last_nack.unwrap();
     eprintln!("ECDS NACK: {nack:?}");
     assert!(nack.message.contains("Router"), "{nack:?}");
     let expected = g.expected();
     assert!(
-        g.tracker
+        g.tracker()
             .wait_for(WAIT, |t| t.acked_version(&g.node, CLUSTER_TYPE_URL) == Some(expected.clusters.version.clone()))
             .await,
         "CDS of the same push is applied: {:?}",
         g.states()
     );
-    assert_eq!(g.tracker.nack_count(&g.node, CLUSTER_TYPE_URL), 0);
-    assert_eq!(g.tracker.nack_count(&g.node, LISTENER_TYPE_URL), 0);
-    assert_eq!(g.tracker.acked_version(&g.node, LISTENER_TYPE_URL), Some(lds.clone()), "LDS untouched");
-    assert_eq!(g.tracker.acked_version(&g.node, EXTENSION_CONFIG_TYPE_URL), Some(ecds), "last good ECDS kept");
-    assert!(g.envoy.cluster_names().unwrap().contains(&"health_ns_b".to_owned()));
+    assert_eq!(g.tracker().nack_count(&g.node, CLUSTER_TYPE_URL), 0);
+    assert_eq!(g.tracker().nack_count(&g.node, LISTENER_TYPE_URL), 0);
+    assert_eq!(g.tracker().acked_version(&g.node, LISTENER_TYPE_URL), Some(lds.clone()), "LDS untouched");
+    assert_eq!(g.tracker().acked_version(&g.node, EXTENSION_CONFIG_TYPE_URL), Some(ecds), "last good ECDS kept");
+    assert!(g.envoy().cluster_names().unwrap().contains(&"health_ns_b".to_owned()));
     // The last good checks keep answering on the same connection; b is not listed in them.
     assert_eq!(conn.get("/healthz/health_ns_a").await.unwrap(), 200);
     assert_eq!(conn.get("/healthz/health_ns_b").await.unwrap(), 404);
     assert_eq!(g.stat("extension_config_discovery.http_filter.aether_health_checks.update_rejected"), 1);
-    let nacks = prometheus_text(&g.metrics);
+    let nacks = exposition(g.metrics());
     assert!(nacks.contains("aether_xds_nacks_total{type=\"extension-config\"} 1"), "{nacks}");
     assert!(nacks.contains("aether_xds_nacks_total{type=\"cluster\"} 0"), "{nacks}");
 
@@ -397,34 +273,26 @@ async fn a_nacked_gateway_config_withdraws_nothing_else_and_the_last_good_checks
     let names = ["health_ns_a".to_owned(), "health_ns_b".to_owned()];
     g.push_raw(resources(&g.opts, &["health_ns_a", "health_ns_b"], render_health_checks(&names)));
     g.wait_acked().await;
-    g.until(&mut conn, "/healthz/health_ns_b", 200).await;
-    assert_eq!(g.tracker.acked_version(&g.node, LISTENER_TYPE_URL), Some(lds));
+    until(&g, &mut conn, "/healthz/health_ns_b", 200).await;
+    assert_eq!(g.tracker().acked_version(&g.node, LISTENER_TYPE_URL), Some(lds));
     assert_eq!(g.stat("listener_manager.total_filter_chains_draining"), 0);
-}
-
-fn prometheus_text(m: &XdsMetrics) -> String {
-    let mut registry = prometheus_client::registry::Registry::default();
-    m.register(&mut registry);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    text
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_past_the_gateways_cap_is_closed_at_once_and_counted() {
-    let g = Gateway::with_snapshot("node-cap", Snapshot::default(), 2).await;
+    let g = gateway("node-cap", 2).snapshot(Snapshot::default()).await;
     let socket = g.dir.path().join("p.sock");
     let _live = accepting(&socket);
     g.push(snapshot(&[("health_ns_p".to_owned(), socket)]));
     g.wait_acked().await;
-    let mut one = KeepAlive::open(&g.socket()).await;
-    let mut two = KeepAlive::open(&g.socket()).await;
-    g.until(&mut one, "/healthz/health_ns_p", 200).await;
+    let mut one = KeepAlive::open(&g.health_socket()).await;
+    let mut two = KeepAlive::open(&g.health_socket()).await;
+    until(&g, &mut one, "/healthz/health_ns_p", 200).await;
     assert_eq!(two.get("/healthz/health_ns_p").await.unwrap(), 200);
     assert_eq!(g.stat("connection_limit.aether_health.active_connections"), 2);
 
     // The third is accepted by the kernel, then closed by Envoy before any answer.
-    let mut three = KeepAlive::open(&g.socket()).await;
+    let mut three = KeepAlive::open(&g.health_socket()).await;
     let refused = three.get("/healthz/health_ns_p").await;
     assert!(refused.is_err(), "a third connection was served: {refused:?}");
     assert_eq!(g.stat("connection_limit.aether_health.limited_connections"), 1);
@@ -438,7 +306,7 @@ async fn a_connection_past_the_gateways_cap_is_closed_at_once_and_counted() {
         assert!(Instant::now() < deadline, "Envoy never saw the connection close");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut four = KeepAlive::open(&g.socket()).await;
+    let mut four = KeepAlive::open(&g.health_socket()).await;
     assert_eq!(four.get("/healthz/health_ns_p").await.unwrap(), 200);
     assert_eq!(g.stat("connection_limit.aether_health.limited_connections"), 1);
 }

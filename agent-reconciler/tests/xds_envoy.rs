@@ -13,288 +13,26 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aether_agent_reconciler::xds::bind_failures::failed_inbound;
 use aether_agent_reconciler::xds::{
-    AckTracker, CLUSTER_TYPE_URL, ClusterSpec, Drained, Endpoint, HealthCheck, HealthTiming, LISTENER_TYPE_URL,
-    RenderError, RenderOptions, Renderer, Resources, ServeError, Snapshot, XdsAddr, XdsListener, XdsMetrics, XdsServer,
-    render, render_cluster, serve_listener, spawn_renderer_with_clock,
+    CLUSTER_TYPE_URL, ClusterSpec, Drained, Endpoint, HealthCheck, LISTENER_TYPE_URL, RenderError, RenderOptions,
+    Resources, Snapshot, render_cluster,
 };
 use aether_fixtures::envoy::{Envoy, WAIT};
 use envoy_types::pb::envoy::config::core::v3::{Pipe, address};
 use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
-use support::{Netns, client_builder, netns_with_lo, start_echo, start_h2_only_echo};
-use tokio::sync::{oneshot, watch};
+use support::ads::{Fixture, FixtureBuilder, sample, test_options};
+use support::{Netns, netns_with_lo, start_echo, start_h2_only_echo};
 
 // ---------------------------------------------------------------------------------------------
 // Harness
 // ---------------------------------------------------------------------------------------------
 
-fn http_client() -> reqwest::Client {
-    client_builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap()
-}
-
-/// Where the served resources come from.
-enum Feed {
-    /// Snapshots through `spawn_renderer` (the agent's wiring).
-    Snapshots(watch::Sender<Arc<Snapshot>>),
-    /// Hand-built resources straight into the server (to hand Envoy something invalid).
-    Raw(watch::Sender<Arc<Resources>>),
-}
-
-/// Our ADS server + a real Envoy + temp dir; everything stops on drop.
-struct Fixture {
-    dir: tempfile::TempDir,
-    node: String,
-    feed: Feed,
-    resources: watch::Receiver<Arc<Resources>>,
-    tracker: AckTracker,
-    envoy: Envoy,
-    inbound: u16,
-    http: reqwest::Client,
-    server: Option<RunningServer>,
-    /// The server's metrics; its clock is the renderer's.
-    metrics: XdsMetrics,
-}
-
-/// Our ADS server task and the switch that stops it (dropping the switch stops it too).
-struct RunningServer {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<Drained, ServeError>>,
-}
-
-impl RunningServer {
-    /// Binds `<dir>/xds.sock` and serves `resources`; returns the server and its tracker.
-    async fn start(
-        dir: &Path,
-        resources: watch::Receiver<Arc<Resources>>,
-        metrics: &XdsMetrics,
-    ) -> (RunningServer, AckTracker) {
-        let server = XdsServer::new(resources).with_metrics(metrics.clone());
-        let tracker = server.tracker();
-        let addr: XdsAddr = format!("unix://{}", dir.join("xds.sock").display()).parse().unwrap();
-        let listener = XdsListener::bind(&addr).await.unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve_listener(listener, server, async {
-            let _ = stopped.await;
-        }));
-        (RunningServer { stop, task }, tracker)
-    }
-}
-
-/// Fast health checks so tests settle in well under a second.
-fn test_options(dir: &Path) -> RenderOptions {
-    RenderOptions {
-        connect_timeout: Duration::from_secs(1),
-        health: HealthTiming {
-            interval: Duration::from_millis(300),
-            timeout: Duration::from_millis(300),
-            unhealthy_threshold: 1,
-            healthy_threshold: 1,
-            jitter_percent: 0,
-        },
-        health_socket: Some(dir.join("health.sock").to_str().unwrap().to_owned()),
-        health_socket_mode: 0o666,
-        ..Default::default()
-    }
-}
-
-impl Fixture {
-    /// Snapshots rendered with the default 50 ms debounce.
-    async fn with_snapshot(node: &str, snapshot: Snapshot) -> Fixture {
-        Self::with_snapshot_debounce(node, snapshot, Duration::from_millis(50)).await
-    }
-
-    async fn with_snapshot_debounce(node: &str, snapshot: Snapshot, debounce: Duration) -> Fixture {
-        Self::with_snapshot_envoy(node, snapshot, debounce, None).await
-    }
-
-    /// With Envoy's `--drain-time-s` set to `drain_time_s` instead of the chart's.
-    async fn with_snapshot_envoy(
-        node: &str,
-        snapshot: Snapshot,
-        debounce: Duration,
-        drain_time_s: Option<u32>,
-    ) -> Fixture {
-        let dir = tempfile::Builder::new().prefix("axds").tempdir().unwrap();
-        let (tx, rx) = watch::channel(Arc::new(snapshot));
-        let renderer = Renderer::new(test_options(dir.path()));
-        let metrics = XdsMetrics::new();
-        let (resources, _task) = spawn_renderer_with_clock(rx, renderer, debounce, metrics.clock.clone());
-        Self::start(dir, node, Feed::Snapshots(tx), resources, metrics, drain_time_s).await
-    }
-
-    async fn with_resources(node: &str, initial: Resources) -> Fixture {
-        let dir = tempfile::Builder::new().prefix("axds").tempdir().unwrap();
-        let (tx, rx) = watch::channel(Arc::new(initial));
-        Self::start(dir, node, Feed::Raw(tx), rx, XdsMetrics::new(), None).await
-    }
-
-    async fn start(
-        dir: tempfile::TempDir,
-        node: &str,
-        feed: Feed,
-        resources: watch::Receiver<Arc<Resources>>,
-        metrics: XdsMetrics,
-        drain_time_s: Option<u32>,
-    ) -> Fixture {
-        let (server, tracker) = RunningServer::start(dir.path(), resources.clone(), &metrics).await;
-        let mut builder = Envoy::builder(dir.path().join("xds.sock"), node, dir.path()).inbound().sotw();
-        if let Some(s) = drain_time_s {
-            builder = builder.drain_time(s);
-        }
-        let mut envoy = builder.start().unwrap();
-        envoy.wait_ready().unwrap();
-        let inbound = envoy.inbound_port().unwrap();
-        let fixture = Fixture {
-            dir,
-            node: node.to_owned(),
-            feed,
-            resources,
-            tracker,
-            envoy,
-            inbound,
-            http: http_client(),
-            server: Some(server),
-            metrics,
-        };
-        fixture.wait_acked().await;
-        fixture
-    }
-
-    /// Stops our ADS server while Envoy is connected; returns how long `serve_listener` took to
-    /// return (it must end the open stream itself, or graceful shutdown would wait forever) and
-    /// what it reported.
-    async fn stop_server(&mut self) -> (Duration, Drained) {
-        let RunningServer { stop, task } = self.server.take().expect("server running");
-        let started = Instant::now();
-        stop.send(()).unwrap();
-        let drained = tokio::time::timeout(WAIT, task)
-            .await
-            .expect("serve_listener did not return after shutdown")
-            .unwrap()
-            .expect("serve_listener failed");
-        (started.elapsed(), drained)
-    }
-
-    /// Starts a new ADS server (fresh tracker) on the same socket, as an agent restart does.
-    async fn restart_server(&mut self) {
-        let (server, tracker) = RunningServer::start(self.dir.path(), self.resources.clone(), &self.metrics).await;
-        self.server = Some(server);
-        self.tracker = tracker;
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn push(&self, snapshot: Snapshot) {
-        match &self.feed {
-            Feed::Snapshots(tx) => tx.send_replace(Arc::new(snapshot)),
-            Feed::Raw(_) => panic!("this fixture takes raw resources"),
-        };
-    }
-
-    fn push_raw(&self, resources: Resources) {
-        match &self.feed {
-            Feed::Raw(tx) => tx.send_replace(Arc::new(resources)),
-            Feed::Snapshots(_) => panic!("this fixture takes snapshots"),
-        };
-    }
-
-    /// The snapshot last pushed.
-    fn served_snapshot(&self) -> Snapshot {
-        match &self.feed {
-            Feed::Snapshots(tx) => (**tx.borrow()).clone(),
-            Feed::Raw(_) => panic!("this fixture takes raw resources"),
-        }
-    }
-
-    /// What the server currently serves (after the renderer's debounce).
-    fn served(&self) -> Arc<Resources> {
-        self.resources.borrow().clone()
-    }
-
-    /// What the server will serve once the feed settles: the last raw resources, or the last
-    /// snapshot rendered afresh (rendering is deterministic, so the versions are the ones the
-    /// debounced renderer will publish).
-    fn expected(&self) -> Arc<Resources> {
-        match &self.feed {
-            Feed::Snapshots(tx) => Arc::new(render(&tx.borrow(), &test_options(self.dir.path()))),
-            Feed::Raw(tx) => tx.borrow().clone(),
-        }
-    }
-
-    /// Waits until Envoy has ACKed the CDS and LDS versions of the last push.
-    async fn wait_acked(&self) {
-        let expected = self.expected();
-        let (cds, lds) = (expected.clusters.version.clone(), expected.listeners.version.clone());
-        let node = self.node.clone();
-        let ok = self
-            .tracker
-            .wait_for(WAIT, |t| {
-                t.acked_version(&node, CLUSTER_TYPE_URL).as_deref() == Some(cds.as_str())
-                    && t.acked_version(&node, LISTENER_TYPE_URL).as_deref() == Some(lds.as_str())
-            })
-            .await;
-        assert!(
-            ok,
-            "Envoy did not ACK CDS {cds} / LDS {lds}: {:?} {:?}\n{}",
-            self.tracker.get(&self.node, CLUSTER_TYPE_URL),
-            self.tracker.get(&self.node, LISTENER_TYPE_URL),
-            self.envoy.log_tail()
-        );
-    }
-
-    /// GET `path` through Envoy's inbound listener, routed to `cluster`.
-    async fn via_inbound(&self, cluster: &str, path: &str) -> (u16, String) {
-        let resp = self
-            .http
-            .get(format!("http://127.0.0.1:{}{path}", self.inbound))
-            .header("x-aether-cluster", cluster)
-            .send()
-            .await
-            .expect("request through envoy");
-        let status = resp.status().as_u16();
-        (status, resp.text().await.unwrap_or_default())
-    }
-
-    /// GET `path` on the health gateway (the pipe listener served over LDS).
-    async fn gateway(&self, path: &str) -> u16 {
-        let client =
-            client_builder().unix_socket(self.path("health.sock")).timeout(Duration::from_secs(5)).build().unwrap();
-        client
-            .get(format!("http://localhost{path}"))
-            .send()
-            .await
-            .expect("request to the health gateway")
-            .status()
-            .as_u16()
-    }
-
-    /// Polls `f` until it returns `want` (or fails after WAIT with the last value).
-    async fn eventually<T, F, Fut>(&self, what: &str, want: T, mut f: F)
-    where
-        T: PartialEq + std::fmt::Debug,
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = T>,
-    {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let got = f().await;
-            if got == want {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: want {want:?}, still {got:?} after {WAIT:?}\n{}",
-                self.envoy.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+/// Our ADS server + a real Envoy speaking State-of-the-World ADS, with the inbound listener.
+fn sotw(node: &str) -> FixtureBuilder {
+    Fixture::builder(node).sotw().inbound()
 }
 
 fn pipe_cluster(name: &str, socket: &Path, health: Option<HealthCheck>) -> ClusterSpec {
@@ -321,7 +59,7 @@ fn pod_socket(f: &Fixture, uid: &str, file: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipe_cluster_delivers_http_through_the_pods_socket() {
-    let f = Fixture::with_snapshot("node-a", Snapshot::default()).await;
+    let f = sotw("node-a").snapshot(Snapshot::default()).await;
     let socket = pod_socket(&f, "uid-a", "app.sock");
     let _echo = start_echo(&socket, "echo-a");
     f.push(Snapshot {
@@ -330,7 +68,7 @@ async fn a_pipe_cluster_delivers_http_through_the_pods_socket() {
         ..Default::default()
     });
     f.wait_acked().await;
-    assert_eq!(f.envoy.cluster_names().unwrap(), vec!["aether_xds", "app_ns_pod_8080"]);
+    assert_eq!(f.envoy().cluster_names().unwrap(), vec!["aether_xds", "app_ns_pod_8080"]);
 
     let (status, body) = f.via_inbound("app_ns_pod_8080", "/hello").await;
     assert_eq!((status, body.as_str()), (200, "echo-a HTTP/1.1 GET /hello"));
@@ -339,13 +77,13 @@ async fn a_pipe_cluster_delivers_http_through_the_pods_socket() {
     assert_eq!(status, 503);
 
     // The version Envoy reports in /config_dump is the one we sent and it ACKed.
-    let acked = f.tracker.acked_version("node-a", CLUSTER_TYPE_URL).unwrap();
-    assert_eq!(f.envoy.dumped_cluster_versions().unwrap().get("app_ns_pod_8080"), Some(&acked));
+    let acked = f.tracker().acked_version("node-a", CLUSTER_TYPE_URL).unwrap();
+    assert_eq!(f.envoy().dumped_cluster_versions().unwrap().get("app_ns_pod_8080"), Some(&acked));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unhealthy_host_gets_no_traffic_because_panic_mode_is_off() {
-    let f = Fixture::with_snapshot("node-panic", Snapshot::default()).await;
+    let f = sotw("node-panic").snapshot(Snapshot::default()).await;
     // The workload is up and would answer, but its health path fails. With
     // healthy_panic_threshold 0 Envoy refuses the only (unhealthy) host; in panic mode it would
     // send the request anyway and get the echo's 200.
@@ -365,7 +103,7 @@ async fn an_unhealthy_host_gets_no_traffic_because_panic_mode_is_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_health_gateway_answers_200_for_healthy_503_for_unhealthy_404_otherwise() {
-    let f = Fixture::with_snapshot("node-b", Snapshot::default()).await;
+    let f = sotw("node-b").snapshot(Snapshot::default()).await;
     let up = pod_socket(&f, "uid-up", "app.sock");
     let _echo = start_echo(&up, "echo-up");
     let down = pod_socket(&f, "uid-down", "app.sock"); // never created
@@ -403,7 +141,7 @@ async fn the_health_gateway_answers_200_for_healthy_503_for_unhealthy_404_otherw
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overlong_pipe_path_is_rejected_before_rendering_and_envoy_never_nacks() {
-    let f = Fixture::with_snapshot("node-c", Snapshot::default()).await;
+    let f = sotw("node-c").snapshot(Snapshot::default()).await;
     let good = pod_socket(&f, "uid-good", "app.sock");
     let _echo = start_echo(&good, "echo-good");
     let long = format!("/{}", "l".repeat(107)); // 108 bytes
@@ -422,16 +160,16 @@ async fn an_overlong_pipe_path_is_rejected_before_rendering_and_envoy_never_nack
     assert_eq!(served.rejected.len(), 1);
     assert_eq!(served.rejected[0].name, "app_ns_long_8080");
     assert_eq!(served.rejected[0].error, RenderError::PipePathTooLong { path: long.clone(), len: 108 });
-    assert_eq!(f.tracker.nack_count("node-c", CLUSTER_TYPE_URL), 0);
-    assert_eq!(f.tracker.nack_count("node-c", LISTENER_TYPE_URL), 0);
-    assert_eq!(f.envoy.cluster_names().unwrap(), vec!["aether_xds", "app_ns_good_8080"]);
+    assert_eq!(f.tracker().nack_count("node-c", CLUSTER_TYPE_URL), 0);
+    assert_eq!(f.tracker().nack_count("node-c", LISTENER_TYPE_URL), 0);
+    assert_eq!(f.envoy().cluster_names().unwrap(), vec!["aether_xds", "app_ns_good_8080"]);
     assert_eq!(f.via_inbound("app_ns_good_8080", "/x").await.0, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_snapshot_twice_sends_nothing_and_a_burst_is_one_push() {
     // A debounce well above the burst's length, so a loaded CI machine still sees one burst.
-    let f = Fixture::with_snapshot_debounce("node-d", Snapshot::default(), Duration::from_millis(300)).await;
+    let f = sotw("node-d").debounce(Duration::from_millis(300)).snapshot(Snapshot::default()).await;
     let socket = pod_socket(&f, "uid-d", "app.sock");
     let _echo = start_echo(&socket, "echo-d");
     let snap = |n: usize| Snapshot {
@@ -441,14 +179,15 @@ async fn the_same_snapshot_twice_sends_nothing_and_a_burst_is_one_push() {
     };
     f.push(snap(1));
     f.wait_acked().await;
-    let cds = f.tracker.get("node-d", CLUSTER_TYPE_URL);
-    let lds = f.tracker.get("node-d", LISTENER_TYPE_URL);
+    let cds = f.tracker().get("node-d", CLUSTER_TYPE_URL);
+    let lds = f.tracker().get("node-d", LISTENER_TYPE_URL);
 
-    // Same content again, as a new value: no new version, nothing sent.
+    // Same content again, as a new value: no new version, nothing sent (once the renderer has
+    // taken it).
     f.push(snap(1));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(f.tracker.get("node-d", CLUSTER_TYPE_URL), cds);
-    assert_eq!(f.tracker.get("node-d", LISTENER_TYPE_URL), lds);
+    f.wait_rendered().await;
+    assert_eq!(f.tracker().get("node-d", CLUSTER_TYPE_URL), cds);
+    assert_eq!(f.tracker().get("node-d", LISTENER_TYPE_URL), lds);
 
     // A burst of changes 10 ms apart, all inside the debounce: one push, of the last one.
     // LDS is unchanged.
@@ -457,24 +196,24 @@ async fn the_same_snapshot_twice_sends_nothing_and_a_burst_is_one_push() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     f.wait_acked().await;
-    let after = f.tracker.get("node-d", CLUSTER_TYPE_URL);
+    let after = f.tracker().get("node-d", CLUSTER_TYPE_URL);
     assert_eq!(after.sends, cds.sends + 1, "{after:?}");
     assert_eq!(after.acked_version, Some(f.served().clusters.version.clone()));
-    assert_eq!(f.tracker.get("node-d", LISTENER_TYPE_URL).sends, lds.sends);
-    assert_eq!(f.envoy.cluster_names().unwrap().len(), 1 + 5);
+    assert_eq!(f.tracker().get("node-d", LISTENER_TYPE_URL).sends, lds.sends);
+    assert_eq!(f.envoy().cluster_names().unwrap().len(), 1 + 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_resource_is_nacked_with_envoys_reason_and_the_last_good_keeps_serving() {
     let dir_probe = tempfile::tempdir().unwrap();
     let opts = test_options(dir_probe.path());
-    let f = Fixture::with_resources("node-e", Resources::default()).await;
+    let f = sotw("node-e").raw(|_| Resources::default()).await;
     let socket = pod_socket(&f, "uid-e", "app.sock");
     let _echo = start_echo(&socket, "echo-e");
     let good = render_cluster(&pipe_cluster("app_ns_good_8080", &socket, None), &opts).unwrap();
     f.push_raw(Resources::from_protos(vec![good.clone()], vec![]));
     f.wait_acked().await;
-    let good_version = f.tracker.acked_version("node-e", CLUSTER_TYPE_URL).unwrap();
+    let good_version = f.tracker().acked_version("node-e", CLUSTER_TYPE_URL).unwrap();
     assert_eq!(f.via_inbound("app_ns_good_8080", "/").await.0, 200);
 
     // 1. A cluster that skipped validation: a 108-byte pipe path.
@@ -487,11 +226,11 @@ async fn an_invalid_resource_is_nacked_with_envoys_reason_and_the_last_good_keep
         Some(address::Address::Pipe(Pipe { path: format!("/{}", "b".repeat(107)), mode: 0 }));
     f.push_raw(Resources::from_protos(vec![good.clone(), bad], vec![]));
     assert!(
-        f.tracker.wait_for(WAIT, |t| t.nack_count("node-e", CLUSTER_TYPE_URL) == 1).await,
+        f.tracker().wait_for(WAIT, |t| t.nack_count("node-e", CLUSTER_TYPE_URL) == 1).await,
         "no NACK: {:?}",
-        f.tracker.get("node-e", CLUSTER_TYPE_URL)
+        f.tracker().get("node-e", CLUSTER_TYPE_URL)
     );
-    let state = f.tracker.get("node-e", CLUSTER_TYPE_URL);
+    let state = f.tracker().get("node-e", CLUSTER_TYPE_URL);
     let nack = state.last_nack.clone().unwrap();
     eprintln!("NACK 1: {nack:?}");
     assert!(
@@ -502,12 +241,12 @@ async fn an_invalid_resource_is_nacked_with_envoys_reason_and_the_last_good_keep
     assert_eq!(nack.version, f.served().clusters.version);
     assert_eq!(state.acked_version, Some(good_version.clone()));
     assert_eq!(f.via_inbound("app_ns_good_8080", "/").await.0, 200);
-    assert!(!f.envoy.cluster_names().unwrap().contains(&"app_ns_bad_8080".to_owned()));
+    assert!(!f.envoy().cluster_names().unwrap().contains(&"app_ns_bad_8080".to_owned()));
 
     // 2. Two clusters with one name.
     f.push_raw(Resources::from_protos(vec![good.clone(), good.clone()], vec![]));
-    assert!(f.tracker.wait_for(WAIT, |t| t.nack_count("node-e", CLUSTER_TYPE_URL) == 2).await);
-    let nack = f.tracker.get("node-e", CLUSTER_TYPE_URL).last_nack.unwrap();
+    assert!(f.tracker().wait_for(WAIT, |t| t.nack_count("node-e", CLUSTER_TYPE_URL) == 2).await);
+    let nack = f.tracker().get("node-e", CLUSTER_TYPE_URL).last_nack.unwrap();
     eprintln!("NACK 2: {nack:?}");
     assert!(nack.message.contains("duplicate cluster app_ns_good_8080"), "{nack:?}");
     assert_eq!(f.via_inbound("app_ns_good_8080", "/").await.0, 200);
@@ -515,30 +254,13 @@ async fn an_invalid_resource_is_nacked_with_envoys_reason_and_the_last_good_keep
     // 3. Back to valid: ACKed again, NACK history kept.
     f.push_raw(Resources::from_protos(vec![good], vec![]));
     f.wait_acked().await;
-    assert_eq!(f.tracker.nack_count("node-e", CLUSTER_TYPE_URL), 2);
-}
-
-/// The metrics as Prometheus text.
-fn exposition(m: &XdsMetrics) -> String {
-    let mut registry = prometheus_client::registry::Registry::default();
-    m.register(&mut registry);
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-    out
-}
-
-/// The value of the sample `name{labels}` (labels as written, e.g. `{type="cluster"}`).
-fn sample(m: &XdsMetrics, series: &str) -> f64 {
-    let text = exposition(m);
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("no sample {series} in\n{text}"))
+    assert_eq!(f.tracker().nack_count("node-e", CLUSTER_TYPE_URL), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_pushes_acks_and_nacks_and_time_each_change_to_its_ack() {
-    let f = Fixture::with_snapshot("node-m", Snapshot::default()).await;
-    let m = f.metrics.clone();
+    let f = sotw("node-m").snapshot(Snapshot::default()).await;
+    let m = f.metrics().clone();
     let (pushes, acks) = (
         sample(&m, "aether_xds_pushes_total{type=\"cluster\"}"),
         sample(&m, "aether_xds_acks_total{type=\"cluster\"}"),
@@ -568,17 +290,17 @@ async fn metrics_count_pushes_acks_and_nacks_and_time_each_change_to_its_ack() {
     assert_eq!(m.clock.pending(), 0);
 
     // NACKs: a server fed a duplicate cluster name.
-    let r = Fixture::with_resources("node-mn", Resources::default()).await;
-    let dup = render_cluster(&pipe_cluster("app_ns_dup_8080", &socket, None), &test_options(r.dir.path())).unwrap();
+    let r = sotw("node-mn").raw(|_| Resources::default()).await;
+    let dup = render_cluster(&pipe_cluster("app_ns_dup_8080", &socket, None), &r.opts).unwrap();
     r.push_raw(Resources::from_protos(vec![dup.clone(), dup], vec![]));
-    assert!(r.tracker.wait_for(WAIT, |t| t.nack_count("node-mn", CLUSTER_TYPE_URL) == 1).await);
-    assert_eq!(sample(&r.metrics, "aether_xds_nacks_total{type=\"cluster\"}"), 1.0);
-    assert_eq!(sample(&r.metrics, "aether_xds_change_to_ack_seconds_count"), 0.0, "nothing stamped, nothing observed");
+    assert!(r.tracker().wait_for(WAIT, |t| t.nack_count("node-mn", CLUSTER_TYPE_URL) == 1).await);
+    assert_eq!(sample(r.metrics(), "aether_xds_nacks_total{type=\"cluster\"}"), 1.0);
+    assert_eq!(sample(r.metrics(), "aether_xds_change_to_ack_seconds_count"), 0.0, "nothing stamped, nothing observed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_upstreams_get_h2_for_traffic_and_health_checks() {
-    let f = Fixture::with_snapshot("node-h2", Snapshot::default()).await;
+    let f = sotw("node-h2").snapshot(Snapshot::default()).await;
     let socket = pod_socket(&f, "uid-h2", "grpc.sock");
     let _echo = start_h2_only_echo(&socket, "echo-h2");
     let mut app = pipe_cluster("app_ns_h2_9090", &socket, None);
@@ -601,7 +323,11 @@ async fn http2_upstreams_get_h2_for_traffic_and_health_checks() {
     snapshot.health_clusters.push("health_ns_h1".to_owned());
     f.push(snapshot);
     f.wait_acked().await;
-    tokio::time::sleep(Duration::from_millis(900)).await; // three check intervals
+    // Three check intervals: Envoy has checked the new cluster three times.
+    f.eventually("three checks of health_ns_h1", true, || async {
+        f.stat("cluster.health_ns_h1.health_check.attempt") >= 3
+    })
+    .await;
     assert_eq!(f.gateway("/healthz/health_ns_h1").await, 503);
     assert_eq!(f.gateway("/healthz/health_ns_h2").await, 200);
 }
@@ -623,11 +349,12 @@ async fn start_grpc_health(socket: &Path) -> tonic_health::server::HealthReporte
 async fn grpc_check_via(f: &Fixture, cluster: &'static str, service: &str) -> Result<i32, tonic::Status> {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", f.inbound))
-        .unwrap()
-        .connect()
-        .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", f.envoy().inbound_port().unwrap()))
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     let mut client = HealthClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
         req.metadata_mut().insert("x-aether-cluster", cluster.parse().unwrap());
         Ok(req)
@@ -644,7 +371,7 @@ async fn grpc_check_via(f: &Fixture, cluster: &'static str, service: &str) -> Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_server_is_promoted_by_the_grpc_health_check_and_demoted_when_not_serving() {
     use tonic_health::ServingStatus;
-    let f = Fixture::with_snapshot("node-grpc", Snapshot::default()).await;
+    let f = sotw("node-grpc").snapshot(Snapshot::default()).await;
     let socket = pod_socket(&f, "uid-grpc", "grpc.sock");
     let reporter = start_grpc_health(&socket).await;
     let mut app = pipe_cluster("app_ns_grpc_9090", &socket, None);
@@ -690,7 +417,7 @@ fn a_grpc_check_without_http2_is_not_rendered() {
 /// whole pod identity in the label (the stat name writes the dots as `~`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dotted_pod_name_keeps_envoys_metric_names_and_its_whole_identity_in_the_label() {
-    let f = Fixture::with_snapshot("node-dots", Snapshot::default()).await;
+    let f = sotw("node-dots").snapshot(Snapshot::default()).await;
     let socket = pod_socket(&f, "uid-dots", "app.sock");
     let _echo = start_echo(&socket, "echo-dots");
     f.push(Snapshot {
@@ -704,7 +431,7 @@ async fn a_dotted_pod_name_keeps_envoys_metric_names_and_its_whole_identity_in_t
     f.wait_acked().await;
     let (status, body) = f.via_inbound("app_ns_api.v2-7d9_8080", "/hello").await;
     assert_eq!((status, body.as_str()), (200, "echo-dots HTTP/1.1 GET /hello"));
-    let (_, prom) = f.envoy.admin_get("/stats/prometheus").unwrap();
+    let (_, prom) = f.envoy().admin_get("/stats/prometheus").unwrap();
     let want = r#"envoy_cluster_upstream_rq_total{envoy_cluster_name="app_ns_api~v2-7d9_8080"} 1"#;
     assert!(prom.lines().any(|l| l == want), "{want} missing from /stats/prometheus");
     let leaked: Vec<&str> = prom
@@ -748,7 +475,7 @@ async fn a_tcp_cluster_with_netns_connects_to_loopback_inside_the_pods_namespace
             .spawn()
             .expect("python3 http.server in the netns"),
     );
-    let f = Fixture::with_snapshot("node-ns", Snapshot::default()).await;
+    let f = sotw("node-ns").snapshot(Snapshot::default()).await;
     let tcp = |netns: Option<String>| Endpoint::Tcp { address: "127.0.0.1".parse().unwrap(), port: 18080, netns };
     f.push(Snapshot {
         clusters: vec![
@@ -774,7 +501,7 @@ async fn a_tcp_cluster_with_netns_connects_to_loopback_inside_the_pods_namespace
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_keeps_serving_while_the_agent_restarts_and_gets_the_same_version_back() {
-    let mut f = Fixture::with_snapshot("node-r", Snapshot::default()).await;
+    let mut f = sotw("node-r").snapshot(Snapshot::default()).await;
     let socket = pod_socket(&f, "uid-r", "app.sock");
     let _echo = start_echo(&socket, "echo-r");
     f.push(Snapshot {
@@ -783,14 +510,14 @@ async fn envoy_keeps_serving_while_the_agent_restarts_and_gets_the_same_version_
         ..Default::default()
     });
     f.wait_acked().await;
-    let before = f.tracker.acked_version("node-r", CLUSTER_TYPE_URL).unwrap();
+    let before = f.tracker().acked_version("node-r", CLUSTER_TYPE_URL).unwrap();
 
     // Shutdown ends the open ADS stream, so the server returns promptly and removes its socket.
     let (took, drained) = f.stop_server().await;
     assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
     assert_eq!(drained, Drained { left_open: 1 }, "no shutdown wait: the server ended Envoy's stream itself");
     assert!(!f.path("xds.sock").exists());
-    assert_eq!(f.tracker.connected_total(), 0);
+    assert_eq!(f.tracker().connected_total(), 0);
     // Envoy keeps its last config with the control plane gone.
     assert_eq!(f.via_inbound("app_ns_r_8080", "/still").await.0, 200);
 
@@ -798,8 +525,8 @@ async fn envoy_keeps_serving_while_the_agent_restarts_and_gets_the_same_version_
     // same version; Envoy reconnects by itself and ACKs it.
     f.restart_server().await;
     f.wait_acked().await;
-    assert_eq!(f.tracker.acked_version("node-r", CLUSTER_TYPE_URL), Some(before));
-    assert_eq!(f.tracker.nack_count("node-r", CLUSTER_TYPE_URL), 0);
+    assert_eq!(f.tracker().acked_version("node-r", CLUSTER_TYPE_URL), Some(before));
+    assert_eq!(f.tracker().nack_count("node-r", CLUSTER_TYPE_URL), 0);
     assert_eq!(f.via_inbound("app_ns_r_8080", "/again").await.0, 200);
 }
 
@@ -816,7 +543,7 @@ fn inbound_listener(name: &str, netns: &Netns, port: u16, cluster: &str) -> aeth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inbound_listener_in_the_pods_netns_delivers_a_clients_request_to_the_apps_socket() {
     let pod = netns_with_lo("inb");
-    let f = Fixture::with_snapshot("node-in", Snapshot::default()).await;
+    let f = sotw("node-in").snapshot(Snapshot::default()).await;
     let socket = pod_socket(&f, "uid-in", "app.sock");
     let _echo = start_echo(&socket, "uds-app");
     // Nothing listens on the port inside the pod before the listener exists.
@@ -884,7 +611,7 @@ async fn a_port_the_app_already_holds_fails_only_its_listener_and_config_dump_na
         assert!(Instant::now() < deadline, "the app in the busy pod never listened");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let f = Fixture::with_snapshot("node-busy", Snapshot::default()).await;
+    let f = sotw("node-busy").snapshot(Snapshot::default()).await;
     let socket = pod_socket(&f, "uid-ok", "app.sock");
     let _echo = start_echo(&socket, "uds-ok");
     f.push(Snapshot {
@@ -896,10 +623,10 @@ async fn a_port_the_app_already_holds_fails_only_its_listener_and_config_dump_na
         health_clusters: vec![],
     });
     assert!(
-        f.tracker.wait_for(WAIT, |t| t.nack_count("node-busy", LISTENER_TYPE_URL) >= 1).await,
+        f.tracker().wait_for(WAIT, |t| t.nack_count("node-busy", LISTENER_TYPE_URL) >= 1).await,
         "no LDS NACK: {:?}\n{}",
-        f.tracker.get("node-busy", LISTENER_TYPE_URL),
-        f.envoy.log_tail()
+        f.tracker().get("node-busy", LISTENER_TYPE_URL),
+        f.envoy().log_tail()
     );
     // The other pod's listener was applied and serves.
     f.eventually("the healthy pod's listener serves", Ok("uds-ok HTTP/1.1 GET /x".to_owned()), || async {
@@ -909,7 +636,7 @@ async fn a_port_the_app_already_holds_fails_only_its_listener_and_config_dump_na
     // The app keeps its port: Envoy did not bind beside it.
     assert!(busy_pod.get(8081, "/").is_ok());
     // The agent's reading of Envoy's structured state names exactly the failed listener.
-    let dump = f.envoy.admin_json("/config_dump?resource=dynamic_listeners").unwrap();
+    let dump = f.envoy().admin_json("/config_dump?resource=dynamic_listeners").unwrap();
     let failed = failed_inbound(&dump);
     assert_eq!(failed.len(), 1, "{dump:#}");
     assert_eq!((failed[0].namespace.as_str(), failed[0].pod.as_str(), failed[0].port), ("ns", "busy", 8081));
@@ -936,7 +663,7 @@ fn listeners_draining(envoy: &Envoy) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removed_inbound_listeners_drain_for_the_drain_time_and_then_are_gone() {
     let pod = netns_with_lo("drn");
-    let f = Fixture::with_snapshot_envoy("node-drn", Snapshot::default(), Duration::from_millis(50), Some(2)).await;
+    let f = sotw("node-drn").drain_time(2).snapshot(Snapshot::default()).await;
     let socket = pod_socket(&f, "uid-drn", "app.sock");
     let _echo = start_echo(&socket, "drn");
     // Churn for three drain times (2 s): each round serves the pod on another port, so LDS removes
@@ -956,7 +683,7 @@ async fn removed_inbound_listeners_drain_for_the_drain_time_and_then_are_gone() 
         if port > 8100 {
             removed_at.push(std::time::Instant::now());
         }
-        let draining = listeners_draining(&f.envoy);
+        let draining = listeners_draining(f.envoy());
         // Removed within the last drain time, plus one for a removal at the window's edge.
         let recent = removed_at.iter().filter(|t| t.elapsed() <= drain).count() as u64 + 1;
         assert!(draining <= recent, "{draining} listeners draining, only {recent} removed in the last {drain:?}");
@@ -969,6 +696,6 @@ async fn removed_inbound_listeners_drain_for_the_drain_time_and_then_are_gone() 
     let total = removed_at.len() + 1;
     eprintln!("{total} listeners removed over {:?}; at most {most} draining at once", started.elapsed());
     assert!(most >= 1 && (most as usize) < total / 2, "draining stays bounded: at most {most} of {total}");
-    f.eventually("every removed listener gone after the drain time", 0, || async { listeners_draining(&f.envoy) })
+    f.eventually("every removed listener gone after the drain time", 0, || async { listeners_draining(f.envoy()) })
         .await;
 }

@@ -4,21 +4,42 @@
 //! with a message when the webhook configuration does not exist yet (pre-install).
 //! `aether-webhook-certs cleanup` (the post-delete Job) deletes the Secret bootstrap created,
 //! with no more RBAC than `get` + `delete` on it, and leaves a Secret of that name it did not.
+//!
+//! The tests share one control plane ([`ControlPlane::shared`]) and run side by side: each has
+//! its own namespace and its own webhook configuration ([`Case`]).
 
 use std::process::Command;
 
 use aether_tests::{ControlPlane, workspace_bin};
 use anyhow::{Context, ensure};
 
-const NS: &str = "aether-system";
 const SECRET: &str = "aether-webhook-tls";
-const VWC: &str = "aether-certs-e2e";
 
-fn bootstrap(cp: &ControlPlane) -> anyhow::Result<String> {
+/// One test's objects on the shared control plane: its namespace (the Secret, the cleanup
+/// Role) and its webhook configuration (cluster-scoped), named after the test, so tests running
+/// side by side never touch each other's.
+struct Case {
+    cp: &'static ControlPlane,
+    /// The namespace, `certs-<tag>` (created).
+    ns: String,
+    /// The ValidatingWebhookConfiguration's name, `aether-certs-e2e-<tag>` (not created).
+    vwc: String,
+}
+
+impl Case {
+    fn new(tag: &str) -> anyhow::Result<Case> {
+        let case =
+            Case { cp: ControlPlane::shared()?, ns: format!("certs-{tag}"), vwc: format!("aether-certs-e2e-{tag}") };
+        case.cp.kubectl_ok(&["create", "namespace", &case.ns])?;
+        Ok(case)
+    }
+}
+
+fn bootstrap(c: &Case) -> anyhow::Result<String> {
     let out = Command::new(workspace_bin("aether-webhook-certs")?)
-        .args(["bootstrap", "--namespace", NS, "--secret-name", SECRET, "--service-name", "aether-webhook"])
-        .args(["--webhook-config-name", VWC, "--validity-days", "365"])
-        .env("KUBECONFIG", cp.kubeconfig())
+        .args(["bootstrap", "--namespace", &c.ns, "--secret-name", SECRET, "--service-name", "aether-webhook"])
+        .args(["--webhook-config-name", &c.vwc, "--validity-days", "365"])
+        .env("KUBECONFIG", c.cp.kubeconfig())
         .output()
         .context("running aether-webhook-certs")?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -27,17 +48,18 @@ fn bootstrap(cp: &ControlPlane) -> anyhow::Result<String> {
 }
 
 /// (resourceVersion, tls.crt, ca.crt) of the Secret, base64 as stored.
-fn secret(cp: &ControlPlane) -> anyhow::Result<(String, String, String)> {
-    let get = |path: &str| cp.kubectl_ok(&["get", "secret", "-n", NS, SECRET, "-o", &format!("jsonpath={{{path}}}")]);
+fn secret(c: &Case) -> anyhow::Result<(String, String, String)> {
+    let get =
+        |path: &str| c.cp.kubectl_ok(&["get", "secret", "-n", &c.ns, SECRET, "-o", &format!("jsonpath={{{path}}}")]);
     Ok((get(".metadata.resourceVersion")?, get(".data.tls\\.crt")?, get(".data.ca\\.crt")?))
 }
 
 /// `caBundle` of each webhook of the configuration (base64).
-fn ca_bundles(cp: &ControlPlane) -> anyhow::Result<Vec<String>> {
-    let out = cp.kubectl_ok(&[
+fn ca_bundles(c: &Case) -> anyhow::Result<Vec<String>> {
+    let out = c.cp.kubectl_ok(&[
         "get",
         "validatingwebhookconfiguration",
-        VWC,
+        &c.vwc,
         "-o",
         "jsonpath={range .webhooks[*]}{.clientConfig.caBundle}{\"\\n\"}{end}",
     ])?;
@@ -45,11 +67,11 @@ fn ca_bundles(cp: &ControlPlane) -> anyhow::Result<Vec<String>> {
 }
 
 /// `kubectl replace` (a full re-render, as an upgrade writes the object from its template).
-fn replace(cp: &ControlPlane, yaml: &str) -> anyhow::Result<()> {
+fn replace(c: &Case, yaml: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let f = dir.path().join("vwc.yaml");
     std::fs::write(&f, yaml)?;
-    cp.kubectl_ok(&["replace".as_ref(), "-f".as_ref(), f.as_os_str()])?;
+    c.cp.kubectl_ok(&["replace".as_ref(), "-f".as_ref(), f.as_os_str()])?;
     Ok(())
 }
 
@@ -69,7 +91,7 @@ fn base64(bytes: &[u8]) -> String {
     out
 }
 
-fn webhook_config(ca_bundle: &str) -> String {
+fn webhook_config(c: &Case, ca_bundle: &str) -> String {
     // Two webhooks on a group nothing uses, so the configuration never sits in anyone's way.
     let hook = |name: &str| {
         format!(
@@ -77,14 +99,15 @@ fn webhook_config(ca_bundle: &str) -> String {
         )
     };
     format!(
-        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata:\n  name: {VWC}\nwebhooks:\n{}{}",
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata:\n  name: {}\nwebhooks:\n{}{}",
+        c.vwc,
         hook("one.certs.aether.io"),
         hook("two.certs.aether.io")
     )
 }
 
-fn assert_bundles_match(cp: &ControlPlane, ca: &str) -> anyhow::Result<()> {
-    let bundles = ca_bundles(cp)?;
+fn assert_bundles_match(c: &Case, ca: &str) -> anyhow::Result<()> {
+    let bundles = ca_bundles(c)?;
     ensure!(bundles.len() == 2, "expected two webhooks, got {bundles:?}");
     ensure!(bundles.iter().all(|b| b == ca), "caBundle {bundles:?} != the Secret's ca.crt {ca}");
     Ok(())
@@ -92,50 +115,50 @@ fn assert_bundles_match(cp: &ControlPlane, ca: &str) -> anyhow::Result<()> {
 
 #[test]
 fn bootstrap_twice_creates_the_secret_once_and_keeps_ca_bundle_matching() -> anyhow::Result<()> {
-    let cp = ControlPlane::start()?;
-    cp.kubectl_ok(&["create", "namespace", NS])?;
-    cp.apply(&webhook_config(""))?;
-    ensure!(ca_bundles(&cp)?.iter().all(String::is_empty), "starts with an empty caBundle");
+    let c = Case::new("twice")?;
+    let (cp, ns) = (c.cp, c.ns.as_str());
+    cp.apply(&webhook_config(&c, ""))?;
+    ensure!(ca_bundles(&c)?.iter().all(String::is_empty), "starts with an empty caBundle");
 
-    let first = bootstrap(&cp)?;
+    let first = bootstrap(&c)?;
     ensure!(first.contains("created"), "first run: {first}");
     ensure!(first.contains("caBundle set on 2 webhook(s)"), "first run: {first}");
-    let (rv1, crt1, ca1) = secret(&cp)?;
+    let (rv1, crt1, ca1) = secret(&c)?;
     ensure!(!ca1.is_empty() && !crt1.is_empty());
-    assert_bundles_match(&cp, &ca1)?;
-    let ty = cp.kubectl_ok(&["get", "secret", "-n", NS, SECRET, "-o", "jsonpath={.type}"])?;
+    assert_bundles_match(&c, &ca1)?;
+    let ty = cp.kubectl_ok(&["get", "secret", "-n", ns, SECRET, "-o", "jsonpath={.type}"])?;
     ensure!(ty == "kubernetes.io/tls", "Secret type {ty}");
 
     // The upgrade: the Job runs again and finds everything in place.
-    let second = bootstrap(&cp)?;
+    let second = bootstrap(&c)?;
     ensure!(second.contains("reused"), "second run: {second}");
     ensure!(second.contains("already equals"), "second run: {second}");
-    let (rv2, crt2, ca2) = secret(&cp)?;
+    let (rv2, crt2, ca2) = secret(&c)?;
     ensure!(rv1 == rv2 && crt1 == crt2 && ca1 == ca2, "the second run must not rewrite the Secret");
-    assert_bundles_match(&cp, &ca2)?;
+    assert_bundles_match(&c, &ca2)?;
 
     // An upgrade re-renders the configuration from its template (here: a stale CA); the
     // post-upgrade run puts the Secret's CA back without touching the Secret.
     let stale = aether_webhook_certs::mint(&["stale.example".to_owned()])?;
-    replace(&cp, &webhook_config(&base64(stale.ca_pem.as_bytes())))?;
-    ensure!(ca_bundles(&cp)?.iter().all(|b| *b != ca1), "the re-render replaced caBundle");
-    let third = bootstrap(&cp)?;
+    replace(&c, &webhook_config(&c, &base64(stale.ca_pem.as_bytes())))?;
+    ensure!(ca_bundles(&c)?.iter().all(|b| *b != ca1), "the re-render replaced caBundle");
+    let third = bootstrap(&c)?;
     ensure!(third.contains("reused") && third.contains("caBundle set on 2"), "third run: {third}");
-    ensure!(secret(&cp)?.0 == rv1, "the Secret is still the first one");
-    assert_bundles_match(&cp, &ca1)?;
+    ensure!(secret(&c)?.0 == rv1, "the Secret is still the first one");
+    assert_bundles_match(&c, &ca1)?;
 
     // A pre-install run: no configuration yet. It succeeds and says so.
-    cp.kubectl_ok(&["delete", "validatingwebhookconfiguration", VWC])?;
-    let pre = bootstrap(&cp)?;
+    cp.kubectl_ok(&["delete", "validatingwebhookconfiguration", &c.vwc])?;
+    let pre = bootstrap(&c)?;
     ensure!(pre.contains("does not exist yet"), "pre-install run: {pre}");
-    ensure!(secret(&cp)?.0 == rv1);
+    ensure!(secret(&c)?.0 == rv1);
     Ok(())
 }
 
 #[test]
 fn bootstrap_re_mints_a_secret_that_lacks_a_service_name() -> anyhow::Result<()> {
-    let cp = ControlPlane::start()?;
-    cp.kubectl_ok(&["create", "namespace", NS])?;
+    let c = Case::new("remint")?;
+    let (cp, ns) = (c.cp, c.ns.as_str());
     let dir = tempfile::tempdir()?;
     // A certificate for another Service's names only.
     let stale = aether_webhook_certs::mint(&["other.aether-system.svc".to_owned()])?;
@@ -147,54 +170,54 @@ fn bootstrap_re_mints_a_secret_that_lacks_a_service_name() -> anyhow::Result<()>
         "generic",
         SECRET,
         "-n",
-        NS,
+        ns,
         "--type=kubernetes.io/tls",
         &format!("--from-file=tls.crt={}", p("tls.crt")),
         &format!("--from-file=tls.key={}", p("tls.key")),
         &format!("--from-file=ca.crt={}", p("ca.crt")),
     ])?;
-    cp.apply(&webhook_config(""))?;
-    let out = bootstrap(&cp)?;
-    ensure!(out.contains("re-minted") && out.contains("aether-webhook.aether-system.svc"), "run: {out}");
-    let (_, _, ca) = secret(&cp)?;
-    assert_bundles_match(&cp, &ca)?;
-    ensure!(bootstrap(&cp)?.contains("reused"));
+    cp.apply(&webhook_config(&c, ""))?;
+    let out = bootstrap(&c)?;
+    ensure!(out.contains("re-minted") && out.contains(&format!("aether-webhook.{ns}.svc")), "run: {out}");
+    let (_, _, ca) = secret(&c)?;
+    assert_bundles_match(&c, &ca)?;
+    ensure!(bootstrap(&c)?.contains("reused"));
     Ok(())
 }
 
-/// Runs `cleanup` with `kubeconfig`, whatever its exit code.
-fn cleanup_with(kubeconfig: &std::path::Path) -> anyhow::Result<std::process::Output> {
+/// Runs `cleanup` in namespace `ns` with `kubeconfig`, whatever its exit code.
+fn cleanup_with(ns: &str, kubeconfig: &std::path::Path) -> anyhow::Result<std::process::Output> {
     Command::new(workspace_bin("aether-webhook-certs")?)
-        .args(["cleanup", "--namespace", NS, "--secret-name", SECRET])
+        .args(["cleanup", "--namespace", ns, "--secret-name", SECRET])
         .env("KUBECONFIG", kubeconfig)
         .output()
         .context("running aether-webhook-certs cleanup")
 }
 
 /// `cleanup` as admin; must succeed; its stdout.
-fn cleanup(cp: &ControlPlane) -> anyhow::Result<String> {
-    let out = cleanup_with(&cp.kubeconfig())?;
+fn cleanup(c: &Case) -> anyhow::Result<String> {
+    let out = cleanup_with(&c.ns, &c.cp.kubeconfig())?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     ensure!(out.status.success(), "cleanup failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     Ok(stdout)
 }
 
-fn secret_exists(cp: &ControlPlane) -> anyhow::Result<bool> {
-    let out = cp.kubectl(&["get", "secret", "-n", NS, SECRET, "--ignore-not-found", "-o", "name"])?;
+fn secret_exists(c: &Case) -> anyhow::Result<bool> {
+    let out = c.cp.kubectl(&["get", "secret", "-n", &c.ns, SECRET, "--ignore-not-found", "-o", "name"])?;
     ensure!(out.status.success(), "kubectl get secret: {}", String::from_utf8_lossy(&out.stderr));
     Ok(!String::from_utf8_lossy(&out.stdout).trim().is_empty())
 }
 
 #[test]
 fn cleanup_deletes_the_secret_bootstrap_created_with_get_and_delete_only() -> anyhow::Result<()> {
-    let cp = ControlPlane::start()?;
-    cp.kubectl_ok(&["create", "namespace", NS])?;
-    bootstrap(&cp)?;
+    let c = Case::new("cleanup")?;
+    let (cp, ns) = (c.cp, c.ns.as_str());
+    bootstrap(&c)?;
     let label = cp.kubectl_ok(&[
         "get",
         "secret",
         "-n",
-        NS,
+        ns,
         SECRET,
         "-o",
         "jsonpath={.metadata.labels.app\\.kubernetes\\.io/managed-by}",
@@ -204,10 +227,10 @@ fn cleanup_deletes_the_secret_bootstrap_created_with_get_and_delete_only() -> an
     // The post-delete Job's ServiceAccount (impersonated), first with get only: the delete is
     // refused, the Job fails naming the Secret and the cause, and the Secret stays.
     let sa = "certs-cleanup";
-    cp.kubectl_ok(&["create", "serviceaccount", "-n", NS, sa])?;
+    cp.kubectl_ok(&["create", "serviceaccount", "-n", ns, sa])?;
     let role = |verbs: &str| {
         format!(
-            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: {sa}, namespace: {NS}}}\nrules:\n- apiGroups: [\"\"]\n  resources: [secrets]\n  resourceNames: [{SECRET}]\n  verbs: [{verbs}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {sa}, namespace: {NS}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {sa}}}\nsubjects:\n- {{kind: ServiceAccount, name: {sa}, namespace: {NS}}}\n"
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: {sa}, namespace: {ns}}}\nrules:\n- apiGroups: [\"\"]\n  resources: [secrets]\n  resourceNames: [{SECRET}]\n  verbs: [{verbs}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {sa}, namespace: {ns}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {sa}}}\nsubjects:\n- {{kind: ServiceAccount, name: {sa}, namespace: {ns}}}\n"
         )
     };
     cp.apply(&role("get"))?;
@@ -217,27 +240,27 @@ fn cleanup_deletes_the_secret_bootstrap_created_with_get_and_delete_only() -> an
     ensure!(admin.contains("\n  user:\n"), "unexpected kubeconfig layout:\n{admin}");
     std::fs::write(
         &as_sa,
-        admin.replace("\n  user:\n", &format!("\n  user:\n    as: system:serviceaccount:{NS}:{sa}\n")),
+        admin.replace("\n  user:\n", &format!("\n  user:\n    as: system:serviceaccount:{ns}:{sa}\n")),
     )?;
     aether_tests::eventually("cleanup to fail on the delete", std::time::Duration::from_secs(30), || {
-        let out = cleanup_with(&as_sa)?;
+        let out = cleanup_with(ns, &as_sa)?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         ensure!(!out.status.success(), "cleanup with get only succeeded: {}", String::from_utf8_lossy(&out.stdout));
-        Ok(stderr.contains(&format!("deleting Secret {NS}/{SECRET}")) && stderr.contains("forbidden"))
+        Ok(stderr.contains(&format!("deleting Secret {ns}/{SECRET}")) && stderr.contains("forbidden"))
     })?;
-    ensure!(secret_exists(&cp)?, "a failed cleanup keeps the Secret");
+    ensure!(secret_exists(&c)?, "a failed cleanup keeps the Secret");
 
     // get + delete by resourceNames (the RBAC the module documents) is enough.
     cp.apply(&role("get, delete"))?;
     aether_tests::eventually("cleanup to delete the Secret", std::time::Duration::from_secs(30), || {
-        let out = cleanup_with(&as_sa)?;
+        let out = cleanup_with(ns, &as_sa)?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         Ok(out.status.success() && stdout.contains("deleted"))
     })?;
-    ensure!(!secret_exists(&cp)?, "cleanup deleted the Secret");
+    ensure!(!secret_exists(&c)?, "cleanup deleted the Secret");
 
     // The Job's retry (or a second uninstall) finds nothing to do.
-    let again = cleanup_with(&as_sa)?;
+    let again = cleanup_with(ns, &as_sa)?;
     let stdout = String::from_utf8_lossy(&again.stdout);
     ensure!(again.status.success() && stdout.contains("nothing to do"), "second cleanup: {stdout}");
     Ok(())
@@ -245,8 +268,8 @@ fn cleanup_deletes_the_secret_bootstrap_created_with_get_and_delete_only() -> an
 
 #[test]
 fn cleanup_leaves_a_foreign_secret_of_the_same_name() -> anyhow::Result<()> {
-    let cp = ControlPlane::start()?;
-    cp.kubectl_ok(&["create", "namespace", NS])?;
+    let c = Case::new("foreign")?;
+    let (cp, ns) = (c.cp, c.ns.as_str());
     // The user's own Secret under the name (no label), with a certificate for other names.
     let dir = tempfile::tempdir()?;
     let theirs = aether_webhook_certs::mint(&["other.aether-system.svc".to_owned()])?;
@@ -258,19 +281,19 @@ fn cleanup_leaves_a_foreign_secret_of_the_same_name() -> anyhow::Result<()> {
         "tls",
         SECRET,
         "-n",
-        NS,
+        ns,
         &format!("--cert={}", p("tls.crt")),
         &format!("--key={}", p("tls.key")),
     ])?;
-    let rv = secret(&cp)?.0;
-    let out = cleanup(&cp)?;
+    let rv = secret(&c)?.0;
+    let out = cleanup(&c)?;
     ensure!(out.contains("not ours, left in place"), "cleanup: {out}");
-    ensure!(secret(&cp)?.0 == rv, "cleanup left the foreign Secret untouched");
+    ensure!(secret(&c)?.0 == rv, "cleanup left the foreign Secret untouched");
 
     // Bootstrap re-mints it (it lacks the Service names) but does not claim it: still left.
-    ensure!(bootstrap(&cp)?.contains("re-minted"));
-    let out = cleanup(&cp)?;
+    ensure!(bootstrap(&c)?.contains("re-minted"));
+    let out = cleanup(&c)?;
     ensure!(out.contains("not ours, left in place"), "cleanup after bootstrap: {out}");
-    ensure!(secret_exists(&cp)?, "the re-minted foreign Secret survives cleanup");
+    ensure!(secret_exists(&c)?, "the re-minted foreign Secret survives cleanup");
     Ok(())
 }

@@ -2,6 +2,10 @@
 //! rendered objects, the schema refusing bad values, the RBAC report against `docs/rbac.md`, the
 //! per-version content digests, and the rendered chart applied to a real kube-apiserver with
 //! `kubectl auth can-i` checks per ServiceAccount.
+//!
+//! The tests that need an API server share one ([`ControlPlane::shared`]): the NOTES tests only
+//! render (`helm install --dry-run=client`), so the chart the RBAC test applies cannot disturb
+//! them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -963,7 +967,7 @@ fn schema_max_mount_path_is_the_longest_pods_dir_with_a_budget() {
 /// rendered by `helm install --dry-run` only, which needs an API server to talk to.
 #[test]
 fn notes_show_the_budget_the_contract_crate_computes() {
-    let cp = ControlPlane::start().expect("control plane");
+    let cp = ControlPlane::shared().expect("control plane");
     let longest = mount_path_of(MAX_PODS_DIR_BYTES);
     for mount in [DEFAULT_PODS_DIR, "/k", "/var/lib/k0s/kubelet/pods", longest.as_str()] {
         let out = Command::new(helm())
@@ -1002,7 +1006,7 @@ fn notes_show_the_budget_the_contract_crate_computes() {
 /// one replica that no PodDisruptionBudget protects it.
 #[test]
 fn notes_show_the_replica_count() {
-    let cp = ControlPlane::start().expect("control plane");
+    let cp = ControlPlane::shared().expect("control plane");
     for (replicas, count) in [(1, "1 replica)"), (2, "2 replicas)"), (3, "3 replicas)")] {
         let out = Command::new(helm())
             .args(["install", RELEASE])
@@ -1348,10 +1352,10 @@ fn apply_rendered(cp: &ControlPlane, dir: &Path, file: &str, text: &str, dry_run
 
 #[test]
 fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege() {
-    let cp = ControlPlane::start().expect("control plane");
+    let cp = ControlPlane::shared().expect("control plane");
     let tmp = tempfile::tempdir().expect("tempdir");
     let crds = try_render_text("aether-crds", &[]).expect("render aether-crds");
-    apply_rendered(&cp, tmp.path(), "crds.yaml", &crds, false);
+    apply_rendered(cp, tmp.path(), "crds.yaml", &crds, false);
     cp.kubectl_ok(&["create", "namespace", NS]).expect("namespace");
     cp.kubectl_ok(&["wait", "--for=condition=Established", "crd/endpointpolicies.config.aether.io", "--timeout=60s"])
         .expect("CRD established");
@@ -1381,13 +1385,13 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
         // --skip-tests: a dry run creates no ServiceAccount, and the test Pod's admission needs
         // its account to exist (the startup check Job is admitted without one).
         let text = try_render_text_with("aether", sets, &["--skip-tests"]).expect("render");
-        apply_rendered(&cp, tmp.path(), file, &text, true);
+        apply_rendered(cp, tmp.path(), file, &text, true);
     }
     let skipped = try_render_text_with("aether", &[], &["--skip-tests"]).expect("render");
-    apply_rendered(&cp, tmp.path(), "defaults-skip-tests.yaml", &skipped, true);
+    apply_rendered(cp, tmp.path(), "defaults-skip-tests.yaml", &skipped, true);
     // Applied for real, in order: the test Pod's ServiceAccount exists before the Pod.
     let defaults = try_render_text("aether", &[]).expect("render");
-    apply_rendered(&cp, tmp.path(), "defaults.yaml", &defaults, false);
+    apply_rendered(cp, tmp.path(), "defaults.yaml", &defaults, false);
 
     let controller = "aether-controller";
     let yes: &[(&str, &[&str])] = &[
@@ -1470,12 +1474,12 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
     ];
     let mut wrong = Vec::new();
     for (sa, a) in yes {
-        if !can_i(&cp, sa, a) {
+        if !can_i(cp, sa, a) {
             wrong.push(format!("{sa} cannot {a:?}"));
         }
     }
     for (sa, a) in no {
-        if can_i(&cp, sa, a) {
+        if can_i(cp, sa, a) {
             wrong.push(format!("{sa} can {a:?}"));
         }
     }
@@ -1483,9 +1487,9 @@ fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege()
 
     // Turning UDS workloads off takes the agent's policy access away on upgrade.
     let off = try_render_text("aether", &["proxy.udsWorkloads.enabled=false"]).expect("render");
-    apply_rendered(&cp, tmp.path(), "uds-off.yaml", &off, false);
-    assert!(!can_i(&cp, "aether-node", &["list", "endpointpolicies.config.aether.io", "--all-namespaces"]));
-    assert!(can_i(&cp, "aether-node", &["list", "pods", "--all-namespaces"]));
+    apply_rendered(cp, tmp.path(), "uds-off.yaml", &off, false);
+    assert!(!can_i(cp, "aether-node", &["list", "endpointpolicies.config.aether.io", "--all-namespaces"]));
+    assert!(can_i(cp, "aether-node", &["list", "pods", "--all-namespaces"]));
 }
 
 /// The node pods run at system-node-critical with a ResourceQuota scoped to that class in the

@@ -146,6 +146,17 @@ impl Env {
         Ok(socket)
     }
 
+    /// Like [`Env::serve`], but the volume dir appears at once with the socket in it (bound in a
+    /// staging dir, then renamed into place): no socket watch was ever set on it.
+    fn serve_at_once(&self, uid: &str, volume: &str, file: &str, name: &str) -> anyhow::Result<PathBuf> {
+        let dir = self.volume_dir(uid, volume);
+        let staging = dir.with_file_name(format!(".{volume}-staging"));
+        let (child, _) = start_uds_echo(&staging, file, name, WAIT)?;
+        self.echos.lock().unwrap().push(child);
+        std::fs::rename(&staging, &dir).with_context(|| format!("renaming {} into place", staging.display()))?;
+        Ok(dir.join(file))
+    }
+
     fn policy(&self, name: &str, target: &str, socket: &str) -> anyhow::Result<()> {
         self.cp.apply(&policy(NS, name).target(target).socket(socket).manifest())
     }
@@ -215,6 +226,13 @@ impl Env {
 
     fn log_has(&self, what: &str) -> anyhow::Result<()> {
         eventually(&format!("the agent log to mention {what:?}"), WAIT, || Ok(self.agent_log().contains(what)))
+    }
+
+    /// Waits until one line of the agent log mentions both `pod` and `what`.
+    fn log_has_line(&self, pod: &str, what: &str) -> anyhow::Result<()> {
+        eventually(&format!("an agent log line on {pod} saying {what:?}"), WAIT, || {
+            Ok(self.agent_log().lines().any(|l| l.contains(pod) && l.contains(what)))
+        })
     }
 
     fn health(&self, cluster: &str) -> anyhow::Result<u16> {
@@ -288,8 +306,12 @@ fn c_annotation_precedence_over_policy(env: &Env) -> anyhow::Result<()> {
     env.wait_served("app_e2e_prec-1_8080", "prec-1")?;
     let uid2 = env.pod(NS, "prec-2", "prec", Some("../x.sock"))?;
     let sock2 = env.serve(&uid2, "s", "app.sock", "prec-2")?;
+    // The marker that the agent applied the policy change below: a pod of the same Service
+    // without an annotation moves to the policy's socket in the same decision.
+    let uid3 = env.pod(NS, "prec-3", "prec", None)?;
+    let sock3 = env.serve(&uid3, "s", "app.sock", "prec-3")?;
     env.policy("prec-pol", "prec", "s/app.sock")?;
-    std::thread::sleep(Duration::from_secs(2));
+    env.wait_pipe("app_e2e_prec-3_8080", &sock3).context("the policy change is in effect")?;
     env.wait_not_pipe("app_e2e_prec-2_8080").context("an invalid annotation must never fall back to the policy")?;
     env.cp.kubectl_ok(&["annotate", "pod", "-n", NS, "prec-2", "endpoint.aether.io/uds-socket-"])?;
     env.wait_pipe("app_e2e_prec-2_8080", &sock2).context("removing the annotation falls back to the policy")?;
@@ -345,7 +367,13 @@ fn g_symlinked_socket_or_volume_dir_is_refused(env: &Env) -> anyhow::Result<()> 
     // clean check) until the pod is re-created.
     std::fs::remove_file(dir.join("app.sock"))?;
     env.serve(&uid, "s", "app.sock", "sym-1")?;
-    std::thread::sleep(Duration::from_secs(3));
+    // The marker that the agent's periodic re-check has looked at every pod since: a pod whose
+    // volume dir appears only now, with its socket in it, out of the socket watch's reach (there
+    // was no dir to watch), so that only this re-check finds the socket and logs the pod delivered.
+    let sentinel = env.pod(NS, "sym-3", "sym", Some("s/app.sock"))?;
+    env.wait_pipe("app_e2e_sym-3_8080", &env.volume_dir(&sentinel, "s").join("app.sock"))?;
+    env.serve_at_once(&sentinel, "s", "app.sock", "sym-3")?;
+    env.log_has_line("e2e/sym-3", "delivering over the pod's Unix socket")?;
     env.wait_not_pipe("app_e2e_sym-1_8080").context("a link refusal sticks while the pod lives")?;
     // No kubelet here to confirm the termination: delete at once.
     env.cp.kubectl_ok(&["delete", "pod", "-n", NS, "sym-1", "--grace-period=0", "--force", "--wait=true"])?;

@@ -17,6 +17,7 @@
 //! (`make test` does).
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -96,6 +97,46 @@ impl ControlPlane {
             }
             bail!("control plane did not start (attempt {attempt}):\n{stderr}");
         }
+    }
+
+    /// The control plane shared by the tests of this test binary that call it: started by the
+    /// first caller (the others wait for it), then reused by every later one, for as long as the
+    /// binary runs. For tests that leave it as they found it for the others: each in its own
+    /// namespace, with cluster-scoped objects of its own names; a test that stops or
+    /// reconfigures the API server, or installs or deletes what others use (a CRD, a webhook
+    /// configuration), starts its own with [`ControlPlane::start`].
+    ///
+    /// A static is never dropped, so its processes are not stopped by [`Drop`]: a watcher process
+    /// (`sh`, in a process group of its own so Ctrl-C does not reach it) holds a pipe from this
+    /// process and, when the pipe closes (this process exits, however: normally, on a failed
+    /// test, on a signal), runs `controlplane.sh stop` and removes the state folder. The stop
+    /// therefore finishes shortly after the binary exits.
+    ///
+    /// # Errors
+    /// As [`ControlPlane::start`], or when the watcher cannot be started; a later call tries again.
+    pub fn shared() -> anyhow::Result<&'static ControlPlane> {
+        static SHARED: std::sync::Mutex<Option<&'static ControlPlane>> = std::sync::Mutex::new(None);
+        let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cp) = *slot {
+            return Ok(cp);
+        }
+        let cp = ControlPlane::start()?;
+        let watcher = Command::new("sh")
+            .args(["-c", r#"read -r _; "$0" stop "$1" >/dev/null 2>&1; rm -rf "$1""#])
+            .arg(&cp.script)
+            .arg(cp.dir.path())
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the shared control plane's watcher")?;
+        // Kept open (never written) until the process exits; then the watcher reads EOF.
+        std::mem::forget(watcher.stdin);
+        let cp: &'static ControlPlane = Box::leak(Box::new(cp));
+        eprintln!("control plane: shared by this binary's tests ({})", cp.dir().display());
+        *slot = Some(cp);
+        Ok(cp)
     }
 
     /// The admin kubeconfig.

@@ -4,6 +4,8 @@
 
 #![allow(dead_code, missing_docs, unused_imports)]
 
+pub mod ads;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -72,6 +74,20 @@ pub fn start_echo(socket: &Path, tag: &str) -> tokio::task::JoinHandle<()> {
 /// that speaks only h2.
 pub fn start_h2_only_echo(socket: &Path, tag: &str) -> tokio::task::JoinHandle<()> {
     echo_server(socket, tag, true)
+}
+
+/// A UDS HTTP echo server answering every request with 200 `<tag> <path>` (a stale socket file
+/// at `socket` is replaced). Binds a Unix socket only, never a TCP port.
+pub fn start_path_echo(socket: &Path, tag: &str) -> tokio::task::JoinHandle<()> {
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let _ = std::fs::remove_file(socket);
+    let listener = tokio::net::UnixListener::bind(socket).expect("bind echo socket");
+    let tag = tag.to_owned();
+    let app = axum::Router::new()
+        .fallback(move |req: axum::extract::Request| std::future::ready(format!("{tag} {}", req.uri().path())));
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    })
 }
 
 fn echo_server(socket: &Path, tag: &str, h2_only: bool) -> tokio::task::JoinHandle<()> {
