@@ -6,7 +6,7 @@ use aether_crds::udspath::{Budget, PodsDirError};
 
 /// `--max-clusters` when not set: the most `app_`/`health_` clusters the agent gives the node's
 /// Envoy (its static bootstrap clusters not counted). Chosen from `make bench` (section 5, "Envoy
-/// memory per cluster", tests/src/bin/aether-bench/proxy_memory.rs): Envoy 1.40 holds about
+/// memory per cluster", bench/src/proxy_memory.rs): Envoy 1.40 holds about
 /// 62 KiB of RSS per cluster with 1-2 workers and 82 KiB with 8, over a 65 MiB base, so 2,000
 /// clusters keep it under half the chart's 512 MiB limit (`proxy.resources.limits.memory`) up to
 /// 8 workers, leaving the rest for heap growth under churn and for connection buffers. That is 1,000
@@ -33,17 +33,17 @@ impl Settings {
 
     /// Settings from the node's [`Rules`] (built once at start-up) and the `--uds-workloads`
     /// switch. Rules without a usable budget are kept as they are: every pod is then delivered
-    /// over TCP with [`crate::TcpReason::BudgetConfig`] (field report F02); the binary also reports it
-    /// loudly at start-up.
+    /// over TCP with [`crate::TcpReason::BudgetConfig`] (so a node without a usable budget still
+    /// serves its pods); the binary also reports it loudly at start-up.
     pub fn with_rules(rules: Rules, uds_workloads: bool) -> Self {
         Settings { uds_workloads, rules, pin_dir: None, max_clusters: None }
     }
 
-    /// With a cap on the clusters the node's Envoy is given (`--max-clusters`, issue 14): pods
-    /// compete for it in the order of [`crate::admission`] and those past it are served no
-    /// clusters ([`crate::TcpReason::NodeClusterCap`]). `None` (the default of
-    /// [`Settings::new`], for tests, benches and the offline plan): no cap. The agent always
-    /// sets one ([`DEFAULT_MAX_CLUSTERS`] unless told otherwise).
+    /// With a cap on the clusters the node's Envoy is given (`--max-clusters`, so a crowded node
+    /// cannot grow Envoy past its memory limit): pods compete for it in the order of
+    /// [`crate::admission`] and those past it are served no clusters
+    /// ([`crate::TcpReason::NodeClusterCap`]). `None` (the default of [`Settings::new`], for tests,
+    /// benches and the offline plan): no cap. The agent always sets one ([`DEFAULT_MAX_CLUSTERS`] unless told otherwise).
     pub fn with_max_clusters(mut self, max: Option<usize>) -> Self {
         self.max_clusters = max;
         self
@@ -54,9 +54,9 @@ impl Settings {
         self.max_clusters
     }
 
-    /// With socket pinning (`--pin-dir`, issue 13): Envoy dials `<pin_dir>/<uid>.sock`
-    /// ([`crate::names::pin_path`]), on which the agent mounts the socket it verified, instead of
-    /// the pod's own path.
+    /// With socket pinning (`--pin-dir`, so a socket swapped after the check cannot redirect
+    /// traffic): Envoy dials `<pin_dir>/<uid>.sock` ([`crate::names::pin_path`]), on which the
+    /// agent mounts the socket it verified, instead of the pod's own path.
     pub fn with_pin_dir(mut self, pin_dir: Option<String>) -> Self {
         self.pin_dir = pin_dir;
         self
