@@ -17,6 +17,7 @@
 //! mounts the socket pins. So does `nodes` (section 7, [`cross_node`]): two real nodes.
 
 mod ads_client;
+mod ads_mode;
 mod continuity;
 mod cross_node;
 mod fleet;

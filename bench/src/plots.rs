@@ -11,7 +11,7 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
 use crate::Report;
-use crate::per_change::Mode;
+use crate::ads_mode::Mode;
 
 /// One node size × ADS mode of section 3e.
 pub(crate) struct ChangePoint {
