@@ -40,7 +40,7 @@ crds: ## Regenerate the chart's copy of the CRD from crds/src/policy.rs
 	$(CARGO) run -q -p aether-crds --bin crdgen -- --chart > $(CRD_CHART_COPY)
 
 chart-docs: ## Regenerate charts/*/README.md from values.yaml and values.schema.json (a test fails when they drift)
-	$(CARGO) run -q -p aether-tests --bin chart-readme
+	$(CARGO) run -q -p aether-chart-readme --bin chart-readme
 
 rbac-report: ## Print every verb/resource each ServiceAccount of charts/aether gets (docs/rbac.md is its output)
 	@python3 tests/harness/rbac-report.py

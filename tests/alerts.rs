@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use aether_chart_readme::github_anchor;
 use aether_tests::{repo_root, tools_bin};
 use serde_json::Value;
 
@@ -93,24 +94,9 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// GitHub's anchor of a Markdown heading: lower case, letters, digits, `-` and `_` kept, spaces
-/// made `-`, everything else (backticks, dots, quotes, ...) dropped.
-fn slug(heading: &str) -> String {
-    heading
-        .trim()
-        .to_lowercase()
-        .chars()
-        .filter_map(|c| match c {
-            ' ' => Some('-'),
-            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
-            _ => None,
-        })
-        .collect()
-}
-
 /// The anchors of a docs page's headings.
 fn anchors(page: &Path) -> BTreeSet<String> {
-    read(page).lines().filter(|l| l.starts_with('#')).map(|l| slug(l.trim_start_matches('#'))).collect()
+    read(page).lines().filter(|l| l.starts_with('#')).map(|l| github_anchor(l.trim_start_matches('#'))).collect()
 }
 
 /// The test files: (path, parsed), the docs URL put in.
@@ -301,8 +287,8 @@ fn promtool_accepts_the_rules_and_every_alert_fires_and_stays_quiet_in_its_tests
 
 #[test]
 fn slugs_are_github_s() {
-    assert_eq!(slug(" `AetherEnvoyNacks`"), "aetherenvoynacks");
-    assert_eq!(slug(" The agent's `/readyz`"), "the-agents-readyz");
-    assert_eq!(slug(" Troubleshooting: a watch that fails"), "troubleshooting-a-watch-that-fails");
-    assert_eq!(slug(" `aether_xds_nacks_total`"), "aether_xds_nacks_total");
+    assert_eq!(github_anchor(" `AetherEnvoyNacks`"), "aetherenvoynacks");
+    assert_eq!(github_anchor(" The agent's `/readyz`"), "the-agents-readyz");
+    assert_eq!(github_anchor(" Troubleshooting: a watch that fails"), "troubleshooting-a-watch-that-fails");
+    assert_eq!(github_anchor(" `aether_xds_nacks_total`"), "aether_xds_nacks_total");
 }

@@ -1,12 +1,10 @@
-//! The chart READMEs are generated (`make chart-docs`, `tests/src/bin/chart-readme`) from each
+//! The chart READMEs are generated (`make chart-docs`, `tools/chart-readme`) from each
 //! chart's `values.yaml` and `values.schema.json`: they must not drift from what the generator
 //! writes, and every value must have a schema description. No control plane needed.
 
-#[path = "src/bin/chart-readme/readme.rs"]
-#[allow(dead_code)]
-mod readme;
-
 use std::path::PathBuf;
+
+use aether_chart_readme as readme;
 
 fn chart_dir(name: &str) -> PathBuf {
     aether_tests::repo_root().join("charts").join(name)

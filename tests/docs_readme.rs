@@ -11,15 +11,11 @@
 //! The real-node suites run the same workload shape; `make demo` runs these very files. No
 //! control plane needed.
 
-// The generator's GitHub anchor rule, so the README check and the chart READMEs agree.
-#[path = "src/bin/chart-readme/readme.rs"]
-#[allow(dead_code)]
-mod readme;
-use readme::github_anchor;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+// The generator's GitHub anchor rule, so the README check and the chart READMEs agree.
+use aether_chart_readme::github_anchor;
 use aether_tests::repo_root;
 use serde::Deserialize;
 use serde_json::Value;

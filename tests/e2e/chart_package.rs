@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
+use aether_chart_readme::github_anchor;
 use aether_tests::{ControlPlane, repo_root, tools_bin};
 use pulldown_cmark::{Event, Parser, Tag, TagEnd};
 use serde_json::Value;
@@ -131,15 +132,7 @@ fn anchors(markdown: &str) -> BTreeSet<String> {
                 }
             }
             Event::End(TagEnd::Heading(_)) => {
-                let base: String = heading
-                    .take()
-                    .unwrap_or_default()
-                    .trim()
-                    .to_lowercase()
-                    .chars()
-                    .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
-                    .map(|c| if c == ' ' { '-' } else { c })
-                    .collect();
+                let base = github_anchor(&heading.take().unwrap_or_default());
                 let mut slug = base.clone();
                 let mut n = 0;
                 while out.contains(&slug) {

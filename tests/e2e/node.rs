@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use std::net::SocketAddr;
 
+use aether_crds::pod::{GRPC_HEALTH_SERVICE_ANNOTATION, PORTS_ANNOTATION};
+use aether_fixtures::{echo_app, policy};
 use aether_tests::continuity::{self, Load, Report};
 use aether_tests::node::{RealNode, aether_chart_args, privileged_label_command, release_namespace_command};
 use aether_tests::{Kubectl, eventually, http_get, repo_root, unix_get_status};
@@ -164,56 +166,6 @@ fn cluster_endpoint(clusters: &str, cluster: &str) -> Option<(String, String)> {
     })
 }
 
-/// A managed app pod running `uds-echo` on the socket `/<volume>/app.sock` (and, with `tcp`, a
-/// second container serving the same on TCP :8080), its ServiceAccount and Service.
-fn app_yaml(name: &str, volume: &str, medium: &str, annotated: bool, tcp: bool) -> String {
-    let annotation = if annotated {
-        format!("annotations: {{endpoint.aether.io/uds-socket: {volume}/app.sock}}")
-    } else {
-        String::new()
-    };
-    let tcp_container = if tcp {
-        format!(
-            "  - {{name: tcp, image: localhost/aether/uds-echo:dev, imagePullPolicy: Never, \
-             args: [--tcp, '0.0.0.0:8080', --name, {name}-tcp]}}\n"
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        r#"apiVersion: v1
-kind: ServiceAccount
-metadata: {{name: {name}, namespace: default}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: default}}
-spec:
-  selector: {{app: {name}}}
-  ports: [{{port: 8080, targetPort: 8080}}]
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: default
-  labels: {{app: {name}, aether.io/managed: "true"}}
-  {annotation}
-spec:
-  serviceAccountName: {name}
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: app
-    image: localhost/aether/uds-echo:dev
-    imagePullPolicy: Never
-    args: [--socket, /{volume}/app.sock, --name, {name}]
-    volumeMounts: [{{name: {volume}, mountPath: /{volume}}}]
-{tcp_container}  volumes: [{{name: {volume}, emptyDir: {{medium: "{medium}"}}}}]
-"#
-    )
-}
-
 /// A file's status-change time (set when the file is created).
 fn ctime(m: &std::fs::Metadata) -> std::time::SystemTime {
     use std::os::unix::fs::MetadataExt;
@@ -237,17 +189,6 @@ fn restarts(pod: &Value) -> Vec<(String, u64)> {
 
 fn pod_name(pod: &Value) -> &str {
     pod["metadata"]["name"].as_str().unwrap_or("?")
-}
-
-/// A UDS-only app (`uds-echo` on `/s/app.sock`, annotated, no TCP listener of its own) behind
-/// Service `name` port 8080, with kubelet's httpGet readiness probe on port 8080: the probe can
-/// only pass through the inbound listener Envoy binds in the pod's netns.
-fn uds_only_app_yaml(name: &str) -> String {
-    let mounts = "    volumeMounts: [{name: s, mountPath: /s}]\n";
-    let probe = "    readinessProbe:\n      httpGet: {path: /ready, port: 8080}\n      periodSeconds: 1\n      failureThreshold: 1\n";
-    let yaml = app_yaml(name, "s", "", true, false);
-    assert!(yaml.contains(mounts), "app_yaml changed shape: {yaml}");
-    yaml.replace(mounts, &format!("{mounts}{probe}"))
 }
 
 /// The active dynamic listener `name` in Envoy's config dump: its `network_namespace_filepath`.
@@ -528,7 +469,7 @@ fn upgrade_with_a_broken_webhook_fails_through_the_startup_check(env: &Env) -> a
 }
 
 fn annotated_pod_is_served_over_the_kubelets_emptydir_socket(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&app_yaml("web", "s", "", true, false))?;
+    env.kube().apply(&echo_app("web").annotated().manifest())?;
     let pod = env.wait_pod_ready("default", "web")?;
     let path = env.socket_path(&uid(&pod)?, "s", "app.sock");
     eventually("the app's socket at the kubelet's emptyDir path", WAIT, || {
@@ -540,7 +481,7 @@ fn annotated_pod_is_served_over_the_kubelets_emptydir_socket(env: &Env) -> anyho
 }
 
 fn policy_switches_delivery_to_the_socket_and_delete_switches_back(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&app_yaml("both", "s", "", false, true))?;
+    env.kube().apply(&echo_app("both").tcp_sidecar().manifest())?;
     let pod = env.wait_pod_ready("default", "both")?;
     // TCP delivery dials 127.0.0.1 inside the pod's netns, which the agent learned from containerd
     // over CRI: Envoy (privileged, /run/netns mounted HostToContainer) health-checks the app there.
@@ -548,10 +489,7 @@ fn policy_switches_delivery_to_the_socket_and_delete_switches_back(env: &Env) ->
     env.wait_healthy_at("app_default_both_8080", &tcp, |a| a == tcp)?;
     let netns = env.bind_netns("app_default_both_8080")?.context("no upstream_bind_config netns")?;
     ensure!(netns.starts_with("/run/netns/cni-"), "netns path from the runtime: {netns}");
-    env.kube().apply(
-        "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata: {name: both-uds, namespace: default}\n\
-         spec: {targetRef: {kind: Service, name: both}, udsSocket: s/app.sock}\n",
-    )?;
+    env.kube().apply(&policy("default", "both-uds").target("both").socket("s/app.sock").manifest())?;
     let path = env.socket_path(&uid(&pod)?, "s", "app.sock");
     env.wait_pinned("app_default_both_8080", &uid(&pod)?, &path)?;
     // Its app also holds TCP 8080: Envoy cannot bind the inbound listener there; the agent reads
@@ -602,17 +540,12 @@ fn kubectl_aether(env: &Env, args: &[&str]) -> anyhow::Result<String> {
 /// no listener on the debug port at the node IP, and a user without `pods/portforward` gets the
 /// offline answer saying so, then the live one once granted what docs/kubectl-plugin.md says.
 fn kubectl_aether_why_reads_the_node_agents_live_decision(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&app_yaml("why-uds", "s", "", true, false))?;
+    env.kube().apply(&echo_app("why-uds").annotated().manifest())?;
     // Annotated with a volume the pod does not have: TCP, `volume-not-emptydir`.
-    env.kube().apply(
-        &app_yaml("why-tcp", "s", "", true, true).replace("uds-socket: s/app.sock", "uds-socket: nosuch/app.sock"),
-    )?;
-    env.kube().apply(&app_yaml("why-pol", "s", "", false, false))?;
+    env.kube().apply(&echo_app("why-tcp").annotation_socket("nosuch/app.sock").tcp_sidecar().manifest())?;
+    env.kube().apply(&echo_app("why-pol").manifest())?;
     for (name, socket) in [("why-pol-a", "s/app.sock"), ("why-pol-b", "s/other.sock")] {
-        env.kube().apply(&format!(
-            "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata: {{name: {name}, namespace: default}}\n\
-             spec: {{targetRef: {{kind: Service, name: why-pol}}, udsSocket: {socket}}}\n"
-        ))?;
+        env.kube().apply(&policy("default", name).target("why-pol").socket(socket).manifest())?;
     }
     for name in ["why-uds", "why-tcp", "why-pol"] {
         env.wait_pod_ready("default", name)?;
@@ -710,7 +643,7 @@ fn kubectl_aether_why_reads_the_node_agents_live_decision(env: &Env) -> anyhow::
 }
 
 fn a_client_pod_reaches_a_uds_only_app_through_its_service_ip(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&uds_only_app_yaml("inb"))?;
+    env.kube().apply(&echo_app("inb").annotated().ready_through_port_8080().manifest())?;
     // Ready means kubelet's httpGet probe on pod IP:8080 passed: through the netns-bound listener.
     env.wait_pod_ready("default", "inb")?;
     let mut netns = None;
@@ -752,15 +685,11 @@ fn a_client_pod_reaches_a_uds_only_app_through_its_service_ip(env: &Env) -> anyh
 /// ms; requests to atk's pod IP:8080 (its inbound listener) for 10 s. Envoy dials atk's pin, so
 /// none reaches vic.
 fn a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&app_yaml("vic", "s", "", true, false))?;
+    env.kube().apply(&echo_app("vic").annotated().manifest())?;
     let vic_uid = uid(&env.wait_pod_ready("default", "vic")?)?;
     let vic_socket = env.socket_path(&vic_uid, "s", "app.sock");
-    let attacker = app_yaml("atk", "s", "", true, false).replace(
-        "args: [--socket, /s/app.sock, --name, atk]",
-        &format!("args: [--socket, /s/app.sock, --name, atk, --swap-link, '{}']", vic_socket.display()),
-    );
-    ensure!(attacker.contains("--swap-link"), "attacker manifest: {attacker}");
-    env.kube().apply(&attacker)?;
+    let vic_socket = vic_socket.to_str().context("vic's socket path")?;
+    env.kube().apply(&echo_app("atk").annotated().args(&["--swap-link", vic_socket]).manifest())?;
     let atk = env.wait_pod_ready("default", "atk")?;
     let ip = atk["status"]["podIP"].as_str().context("atk's pod IP")?.to_owned();
     // Either Envoy serves atk through its pin, or (inotify makes a swap visible at once, and a link
@@ -801,44 +730,13 @@ fn a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic(env: &En
 fn a_grpc_server_on_its_socket_is_promoted_and_answers_a_grpc_client_through_its_service(
     env: &Env,
 ) -> anyhow::Result<()> {
-    let yaml = r#"apiVersion: v1
-kind: ServiceAccount
-metadata: {name: grpc, namespace: default}
----
-apiVersion: v1
-kind: Service
-metadata: {name: grpc, namespace: default}
-spec:
-  selector: {app: grpc}
-  ports: [{port: 9090, targetPort: 9090, appProtocol: grpc}]
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: grpc
-  namespace: default
-  labels: {app: grpc, aether.io/managed: "true"}
-  annotations:
-    endpoint.aether.io/uds-socket: s/app.sock
-    endpoint.aether.io/ports: "9090=grpc"
-    endpoint.aether.io/grpc-health-service: grpc
-spec:
-  serviceAccountName: grpc
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: app
-    image: localhost/aether/uds-echo:dev
-    imagePullPolicy: Never
-    args: [--socket, /s/app.sock, --name, grpc, --grpc]
-    volumeMounts: [{name: s, mountPath: /s}]
-    readinessProbe:
-      grpc: {port: 9090}
-      periodSeconds: 1
-      failureThreshold: 1
-  volumes: [{name: s, emptyDir: {}}]
-"#;
-    env.kube().apply(yaml)?;
+    let grpc = echo_app("grpc")
+        .annotated()
+        .annotation(PORTS_ANNOTATION, "9090=grpc")
+        .annotation(GRPC_HEALTH_SERVICE_ANNOTATION, "grpc")
+        .args(&["--grpc"])
+        .grpc_on(9090);
+    env.kube().apply(&grpc.manifest())?;
     // Ready: kubelet's gRPC probe on pod IP:9090 passed, through the inbound listener.
     let pod = env.wait_pod_ready("default", "grpc")?;
     let pod_uid = uid(&pod)?;
@@ -879,10 +777,7 @@ spec:
 /// A pod named with a dot (as a Deployment `api.v2` makes them): Envoy's Prometheus output keeps
 /// one metric family per kind, the whole pod identity in the cluster label.
 fn a_dotted_pod_name_keeps_envoys_metric_names(env: &Env) -> anyhow::Result<()> {
-    let yaml = app_yaml("dots", "s", "", true, false)
-        .replace("name: dots\n  namespace: default\n  labels", "name: api.v2\n  namespace: default\n  labels");
-    ensure!(yaml.contains("name: api.v2"), "the pod manifest changed shape: {yaml}");
-    env.kube().apply(&yaml)?;
+    env.kube().apply(&echo_app("dots").pod_name("api.v2").annotated().manifest())?;
     let pod = env.wait_pod_ready("default", "api.v2")?;
     let pod_uid = uid(&pod)?;
     env.wait_pinned("app_default_api.v2_8080", &pod_uid, &env.socket_path(&pod_uid, "s", "app.sock"))?;
@@ -947,7 +842,7 @@ fn a_pod_back_on_its_socket_is_served_at_once(env: &Env) -> anyhow::Result<()> {
 }
 
 fn memory_emptydir_socket_is_reached(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&app_yaml("mem", "m", "Memory", true, false))?;
+    env.kube().apply(&echo_app("mem").socket_volume("m").in_memory().annotated().manifest())?;
     let pod = env.wait_pod_ready("default", "mem")?;
     let pod_uid = uid(&pod)?;
     let path = env.socket_path(&pod_uid, "m", "app.sock");
@@ -1093,7 +988,7 @@ fn envoy_listeners_removed() -> anyhow::Result<u64> {
 ///   container killed while it is down (the agent replays its state dir, netns included): the
 ///   same as the first events.
 fn agent_restarts_under_load_fail_no_request(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&app_yaml("cont", "s", "", true, false))?;
+    env.kube().apply(&echo_app("cont").annotated().manifest())?;
     env.wait_pod_ready("default", "cont")?;
     eventually("Envoy's inbound_default_cont_8080 listener is active", WAIT, || {
         Ok(active_listener_netns("inbound_default_cont_8080")?.is_some())
@@ -1270,7 +1165,7 @@ fn launcher_lines(env: &Env, pod: &Value) -> anyhow::Result<Vec<String>> {
 /// restarted. Then the suite shows it sees a gap: with `proxy.handOver.enabled=false` the same
 /// rollout fails requests; the way back on is a delete-first roll, measured.
 fn proxy_replacements_under_load_fail_no_request(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&app_yaml("cont", "s", "", true, false))?;
+    env.kube().apply(&echo_app("cont").annotated().manifest())?;
     env.wait_pod_ready("default", "cont")?;
     let ip = env.kube().ok(&["get", "service", "-n", "default", "cont", "-o", "jsonpath={.spec.clusterIP}"])?;
     let target: SocketAddr = format!("{}:8080", ip.trim()).parse().context("ClusterIP")?;
@@ -1473,7 +1368,7 @@ fn deleted_pod_clusters_are_withdrawn(env: &Env) -> anyhow::Result<()> {
 fn prometheus_scrapes_the_node_and_every_rule_and_panel_has_series(env: &Env) -> anyhow::Result<()> {
     use aether_tests::prometheus::{Prometheus, kubernetes_sd_targets, metric_names, scrape_configs};
     let kube = env.kube();
-    kube.apply(&app_yaml("scraped", "s", "", true, false))?;
+    kube.apply(&echo_app("scraped").annotated().manifest())?;
     let pod = env.wait_pod_ready("default", "scraped")?;
     let socket = env.socket_path(&uid(&pod)?, "s", "app.sock");
     env.wait_pinned("app_default_scraped_8080", &uid(&pod)?, &socket)?;
@@ -1701,12 +1596,10 @@ fn socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin(env: &Env
     let crds = aether_tests::node::packaged_chart("aether-crds")?;
     let crds = crds.to_str().context("path")?;
     let volume = format!("v{}", "x".repeat(49));
-    let policy = format!(
-        "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata: {{name: long-socket, namespace: default}}\n\
-         spec: {{targetRef: {{kind: Service, name: longsock}}, udsSocket: {volume}/app.sock}}\n"
-    );
+    let long_policy =
+        policy("default", "long-socket").target("longsock").socket(&format!("{volume}/app.sock")).manifest();
     let file = tempfile::NamedTempFile::new()?;
-    std::fs::write(file.path(), &policy)?;
+    std::fs::write(file.path(), &long_policy)?;
     let dry_run = || -> anyhow::Result<(bool, String)> {
         let out =
             env.kube().run(&["apply".as_ref(), "--dry-run=server".as_ref(), "-f".as_ref(), file.path().as_os_str()])?;
@@ -1722,7 +1615,7 @@ fn socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin(env: &Env
     let (ok, text) = dry_run()?;
     ensure!(ok, "with socketLimit=filesystem the webhook admits a 59-byte value: {text}");
 
-    env.kube().apply(&app_yaml("longsock", &volume, "", true, false))?;
+    env.kube().apply(&echo_app("longsock").socket_volume(&volume).annotated().manifest())?;
     let pod = env.wait_pod_ready("default", "longsock")?;
     let path = env.socket_path(&uid(&pod)?, &volume, "app.sock");
     let bytes = path.as_os_str().len();

@@ -22,9 +22,10 @@ mod suite;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use aether_fixtures::policy;
 use aether_tests::continuity::{self, Load, Report};
 use aether_tests::node::{README_NODE_NAMESPACE, aether_chart_args, release_namespace_command};
-use aether_tests::nodes::{App, ClusterNode, Placement, RESTRICTED_CONTAINER, RESTRICTED_POD, RealNodes, app_yaml};
+use aether_tests::nodes::{ClusterNode, RESTRICTED_CONTAINER, RESTRICTED_POD, RealNodes, app};
 use aether_tests::{Kubectl, eventually};
 use anyhow::{Context, ensure};
 use serde_json::Value;
@@ -323,11 +324,8 @@ fn two_nodes_run_every_node_daemonset_pod_ready(env: &Env) -> anyhow::Result<()>
 }
 
 fn one_policy_reaches_pods_on_both_nodes_and_each_agent_serves_only_its_own(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&app_yaml("spread", 2, Placement::Spread, App::UdsByPolicy))?;
-    env.kube().apply(
-        "apiVersion: config.aether.io/v1\nkind: EndpointPolicy\nmetadata: {name: spread-uds, namespace: default}\n\
-         spec: {targetRef: {kind: Service, name: spread}, udsSocket: s/app.sock}\n",
-    )?;
+    env.kube().apply(&app("spread").one_per_node().deployment_manifest(2))?;
+    env.kube().apply(&policy("default", "spread-uds").target("spread").socket("s/app.sock").manifest())?;
     // Ready means kubelet's probe passed through the inbound listener: the policy applied there.
     let pods = env.wait_app_ready("spread", 2)?;
     let mut nodes: Vec<&str> = pods.iter().map(node_name).collect();
@@ -384,8 +382,8 @@ fn one_policy_reaches_pods_on_both_nodes_and_each_agent_serves_only_its_own(env:
 }
 
 fn a_client_on_each_node_calls_a_uds_only_service_on_the_other_by_name(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&app_yaml("web-1", 1, Placement::On(NODE1), App::Uds))?;
-    env.kube().apply(&app_yaml("web-2", 1, Placement::On(NODE2), App::Uds))?;
+    env.kube().apply(&app("web-1").annotated().only_on_node(NODE1).deployment_manifest(1))?;
+    env.kube().apply(&app("web-2").annotated().only_on_node(NODE2).deployment_manifest(1))?;
     for (service, client_node) in [("web-2", NODE1), ("web-1", NODE2)] {
         let server = env.wait_app_ready(service, 1)?.remove(0);
         let (server_pod, server_node) = (pod_name(&server).to_owned(), node_name(&server).to_owned());
@@ -410,7 +408,7 @@ fn a_client_on_each_node_calls_a_uds_only_service_on_the_other_by_name(env: &Env
 }
 
 fn the_same_app_answers_over_its_socket_and_over_tcp_from_the_other_node(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&app_yaml("tcp-2", 1, Placement::On(NODE2), App::Tcp))?;
+    env.kube().apply(&app("tcp-2").over_tcp().only_on_node(NODE2).deployment_manifest(1))?;
     env.wait_app_ready("tcp-2", 1)?;
     env.wait_app_ready("web-2", 1)?;
     for (service, over) in [("web-2", "over unix:/s/app.sock"), ("tcp-2", "over tcp:0.0.0.0:8080")] {
@@ -558,7 +556,7 @@ impl Drop for Cordoned<'_> {
 }
 
 fn a_drained_nodes_uds_pod_is_served_over_its_socket_on_the_other_node(env: &Env) -> anyhow::Result<()> {
-    env.kube().apply(&app_yaml("mover", 1, Placement::Prefer(NODE2), App::Uds))?;
+    env.kube().apply(&app("mover").annotated().prefer_node(NODE2).deployment_manifest(1))?;
     let old = env.wait_app_ready("mover", 1)?.remove(0);
     ensure!(node_name(&old) == NODE2, "mover prefers {NODE2}, yet runs on {}", node_name(&old));
     let (old_name, old_uid) = (pod_name(&old).to_owned(), uid(&old)?.to_owned());

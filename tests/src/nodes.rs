@@ -14,6 +14,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use aether_fixtures::{EchoApp, echo_app};
 use anyhow::{Context, bail};
 
 use crate::Kubectl;
@@ -224,28 +225,6 @@ fn read_env(path: &Path) -> anyhow::Result<(PathBuf, Vec<ClusterNode>, (String, 
     Ok((get("KUBECONFIG")?.into(), nodes, apiserver))
 }
 
-/// Where a Deployment's pods may run.
-#[derive(Clone, Copy)]
-pub enum Placement<'a> {
-    /// Only on this node (nodeSelector).
-    On(&'a str),
-    /// On this node while it can (preferred node affinity), elsewhere when it cannot.
-    Prefer(&'a str),
-    /// One pod per node (required pod anti-affinity).
-    Spread,
-}
-
-/// How the app is delivered.
-#[derive(Clone, Copy, PartialEq)]
-pub enum App {
-    /// `uds-echo` on `/s/app.sock` only, with the socket annotation.
-    Uds,
-    /// `uds-echo` on `/s/app.sock` only, without the annotation (a policy decides).
-    UdsByPolicy,
-    /// `uds-echo --tcp 0.0.0.0:8080`, not managed.
-    Tcp,
-}
-
 /// A pod's `securityContext` (JSON, so also YAML flow) that meets the Pod Security `restricted`
 /// level with [`RESTRICTED_CONTAINER`]: the several-node cluster enforces that level by default
 /// (controlplane.sh's `AETHER_APISERVER_RESTRICTED`), and `uds-echo`'s image runs as a non-root
@@ -255,77 +234,13 @@ pub const RESTRICTED_POD: &str = r#"{"runAsNonRoot":true,"seccompProfile":{"type
 /// A container's `securityContext` for the Pod Security `restricted` level (see [`RESTRICTED_POD`]).
 pub const RESTRICTED_CONTAINER: &str = r#"{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}"#;
 
-/// ServiceAccount, Service (port 8080) and Deployment `name` (namespace `default`) of `replicas`
-/// `uds-echo` pods that answer with their own pod name (`<pod> over unix:/s/app.sock: GET /x`,
-/// `<pod> over tcp:0.0.0.0:8080: GET /x`). A socket app has kubelet's httpGet readiness probe on 8080:
-/// it passes only through the inbound listener the node's Envoy binds in the pod's netns. The pods meet
-/// the Pod Security `restricted` level.
-pub fn app_yaml(name: &str, replicas: u32, placement: Placement, app: App) -> String {
-    let placement = match placement {
-        Placement::On(node) => format!("nodeSelector: {{kubernetes.io/hostname: {node}}}"),
-        Placement::Prefer(node) => format!(
-            "affinity: {{nodeAffinity: {{preferredDuringSchedulingIgnoredDuringExecution: [{{weight: 100, \
-             preference: {{matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [{node}]}}]}}}}]}}}}"
-        ),
-        Placement::Spread => format!(
-            "affinity: {{podAntiAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: [{{topologyKey: \
-             kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: {name}}}}}}}]}}}}"
-        ),
-    };
-    let (labels, annotations, args) = match app {
-        App::Uds => (
-            format!("{{app: {name}, aether.io/managed: \"true\"}}"),
-            "{endpoint.aether.io/uds-socket: s/app.sock}",
-            "[--socket, /s/app.sock, --name, $(POD_NAME)]",
-        ),
-        App::UdsByPolicy => (
-            format!("{{app: {name}, aether.io/managed: \"true\"}}"),
-            "{}",
-            "[--socket, /s/app.sock, --name, $(POD_NAME)]",
-        ),
-        App::Tcp => (format!("{{app: {name}}}"), "{}", "[--tcp, '0.0.0.0:8080', --name, $(POD_NAME)]"),
-    };
-    format!(
-        r#"apiVersion: v1
-kind: ServiceAccount
-metadata: {{name: {name}, namespace: default}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: default}}
-spec:
-  selector: {{app: {name}}}
-  ports: [{{port: 8080, targetPort: 8080}}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}, namespace: default}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata:
-      labels: {labels}
-      annotations: {annotations}
-    spec:
-      serviceAccountName: {name}
-      automountServiceAccountToken: false
-      terminationGracePeriodSeconds: 1
-      securityContext: {RESTRICTED_POD}
-      {placement}
-      containers:
-      - name: app
-        image: localhost/aether/uds-echo:dev
-        imagePullPolicy: Never
-        securityContext: {RESTRICTED_CONTAINER}
-        args: {args}
-        env: [{{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}]
-        volumeMounts: [{{name: s, mountPath: /s}}]
-        readinessProbe:
-          httpGet: {{path: /ready, port: 8080}}
-          periodSeconds: 1
-          failureThreshold: 1
-      volumes: [{{name: s, emptyDir: {{}}}}]
-"#
-    )
+/// App `name` of the several-node cluster (namespace `default`; render it with
+/// [`EchoApp::deployment_manifest`]): `uds-echo` on `/s/app.sock`, each pod answering with its own
+/// pod name (`<pod> over unix:/s/app.sock: GET /x`, or `<pod> over tcp:0.0.0.0:8080: GET /x` with
+/// [`EchoApp::over_tcp`]), with kubelet's httpGet readiness probe on 8080 (a socket app passes it
+/// only through the inbound listener the node's Envoy binds in the pod's netns), meeting the Pod
+/// Security `restricted` level ([`RESTRICTED_POD`], [`RESTRICTED_CONTAINER`]). Not annotated
+/// until [`EchoApp::annotated`]: otherwise a policy decides.
+pub fn app(name: &str) -> EchoApp {
+    echo_app(name).named_by_pod().ready_through_port_8080().restricted()
 }

@@ -6,7 +6,7 @@ use aether_crds::udspath::{Budget, PodsDirError};
 
 /// `--max-clusters` when not set: the most `app_`/`health_` clusters the agent gives the node's
 /// Envoy (its static bootstrap clusters not counted). Chosen from `make bench` (section 5, "Envoy
-/// memory per cluster", tests/src/bin/aether-bench/proxy_memory.rs): Envoy 1.40 holds about
+/// memory per cluster", bench/src/proxy_memory.rs): Envoy 1.40 holds about
 /// 62 KiB of RSS per cluster with 1-2 workers and 82 KiB with 8, over a 65 MiB base, so 2,000
 /// clusters keep it under half the chart's 512 MiB limit (`proxy.resources.limits.memory`) up to
 /// 8 workers, leaving the rest for heap growth under churn and for connection buffers. That is 1,000

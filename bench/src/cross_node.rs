@@ -13,7 +13,7 @@
 use std::process::{Command, Stdio};
 
 use aether_tests::node::{README_NODE_NAMESPACE, aether_chart_args, release_namespace_command};
-use aether_tests::nodes::{App, ClusterNode, Placement, RealNodes, app_yaml};
+use aether_tests::nodes::{ClusterNode, RealNodes, app};
 use aether_tests::{eventually, repo_root};
 use anyhow::{Context, ensure};
 
@@ -39,8 +39,8 @@ pub fn section(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
     let node_ns = format!("daemonset.namespace={README_NODE_NAMESPACE}");
     let args = aether_chart_args("install", "aether", "aether-system", &[&node_ns])?;
     nodes.helm(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
-    kube.apply(&app_yaml("uds", 1, Placement::On(SERVER_NODE), App::Uds))?;
-    kube.apply(&app_yaml("tcp", 1, Placement::On(SERVER_NODE), App::Tcp))?;
+    kube.apply(&app("uds").annotated().only_on_node(SERVER_NODE).deployment_manifest(1))?;
+    kube.apply(&app("tcp").over_tcp().only_on_node(SERVER_NODE).deployment_manifest(1))?;
     for d in ["deployment/uds", "deployment/tcp"] {
         kube.ok(&["rollout", "status", "-n", "default", d, "--timeout=180s"])?;
     }

@@ -20,6 +20,7 @@
 //! ([`cross_node`]: section "7. Cross-node", also newer than the committed report): two real nodes.
 
 mod ads_client;
+mod ads_mode;
 mod continuity;
 mod cross_node;
 mod fleet;

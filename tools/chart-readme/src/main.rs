@@ -3,16 +3,15 @@
 //! README differs from what it would write (exit 1). Exit 2: a chart's files cannot be read or
 //! parsed, or a value has no `description` in its schema.
 
-mod readme;
-
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use aether_chart_readme as readme;
 use clap::Parser;
 
 /// Generate the chart READMEs from values.yaml and values.schema.json.
 #[derive(Parser)]
-#[command(version)]
+#[command(name = "chart-readme", version)]
 struct Args {
     /// Compare instead of writing: exit 1 and name every README that differs.
     #[arg(long)]
@@ -24,7 +23,7 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     let charts = if args.charts.is_empty() {
-        let root = aether_tests::repo_root();
+        let root = repo_root();
         vec![root.join("charts/aether"), root.join("charts/aether-crds")]
     } else {
         args.charts
@@ -64,4 +63,9 @@ fn main() -> ExitCode {
         }
     }
     if drifted { ExitCode::from(1) } else { ExitCode::SUCCESS }
+}
+
+/// The repository root: this crate lives in `tools/chart-readme`.
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).expect("tools/chart-readme has a repo root").to_path_buf()
 }

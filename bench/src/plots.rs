@@ -12,7 +12,7 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
 use crate::Report;
-use crate::per_change::Mode;
+use crate::ads_mode::Mode;
 
 /// One node size × ADS mode of section 3e, "One policy change on the live agent".
 pub(crate) struct ChangePoint {

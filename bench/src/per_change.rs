@@ -33,6 +33,7 @@ use aether_fixtures::{Envoy, policy};
 use aether_tests::{ControlPlane, Scrape, envoy_bin};
 use anyhow::{Context, ensure};
 
+use crate::ads_mode::Mode;
 use crate::node_pods::{PodSet, folded, quiet, schedstat_ns, start_agent, xds_socket};
 use crate::plots::ChangePoint;
 use crate::stats::{md_table, percentile, ratio, show_ratio, show_secs};
@@ -65,33 +66,6 @@ const GROWTH_TARGET: f64 = 1.5;
 /// Writes per mode at a node size: about 20 at 1k and 10k, fewer at 110 (create/delete pairs).
 fn writes_at(pods: usize) -> usize {
     if pods < 1_000 { 8 } else { 20 }
-}
-
-/// The two ADS modes, in the order measured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// `DELTA_GRPC` (the chart's bootstrap).
-    Delta,
-    /// `GRPC`, State of the World.
-    Sotw,
-}
-
-impl Mode {
-    /// The agent's `mode` metric label.
-    fn label(self) -> &'static str {
-        match self {
-            Mode::Delta => "delta",
-            Mode::Sotw => "sotw",
-        }
-    }
-
-    /// How the report names it.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Mode::Delta => "Delta",
-            Mode::Sotw => "SotW",
-        }
-    }
 }
 
 /// The figures of one node size × mode, one entry per write.
