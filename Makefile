@@ -62,7 +62,7 @@ test-nodes: root tools build ## The multi-node suite alone (root: two real nodes
 test: tools build ## Everything: unit, property, TLS, real-control-plane and real-node tests
 	$(CARGO) test --workspace
 
-lint: ## The pinned rustc, rustfmt check, clippy and rustdoc with warnings as errors, cargo-deny (licences, bans, sources), shell syntax, actionlint (+ shellcheck) on .github/workflows, the agent core's dependency tree
+lint: ## The pinned rustc, rustfmt check, clippy and rustdoc with warnings as errors, cargo-deny (licences, bans, sources), shell syntax, actionlint (+ shellcheck) on .github/workflows, the agent core's dependency tree, no import circle between a crate's modules
 	scripts/install-deps.sh toolchain build lint
 	tests/harness/build-tools.sh actionlint
 	$(TOOLS_BIN)/actionlint
@@ -72,6 +72,7 @@ lint: ## The pinned rustc, rustfmt check, clippy and rustdoc with warnings as er
 	$${AETHER_CARGO_TOOLS_DIR:-.cache/cargo-tools}/bin/cargo-deny --log-level error check licenses bans sources
 	bash -n tests/harness/*.sh tests/bench/*.sh scripts/*.sh .ci/run
 	scripts/check-core-deps.sh
+	python3 scripts/import-cycles.py --known xds:: $(sort $(wildcard */src */*/src))
 	@echo lint: ok
 
 root: # The real node needs root: say so before building anything
