@@ -1,5 +1,5 @@
-//! Which inbound listeners Envoy could not bind (issue 12): read from Envoy's own structured
-//! state, never from the text of a NACK.
+//! Which inbound listeners Envoy could not bind: read from Envoy's own structured state, never
+//! from the text of a NACK (docs/design-notes.md, "Agent").
 //!
 //! A listener bound in a pod's netns fails when something there already holds the port (the app
 //! also listens on TCP). Envoy then rejects that one listener, applies the others of the same

@@ -5,7 +5,7 @@
 //! Two inputs ([`RenderSource`]):
 //! - the agent's: a [`PodSpecs`] channel ([`pod_specs`]): the driver publishes only the pods whose
 //!   rendering changed, the renderer takes exactly those ([`Renderer::update_pods`]): the work of a
-//!   change is in proportion to the pods it touched, not to the node (issue 15);
+//!   change is in proportion to the pods it touched, not to the node (docs/design-notes.md, "Per-change work and a lean process");
 //! - a `watch` channel of whole [`Snapshot`]s (tests, tools): each is rendered whole
 //!   ([`Renderer::render`], cached by cluster).
 

@@ -83,7 +83,7 @@ pub struct HealthTiming {
     /// percent of it. Envoy runs every active health check on its main thread, which also applies
     /// xDS updates; clusters created by one CDS response check in lockstep, and without jitter
     /// their checks stay one burst per interval that delays any update arriving during it (at
-    /// 10k pods a ~250 ms burst every 2 s: write → ACK p99 ~500 ms, issue 15). A wide jitter
+    /// 10k pods a ~250 ms burst every 2 s: write → ACK p99 ~500 ms). A wide jitter
     /// spreads them over the interval within a few checks. It does not delay a cluster's first
     /// check (`initial_jitter` would, and Envoy holds a changed cluster warming until then).
     pub jitter_percent: u32,
