@@ -1,22 +1,23 @@
-//! `make bench`, section 1: the agent's fold and render at node scale (criterion).
+//! The agent's fold and render at node scale (criterion; `make bench` reports it in
+//! docs/benchmarks.md, section 1).
 //!
 //! For 110 / 1k / 10k pods and 1 / 10 / 2k policies (see `common/mod.rs` for the synthetic node):
 //! - `full_build`: relist policies and pods into a new index, render every pod, encode every
-//!   cluster with a fresh renderer;
+//!   cluster with a fresh encoder;
 //! - `policy_change`: one policy's socket edited (its service's pods change delivery);
 //! - `pod_change`: one pod's health path edited;
 //! - `noop_resync`: one pod re-delivered unchanged by the watch;
 //! - `relist_noop`: a relist of all pods, none changed.
 //!
 //! Each event is timed through what the agent does with it: the index mutation, then (when the
-//! delivery map changed) `render::render` of the map and the cached xDS `Renderer`. The record an
+//! delivery map changed) `render::render` of the map and the cached xDS `Encoder`. The record an
 //! event delivers is extracted once, before timing (`common::pod`/`policy` build an API object
 //! and run the agent's extraction), and cloned per event, as a watch hands over a fresh record.
 //!
 //! The live agent's own path (docs/design-notes.md "Per-change work and a lean process"),
 //! `agent_*` groups, 110 / 1k / 10k pods and 10 policies: a `Driver` (no state dir, detached
 //! collaborators) fed the watch events made from API objects, publishing the pods it
-//! re-rendered on a `pod_specs` channel, and the renderer task's step on it (encoded, digested,
+//! re-rendered on a `pod_specs` channel, and the encoder task's step on it (encoded, digested,
 //! versioned resources ready for the ADS streams; no debounce, no send):
 //! - `agent_full_build`: boot (the policy list and the pod list) and the first render;
 //! - `agent_policy_change`: one policy's socket edited (the 5 pods of its service change);
@@ -26,7 +27,7 @@
 //!
 //! Before timing, one event of each kind is applied to count what it re-renders: pods folded
 //! (`Change::rerendered`) and clusters re-encoded (specs that differ from the previous snapshot,
-//! which is exactly what the `Renderer` cache misses). The counts go to
+//! which is exactly what the `Encoder` builds again). The counts go to
 //! `$AETHER_BENCH_OUT/agent-counts.json` when that variable is set, and to stdout.
 
 #![allow(missing_docs)]
@@ -41,8 +42,8 @@ use aether_agent_reconciler::cni::CniRecords;
 use aether_agent_reconciler::driver::{Collaborators, Driver};
 use aether_agent_reconciler::event::{self, Event as Watch};
 use aether_agent_reconciler::status::Status;
-use aether_agent_reconciler::xds::publish::{PodSpecs, RenderSource, pod_specs};
-use aether_agent_reconciler::xds::resources::{Endpoint, RenderOptions, Renderer, Resources};
+use aether_agent_reconciler::xds::publish::{PodSpecs, SpecSource, pod_specs};
+use aether_agent_reconciler::xds::{BuildOptions, Encoder, Endpoint, ResourceSet, SpecChange};
 use aether_agent_reconciler::{Index, PodRecord, PolicyRecord};
 use aether_crds::EndpointPolicy;
 use common::{Node, clusters_changed, pod, pods, policies, policy};
@@ -181,7 +182,7 @@ fn bench(c: &mut Criterion) {
 
 /// Where a per-event cost goes on the largest node (10k pods, 10 policies): the index mutation
 /// alone (a policy change), `render::render` of the unchanged map into cluster specs, and the
-/// cached xDS `Renderer` on an unchanged snapshot (compare, clone, version hash, gateway listener).
+/// cached xDS `Encoder` on an unchanged model (compare, version hashes, the served set's clone).
 fn stages(c: &mut Criterion) {
     let mut node = Node::build(pods(10_000), policies(10));
     let mut group = c.benchmark_group("stage");
@@ -195,7 +196,8 @@ fn stages(c: &mut Criterion) {
     });
     group.bench_function("render_specs", |b| b.iter(|| node.render_specs()));
     let snapshot = node.snapshot.clone();
-    group.bench_function("xds_render_cached", |b| b.iter(|| node.renderer.render(&snapshot)));
+    group
+        .bench_function("xds_render_cached", |b| b.iter(|| node.encoder.update([SpecChange::Whole(snapshot.clone())])));
     group.finish();
 }
 
@@ -220,13 +222,13 @@ fn api_policy(k: usize, alt: bool) -> EndpointPolicy {
         .build()
 }
 
-/// The live agent minus its I/O: the driver loop and the renderer task's step, wired by the
+/// The live agent minus its I/O: the driver loop and the encoder task's step, wired by the
 /// channel the agent uses.
 struct Agent {
     driver: Driver,
     specs: PodSpecs,
-    renderer: Renderer,
-    resources: Resources,
+    encoder: Encoder,
+    resources: ResourceSet,
 }
 
 impl Agent {
@@ -239,15 +241,15 @@ impl Agent {
         driver.handle(Watch::PoliciesListed(policies));
         // The watch hands over the records of the listed pods (it keeps no Pod objects).
         driver.handle(Watch::PodsListed(pods.iter().filter_map(event::listed_record).collect()));
-        let mut renderer = Renderer::new(RenderOptions::default());
-        let resources = specs.render(&mut renderer, true);
-        Agent { driver, specs, renderer, resources }
+        let mut encoder = Encoder::new(BuildOptions::default());
+        let resources = specs.encode(&mut encoder, true);
+        Agent { driver, specs, encoder, resources }
     }
 
-    /// One watch event through the driver, then the renderer's step.
+    /// One watch event through the driver, then the encoder task's step.
     fn event(&mut self, event: Watch) {
         self.driver.handle(event);
-        self.resources = self.specs.render(&mut self.renderer, false);
+        self.resources = self.specs.encode(&mut self.encoder, false);
     }
 }
 
@@ -265,9 +267,9 @@ fn agent(c: &mut Criterion) {
             )
         });
         let mut node = Agent::boot(all_pods.clone(), all_policies.clone());
-        let before = node.renderer.encoded();
+        let before = node.encoder.encoded();
         node.event(Watch::PolicyApplied(Box::new(api_policy(0, true))));
-        let encoded = node.renderer.encoded() - before;
+        let encoded = node.encoder.encoded() - before;
         println!("{id:>10} agent policy change: clusters encoded {encoded} of {}", node.resources.clusters.len());
         let edits = [api_policy(0, false), api_policy(0, true)];
         let mut flip = false;

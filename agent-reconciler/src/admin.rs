@@ -48,8 +48,9 @@ use crate::decisions::Decisions;
 use crate::metrics::Metrics;
 use crate::status::overdue;
 use crate::watch::WatchBoard;
+use crate::xds::acks::AckTracker;
 use crate::xds::readiness::{self, EnvoyReadiness};
-use crate::xds::{AckTracker, Resources};
+use crate::xds::resource_set::ResourceSet;
 
 /// What `/readyz` reads about the node's Envoy.
 #[derive(Clone)]
@@ -57,7 +58,7 @@ pub struct EnvoyView {
     /// The xDS server's tracker (open streams and what each ACKed).
     pub tracker: AckTracker,
     /// What the server would send now (the renderer's output).
-    pub resources: watch::Receiver<Arc<Resources>>,
+    pub resources: watch::Receiver<Arc<ResourceSet>>,
     /// `--readyz-requires-envoy`: not ready unless Envoy is caught up.
     pub required: bool,
 }

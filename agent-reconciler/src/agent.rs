@@ -31,9 +31,13 @@ use crate::shutdown;
 use crate::store::StateStore;
 use crate::watch as watchers;
 use crate::watch::owner::Owner;
+use crate::xds::encoder::Encoder;
+use crate::xds::listen::{ServeError, XdsAddr, XdsListener};
+use crate::xds::options::BuildOptions;
 use crate::xds::publish::PodSpecs;
-use crate::xds::resources::{RenderOptions, Renderer};
-use crate::xds::server::{self as xds, XdsAddr, XdsListener, XdsServer};
+use crate::xds::publish::spawn_encoder_with_clock;
+use crate::xds::server::{Drained, serve_listener};
+use crate::xds::service::XdsServer;
 
 /// The container-runtime netns lookup (`--cri-endpoint`; none when it is empty) and the channel
 /// of its answers. Does no I/O: the first lookup connects.
@@ -135,10 +139,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     driver.boot();
 
-    let opts = RenderOptions { health_socket: Some(args.health_socket.clone()), ..RenderOptions::default() };
-    let (resources, _render_task) = xds::spawn_renderer_with_clock(
+    let opts = BuildOptions { health_socket: Some(args.health_socket.clone()), ..BuildOptions::default() };
+    let (resources, _encode_task) = spawn_encoder_with_clock(
         snap_rx.clone(),
-        Renderer::new(opts),
+        Encoder::new(opts),
         Duration::from_millis(args.xds_debounce_ms),
         metrics.xds.clock.clone(),
     );
@@ -314,7 +318,7 @@ async fn serve_when_complete(
     mut status: watch::Receiver<Status>,
     specs: PodSpecs,
     stop: watch::Receiver<bool>,
-) -> Result<xds::Drained, xds::ServeError> {
+) -> Result<Drained, ServeError> {
     if status.borrow().holding_xds {
         tracing::info!("holding Envoy's ADS streams until the agent has a complete state to serve");
         let rendered = async {
@@ -331,11 +335,11 @@ async fn serve_when_complete(
                 if let Some((path, id)) = listener.own_socket() {
                     crate::shutdown::remove_own_socket(&path, id);
                 }
-                return Ok(xds::Drained { left_open: 0 });
+                return Ok(Drained { left_open: 0 });
             }
         }
     }
-    xds::serve_listener(listener, server, stopped(stop)).await
+    serve_listener(listener, server, stopped(stop)).await
 }
 
 /// The longest a released hold waits for the renderer (which renders within its debounce,

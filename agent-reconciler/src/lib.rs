@@ -15,7 +15,7 @@
 //!   └─► event ─► driver ─► core Index (record ─► fold, + netns facts) ─► fscheck (lstat)
 //!                          │ store (--state-dir)          core render_pod (changed pods only)
 //!                          ▼                                                      ▼ pod_specs
-//!                  replay at boot                xds: encoder (resources) ─► ADS server ─► Envoy
+//!                  replay at boot                  xds: encoder ─► ADS server ─► Envoy
 //! ```
 //!
 //! I/O: [`fscheck`] (symlink refusal), [`pin`] (`--pin-dir`: the verified socket inode mounted
@@ -23,10 +23,10 @@
 //! agent may replay: is a pod's netns still there), [`cni`] (netns records, read on a
 //! pod's events and the periodic re-check), [`runtime`] (pod netns from the container runtime over
 //! CRI), [`watch`] (kube-runtime watchers), [`event`] (the loop's input), [`driver`] (the
-//! reconcile loop), [`xds::resources`] (the encoder: Envoy protos, content-hash versions),
-//! [`xds::server`] with `xds::stream`,
+//! reconcile loop), [`xds::encoder`] with [`xds::build`] and [`xds::resource_set`] (Envoy
+//! protos, content-hash versions), [`xds::service`] and [`xds::server`] with [`xds::delta`],
 //! [`xds::acks`], [`xds::metrics`], [`xds::publish`], [`xds::listen`] (ADS, ACK/NACK tracking,
-//! connected streams), [`xds::bind_failures`] (which inbound listener Envoy could not bind),
+//! connected streams; the layout: [`xds`]), [`xds::bind_failures`] (which inbound listener Envoy could not bind),
 //! [`xds::readiness`] (is Envoy caught up: pure), [`recorder`] (the pod Event
 //! task), [`metrics`] and [`admin`] (`/healthz`, `/readyz`, `/metrics`), [`shutdown`] (which
 //! socket files to remove at exit: pure decisions, then `lstat`/unlink), [`agent`] (`run`),

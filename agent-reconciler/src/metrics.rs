@@ -37,7 +37,7 @@ use prometheus_client::registry::Registry;
 
 use crate::fallback::TcpReason;
 use crate::watch::WatchMetrics;
-use crate::xds::server::XdsMetrics;
+use crate::xds::metrics::XdsMetrics;
 
 /// The `delivery` label values of `aether_agent_pods`.
 pub const DELIVERIES: [&str; 4] = ["pipe", "tcp", "waiting", "refused"];

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use aether_agent_reconciler::admin::{self, AdminState, EnvoyView};
 use aether_agent_reconciler::metrics::Metrics;
 use aether_agent_reconciler::status::Status;
-use aether_agent_reconciler::xds::{Drained, RenderOptions, Snapshot, render};
+use aether_agent_reconciler::xds::{BuildOptions, Drained, Snapshot, encode};
 use aether_fixtures::envoy::{Envoy, WAIT};
 use aether_fixtures::process;
 use support::ads::{Fixture, gateway};
@@ -58,8 +58,8 @@ async fn until<T, Fut: Future<Output = Option<T>>>(
 /// The CDS and LDS versions an agent serves for an empty state dir with this health socket.
 /// The CDS, LDS and ECDS versions of an empty node with a health gateway on `health_socket`.
 fn empty_versions(health_socket: &Path) -> (String, String, String) {
-    let opts = RenderOptions { health_socket: Some(health_socket.to_str().unwrap().to_owned()), ..Default::default() };
-    let r = render(&Snapshot::default(), &opts);
+    let opts = BuildOptions { health_socket: Some(health_socket.to_str().unwrap().to_owned()), ..Default::default() };
+    let r = encode(&Snapshot::default(), &opts);
     (r.clusters.version, r.listeners.version, r.extension_configs.version)
 }
 
@@ -150,7 +150,7 @@ fn envoy_ready(dir: &Path, node: &str) -> Envoy {
 async fn connected_streams_count_envoy_from_its_first_request_until_it_is_killed() {
     let metrics = Arc::new(Metrics::new());
     let mut f = Fixture::builder("node-s")
-        .options(|dir| RenderOptions {
+        .options(|dir| BuildOptions {
             health_socket: Some(dir.join("health.sock").to_str().unwrap().to_owned()),
             ..Default::default()
         })

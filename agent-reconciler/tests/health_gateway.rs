@@ -13,9 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use aether_agent_reconciler::xds::{
-    CLUSTER_TYPE_URL, ClusterSpec, EXTENSION_CONFIG_TYPE_URL, Endpoint, HEALTH_CHECKS_NAME, HealthCheck,
-    LISTENER_TYPE_URL, RenderOptions, Resources, Snapshot, render_cluster, render_health_checks,
-    render_health_listener,
+    BuildOptions, CLUSTER_TYPE_URL, ClusterSpec, EXTENSION_CONFIG_TYPE_URL, Endpoint, HEALTH_CHECKS_NAME, HealthCheck,
+    LISTENER_TYPE_URL, ResourceSet, Snapshot, build_cluster, build_health_checks, build_health_listener,
 };
 use aether_fixtures::envoy::WAIT;
 use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
@@ -91,12 +90,12 @@ fn accepting(socket: &Path) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Our ADS server and a real Envoy (no inbound listener) with the agent's renderer (20 ms
+/// Our ADS server and a real Envoy (no inbound listener) with the agent's encoder (20 ms
 /// debounce), the gateway capped at `max_connections`.
 fn gateway(node: &str, max_connections: u64) -> FixtureBuilder {
     Fixture::builder(node)
         .debounce(Duration::from_millis(20))
-        .options(move |dir| RenderOptions { health_max_connections: max_connections, ..test_options(dir) })
+        .options(move |dir| BuildOptions { health_max_connections: max_connections, ..test_options(dir) })
 }
 
 /// Polls `conn` for `path` until the answer is not 404 (bounded by [`WAIT`]): the status.
@@ -219,15 +218,15 @@ async fn a_nacked_gateway_config_withdraws_nothing_else_and_the_last_good_checks
     let (a, b) = (sockets.join("a.sock"), sockets.join("b.sock"));
     let _live = (accepting(&a), accepting(&b));
     let cluster =
-        |name: &str, socket: &Path, opts: &RenderOptions| render_cluster(&health_cluster(name, socket), opts).unwrap();
-    let resources = |opts: &RenderOptions, names: &[&str], checks: TypedExtensionConfig| {
+        |name: &str, socket: &Path, opts: &BuildOptions| build_cluster(&health_cluster(name, socket), opts).unwrap();
+    let resources = |opts: &BuildOptions, names: &[&str], checks: TypedExtensionConfig| {
         let clusters =
             names.iter().map(|n| cluster(n, if *n == "health_ns_a" { &a } else { &b }, opts)).collect::<Vec<_>>();
-        Resources::from_protos(clusters, vec![render_health_listener(opts).unwrap().unwrap()])
+        ResourceSet::from_protos(clusters, vec![build_health_listener(opts).unwrap().unwrap()])
             .with_extension_configs(vec![checks])
     };
     let g = gateway("node-nack", 64)
-        .raw(|opts| resources(opts, &["health_ns_a"], render_health_checks(&["health_ns_a".to_owned()])))
+        .raw(|opts| resources(opts, &["health_ns_a"], build_health_checks(&["health_ns_a".to_owned()])))
         .await;
     let mut conn = KeepAlive::open(&g.health_socket()).await;
     until(&g, &mut conn, "/healthz/health_ns_a", 200).await;
@@ -271,7 +270,7 @@ async fn a_nacked_gateway_config_withdraws_nothing_else_and_the_last_good_checks
 
     // Good checks again: ACKed, b answered on the same connection.
     let names = ["health_ns_a".to_owned(), "health_ns_b".to_owned()];
-    g.push_raw(resources(&g.opts, &["health_ns_a", "health_ns_b"], render_health_checks(&names)));
+    g.push_raw(resources(&g.opts, &["health_ns_a", "health_ns_b"], build_health_checks(&names)));
     g.wait_acked().await;
     until(&g, &mut conn, "/healthz/health_ns_b", 200).await;
     assert_eq!(g.tracker().acked_version(&g.node, LISTENER_TYPE_URL), Some(lds));

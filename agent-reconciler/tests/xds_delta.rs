@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use aether_agent_reconciler::xds::{
-    CLUSTER_TYPE_URL, ClusterSpec, Drained, Endpoint, HealthCheck, RenderOptions, Resources, Snapshot, render_cluster,
+    BuildOptions, CLUSTER_TYPE_URL, ClusterSpec, Drained, Endpoint, HealthCheck, ResourceSet, Snapshot, build_cluster,
 };
 use aether_fixtures::envoy::WAIT;
 use envoy_types::pb::envoy::config::core::v3::{Pipe, address};
@@ -180,8 +180,8 @@ async fn delta_envoy_gets_every_type_and_a_change_carries_only_the_changed_pod()
 }
 
 /// A cluster with a 108-byte pipe path (over the Unix socket limit), built past validation.
-fn bad_cluster(opts: &RenderOptions, socket: &Path) -> envoy_types::pb::envoy::config::cluster::v3::Cluster {
-    let mut bad = render_cluster(&pipe_cluster("app_ns_bad_8080", socket, None), opts).unwrap();
+fn bad_cluster(opts: &BuildOptions, socket: &Path) -> envoy_types::pb::envoy::config::cluster::v3::Cluster {
+    let mut bad = build_cluster(&pipe_cluster("app_ns_bad_8080", socket, None), opts).unwrap();
     let endpoint = &mut bad.load_assignment.as_mut().unwrap().endpoints[0].lb_endpoints[0];
     let Some(HostIdentifier::Endpoint(ep)) = endpoint.host_identifier.as_mut() else {
         panic!("rendered cluster has an endpoint")
@@ -193,19 +193,21 @@ fn bad_cluster(opts: &RenderOptions, socket: &Path) -> envoy_types::pb::envoy::c
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_resource_is_nacked_by_name_the_rest_keep_working_and_it_is_not_resent_until_a_change() {
-    let f = delta("node-dnack").raw(|_| Resources::default()).await;
+    let f = delta("node-dnack").raw(|_| ResourceSet::default()).await;
     let opts = f.opts.clone();
     let socket = pod_socket(&f, "good");
     let _echo = start_echo(&socket, "echo-good");
-    let good = |name: &str| render_cluster(&pipe_cluster(name, &socket, None), &opts).unwrap();
-    f.push_raw(Resources::from_protos(vec![good("app_ns_a_8080"), good("app_ns_b_8080")], vec![]));
+    let good = |name: &str| build_cluster(&pipe_cluster(name, &socket, None), &opts).unwrap();
+    f.push_raw(ResourceSet::from_protos(vec![good("app_ns_a_8080"), good("app_ns_b_8080")], vec![]));
     f.wait_acked().await;
     let acked = f.tracker().acked_version("node-dnack", CLUSTER_TYPE_URL).unwrap();
 
     // 1. A bad cluster joins: the response carrying it (and only it) is NACKed by name.
     let sent = resources_sent(&f, "cluster", "delta");
-    let with_bad =
-        Resources::from_protos(vec![good("app_ns_a_8080"), good("app_ns_b_8080"), bad_cluster(&opts, &socket)], vec![]);
+    let with_bad = ResourceSet::from_protos(
+        vec![good("app_ns_a_8080"), good("app_ns_b_8080"), bad_cluster(&opts, &socket)],
+        vec![],
+    );
     let bad_version = with_bad.clusters.version.clone();
     f.push_raw(with_bad);
     assert!(f.tracker().wait_for(WAIT, |t| t.nack_count("node-dnack", CLUSTER_TYPE_URL) == 1).await);
@@ -222,7 +224,7 @@ async fn a_bad_resource_is_nacked_by_name_the_rest_keep_working_and_it_is_not_re
     let sends = state.sends;
 
     // 2. A change: the new cluster and the one Envoy rejected travel (its state is unknown).
-    f.push_raw(Resources::from_protos(
+    f.push_raw(ResourceSet::from_protos(
         vec![good("app_ns_a_8080"), good("app_ns_b_8080"), good("app_ns_c_8080"), bad_cluster(&opts, &socket)],
         vec![],
     ));
@@ -232,7 +234,7 @@ async fn a_bad_resource_is_nacked_by_name_the_rest_keep_working_and_it_is_not_re
     assert_eq!(through(&f, "app_ns_c_8080"), "echo-good /", "the good part of a NACKed response applies");
 
     // 3. The bad one goes: ACKed, every good cluster serving.
-    f.push_raw(Resources::from_protos(
+    f.push_raw(ResourceSet::from_protos(
         vec![good("app_ns_a_8080"), good("app_ns_b_8080"), good("app_ns_c_8080")],
         vec![],
     ));

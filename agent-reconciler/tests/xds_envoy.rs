@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use aether_agent_reconciler::xds::bind_failures::failed_inbound;
 use aether_agent_reconciler::xds::{
-    CLUSTER_TYPE_URL, ClusterSpec, Drained, Endpoint, HealthCheck, LISTENER_TYPE_URL, RenderError, RenderOptions,
-    Resources, Snapshot, render_cluster,
+    BuildOptions, CLUSTER_TYPE_URL, ClusterSpec, Drained, Endpoint, HealthCheck, LISTENER_TYPE_URL, RenderError,
+    ResourceSet, Snapshot, build_cluster,
 };
 use aether_fixtures::envoy::{Envoy, WAIT};
 use envoy_types::pb::envoy::config::core::v3::{Pipe, address};
@@ -182,7 +182,7 @@ async fn the_same_snapshot_twice_sends_nothing_and_a_burst_is_one_push() {
     let cds = f.tracker().get("node-d", CLUSTER_TYPE_URL);
     let lds = f.tracker().get("node-d", LISTENER_TYPE_URL);
 
-    // Same content again, as a new value: no new version, nothing sent (once the renderer has
+    // Same content again, as a new value: no new version, nothing sent (once the encoder has
     // taken it).
     f.push(snap(1));
     f.wait_rendered().await;
@@ -207,24 +207,24 @@ async fn the_same_snapshot_twice_sends_nothing_and_a_burst_is_one_push() {
 async fn an_invalid_resource_is_nacked_with_envoys_reason_and_the_last_good_keeps_serving() {
     let dir_probe = tempfile::tempdir().unwrap();
     let opts = test_options(dir_probe.path());
-    let f = sotw("node-e").raw(|_| Resources::default()).await;
+    let f = sotw("node-e").raw(|_| ResourceSet::default()).await;
     let socket = pod_socket(&f, "uid-e", "app.sock");
     let _echo = start_echo(&socket, "echo-e");
-    let good = render_cluster(&pipe_cluster("app_ns_good_8080", &socket, None), &opts).unwrap();
-    f.push_raw(Resources::from_protos(vec![good.clone()], vec![]));
+    let good = build_cluster(&pipe_cluster("app_ns_good_8080", &socket, None), &opts).unwrap();
+    f.push_raw(ResourceSet::from_protos(vec![good.clone()], vec![]));
     f.wait_acked().await;
     let good_version = f.tracker().acked_version("node-e", CLUSTER_TYPE_URL).unwrap();
     assert_eq!(f.via_inbound("app_ns_good_8080", "/").await.0, 200);
 
     // 1. A cluster that skipped validation: a 108-byte pipe path.
-    let mut bad = render_cluster(&pipe_cluster("app_ns_bad_8080", &socket, None), &opts).unwrap();
+    let mut bad = build_cluster(&pipe_cluster("app_ns_bad_8080", &socket, None), &opts).unwrap();
     let endpoint = &mut bad.load_assignment.as_mut().unwrap().endpoints[0].lb_endpoints[0];
     let Some(HostIdentifier::Endpoint(ep)) = endpoint.host_identifier.as_mut() else {
         panic!("rendered cluster has an endpoint")
     };
     ep.address.as_mut().unwrap().address =
         Some(address::Address::Pipe(Pipe { path: format!("/{}", "b".repeat(107)), mode: 0 }));
-    f.push_raw(Resources::from_protos(vec![good.clone(), bad], vec![]));
+    f.push_raw(ResourceSet::from_protos(vec![good.clone(), bad], vec![]));
     assert!(
         f.tracker().wait_for(WAIT, |t| t.nack_count("node-e", CLUSTER_TYPE_URL) == 1).await,
         "no NACK: {:?}",
@@ -244,7 +244,7 @@ async fn an_invalid_resource_is_nacked_with_envoys_reason_and_the_last_good_keep
     assert!(!f.envoy().cluster_names().unwrap().contains(&"app_ns_bad_8080".to_owned()));
 
     // 2. Two clusters with one name.
-    f.push_raw(Resources::from_protos(vec![good.clone(), good.clone()], vec![]));
+    f.push_raw(ResourceSet::from_protos(vec![good.clone(), good.clone()], vec![]));
     assert!(f.tracker().wait_for(WAIT, |t| t.nack_count("node-e", CLUSTER_TYPE_URL) == 2).await);
     let nack = f.tracker().get("node-e", CLUSTER_TYPE_URL).last_nack.unwrap();
     eprintln!("NACK 2: {nack:?}");
@@ -252,7 +252,7 @@ async fn an_invalid_resource_is_nacked_with_envoys_reason_and_the_last_good_keep
     assert_eq!(f.via_inbound("app_ns_good_8080", "/").await.0, 200);
 
     // 3. Back to valid: ACKed again, NACK history kept.
-    f.push_raw(Resources::from_protos(vec![good], vec![]));
+    f.push_raw(ResourceSet::from_protos(vec![good], vec![]));
     f.wait_acked().await;
     assert_eq!(f.tracker().nack_count("node-e", CLUSTER_TYPE_URL), 2);
 }
@@ -290,9 +290,9 @@ async fn metrics_count_pushes_acks_and_nacks_and_time_each_change_to_its_ack() {
     assert_eq!(m.clock.pending(), 0);
 
     // NACKs: a server fed a duplicate cluster name.
-    let r = sotw("node-mn").raw(|_| Resources::default()).await;
-    let dup = render_cluster(&pipe_cluster("app_ns_dup_8080", &socket, None), &r.opts).unwrap();
-    r.push_raw(Resources::from_protos(vec![dup.clone(), dup], vec![]));
+    let r = sotw("node-mn").raw(|_| ResourceSet::default()).await;
+    let dup = build_cluster(&pipe_cluster("app_ns_dup_8080", &socket, None), &r.opts).unwrap();
+    r.push_raw(ResourceSet::from_protos(vec![dup.clone(), dup], vec![]));
     assert!(r.tracker().wait_for(WAIT, |t| t.nack_count("node-mn", CLUSTER_TYPE_URL) == 1).await);
     assert_eq!(sample(r.metrics(), "aether_xds_nacks_total{type=\"cluster\"}"), 1.0);
     assert_eq!(sample(r.metrics(), "aether_xds_change_to_ack_seconds_count"), 0.0, "nothing stamped, nothing observed");
@@ -409,7 +409,7 @@ async fn a_grpc_server_is_promoted_by_the_grpc_health_check_and_demoted_when_not
 #[test]
 fn a_grpc_check_without_http2_is_not_rendered() {
     let c = pipe_cluster("health_ns_grpc", Path::new("/s.sock"), Some(HealthCheck::Grpc { service: String::new() }));
-    let err = render_cluster(&c, &RenderOptions::default()).unwrap_err();
+    let err = build_cluster(&c, &BuildOptions::default()).unwrap_err();
     assert_eq!(err.label(), "invalid-grpc-check", "{err}");
 }
 

@@ -318,9 +318,9 @@ fn section_agent(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
         "criterion (`agent-reconciler/benches/scale.rs`, public API only) on a synthetic node: pods in services of 5 \
          replicas over 10 namespaces, one port each (2 clusters per pod: app + health), policy *k* on service *k*. \
          **Full build** = relist policies and pods into a new index, render every pod, encode every cluster with a \
-         fresh xDS renderer (an agent restart, or an implementation that re-renders everything on any change). \
+         fresh xDS encoder (an agent restart, or an implementation that re-renders everything on any change). \
          **Per event** = the index mutation, then — when the delivery map changed — `render::render` of the map into \
-         cluster specs and the cached xDS `Renderer` (encodes only the clusters whose spec changed): what the agent \
+         cluster specs and the cached xDS `Encoder` (encodes only the clusters whose spec changed): what the agent \
          does per watch event, without the on-disk socket check, the state-dir write and the debounce. Events: one \
          policy's socket edited; one pod's health path edited; one pod re-delivered unchanged (watch resync); a relist \
          of all pods, none changed.\n",
@@ -1047,10 +1047,10 @@ const INBOUND_PORT: u16 = 8080;
 const APP_TCP_PORT: u16 = 9090;
 
 /// A static bootstrap with one inbound listener as the agent renders it
-/// (`aether_agent_reconciler::xds::render_inbound_listener` with the default `RenderOptions`,
+/// (`aether_agent_reconciler::xds::build_inbound_listener` with the default `BuildOptions`,
 /// written out by hand as JSON): 0.0.0.0:`port` bound in `netns` (`network_namespace_filepath`),
 /// `enable_reuse_port: false`, `connection_limit` (16384) then `tcp_proxy` (idle timeout 1 h) to a
-/// STATIC cluster whose one endpoint is the app's socket (`pipe`), like `render_cluster` renders a
+/// STATIC cluster whose one endpoint is the app's socket (`pipe`), like `build_cluster` builds a
 /// pipe endpoint (connect timeout 1 s, panic threshold 0, no health check).
 fn inbound_bootstrap(admin: u16, netns: &str, port: u16, socket: &Path) -> serde_json::Value {
     let (name, cluster) = ("inbound_bench_8080", "app_bench_uds");

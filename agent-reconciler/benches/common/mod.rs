@@ -16,12 +16,13 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use aether_agent_reconciler::fold::Settings;
 use aether_agent_reconciler::fscheck::Refusal;
 use aether_agent_reconciler::record::{PodKey, PodRecord, PolicyRecord};
 use aether_agent_reconciler::render;
-use aether_agent_reconciler::xds::resources::{RenderOptions, Renderer, Resources, Snapshot};
+use aether_agent_reconciler::xds::{BuildOptions, Encoder, ResourceSet, Snapshot, SpecChange};
 use aether_agent_reconciler::{Change, Index};
 
 /// Replicas of one service on the node.
@@ -76,28 +77,33 @@ pub fn settings() -> Settings {
     Settings::new(PODS_DIR, true)
 }
 
-/// The agent's state for one node: the index, the last snapshot and the xDS renderer's cache.
+/// The agent's state for one node: the index, the last model and the xDS encoder's cache.
 pub struct Node {
     pub index: Index,
-    pub renderer: Renderer,
-    pub snapshot: Snapshot,
-    pub resources: Resources,
+    pub encoder: Encoder,
+    pub snapshot: Arc<Snapshot>,
+    pub resources: ResourceSet,
     refused: HashMap<PodKey, Refusal>,
 }
 
 impl Node {
     /// The full build: index from a relist of policies and pods, render every pod, encode every
-    /// cluster with a fresh renderer (what a restart, or an implementation without incremental
+    /// cluster with a fresh encoder (what a restart, or an implementation without incremental
     /// state, does).
     pub fn build(pods: Vec<PodRecord>, policies: Vec<PolicyRecord>) -> Node {
         let mut index = Index::new(settings());
         index.reset_policies(policies);
         index.reset_pods(pods);
+        Node::encoded(index)
+    }
+
+    /// `index` rendered and encoded with a fresh encoder.
+    fn encoded(index: Index) -> Node {
         let refused = HashMap::new();
-        let snapshot = render::render(&index.snapshot(), &refused).snapshot;
-        let mut renderer = Renderer::new(RenderOptions::default());
-        let resources = renderer.render(&snapshot);
-        Node { index, renderer, snapshot, resources, refused }
+        let snapshot = Arc::new(render::render(&index.snapshot(), &refused).snapshot);
+        let mut encoder = Encoder::new(BuildOptions::default());
+        let resources = encoder.update([SpecChange::Whole(snapshot.clone())]);
+        Node { index, encoder, snapshot, resources, refused }
     }
 
     /// `render::render` of the current delivery map (cluster specs, no encoding).
@@ -105,19 +111,19 @@ impl Node {
         render::render(&self.index.snapshot(), &self.refused).snapshot
     }
 
-    /// What the agent does after one index mutation (driver `after` + xDS renderer): when the
-    /// delivery map changed, render it into cluster specs and let the cached renderer encode the
+    /// What the agent does after one index mutation (driver `after` + xDS encoder): when the
+    /// delivery map changed, render it into cluster specs and let the cached encoder encode the
     /// clusters whose spec changed.
     pub fn publish(&mut self, change: &Change) {
         if change.map_changed {
-            self.snapshot = render::render(&self.index.snapshot(), &self.refused).snapshot;
-            self.resources = self.renderer.render(&self.snapshot);
+            self.snapshot = Arc::new(render::render(&self.index.snapshot(), &self.refused).snapshot);
+            self.resources = self.encoder.update([SpecChange::Whole(self.snapshot.clone())]);
         }
     }
 }
 
-/// Clusters whose spec differs between two snapshots (added, changed or removed, by name): what
-/// [`Renderer`] re-encodes, since its cache is keyed by name and reused only for an equal spec.
+/// Clusters whose spec differs between two models (added, changed or removed, by name): what
+/// [`Encoder`] re-encodes, since it reuses what it serves under a name only for an equal spec.
 pub fn clusters_changed(before: &Snapshot, after: &Snapshot) -> usize {
     let old: HashMap<&str, _> = before.clusters.iter().map(|c| (c.name.as_str(), c)).collect();
     let new: HashMap<&str, _> = after.clusters.iter().map(|c| (c.name.as_str(), c)).collect();
@@ -132,10 +138,6 @@ impl Node {
         let mut index = Index::new(settings());
         index.reset_policies((0..n_policies).map(|k| policy(k, false)));
         index.reset_pods((0..n_pods).map(|i| pod(i, false)));
-        let refused = HashMap::new();
-        let snapshot = render::render(&index.snapshot(), &refused).snapshot;
-        let mut renderer = Renderer::new(RenderOptions::default());
-        let resources = renderer.render(&snapshot);
-        Node { index, renderer, snapshot, resources, refused }
+        Node::encoded(index)
     }
 }

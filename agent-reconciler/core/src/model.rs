@@ -1,5 +1,5 @@
 //! The xDS layer's input: plain data the render step produces and the encoder
-//! (`aether_agent_reconciler::xds::resources`) turns into Envoy protos. [`ClusterSpec::validate`]
+//! (`aether_agent_reconciler::xds::encoder`) turns into Envoy protos. [`ClusterSpec::validate`]
 //! says, before anything is encoded, whether Envoy would accept a cluster, so one pod's bad value
 //! is left out instead of the node's update being NACKed.
 

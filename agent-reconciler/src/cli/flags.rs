@@ -205,7 +205,7 @@ pub struct RunArgs {
     /// Milliseconds a changed snapshot waits for further changes before it is pushed to Envoy
     /// (coalesces bursts such as a rollout into one push). Every policy or pod change pays it
     /// once on its way to Envoy. 0 pushes every change at once.
-    #[arg(long, default_value_t = crate::xds::server::DEFAULT_DEBOUNCE.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=10_000), env = "AETHER_XDS_DEBOUNCE_MS")]
+    #[arg(long, default_value_t = crate::xds::publish::DEFAULT_DEBOUNCE.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=10_000), env = "AETHER_XDS_DEBOUNCE_MS")]
     pub xds_debounce_ms: u64,
     /// Make /readyz wait for the node's Envoy: 503 until an Envoy is connected over ADS and has
     /// ACKed the CDS and LDS versions the agent would send now, and 503 again whenever no Envoy

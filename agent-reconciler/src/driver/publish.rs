@@ -12,16 +12,15 @@ use aether_agent_core::index::Index;
 use aether_agent_core::pod_events::{self, Ledger};
 use aether_agent_core::record::PodKey;
 use aether_agent_core::refusal::Refusal;
-use aether_agent_core::render;
+use aether_agent_core::render::{self, PodRender};
 use aether_agent_core::status::Status;
 use tokio::sync::watch;
 
 use super::tally::{Counts, Tally};
 use crate::metrics::ClusterMetrics;
 use crate::runtime::PodNetns;
+use crate::xds::metrics::ChangeClock;
 use crate::xds::publish::PodSpecsSender;
-use crate::xds::resources::PodRender;
-use crate::xds::server::ChangeClock;
 
 /// How long a holding agent ([`Status::holding_xds`]) waits, after the first complete pod list,
 /// for the container runtime's netns answers before it serves Envoy without the missing ones

@@ -12,7 +12,7 @@ use aether_agent_core::record::PodKey;
 use aether_agent_core::refusal::Refusal;
 use aether_agent_core::render::Effective;
 
-use crate::xds::resources::PodRender;
+use aether_agent_core::render::PodRender;
 
 /// Each pod's last logged delivery line, as its [`line_digest`] (a digest, not the line: 8 bytes
 /// per pod instead of a sentence).

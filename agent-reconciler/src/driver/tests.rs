@@ -72,7 +72,7 @@ fn records(state: &std::path::Path) -> Vec<String> {
 }
 
 /// The endpoint of `shop/<name>`'s app cluster in the last published snapshot.
-fn app_endpoint(rx: &crate::xds::publish::PodSpecs, name: &str) -> crate::xds::resources::Endpoint {
+fn app_endpoint(rx: &crate::xds::publish::PodSpecs, name: &str) -> crate::xds::Endpoint {
     let snap = rx.snapshot();
     let cluster = snap.clusters.iter().find(|c| c.name == format!("app_shop_{name}_8080")).expect("app cluster");
     cluster.endpoint.clone()
@@ -81,7 +81,7 @@ fn app_endpoint(rx: &crate::xds::publish::PodSpecs, name: &str) -> crate::xds::r
 #[test]
 fn the_runtimes_netns_answer_makes_tcp_delivery_dial_inside_the_pod_until_the_pod_goes() {
     use crate::runtime::{NetnsDirs, RuntimeError};
-    use crate::xds::resources::Endpoint;
+    use crate::xds::Endpoint;
     let dir = tempfile::tempdir().unwrap();
     let (mut d, rx) = driver(dir.path());
     let p = cart("a", UID_A).ip("10.1.2.3").build();
@@ -117,7 +117,7 @@ fn the_runtimes_netns_answer_makes_tcp_delivery_dial_inside_the_pod_until_the_po
 
 #[test]
 fn a_cni_record_is_read_on_the_pods_events_and_the_recheck_never_per_publish() {
-    use crate::xds::resources::Endpoint;
+    use crate::xds::Endpoint;
     let (state, records) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (tx, rx) = crate::xds::publish::pod_specs();
     let (status, _) = watch::channel(Status::default());
@@ -216,7 +216,7 @@ fn a_socket_path_that_held_a_link_stays_refused_until_the_pod_is_gone_across_a_r
         rx.snapshot()
             .clusters
             .iter()
-            .any(|c| c.name == "app_shop_a_8080" && matches!(c.endpoint, crate::xds::resources::Endpoint::Pipe { .. }))
+            .any(|c| c.name == "app_shop_a_8080" && matches!(c.endpoint, crate::xds::Endpoint::Pipe { .. }))
     };
     let p = cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build();
     let (mut d, rx) = driver_with(state.path(), settings());
@@ -306,7 +306,7 @@ fn a_restarted_driver_replays_each_pods_netns_so_its_first_push_equals_what_was_
     third.boot();
     let replayed = rx3.snapshot();
     assert!(replayed.listeners.is_empty(), "{replayed:?}");
-    let by_ip = crate::xds::resources::Endpoint::Tcp { address: "10.1.2.4".parse().unwrap(), port: 8080, netns: None };
+    let by_ip = crate::xds::Endpoint::Tcp { address: "10.1.2.4".parse().unwrap(), port: 8080, netns: None };
     assert_eq!(app_endpoint(&rx3, "b"), by_ip);
 }
 

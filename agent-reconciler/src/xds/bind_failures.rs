@@ -17,8 +17,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::resources::LISTENER_TYPE_URL;
-use super::server::AckTracker;
+use super::acks::AckTracker;
+use super::resource_set::LISTENER_TYPE_URL;
 use crate::names::ClusterName;
 
 /// One inbound listener Envoy rejected: its name (`inbound_<ns>_<pod>_<port>`, parsed) and

@@ -3,8 +3,8 @@
 //!
 //! Counted: responses sent, ACKs and NACKs per resource type ([`type_label`]: CDS, LDS, ECDS),
 //! resources and bytes sent per type and stream mode (state of the world or delta), the streams
-//! open now, and the time from a change (stamped on a [`ChangeClock`] by whoever
-//! publishes snapshots) to Envoy's ACK of the version that change produced.
+//! open now, and the time from a change (stamped on a [`ChangeClock`] by whoever publishes) to
+//! Envoy's ACK of the version that change produced.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -18,25 +18,21 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use super::resources::Resources;
+use super::resource_set::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL, LISTENER_TYPE_URL, ResourceSet};
 
 /// The metric label of a type URL: `cluster`, `listener`, `extension-config`, or `other`
 /// (bounded).
 pub fn type_label(type_url: &str) -> &'static str {
     match type_url {
-        super::resources::CLUSTER_TYPE_URL => "cluster",
-        super::resources::LISTENER_TYPE_URL => "listener",
-        super::resources::EXTENSION_CONFIG_TYPE_URL => "extension-config",
+        CLUSTER_TYPE_URL => "cluster",
+        LISTENER_TYPE_URL => "listener",
+        EXTENSION_CONFIG_TYPE_URL => "extension-config",
         _ => "other",
     }
 }
 
 /// The type URLs the server serves, in push order (each has its counters from the start).
-const SERVED: [&str; 3] = [
-    super::resources::CLUSTER_TYPE_URL,
-    super::resources::LISTENER_TYPE_URL,
-    super::resources::EXTENSION_CONFIG_TYPE_URL,
-];
+const SERVED: [&str; 3] = [CLUSTER_TYPE_URL, LISTENER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL];
 
 /// Label set `{type}` of the xDS counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -95,19 +91,19 @@ impl PerType for NackMetrics {
     }
 }
 
-/// Carries the time of the earliest change not yet acknowledged from the snapshot publisher
-/// (the reconcile loop) through the debounced renderer to the ACK of the version it produced.
+/// Carries the time of the earliest change not yet acknowledged from the publisher (the
+/// reconcile loop) through the debounced encoder task to the ACK of the version it produced.
 ///
-/// - [`ChangeClock::changed`]: a published snapshot differs; keeps the earliest such instant
-///   until the renderer takes it.
-/// - the renderer ([`spawn_renderer_with_clock`]) stamps each type whose version changed with
+/// - [`ChangeClock::changed`]: a publication differs; keeps the earliest such instant
+///   until the encoder task takes it.
+/// - the encoder task ([`spawn_encoder_with_clock`]) stamps each type whose version changed with
 ///   that instant, or with the instant already pending on that type if it is earlier (a version
 ///   superseded before its ACK hands its start on: Envoy may never ACK it).
 /// - [`ChangeClock::acked`]: the first ACK of a stamped version ends it.
 ///
 /// Memory is bounded: one pending instant, and one stamped version per type URL.
 ///
-/// [`spawn_renderer_with_clock`]: super::publish::spawn_renderer_with_clock
+/// [`spawn_encoder_with_clock`]: super::publish::spawn_encoder_with_clock
 #[derive(Clone, Debug, Default)]
 pub struct ChangeClock {
     state: Arc<Mutex<ClockState>>,
@@ -129,17 +125,17 @@ impl ChangeClock {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A snapshot that differs from the last one was published; `at` is when the change that
+    /// Something that differs from the last publication was published; `at` is when the change that
     /// caused it was seen (a watch event's arrival). The earliest unrendered instant is kept.
     pub fn changed(&self, at: Instant) {
         let mut s = self.lock();
         s.unrendered = Some(s.unrendered.map_or(at, |t| t.min(at)));
     }
 
-    /// The renderer published new resources: stamp every type whose version differs from
+    /// The encoder task published new resources: stamp every type whose version differs from
     /// `previous` with the earliest pending change. Types with an unchanged version keep what
     /// they had; a change that produced no new version is dropped.
-    pub fn rendered(&self, previous: &Resources, next: &Resources) {
+    pub fn rendered(&self, previous: &ResourceSet, next: &ResourceSet) {
         let mut s = self.lock();
         let since = s.unrendered.take();
         for type_url in next.type_urls() {
@@ -208,7 +204,7 @@ pub struct XdsMetrics {
     /// `aether_xds_bytes_sent_total{type,mode}`: encoded size of the responses sent, in bytes
     /// (the protobuf message, without gRPC framing).
     pub bytes_sent: Family<TypeModeLabel, Counter>,
-    /// The clock the publisher, the renderer and the server share.
+    /// The clock the publisher, the encoder task and the server share.
     pub clock: ChangeClock,
 }
 
@@ -301,10 +297,9 @@ impl XdsMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::resources::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL};
 
-    fn resources(cds: &str, lds: &str) -> Resources {
-        let mut r = Resources::default();
+    fn resources(cds: &str, lds: &str) -> ResourceSet {
+        let mut r = ResourceSet::default();
         r.clusters.version = cds.to_owned();
         r.listeners.version = lds.to_owned();
         r
@@ -329,7 +324,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(type_label(crate::xds::resources::EXTENSION_CONFIG_TYPE_URL), "extension-config");
+        assert_eq!(type_label(EXTENSION_CONFIG_TYPE_URL), "extension-config");
         assert_eq!(type_label("type.googleapis.com/envoy.config.route.v3.RouteConfiguration"), "other");
     }
 

@@ -1,29 +1,41 @@
 //! The xDS layer: what the node's Envoy receives from the agent.
 //!
-//! - [`resources`]: the encoder: the core's model ([`Snapshot`] of [`ClusterSpec`]s and
-//!   [`ListenerSpec`]s, re-exported) rendered to Envoy `Cluster`s, the health-gateway and inbound
-//!   `Listener`s and the gateway's checks (ECDS), content-hash versions.
-//! - [`health_gateway`]: the gateway on `--health-socket`: a listener that never changes with the
-//!   pods, and its per-cluster checks as one ECDS resource (why: `docs/design-notes.md`).
-//! - [`server`]: the ADS gRPC server (CDS + LDS + ECDS, state of the world and delta), [`serve`]
-//!   and a shutdown that waits for Envoy to close its streams ([`Drained`]); re-exports the parts
-//!   below.
-//! - `stream` (private): one state-of-the-world ADS stream's request/response loop, nonces,
-//!   a push per rendered version.
-//! - [`delta`]: one incremental (delta) ADS stream: per-resource versions, only what changed and
-//!   the names removed, a reconnecting Envoy's `initial_resource_versions` honoured.
+//! Laid out along go-control-plane's seams (resource types, versioned resource sets, a cache
+//! that builds them, one gRPC server whose state-of-the-world and delta streams share their
+//! session machinery). Each module imports only from the modules listed above it here:
+//!
+//! - [`options`]: the node-wide settings of the builders ([`BuildOptions`], [`HealthTiming`]).
+//! - [`resource_set`]: what is served: per type URL a [`TypedResources`] set with its
+//!   content-hash version, the three sets together as a [`ResourceSet`], per-resource digests and
+//!   delta versions ([`resource_version`]).
 //! - [`acks`]: the [`AckTracker`]: what each node applied or rejected, which streams are open.
 //! - [`metrics`]: Prometheus metrics ([`XdsMetrics`]), the change-to-ACK [`ChangeClock`].
-//! - [`publish`]: [`spawn_renderer`], snapshots to rendered resources with a debounce.
+//! - [`build`]: pure proto builders, the core's model to Envoy protos: [`build_cluster`],
+//!   [`build_inbound_listener`], and the health gateway on `--health-socket`
+//!   ([`build::health_gateway`]: a listener that never changes with the pods, and its per-cluster
+//!   checks as one ECDS resource; why: `docs/design-notes.md`).
+//! - [`encoder`]: the caching [`Encoder`]: the driver's per-pod specs (or a whole [`Snapshot`],
+//!   for tests and tools) to the served [`ResourceSet`], driven one way ([`Encoder::update`]),
+//!   building only what changed.
+//! - [`publish`]: the channel from the driver ([`publish::pod_specs`]) and the encoder task
+//!   ([`spawn_encoder`]) with its debounce.
+//! - `session` (private): what both stream variants share: nonces, the stream's session (node,
+//!   connection count, recording of sends, ACKs and NACKs), the serve loop.
+//! - `sotw` (private): one state-of-the-world stream; [`delta`]: one incremental stream
+//!   (per-resource versions, only what changed and the names removed, a reconnecting Envoy's
+//!   `initial_resource_versions` honoured).
+//! - [`service`]: the ADS gRPC service, [`XdsServer`] (CDS + LDS + ECDS, both variants).
 //! - [`listen`]: where the server listens ([`XdsAddr`], [`XdsListener`], [`ServeError`]).
+//! - [`server`]: [`serve`] / [`serve_listener`] and a shutdown that waits for Envoy to close its
+//!   streams ([`Drained`]).
 //! - [`bind_failures`]: after an LDS NACK, which inbound listeners Envoy could not bind (its
 //!   config dump's `error_state`).
 //! - [`readiness`]: whether Envoy has applied what the server would send now (the `/readyz`
 //!   line, [`EnvoyReadiness`]).
 //!
 //! Wiring: the driver's [`publish::pod_specs`] channel (only the pods whose rendering changed;
-//! a whole `watch::Receiver<Arc<Snapshot>>` is still accepted, e.g. by tests) → [`spawn_renderer`]
-//! → `watch::Receiver<Arc<Resources>>` (persistent maps: a new version shares what did not
+//! a whole `watch::Receiver<Arc<Snapshot>>` is still accepted, e.g. by tests) → [`spawn_encoder`]
+//! → `watch::Receiver<Arc<ResourceSet>>` (persistent maps: a new version shares what did not
 //! change) → [`XdsServer::new`] → [`serve`] on `unix://<path>` or `<ip>:<port>`.
 //!
 //! Envoy features used: `pipe` addresses (cluster endpoints and listeners), the `health_check`
@@ -37,28 +49,37 @@
 
 pub mod acks;
 pub mod bind_failures;
+pub mod build;
 pub mod delta;
-pub mod health_gateway;
+pub mod encoder;
 pub mod listen;
 pub mod metrics;
+pub mod options;
 pub mod publish;
 pub mod readiness;
-pub mod resources;
+pub mod resource_set;
 pub mod server;
-mod stream;
+pub mod service;
+mod session;
+mod sotw;
+#[cfg(test)]
+mod test_specs;
 
 pub use acks::{AckTracker, Nack, StreamState, TypeState};
-pub use health_gateway::{
-    DEFAULT_HEALTH_MAX_CONNECTIONS, EXTENSION_CONFIG_TYPE_URL, HEALTH_CHECKS_NAME, HEALTH_LISTENER_NAME,
-    HEALTHZ_PREFIX, render_health_checks, render_health_listener,
+pub use aether_agent_core::model::{ClusterSpec, Endpoint, HealthCheck, ListenerSpec, RenderError, Snapshot};
+pub use build::{
+    HEALTH_CHECK_HOST, HEALTH_CHECKS_NAME, HEALTH_LISTENER_NAME, HEALTHZ_PREFIX, build_cluster, build_health_checks,
+    build_health_listener, build_inbound_listener,
 };
+pub use encoder::{Encoder, SpecChange, encode};
 pub use listen::{ServeError, XdsAddr, XdsListener};
 pub use metrics::{ChangeClock, MODE_DELTA, MODE_SOTW, XdsMetrics};
-pub use publish::{spawn_renderer, spawn_renderer_with_clock};
+pub use options::{BuildOptions, DEFAULT_HEALTH_MAX_CONNECTIONS, DEFAULT_INBOUND_MAX_CONNECTIONS, HealthTiming};
+pub use publish::{DEFAULT_DEBOUNCE, spawn_encoder, spawn_encoder_with_clock};
 pub use readiness::{Connected, EnvoyReadiness, TypeProgress, assess};
-pub use resources::{
-    CLUSTER_TYPE_URL, ClusterSpec, DEFAULT_INBOUND_MAX_CONNECTIONS, Endpoint, HealthCheck, HealthTiming,
-    LISTENER_TYPE_URL, ListenerSpec, NamedResource, Rejected, RenderError, RenderOptions, Renderer, Resources,
-    Snapshot, TypedResources, render, render_cluster, render_inbound_listener,
+pub use resource_set::{
+    CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL, LISTENER_TYPE_URL, NamedResource, Rejected, ResourceSet,
+    TypedResources, resource_version,
 };
-pub use server::{Drained, XdsServer, serve, serve_listener};
+pub use server::{Drained, serve, serve_listener};
+pub use service::XdsServer;

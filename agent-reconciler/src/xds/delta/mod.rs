@@ -1,13 +1,16 @@
 //! One incremental (delta) ADS stream, `DeltaAggregatedResources`, from Envoy's first request to
-//! its end: CDS, LDS and ECDS, served beside the state-of-the-world stream (`super::stream`)
-//! from the same [`Resources`], into the same [`AckTracker`] and metrics.
+//! its end: `DeltaStream`, which [`super::service`] spawns per stream and `session::run` drives.
+//! CDS, LDS and ECDS, served beside the state-of-the-world stream (`sotw`) from the same
+//! [`ResourceSet`], recorded through the same session (`session::Session`) into the same
+//! [`AckTracker`] and metrics.
 //!
 //! Per type URL the stream keeps the client's [`Subscription`] (CDS and LDS: the wildcard; ECDS:
 //! the checks' name) and what it [`Held`]: on a new stream the client's
 //! `initial_resource_versions` (a reconnecting Envoy lists what it has, so it gets only what
 //! changed meanwhile), then every version sent. Each response carries only the subscribed
-//! resources whose version ([`versions::resource_version`], a content hash) the client does not
-//! hold, plus the names it holds that are gone (`removed_resources`); see [`diff::plan`].
+//! resources whose version ([`resource_version`](super::resource_set::resource_version), a
+//! content hash) the client does not hold, plus the names it holds that are gone
+//! (`removed_resources`); see [`diff::plan`].
 //!
 //! - A name subscribed explicitly is sent even if the client holds it (the protocol's rule),
 //!   except on a new stream's first request when `initial_resource_versions` lists it: then its
@@ -15,8 +18,8 @@
 //! - A response is sent for a type on the stream's first request of it (always, even empty, so
 //!   Envoy's initial fetch completes and the version can be ACKed), when a request subscribes
 //!   names, and after every change of the published resources (as state of the world: at once,
-//!   the renderer has coalesced bursts) when something differs or the type's version moved on.
-//! - `system_version_info` is the type's [`TypedResources`](super::resources::TypedResources)
+//!   the encoder task has coalesced bursts) when something differs or the type's version moved on.
+//! - `system_version_info` is the type's [`TypedResources`](super::resource_set::TypedResources)
 //!   version: the full set the response brings the client to. The tracker records it as the sent
 //!   version, and as the ACKed one when Envoy ACKs the response, so `/readyz` reads delta streams
 //!   as it reads state-of-the-world ones.
@@ -27,7 +30,6 @@
 //!   of the type sends them again: an ACK then means every resource of its version is applied.
 
 pub mod diff;
-pub mod versions;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -36,16 +38,14 @@ use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, Delt
 use imbl::ordmap::DiffItem;
 use prost::Message;
 use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
+use tonic::Status;
 
 pub use diff::{Held, Plan, Subscription, plan};
-pub use versions::resource_version;
 
-use super::acks::{AckTracker, Nack, StreamState};
+use super::acks::{AckTracker, Nack};
 use super::metrics::{MODE_DELTA, XdsMetrics};
-use super::resources::{Resources, Served, SetKey};
-use super::server::XdsServer;
-use super::stream::{Connection, next_nonce};
+use super::resource_set::{ResourceSet, Served, SetKey};
+use super::session::{Protocol, Session, next_nonce};
 
 /// Responses of one type kept waiting for their ACK or NACK; older ones are forgotten (their
 /// late answer is then ignored as stale).
@@ -81,21 +81,33 @@ struct TypeStream {
     recheck: BTreeSet<String>,
 }
 
-struct DeltaStream {
-    node: String,
-    connection: Option<Connection>,
-    peer: String,
+/// One delta stream: its session, per type what the client holds and asked for, where responses
+/// go.
+pub(super) struct DeltaStream {
+    session: Session,
     types: HashMap<String, TypeStream>,
     out: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
-    tracker: AckTracker,
-    metrics: Option<XdsMetrics>,
 }
 
 impl DeltaStream {
+    /// A stream from `peer` answering into `out`, recording into `tracker` and `metrics`.
+    pub(super) fn new(
+        peer: String,
+        tracker: AckTracker,
+        metrics: Option<XdsMetrics>,
+        out: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    ) -> DeltaStream {
+        DeltaStream {
+            session: Session::new(peer, tracker, metrics, MODE_DELTA, "delta xDS"),
+            types: HashMap::new(),
+            out,
+        }
+    }
+
     /// Sends what `type_url`'s client lacks of `resources`: when the plan is not empty, when the
     /// type's version differs from the last one sent, or when `always`. Returns false when the
     /// client is gone.
-    async fn push(&mut self, resources: &Arc<Resources>, type_url: &str, always: bool) -> bool {
+    async fn push(&mut self, resources: &Arc<ResourceSet>, type_url: &str, always: bool) -> bool {
         let (Some(set), Some(t)) = (resources.get(type_url), self.types.get_mut(type_url)) else {
             return true;
         };
@@ -147,39 +159,25 @@ impl DeltaStream {
         }
         t.in_flight.push_back(InFlight { nonce, version: set.version.clone(), names });
         t.sent_version = Some(set.version.clone());
-        tracing::debug!(node = %self.node, type_url, version = %set.version, sent = plan.send.len(),
+        tracing::debug!(node = %self.session.node, type_url, version = %set.version, sent = plan.send.len(),
             removed = plan.removed.len(), held = t.held.len(), "delta xDS push");
-        let version = set.version.clone();
-        self.tracker.update(&self.node, type_url, |s| {
-            s.sent_version = Some(version);
-            s.sends += 1;
-        });
-        if let Some(m) = &self.metrics {
-            XdsMetrics::inc(&m.pushes, type_url);
-            m.sent(type_url, MODE_DELTA, plan.send.len() as u64, response.encoded_len() as u64);
-        }
+        self.session.sent(type_url, set.version.clone(), plan.send.len() as u64, response.encoded_len() as u64);
         self.out.send(Ok(response)).await.is_ok()
     }
 
     /// Handles one request; returns false when the client is gone.
-    async fn request(&mut self, req: DeltaDiscoveryRequest, resources: &Arc<Resources>) -> bool {
-        if let Some(node) = &req.node
-            && self.connection.is_none()
-        {
-            self.node = node.id.clone();
-            self.connection = Some(Connection::open(&self.tracker, &self.node, self.metrics.as_ref()));
-            tracing::info!(node = %self.node, peer = %self.peer, "delta xDS stream opened");
-        }
+    async fn request(&mut self, req: DeltaDiscoveryRequest, resources: &Arc<ResourceSet>) -> bool {
+        self.session.identify(req.node.as_ref());
         let type_url = req.type_url.clone();
         if resources.get(&type_url).is_none() {
-            tracing::warn!(node = %self.node, type_url, "delta xDS request for a type we do not serve");
+            tracing::warn!(node = %self.session.node, type_url, "delta xDS request for a type we do not serve");
             return true;
         }
         let first = !self.types.contains_key(&type_url);
         let t = self.types.entry(type_url.clone()).or_default();
         if first {
             t.held = Held::from_initial(req.initial_resource_versions);
-            tracing::debug!(node = %self.node, type_url, held = t.held.len(), "delta xDS subscription");
+            tracing::debug!(node = %self.session.node, type_url, held = t.held.len(), "delta xDS subscription");
         }
         let was_wildcard = t.subscription.wildcard;
         let mut forced = t.subscription.apply(first, &req.resource_names_subscribe, &req.resource_names_unsubscribe);
@@ -209,54 +207,26 @@ impl DeltaStream {
     fn answer(&mut self, type_url: &str, nonce: String, error: Option<envoy_types::pb::google::rpc::Status>) {
         let Some(t) = self.types.get_mut(type_url) else { return };
         let Some(at) = t.in_flight.iter().position(|f| f.nonce == nonce) else {
-            tracing::debug!(node = %self.node, type_url, nonce, "stale delta xDS nonce ignored");
+            tracing::debug!(node = %self.session.node, type_url, nonce, "stale delta xDS nonce ignored");
             return;
         };
         let Some(flight) = t.in_flight.remove(at) else { return };
         let version = flight.version;
         if let Some(err) = error {
-            tracing::warn!(node = %self.node, type_url, %version, code = err.code, error = %err.message,
+            tracing::warn!(node = %self.session.node, type_url, %version, code = err.code, error = %err.message,
                 resources = flight.names.len(),
                 "Envoy rejected a delta xDS update (NACK); it keeps its last good config");
             t.held.forget(flight.names.iter());
             t.recheck.extend(flight.names.iter().cloned());
-            if let Some(m) = &self.metrics {
-                XdsMetrics::inc(&m.nacks, type_url);
-            }
             let nack = Nack { version, nonce, message: err.message, code: err.code };
-            self.on_stream(|s| {
-                s.nacked.insert(type_url.to_owned(), nack.clone());
-            });
-            self.tracker.update(&self.node, type_url, |s| {
-                s.nacks += 1;
-                s.last_nack = Some(nack);
-            });
+            self.session.nacked(type_url, nack);
         } else {
-            tracing::debug!(node = %self.node, type_url, %version, "delta xDS ACK");
-            if let Some(m) = &self.metrics {
-                XdsMetrics::inc(&m.acks, type_url);
-                if let Some(elapsed) = m.clock.acked(type_url, &version) {
-                    m.change_to_ack.observe(elapsed.as_secs_f64());
-                }
-            }
-            self.on_stream(|s| {
-                s.acked.insert(type_url.to_owned(), version.clone());
-            });
-            self.tracker.update(&self.node, type_url, |s| {
-                s.acks += 1;
-                s.acked_version = Some(version);
-            });
+            tracing::debug!(node = %self.session.node, type_url, %version, "delta xDS ACK");
+            self.session.acked(type_url, version);
         }
     }
 
-    /// Records on this stream's [`StreamState`] (nothing before it is counted as connected).
-    fn on_stream(&self, f: impl FnOnce(&mut StreamState)) {
-        if let Some(c) = &self.connection {
-            self.tracker.update_stream(c.id, f);
-        }
-    }
-
-    async fn push_changes(&mut self, resources: &Arc<Resources>) -> bool {
+    async fn push_changes(&mut self, resources: &Arc<ResourceSet>) -> bool {
         for type_url in resources.type_urls() {
             if self.types.contains_key(type_url) && !self.push(resources, type_url, false).await {
                 return false;
@@ -266,44 +236,22 @@ impl DeltaStream {
     }
 }
 
-/// Serves one delta stream of `server` until the client ends it, an error, or the server's
-/// shutdown ([`XdsServer::close_streams`]); responses go to `out`.
-pub(super) async fn run(
-    inbound: Streaming<DeltaDiscoveryRequest>,
-    server: XdsServer,
-    peer: String,
-    out: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
-) {
-    let (resources, shutdown) = (server.resources.clone(), server.shutdown.clone());
-    let stream = DeltaStream {
-        node: String::new(),
-        connection: None,
-        peer,
-        types: HashMap::new(),
-        out,
-        tracker: server.tracker.clone(),
-        metrics: server.metrics.clone(),
-    };
-    super::stream::serve(inbound, stream, resources, shutdown).await;
-}
-
-impl super::stream::Session for DeltaStream {
+impl Protocol for DeltaStream {
     type Request = DeltaDiscoveryRequest;
-    const LABEL: &'static str = "delta xDS";
 
-    fn names(&self) -> (&str, &str) {
-        (&self.node, &self.peer)
+    fn session(&self) -> &Session {
+        &self.session
     }
 
     fn on_request(
         &mut self,
         req: DeltaDiscoveryRequest,
-        current: &Arc<Resources>,
+        current: &Arc<ResourceSet>,
     ) -> impl Future<Output = bool> + Send {
         self.request(req, current)
     }
 
-    fn on_change(&mut self, current: &Arc<Resources>) -> impl Future<Output = bool> + Send {
+    fn on_change(&mut self, current: &Arc<ResourceSet>) -> impl Future<Output = bool> + Send {
         self.push_changes(current)
     }
 }

@@ -5,18 +5,19 @@
 //!
 //! Two xDS resources, so that pod churn never touches the listener:
 //!
-//! - the listener [`HEALTH_LISTENER_NAME`] (LDS, [`render_health_listener`]): the pipe, Envoy's
-//!   `envoy.filters.network.connection_limit` (cap [`RenderOptions::health_max_connections`]),
+//! - the listener [`HEALTH_LISTENER_NAME`] (LDS, [`build_health_listener`]): the pipe, Envoy's
+//!   `envoy.filters.network.connection_limit` (cap [`BuildOptions::health_max_connections`]),
 //!   and an HTTP connection manager whose filters are one filter discovered over ECDS
 //!   ([`HEALTH_CHECKS_NAME`]) and the router (every request the filter does not answer gets the
-//!   route's 404). It depends on the node's settings only: rendered once, never replaced.
+//!   route's 404). It depends on the node's settings only: built once, never replaced.
 //! - the filter's configuration [`HEALTH_CHECKS_NAME`] (ECDS, type
-//!   [`EXTENSION_CONFIG_TYPE_URL`] on the same ADS stream, [`render_health_checks`]): an
-//!   `ExtensionWithMatcher` around the `envoy.filters.http.composite` filter whose match tree maps
+//!   [`EXTENSION_CONFIG_TYPE_URL`](crate::xds::resource_set::EXTENSION_CONFIG_TYPE_URL) on the
+//!   same ADS stream, [`build_health_checks`]): an `ExtensionWithMatcher` around the `envoy.filters.http.composite` filter whose match tree maps
 //!   the exact `:path` `/healthz/<name>` of each listed cluster to a `health_check` filter for that
 //!   cluster. A pod added or removed changes this resource only. Envoy applies an ECDS update to
 //!   the streams that start after it, on every connection, existing keep-alive ones included, and
-//!   drains nothing (measured in `tests/health_gateway.rs` and `make bench`).
+//!   drains nothing (measured in `tests/health_gateway.rs`; docs/benchmarks.md, section 3c, times
+//!   it).
 //!
 //! Why not the alternatives (`docs/design-notes.md`, "Health gateway without listener churn"):
 //! one `health_check` filter per cluster in the listener (the old design) replaces the filter
@@ -31,6 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use aether_agent_core::model::{RenderError, validate_pipe_path};
 use envoy_types::pb::envoy::config::core::v3::{
     AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, ExtensionConfigSource, TypedExtensionConfig,
     config_source::ConfigSourceSpecifier, data_source,
@@ -59,7 +61,8 @@ use envoy_types::pb::xds::r#type::matcher::v3::matcher::{OnMatch, on_match};
 use envoy_types::util::pack_any;
 use prost::{Message, Name};
 
-use super::resources::{RenderError, RenderOptions, validate_pipe_path};
+use super::parts::{connection_limited, pipe_address};
+use crate::xds::options::BuildOptions;
 
 /// Name of the health-gateway listener served over LDS (also its stat prefix).
 pub const HEALTH_LISTENER_NAME: &str = "aether_health";
@@ -68,19 +71,11 @@ pub const HEALTHZ_PREFIX: &str = "/healthz/";
 /// Name of the gateway's discovered HTTP filter: the ECDS resource name and the filter's name in
 /// the listener (Envoy's stats: `extension_config_discovery.http_filter.aether_health_checks.*`).
 pub const HEALTH_CHECKS_NAME: &str = "aether_health_checks";
-/// Type URL of an Envoy v3 `TypedExtensionConfig` (ECDS).
-pub const EXTENSION_CONFIG_TYPE_URL: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
-/// Default cap on concurrent connections to the health gateway. Its callers are the node's
-/// health prober(s) and operators (a handful of keep-alive connections); 1,024 leaves them ample
-/// room while bounding what a local process that floods the socket can hold: measured on Envoy
-/// 1.40, an open HTTP/1.1 keep-alive connection costs ~24 KiB of Envoy's RSS, so 1,024 of them
-/// add ~24 MiB (the chart gives Envoy 512 MiB).
-pub const DEFAULT_HEALTH_MAX_CONNECTIONS: u64 = 1_024;
 
 const HEALTH_CHECK_FILTER: &str = "envoy.filters.http.health_check";
 const COMPOSITE_FILTER: &str = "envoy.filters.http.composite";
 
-/// Renders the gateway listener: a `pipe` listener on `opts.health_socket` (file mode
+/// Builds the gateway listener: a `pipe` listener on `opts.health_socket` (file mode
 /// `opts.health_socket_mode`) with one filter chain: `envoy.filters.network.connection_limit`
 /// (`opts.health_max_connections`; a connection past it is closed at once and counted in Envoy's
 /// `connection_limit.aether_health.limited_connections`), then an HTTP connection manager (codec
@@ -91,7 +86,7 @@ const COMPOSITE_FILTER: &str = "envoy.filters.http.composite";
 /// # Errors
 /// [`RenderError::InvalidPath`] or [`RenderError::PipePathTooLong`] for the socket path.
 /// `Ok(None)` when `opts.health_socket` is `None` (no gateway).
-pub fn render_health_listener(opts: &RenderOptions) -> Result<Option<Listener>, RenderError> {
+pub fn build_health_listener(opts: &BuildOptions) -> Result<Option<Listener>, RenderError> {
     let Some(socket) = &opts.health_socket else { return Ok(None) };
     validate_pipe_path(socket)?;
     let discovered = HttpFilter {
@@ -142,8 +137,8 @@ pub fn render_health_listener(opts: &RenderOptions) -> Result<Option<Listener>, 
     };
     Ok(Some(Listener {
         name: HEALTH_LISTENER_NAME.to_owned(),
-        address: Some(super::resources::pipe_address(socket, opts.health_socket_mode)),
-        filter_chains: vec![super::resources::connection_limited(
+        address: Some(pipe_address(socket, opts.health_socket_mode)),
+        filter_chains: vec![connection_limited(
             HEALTH_LISTENER_NAME,
             opts.health_max_connections,
             "envoy.filters.network.http_connection_manager",
@@ -153,7 +148,7 @@ pub fn render_health_listener(opts: &RenderOptions) -> Result<Option<Listener>, 
     }))
 }
 
-/// Renders the gateway's ECDS resource [`HEALTH_CHECKS_NAME`] for `health_clusters` (any order,
+/// Builds the gateway's ECDS resource [`HEALTH_CHECKS_NAME`] for `health_clusters` (any order,
 /// duplicates ignored): an `ExtensionWithMatcher` whose `xds_matcher` is an exact-match map on
 /// the request's `:path` (`envoy.type.matcher.v3.HttpRequestHeaderMatchInput`), one entry
 /// `/healthz/<name>` per cluster, each an `ExecuteFilterAction` of an
@@ -163,7 +158,7 @@ pub fn render_health_listener(opts: &RenderOptions) -> Result<Option<Listener>, 
 ///
 /// The map is O(1) per request in Envoy; its entries are encoded in name order, so the same list
 /// always gives the same bytes (envoy-types' `HashMap` would encode them in a random order).
-pub fn render_health_checks(health_clusters: &[String]) -> TypedExtensionConfig {
+pub fn build_health_checks(health_clusters: &[String]) -> TypedExtensionConfig {
     let map: BTreeMap<String, OnMatch> =
         health_clusters.iter().map(|name| (format!("{HEALTHZ_PREFIX}{name}"), check_action(name))).collect();
     let tree = (!map.is_empty()).then(|| sorted::MatcherTree {
@@ -189,7 +184,8 @@ pub fn render_health_checks(health_clusters: &[String]) -> TypedExtensionConfig 
 /// The match action for cluster `name`: run a `health_check` filter that answers for it alone.
 fn check_action(name: &str) -> OnMatch {
     let path = format!("{HEALTHZ_PREFIX}{name}");
-    // One entry: see the module doc of `resources` on map determinism.
+    // One entry: prost encodes a `map` field in `HashMap` iteration order, so only a map of one
+    // entry encodes the same content to the same bytes.
     let min_healthy = HashMap::from([(name.to_owned(), Percent { value: 100.0 })]);
     let check = HealthCheckFilter {
         pass_through_mode: Some(BoolValue { value: false }),
@@ -276,6 +272,7 @@ mod sorted {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::xds::resource_set::EXTENSION_CONFIG_TYPE_URL;
     use envoy_types::pb::envoy::config::listener::v3::filter;
     use envoy_types::pb::envoy::extensions::filters::network::connection_limit::v3::ConnectionLimit;
     use envoy_types::pb::google::protobuf::UInt64Value;
@@ -289,7 +286,7 @@ mod tests {
 
     #[test]
     fn the_checks_map_each_listed_path_to_a_health_check_of_that_cluster_alone() {
-        let config = render_health_checks(&["health_ns_b".to_owned(), "health_ns_a".to_owned()]);
+        let config = build_health_checks(&["health_ns_b".to_owned(), "health_ns_a".to_owned()]);
         assert_eq!(config.name, HEALTH_CHECKS_NAME);
         let wrapper = unwrap(&config);
         let inner = wrapper.extension_config.unwrap();
@@ -325,32 +322,32 @@ mod tests {
         let mut shuffled = names.clone();
         shuffled.reverse();
         shuffled.push(names[7].clone());
-        let one = render_health_checks(&names).encode_to_vec();
+        let one = build_health_checks(&names).encode_to_vec();
         for _ in 0..10 {
-            assert_eq!(render_health_checks(&shuffled).encode_to_vec(), one);
+            assert_eq!(build_health_checks(&shuffled).encode_to_vec(), one);
         }
         // And the twin's bytes equal what envoy-types builds from the same content.
-        let decoded = unwrap(&render_health_checks(&names));
+        let decoded = unwrap(&build_health_checks(&names));
         let reencoded = ExtensionWithMatcher::decode(decoded.encode_to_vec().as_slice()).unwrap();
         assert_eq!(decoded, reencoded);
         let Some(MatcherType::MatcherTree(tree)) = decoded.xds_matcher.unwrap().matcher_type else { panic!() };
         let Some(TreeType::ExactMatchMap(map)) = tree.tree_type else { panic!() };
         assert_eq!(map.map.len(), 50);
-        assert_ne!(render_health_checks(&names[1..]).encode_to_vec(), one, "a change changes the bytes");
+        assert_ne!(build_health_checks(&names[1..]).encode_to_vec(), one, "a change changes the bytes");
     }
 
     #[test]
     fn no_clusters_is_a_matcher_without_a_tree() {
-        let wrapper = unwrap(&render_health_checks(&[]));
+        let wrapper = unwrap(&build_health_checks(&[]));
         assert_eq!(wrapper.xds_matcher.unwrap().matcher_type, None);
     }
 
     #[test]
     fn the_listener_names_no_cluster_and_discovers_its_checks_over_ads_behind_a_connection_limit() {
-        let opts = RenderOptions { health_max_connections: 7, ..RenderOptions::default() };
-        let l = render_health_listener(&opts).unwrap().unwrap();
+        let opts = BuildOptions { health_max_connections: 7, ..BuildOptions::default() };
+        let l = build_health_listener(&opts).unwrap().unwrap();
         assert_eq!(l.name, HEALTH_LISTENER_NAME);
-        assert_eq!(l.address, Some(super::super::resources::pipe_address("/run/aether/health.sock", 0o666)));
+        assert_eq!(l.address, Some(super::super::parts::pipe_address("/run/aether/health.sock", 0o666)));
         let filters = &l.filter_chains[0].filters;
         let names: Vec<&str> = filters.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, ["envoy.filters.network.connection_limit", "envoy.filters.network.http_connection_manager"]);
@@ -368,9 +365,9 @@ mod tests {
         let specifier = source.config_source.as_ref().unwrap().config_source_specifier.clone();
         assert_eq!(specifier, Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource::default())));
 
-        assert_eq!(render_health_listener(&RenderOptions { health_socket: None, ..opts.clone() }), Ok(None));
-        let long = RenderOptions { health_socket: Some(format!("/{}", "h".repeat(107))), ..opts };
-        assert!(matches!(render_health_listener(&long), Err(RenderError::PipePathTooLong { .. })));
+        assert_eq!(build_health_listener(&BuildOptions { health_socket: None, ..opts.clone() }), Ok(None));
+        let long = BuildOptions { health_socket: Some(format!("/{}", "h".repeat(107))), ..opts };
+        assert!(matches!(build_health_listener(&long), Err(RenderError::PipePathTooLong { .. })));
     }
 
     #[test]
