@@ -139,7 +139,7 @@ impl RealNode {
     /// carries the tail of its log.
     pub fn up() -> anyhow::Result<Self> {
         require_root("the real-node suite")?;
-        let before = HostState::capture()?;
+        let before = HostState::capture_before_up()?;
         let dir = tempfile::Builder::new().prefix("aether-node-").tempdir()?.keep();
         node_script("up", &dir, 1)?;
         let facts = read_env(&dir.join("env"))?;
@@ -247,6 +247,31 @@ const PATHS: &[&str] = &[
 ];
 
 impl HostState {
+    /// Installs the node's Debian packages (`scripts/install-deps.sh node`, which `node.sh up`
+    /// also runs; idempotent), then reads the host ([`HostState::capture`]). On a fresh machine
+    /// `iptables` is one of those packages: reading the host before it is installed fails, and
+    /// what installing it changes is the package's, not the node's.
+    ///
+    /// # Errors
+    /// When the install fails (with its output), or as [`HostState::capture`].
+    pub fn capture_before_up() -> anyhow::Result<Self> {
+        let script = repo_root().join("scripts/install-deps.sh");
+        let out = Command::new(&script)
+            .arg("node")
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {} node", script.display()))?;
+        if !out.status.success() {
+            bail!(
+                "scripts/install-deps.sh node failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Self::capture()
+    }
+
     /// Reads the host now.
     ///
     /// # Errors

@@ -121,7 +121,7 @@ impl RealNodes {
     /// carries the tail of its log.
     pub fn up(count: usize) -> anyhow::Result<Self> {
         require_root("the multi-node suite")?;
-        let before = HostState::capture()?;
+        let before = HostState::capture_before_up()?;
         let dir = tempfile::Builder::new().prefix("aether-nodes-").tempdir()?.keep();
         node_script("up", &dir, count)?;
         let (kubeconfig, nodes, apiserver) = read_env(&dir.join("env"))?;
