@@ -3,7 +3,7 @@
 //! For each pod count, a fresh process (this executable, re-run with `AETHER_MEM_PODS=N`) reads
 //! `VmRSS` from `/proc/self/status`, builds the synthetic node of `common/mod.rs` (10 policies)
 //! and keeps what the agent keeps: the index (records, delivery map), the rendered cluster specs
-//! and the xDS renderer's cache of encoded clusters. The input records are generated one at a
+//! and the xDS encoder's cache of encoded clusters. The input records are generated one at a
 //! time into the index's relist, so they are not counted twice. `(after − before) / N` is printed
 //! as one JSON line per count, and written to `$AETHER_BENCH_OUT/agent-memory.json` when set.
 

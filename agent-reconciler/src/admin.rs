@@ -57,7 +57,7 @@ use crate::xds::resource_set::ResourceSet;
 pub struct EnvoyView {
     /// The xDS server's tracker (open streams and what each ACKed).
     pub tracker: AckTracker,
-    /// What the server would send now (the renderer's output).
+    /// What the server would send now (the encoder's output).
     pub resources: watch::Receiver<Arc<ResourceSet>>,
     /// `--readyz-requires-envoy`: not ready unless Envoy is caught up.
     pub required: bool,

@@ -100,7 +100,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let stop = stop_on_signal()?;
     let store =
         StateStore::open(&args.state_dir).with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
-    // Only the pods a change re-rendered travel to the renderer: a change costs work for the pods
+    // Only the pods a change re-rendered travel to the encoder task: a change costs work for the pods
     // it touched (docs/design-notes.md "Per-change work and a lean process").
     let (snap_tx, snap_rx) = crate::xds::publish::pod_specs();
     // Envoy's streams are held unanswered until the loop has a complete state (the driver clears
@@ -309,7 +309,7 @@ fn log_budget(settings: &Settings) {
 /// ([`Status::serve_from_publication`], [`PodSpecs::served_through`]), until `stop`. Until then
 /// the socket is bound but nothing accepts: Envoy's connection waits in the listen backlog and
 /// Envoy keeps its last config, instead of being offered fewer resources than a previous agent
-/// served (the renderer's debounce lags the loop: answering at once sent the rendering of the pod
+/// served (the encoder task's debounce lags the loop: answering at once sent the rendering of the pod
 /// list without the inbound listeners, and Envoy removed them for the 20 ms until the next one).
 /// A stop while holding removes the socket file and ends nothing.
 async fn serve_when_complete(
@@ -326,7 +326,7 @@ async fn serve_when_complete(
             let mut served = specs.served_through();
             if tokio::time::timeout(RENDER_WAIT, served.wait_for(|n| *n >= through)).await.is_err() {
                 tracing::warn!(through, served = *served.borrow(), wait = ?RENDER_WAIT,
-                    "the renderer has not caught up with the complete state; serving Envoy what it has");
+                    "the encoder task has not caught up with the complete state; serving Envoy what it has");
             }
         };
         tokio::select! {
@@ -342,7 +342,7 @@ async fn serve_when_complete(
     serve_listener(listener, server, stopped(stop)).await
 }
 
-/// The longest a released hold waits for the renderer (which renders within its debounce,
+/// The longest a released hold waits for the encoder task (which renders within its debounce,
 /// `--xds-debounce-ms`, plus the render itself) before serving anyway, with a warning.
 const RENDER_WAIT: Duration = Duration::from_secs(10);
 

@@ -133,7 +133,7 @@ pub struct Metrics {
     /// `aether_agent_pod_events_total{reason,result}`.
     pub pod_events: Family<EventLabels, Counter>,
     /// The xDS server's metrics (give them to `XdsServer::with_metrics`, their clock to the
-    /// driver and the renderer).
+    /// driver and the encoder task).
     pub xds: XdsMetrics,
     /// The cluster-cap metrics (give a clone to the driver).
     pub clusters: ClusterMetrics,

@@ -273,7 +273,7 @@ async fn an_agent_restart_sends_the_reconnecting_envoy_only_what_changed_meanwhi
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    tokio::time::timeout(WAIT, settled).await.expect("the renderer published the change");
+    tokio::time::timeout(WAIT, settled).await.expect("the encoder task published the change");
     assert_eq!(through(&f, "app_ns_p3_8080"), "echo-3 /", "Envoy still has the old config");
 
     // A new agent: Envoy reconnects by itself with initial_resource_versions.

@@ -1,4 +1,4 @@
-//! The section "3c. A file flood in one pod's socket volume" of `make bench` (newer than the
+//! The section "3g. A file flood in one pod's socket volume" of `make bench` (newer than the
 //! committed docs/benchmarks.md): what a file flood in one pod's socket volume costs the agent.
 //!
 //! The stage of the re-pin section (docs/benchmarks.md, section 3b, "Re-pin": the release
@@ -120,7 +120,7 @@ pub(crate) fn section_flood(r: &mut Report, opts: &Opts, cp: &ControlPlane) -> a
     for (i, (label, bin)) in agents.iter().enumerate() {
         rows.push(measure(cp, i, label, bin, opts.flood_files).with_context(|| format!("flood with {label}"))?);
     }
-    r.line("### 3c. A file flood in one pod's socket volume\n");
+    r.line("### 3g. A file flood in one pod's socket volume\n");
     r.line(&format!(
         "The stage of 3b (release agent with `--pin-dir`, real Envoy). One pod delivered over its socket; a thread \
          creates and deletes {} files in its volume dir as fast as it can (inotify reports each creation and \

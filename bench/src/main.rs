@@ -175,14 +175,11 @@ fn main() -> anyhow::Result<()> {
                     .context("section 3 (convergence)")?;
             }
         }
-        if opts.wants("gateway") {
-            health_gateway::section_health_gateway(&mut r, &opts, &cp).context("section 3c (health gateway)")?;
-        }
         if opts.wants("repin") {
             repin::section_repin(&mut r, &opts, &cp).context("section 3b (re-pin)")?;
         }
-        if opts.wants("flood") {
-            flood::section_flood(&mut r, &opts, &cp).context("section 3c (file flood)")?;
+        if opts.wants("gateway") {
+            health_gateway::section_health_gateway(&mut r, &opts, &cp).context("section 3c (health gateway)")?;
         }
         if opts.wants("rss") {
             rss::section_rss(&mut r, &opts, &cp).context("section 3d (agent RSS per pod)")?;
@@ -192,6 +189,9 @@ fn main() -> anyhow::Result<()> {
         }
         if opts.wants("fleet") {
             fleet::section_fleet(&mut r, &opts, &cp).context("section 3f (a fleet of agents)")?;
+        }
+        if opts.wants("flood") {
+            flood::section_flood(&mut r, &opts, &cp).context("section 3g (file flood)")?;
         }
     }
     if opts.wants("dataplane") {
@@ -285,7 +285,7 @@ const POLICIES: [usize; 3] = [1, 10, 2_000];
 /// `agent_full_build/10000x10` bench; see docs/benchmarks.md section 1).
 const FULL_BUILD_BOUND: &str = "perf of agent_full_build/10000x10 (10 boots; flamegraph of an earlier profile: \
      docs/benchmarks/full-build-flamegraph.svg): no superlinear step is left; it is ~15-20 µs of per-pod work spread \
-     thin: the xDS renderer 52 % (encoding 20k clusters 24 %, the node's health-check config 6.6 %, per-pod \
+     thin: the xDS encoder 52 % (encoding 20k clusters 24 %, the node's health-check config 6.6 %, per-pod \
      duplicate and validity checks 5.3 %, cluster-name ownership 3.5 %, sorting names 2.2 %), the driver 35 % \
      (Index::reset_pods 17 %, publish 10.4 %), extracting records from the API pods 4.8 % and dropping them 4 %; \
      by kind malloc/free 18.5 % with drops, SHA-256 digests 4.2 %. 50 ms needs ~5 µs per pod: encoding each \
@@ -374,7 +374,7 @@ fn section_agent(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
     }
     r.line(
         "\nWork per event: pods re-folded (`Change::rerendered` of the index) / clusters re-encoded (cluster specs that \
-         differ from the previous snapshot by name — exactly the xDS renderer's cache misses), against re-rendering \
+         differ from the previous snapshot by name — exactly the xDS encoder's cache misses), against re-rendering \
          every pod's clusters (the Go implementation's behaviour):\n",
     );
     r.add(&md_table(
@@ -393,7 +393,7 @@ fn section_agent(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
     r.line(
         "\nA policy change re-folds the 5 pods of its service and re-encodes their 10 clusters at every scale. The \
          per-event groups above keep the earlier whole-map path for comparison: `render::render` rebuilds the node's \
-         list of cluster *specs* from the delivery map and the renderer compares each spec with its cache and \
+         list of cluster *specs* from the delivery map and the encoder compares each spec with its cache and \
          re-hashes the versions, an O(pods) pass per event. The live agent no longer does that pass: its path is the \
          `agent_*` table below.",
     );
@@ -401,7 +401,7 @@ fn section_agent(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
         |id: &str| criterion_time(opts, "stage", id).map(|s| s.show(show_secs)).unwrap_or_else(|e| format!("{e:#}"));
     r.line(&format!(
         "\nWhere a per-event cost goes at 10k pods, 10 policies: the index mutation of a policy change alone {}; \
-         `render::render` of the map into cluster specs {}; the cached xDS renderer on an unchanged snapshot (a cache \
+         `render::render` of the map into cluster specs {}; the cached xDS encoder on an unchanged snapshot (a cache \
          lookup and spec comparison per cluster, cloning each encoded cluster into the new set, sorting by name, and \
          the version over the per-cluster digests; the health-gateway listener is reused while its list is \
          unchanged) {}.",
@@ -416,7 +416,7 @@ fn section_agent(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
         limit: String::new(),
     });
 
-    // The live agent's own path: driver → per-pod render → renderer (`agent_*` groups).
+    // The live agent's own path: driver → per-pod render → encoder (`agent_*` groups).
     let mut rows = Vec::new();
     let mut policy = Vec::new();
     for n in PODS {
@@ -429,9 +429,9 @@ fn section_agent(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
     }
     r.line(
         "\nThe live agent's path (`agent_*` groups): a `Driver` fed the watch events, re-rendering only the pods the \
-         index reports changed and sending only those to the renderer, whose served sets are persistent maps with \
+         index reports changed and sending only those to the encoder, whose served sets are persistent maps with \
          running versions (no state dir, no debounce, no ADS send; 10 policies). The per-event groups above emulate \
-         the earlier whole-map path (`render::render` of every pod, then the cached renderer over the whole list).\n",
+         the earlier whole-map path (`render::render` of every pod, then the cached encoder over the whole list).\n",
     );
     r.add(&md_table(&["pods", "boot + first render", "policy change", "pod change"], &rows));
     let growth = ratio(policy[2], policy[1]);
@@ -465,7 +465,7 @@ fn section_agent(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
     }
     r.line(
         "\nResident memory per pod (`agent-reconciler/benches/memory.rs`): `VmRSS` growth of a fresh process while it \
-         builds and keeps the index, the delivery map, the cluster specs and the renderer's encoded clusters (10 \
+         builds and keeps the index, the delivery map, the cluster specs and the encoder's encoded clusters (10 \
          policies), divided by the pods; 3 processes per size. An upper bound: it includes allocator slack and the \
          relist's transient buffers the allocator kept; at 110 pods the page granularity of RSS dominates.\n",
     );

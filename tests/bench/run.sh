@@ -6,7 +6,7 @@
 # sections below and writes docs/benchmarks.md.
 #
 # Environment: BENCH_REPS (3), BENCH_SECS (4), BENCH_CHANGES (50), BENCH_REPINS (20), BENCH_FLOOD_FILES
-# (100000), BENCH_FLOOD_BASELINE (another aether-agent binary section 3c also measures), BENCH_SECTIONS
+# (100000), BENCH_FLOOD_BASELINE (another aether-agent binary section 3g also measures), BENCH_SECTIONS
 # (agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet,nodes; repin, flood and nodes need root), BENCH_OUT (docs/benchmarks.md; "-" = do
 # not write).
 set -euo pipefail

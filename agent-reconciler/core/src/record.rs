@@ -132,7 +132,7 @@ impl RecordError {
 /// mistaken for its predecessor (its kubelet directory differs).
 ///
 /// The parts are shared strings (`Arc<str>`): the agent keeps a pod's key in several maps (the
-/// delivery map, the driver's renderings, the renderer's claims), and a clone copies three
+/// delivery map, the driver's renderings, the encoder's claims), and a clone copies three
 /// pointers instead of three strings. Comparison, hashing and order are those of the strings.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodKey {

@@ -25,9 +25,10 @@ pub struct Status {
     /// socket pods' network namespaces have not arrived. Envoy keeps its last config meanwhile,
     /// instead of being offered fewer listeners and clusters than a previous agent served.
     pub holding_xds: bool,
-    /// Set when `holding_xds` turns false: the number of the driver's publication to Envoy's
-    /// renderer that completed the state. The ADS server answers once the resources it serves
-    /// hold that publication (the renderer debounces), so its first answer is the complete state.
+    /// Set when `holding_xds` turns false: the number of the driver's publication to the xDS
+    /// encoder task that completed the state. The ADS server answers once the resources it
+    /// serves hold that publication (the encoder task debounces), so its first answer is the
+    /// complete state.
     pub serve_from_publication: u64,
     /// Open policy conflicts.
     pub conflicts: usize,

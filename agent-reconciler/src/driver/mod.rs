@@ -1,7 +1,7 @@
 //! The reconcile loop: the one task that owns the [`Index`]. Watch drivers send it [`Event`]s;
 //! after each it checks the re-rendered pipes on disk (`sockets`), persists what changed
 //! (`persist`), re-renders only the pods the change touched (the index's
-//! [`Index::take_changed`] and the pods whose on-disk verdict moved) and sends the renderer task
+//! [`Index::take_changed`] and the pods whose on-disk verdict moved) and sends the encoder task
 //! only those whose rendering differs (`publish`): the work of a change is in proportion to the
 //! pods it touched, and the status's counts are kept by difference (`tally`;
 //! docs/design-notes.md "Per-change work and a lean process"). Fallbacks and conflicts are logged
@@ -10,7 +10,7 @@
 //! Pod Events (`notices`): every re-rendered pod (and every pod whose on-disk check changed) is
 //! observed by the ledger of [`crate::pod_events`]; what it decides is queued to the event task
 //! without waiting. The ledger and the "stranded" service keys are kept in the state dir, so a
-//! restarted agent does not repeat an Event. A change that alters what the renderer is sent is
+//! restarted agent does not repeat an Event. A change that alters what the encoder task is sent is
 //! stamped on the xDS change clock with the arrival time of the event that caused it.
 //!
 //! This file holds the loop itself: its state (one value per concern), the dispatch of each

@@ -1,4 +1,4 @@
-//! What the loop publishes: the pods whose rendering changed, to the renderer task
+//! What the loop publishes: the pods whose rendering changed, to the encoder task
 //! ([`PodSpecsSender`]), stamped on the xDS [`ChangeClock`] with the arrival time of the event
 //! that caused them; the status ([`Status`]: counts kept by difference, [`Counts`]) and the
 //! cluster metrics; and when the xDS server may answer Envoy at all (holding,
@@ -35,7 +35,7 @@ pub struct Publisher {
     clock: ChangeClock,
     /// Served clusters, the cap and the refused pods, set on every publish.
     cluster_metrics: ClusterMetrics,
-    /// Each pod's last rendering (what the renderer was sent) and what it counts for.
+    /// Each pod's last rendering (what the encoder task was sent) and what it counts for.
     rendered: HashMap<PodKey, (Arc<PodRender>, Tally)>,
     /// The status's and the cluster metrics' counts, kept per change.
     counts: Counts,
@@ -89,7 +89,7 @@ impl Publisher {
     /// Re-renders the pods `index` changed since the last publish and those marked (nothing
     /// else: O(changed), never a pass over the node), with the on-disk refusals `refused`;
     /// updates the status's and the metrics' counts by their difference (the fallbacks from
-    /// `ledger`), and sends the renderer the pods whose rendering differs, stamping the change on
+    /// `ledger`), and sends the encoder task the pods whose rendering differs, stamping the change on
     /// the clock. A resync that changed nothing sends nothing.
     pub fn publish(&mut self, index: &mut Index, refused: &HashMap<PodKey, Refusal>, ledger: &Ledger) {
         let sent = self.render(index, refused);
@@ -106,7 +106,7 @@ impl Publisher {
         if sent.is_empty() {
             return;
         }
-        // Stamped before the renderer is woken, so it always finds it.
+        // Stamped before the encoder task is woken, so it always finds it.
         self.clock.changed(self.event_at.unwrap_or_else(Instant::now));
         self.snapshot.send(sent);
     }
