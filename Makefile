@@ -72,7 +72,7 @@ lint: ## The pinned rustc, rustfmt check, clippy and rustdoc with warnings as er
 	$${AETHER_CARGO_TOOLS_DIR:-.cache/cargo-tools}/bin/cargo-deny --log-level error check licenses bans sources
 	bash -n tests/harness/*.sh tests/bench/*.sh scripts/*.sh .ci/run
 	scripts/check-core-deps.sh
-	python3 scripts/import-cycles.py $(sort $(wildcard */src */*/src))
+	python3 scripts/import-cycles.py $(sort $(filter-out target/% .cache/%,$(wildcard */src */*/src)))
 	@echo lint: ok
 
 root: # The real node needs root: say so before building anything
