@@ -1,11 +1,14 @@
 //! `make bench`, section 1: resident memory per pod of the agent's state.
 //!
 //! For each pod count, a fresh process (this executable, re-run with `AETHER_MEM_PODS=N`) reads
-//! `VmRSS` from `/proc/self/status`, builds the synthetic node of `common/mod.rs` (10 policies)
-//! and keeps what the agent keeps: the index (records, delivery map), the rendered cluster specs
-//! and the xDS encoder's cache of encoded clusters. The input records are generated one at a
-//! time into the index's relist, so they are not counted twice. `(after − before) / N` is printed
-//! as one JSON line per count, and written to `$AETHER_BENCH_OUT/agent-memory.json` when set.
+//! `VmRSS` from `/proc/self/status`, then boots the live agent's path on the synthetic node of
+//! `common/mod.rs` (10 policies) as the `agent_*` groups of `scale` do, and keeps what the agent
+//! keeps: the driver (index of records and delivery map, each pod's rendering, fallback ledger),
+//! the channel to the encoder task, and the encoder's state (each pod's specs, who serves each
+//! name, the encoded and digested resources). The encoder is fed per pod (`SpecChange::Pod`), as
+//! in the agent. Each pod is turned into its record as soon as it is built, so no API object is
+//! counted. `(after − before) / N` is printed as one JSON line per count, and written to
+//! `$AETHER_BENCH_OUT/agent-memory.json` when set.
 
 #![allow(missing_docs)]
 
@@ -28,10 +31,10 @@ fn vm_rss_kib() -> u64 {
 
 fn measure(n: usize) -> serde_json::Value {
     let before = vm_rss_kib();
-    let node = common::Node::build_lazily(n, POLICIES);
+    let agent = common::Agent::boot_lazily(n, POLICIES);
     let after = vm_rss_kib();
-    let clusters = node.snapshot.clusters.len();
-    std::hint::black_box(&node);
+    let clusters = agent.resources.clusters.len();
+    std::hint::black_box(&agent);
     serde_json::json!({
         "pods": n,
         "policies": POLICIES,

@@ -36,20 +36,13 @@ mod common;
 
 use std::time::Duration;
 
-use std::net::Ipv4Addr;
-
-use aether_agent_reconciler::cni::CniRecords;
-use aether_agent_reconciler::driver::{Collaborators, Driver};
-use aether_agent_reconciler::event::{self, Event as Watch};
-use aether_agent_reconciler::status::Status;
-use aether_agent_reconciler::xds::publish::{PodSpecs, SpecSource, pod_specs};
-use aether_agent_reconciler::xds::{BuildOptions, Encoder, Endpoint, ResourceSet, SpecChange};
-use aether_agent_reconciler::{Index, PodRecord, PolicyRecord};
+use aether_agent_reconciler::event::Event as Watch;
+use aether_agent_reconciler::xds::{Endpoint, SpecChange};
+use aether_agent_reconciler::{PodRecord, PolicyRecord};
 use aether_crds::EndpointPolicy;
-use common::{Node, clusters_changed, pod, pods, policies, policy};
+use common::{Agent, Node, api_pod, api_policy, clusters_changed, pod, pods, policies, policy};
 use criterion::{BatchSize, BenchmarkId, Criterion};
 use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::watch;
 
 const PODS: [usize; 3] = [110, 1_000, 10_000];
 const POLICIES: [usize; 3] = [1, 10, 2_000];
@@ -199,58 +192,6 @@ fn stages(c: &mut Criterion) {
     group
         .bench_function("xds_render_cached", |b| b.iter(|| node.encoder.update([SpecChange::Whole(snapshot.clone())])));
     group.finish();
-}
-
-/// Pod `i` as the API server hands it over (the same node as `common::pod`).
-fn api_pod(i: usize, edited: bool) -> Pod {
-    let s = i / common::PODS_PER_SERVICE;
-    let ip = Ipv4Addr::new(10, (i / 62_500) as u8, (i / 250 % 250) as u8, (i % 250) as u8 + 1);
-    aether_fixtures::pod(&format!("ns-{}", s % common::NAMESPACES), &format!("svc-{s}-{i}"))
-        .uid(&aether_fixtures::uid(i))
-        .sa(&format!("svc-{s}"))
-        .emptydir("s")
-        .ip(&ip.to_string())
-        .annotation_health_path(if edited { "/healthz" } else { "/ready" })
-        .build()
-}
-
-/// Policy `k` as the API server hands it over (the same as `common::policy`).
-fn api_policy(k: usize, alt: bool) -> EndpointPolicy {
-    aether_fixtures::policy(&format!("ns-{}", k % common::NAMESPACES), &format!("pol-{k}"))
-        .target(&format!("svc-{k}"))
-        .socket(if alt { "s/alt.sock" } else { "s/app.sock" })
-        .build()
-}
-
-/// The live agent minus its I/O: the driver loop and the encoder task's step, wired by the
-/// channel the agent uses.
-struct Agent {
-    driver: Driver,
-    specs: PodSpecs,
-    encoder: Encoder,
-    resources: ResourceSet,
-}
-
-impl Agent {
-    /// Boots on `pods` and `policies` (as the watches' first lists) and renders everything.
-    fn boot(pods: Vec<Pod>, policies: Vec<EndpointPolicy>) -> Agent {
-        let (tx, mut specs) = pod_specs();
-        let (status, _) = watch::channel(Status::default());
-        let detached = Collaborators::detached();
-        let mut driver = Driver::new(Index::new(common::settings()), None, CniRecords::default(), tx, status, detached);
-        driver.handle(Watch::PoliciesListed(policies));
-        // The watch hands over the records of the listed pods (it keeps no Pod objects).
-        driver.handle(Watch::PodsListed(pods.iter().filter_map(event::listed_record).collect()));
-        let mut encoder = Encoder::new(BuildOptions::default());
-        let resources = specs.encode(&mut encoder, true);
-        Agent { driver, specs, encoder, resources }
-    }
-
-    /// One watch event through the driver, then the encoder task's step.
-    fn event(&mut self, event: Watch) {
-        self.driver.handle(event);
-        self.resources = self.specs.encode(&mut self.encoder, false);
-    }
 }
 
 /// The agent's own path at 110 / 1k / 10k pods with 10 policies (see the module doc).

@@ -465,9 +465,11 @@ fn section_agent(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
     }
     r.line(
         "\nResident memory per pod (`agent-reconciler/benches/memory.rs`): `VmRSS` growth of a fresh process while it \
-         builds and keeps the index, the delivery map, the cluster specs and the encoder's encoded clusters (10 \
-         policies), divided by the pods; 3 processes per size. An upper bound: it includes allocator slack and the \
-         relist's transient buffers the allocator kept; at 110 pods the page granularity of RSS dominates.\n",
+         boots the agent's own path (the driver on the policy and pod lists, the encoder fed per pod, as the \
+         `agent_*` groups) and keeps what the agent keeps: the index, the delivery map, each pod's rendering, the \
+         encoder's state and the encoded resources (10 policies), divided by the pods; 3 processes per size. An \
+         upper bound: it includes allocator slack and the relist's transient buffers the allocator kept; at 110 \
+         pods the page granularity of RSS dominates.\n",
     );
     r.add(&md_table(&["pods", "RSS per pod"], &rows));
     let agent_build = criterion_time(opts, "agent_full_build", "10000x10")?.median;

@@ -1,4 +1,5 @@
-//! The synthetic node the agent benches fold and render (shared by `scale` and `memory`).
+//! The synthetic node the agent benches fold and render, and the live agent's path minus its I/O
+//! (shared by `scale` and `memory`).
 //!
 //! - `pods` managed pods spread over ten namespaces, [`PODS_PER_SERVICE`] replicas per service
 //!   (ServiceAccount), one HTTP port each, a pod IP, an `emptyDir` volume `s`, no annotation;
@@ -18,12 +19,20 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+use aether_agent_reconciler::cni::CniRecords;
+use aether_agent_reconciler::driver::{Collaborators, Driver};
+use aether_agent_reconciler::event::{self, Event as Watch};
 use aether_agent_reconciler::fold::Settings;
 use aether_agent_reconciler::fscheck::Refusal;
 use aether_agent_reconciler::record::{PodKey, PodRecord, PolicyRecord};
 use aether_agent_reconciler::render;
+use aether_agent_reconciler::status::Status;
+use aether_agent_reconciler::xds::publish::{PodSpecs, SpecSource, pod_specs};
 use aether_agent_reconciler::xds::{BuildOptions, Encoder, ResourceSet, Snapshot, SpecChange};
 use aether_agent_reconciler::{Change, Index};
+use aether_crds::EndpointPolicy;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::watch;
 
 /// Replicas of one service on the node.
 pub const PODS_PER_SERVICE: usize = 5;
@@ -40,29 +49,38 @@ fn service(service: usize) -> String {
     format!("svc-{service}")
 }
 
-/// Pod `i`: service `i / PODS_PER_SERVICE`; `edited` switches its health path (a pod event that
-/// changes one of its two clusters, whether it is delivered over TCP or a pipe).
-pub fn pod(i: usize, edited: bool) -> PodRecord {
+/// Pod `i` as the API server hands it over: service `i / PODS_PER_SERVICE`; `edited` switches
+/// its health path (a pod event that changes one of its two clusters, whether it is delivered
+/// over TCP or a pipe).
+pub fn api_pod(i: usize, edited: bool) -> Pod {
     let s = i / PODS_PER_SERVICE;
     let ip = Ipv4Addr::new(10, (i / 62_500) as u8, (i / 250 % 250) as u8, (i % 250) as u8 + 1);
-    let api = aether_fixtures::pod(&namespace(s), &format!("{}-{i}", service(s)))
+    aether_fixtures::pod(&namespace(s), &format!("{}-{i}", service(s)))
         .uid(&aether_fixtures::uid(i))
         .sa(&service(s))
         .emptydir("s")
         .ip(&ip.to_string())
         .annotation_health_path(if edited { "/healthz" } else { "/ready" })
-        .build();
-    PodRecord::from_pod(&api).expect("a well-formed pod").expect("a managed pod")
+        .build()
 }
 
-/// Policy `k` on service `k`; `alt` switches its socket file (a policy event that changes the
-/// delivery of every pod of that service).
-pub fn policy(k: usize, alt: bool) -> PolicyRecord {
-    let api = aether_fixtures::policy(&namespace(k), &format!("pol-{k}"))
+/// The record of [`api_pod`] `i`, as the watch extracts it.
+pub fn pod(i: usize, edited: bool) -> PodRecord {
+    PodRecord::from_pod(&api_pod(i, edited)).expect("a well-formed pod").expect("a managed pod")
+}
+
+/// Policy `k` as the API server hands it over: it targets service `k`; `alt` switches its
+/// socket file (a policy event that changes the delivery of that service's pods).
+pub fn api_policy(k: usize, alt: bool) -> EndpointPolicy {
+    aether_fixtures::policy(&namespace(k), &format!("pol-{k}"))
         .target(&service(k))
         .socket(if alt { "s/alt.sock" } else { "s/app.sock" })
-        .build();
-    PolicyRecord::from_policy(&api, &settings()).expect("a named policy")
+        .build()
+}
+
+/// The record of [`api_policy`] `k`, as the watch extracts it.
+pub fn policy(k: usize, alt: bool) -> PolicyRecord {
+    PolicyRecord::from_policy(&api_policy(k, alt), &settings()).expect("a named policy")
 }
 
 pub fn pods(n: usize) -> Vec<PodRecord> {
@@ -131,13 +149,45 @@ pub fn clusters_changed(before: &Snapshot, after: &Snapshot) -> usize {
     changed + old.keys().filter(|name| !new.contains_key(*name)).count()
 }
 
-impl Node {
-    /// [`Node::build`] with the records generated while the index takes them (for memory
-    /// measurements: no second copy of the input stays alive).
-    pub fn build_lazily(n_pods: usize, n_policies: usize) -> Node {
-        let mut index = Index::new(settings());
-        index.reset_policies((0..n_policies).map(|k| policy(k, false)));
-        index.reset_pods((0..n_pods).map(|i| pod(i, false)));
-        Node::encoded(index)
+/// The live agent minus its I/O: the driver loop and the encoder task's step, wired by the
+/// channel the agent uses (no state dir, detached collaborators, no debounce, no send).
+pub struct Agent {
+    pub driver: Driver,
+    pub specs: PodSpecs,
+    pub encoder: Encoder,
+    pub resources: ResourceSet,
+}
+
+impl Agent {
+    /// Boots on `pods` and `policies` (as the watches' first lists) and renders everything.
+    pub fn boot(pods: Vec<Pod>, policies: Vec<EndpointPolicy>) -> Agent {
+        // The watch hands over the records of the listed pods (it keeps no Pod objects).
+        Agent::boot_on_records(pods.iter().filter_map(event::listed_record).collect(), policies)
+    }
+
+    /// [`Agent::boot`] on `n_pods` pods [`api_pod`] and `n_policies` policies [`api_policy`], each
+    /// pod turned into its record as soon as it is built (for memory measurements: no Pod object
+    /// stays alive).
+    pub fn boot_lazily(n_pods: usize, n_policies: usize) -> Agent {
+        let records = (0..n_pods).filter_map(|i| event::listed_record(&api_pod(i, false))).collect();
+        Agent::boot_on_records(records, (0..n_policies).map(|k| api_policy(k, false)).collect())
+    }
+
+    fn boot_on_records(pods: Vec<PodRecord>, policies: Vec<EndpointPolicy>) -> Agent {
+        let (tx, mut specs) = pod_specs();
+        let (status, _) = watch::channel(Status::default());
+        let detached = Collaborators::detached();
+        let mut driver = Driver::new(Index::new(settings()), None, CniRecords::default(), tx, status, detached);
+        driver.handle(Watch::PoliciesListed(policies));
+        driver.handle(Watch::PodsListed(pods));
+        let mut encoder = Encoder::new(BuildOptions::default());
+        let resources = specs.encode(&mut encoder, true);
+        Agent { driver, specs, encoder, resources }
+    }
+
+    /// One watch event through the driver, then the encoder task's step.
+    pub fn event(&mut self, event: Watch) {
+        self.driver.handle(event);
+        self.resources = self.specs.encode(&mut self.encoder, false);
     }
 }
