@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use aether_controller::{cli, logging};
+use aether_controller::cli;
 use clap::Parser;
 
 #[global_allocator]
@@ -15,6 +15,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    logging::init(cli.log_format, cli.log_level);
+    cli.log.init();
     cli::dispatch(cli.command)
 }

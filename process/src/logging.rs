@@ -13,14 +13,37 @@
 //! - JSON lines carry `timestamp`, `level`, `target`, `message` and the event's fields at the top
 //!   level (`{"level":"WARN","pod":"shop/cart-1",...}`), not nested under `fields`.
 //!
-//! aether-webhook-certs and aether-controller (which depends on this crate) use this module;
-//! aether-agent has a copy (agent-reconciler/src/logging.rs): the crates the agent and the
-//! controller share are `aether-crds` (no I/O) and `aether-serve-policy` (listeners), and a crate
-//! for these few lines would cost more than the copy.
+//! Every binary of the project takes the two flags as [`LogArgs`] (flattened into its `Cli`) and
+//! calls [`LogArgs::init`] first thing in `main`.
 
-use clap::ValueEnum;
+use clap::{Args, ValueEnum};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
+
+/// `--log-format` and `--log-level`, the same in every binary: flatten into a clap `Parser`
+/// (`#[command(flatten)]`). Both are global, so they may also follow a subcommand, and each can
+/// be set from its environment variable.
+#[derive(Args, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogArgs {
+    /// Log format: plain text or one JSON object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]
+    pub log_format: LogFormat,
+    /// The least severe events logged: error, warn, info, debug or trace (from debug on, also
+    /// kube-runtime's per-retry watch warnings). RUST_LOG, when set, replaces this filter
+    /// entirely (e.g. RUST_LOG=info,kube_client=debug).
+    #[arg(long, value_enum, default_value_t = LogLevel::Info, env = "AETHER_LOG_LEVEL", global = true)]
+    pub log_level: LogLevel,
+}
+
+impl LogArgs {
+    /// [`init`] with these flags; call once, first thing in `main`.
+    ///
+    /// # Panics
+    /// When a global subscriber is already installed.
+    pub fn init(self) {
+        init(self.log_format, self.log_level);
+    }
+}
 
 /// Log output format (`--log-format`).
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

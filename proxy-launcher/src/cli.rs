@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use aether_process::logging::{LogFormat, LogLevel};
+use aether_process::logging::LogArgs;
 use clap::{Parser, Subcommand};
 
 /// PID 1 of the node proxy container: starts Envoy so that replacing the proxy pod hands its
@@ -18,12 +18,9 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "aether-proxy-launcher", version = aether_process::build_info::VERSION_LINE, about, long_about)]
 pub struct Cli {
-    /// Log format: plain text or one JSON object per line.
-    #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]
-    pub log_format: LogFormat,
-    /// The least severe events logged.
-    #[arg(long, value_enum, default_value_t = LogLevel::Info, env = "AETHER_LOG_LEVEL", global = true)]
-    pub log_level: LogLevel,
+    /// --log-format and --log-level.
+    #[command(flatten)]
+    pub log: LogArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Run(r) => {
-            aether_process::logging::init(cli.log_format, cli.log_level);
+            cli.log.init();
             let mut envoy = r.envoy.into_iter();
             let binary = envoy.next().expect("clap requires the Envoy command").into();
             supervise::run(Config {

@@ -12,19 +12,15 @@ use clap::{Parser, Subcommand};
 
 use crate::bootstrap::{self, CaBundleOutcome, Options, SecretOutcome};
 use crate::cleanup;
-pub use crate::logging::{LogFormat, LogLevel};
+pub use crate::logging::{LogArgs, LogFormat, LogLevel};
 
 /// Certificates for aether-controller's admission webhook.
 #[derive(Parser, Debug)]
 #[command(version = aether_process::build_info::VERSION_LINE, about)]
 pub struct Cli {
-    /// Log format: plain text or one JSON object per line.
-    #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]
-    pub log_format: LogFormat,
-    /// The least severe events logged: error, warn, info, debug or trace. RUST_LOG, when set,
-    /// replaces this filter entirely (e.g. RUST_LOG=info,kube_client=debug).
-    #[arg(long, value_enum, default_value_t = LogLevel::Info, env = "AETHER_LOG_LEVEL", global = true)]
-    pub log_level: LogLevel,
+    /// --log-format and --log-level.
+    #[command(flatten)]
+    pub log: LogArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -8,7 +8,7 @@
 
 use std::process::ExitCode;
 
-use aether_agent_reconciler::{cli, logging};
+use aether_agent_reconciler::cli;
 use clap::Parser;
 
 #[global_allocator]
@@ -16,6 +16,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    logging::init(cli.log_format, cli.log_level);
+    cli.log.init();
     cli::dispatch(cli.command)
 }

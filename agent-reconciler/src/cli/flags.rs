@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::logging::{LogFormat, LogLevel};
+use crate::logging::LogArgs;
 
 /// aether-agent: the node agent that delivers mesh traffic to pods over Unix sockets.
 ///
@@ -22,14 +22,9 @@ use crate::logging::{LogFormat, LogLevel};
 #[derive(Parser, Debug)]
 #[command(name = "aether-agent", version = aether_process::build_info::VERSION_LINE, about, long_about)]
 pub struct Cli {
-    /// Log format: plain text or one JSON object per line.
-    #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]
-    pub log_format: LogFormat,
-    /// The least severe events logged: error, warn, info, debug or trace (from debug on, also
-    /// kube-runtime's per-retry watch warnings). RUST_LOG, when set, replaces this filter
-    /// entirely (e.g. RUST_LOG=info,kube_client=debug).
-    #[arg(long, value_enum, default_value_t = LogLevel::Info, env = "AETHER_LOG_LEVEL", global = true)]
-    pub log_level: LogLevel,
+    /// --log-format and --log-level.
+    #[command(flatten)]
+    pub log: LogArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::logging::{LogFormat, LogLevel};
+use crate::logging::LogArgs;
 use crate::webhook::{DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES};
 
 /// aether-controller: admission webhook and tools for EndpointPolicy (config.aether.io/v1).
@@ -36,14 +36,9 @@ use crate::webhook::{DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES};
 #[derive(Parser, Debug)]
 #[command(name = "aether-controller", version = aether_process::build_info::VERSION_LINE, about, long_about)]
 pub struct Cli {
-    /// Log format: plain text or one JSON object per line.
-    #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "AETHER_LOG_FORMAT", global = true)]
-    pub log_format: LogFormat,
-    /// The least severe events logged: error, warn, info, debug or trace (from debug on, also
-    /// kube-runtime's per-retry watch warnings). RUST_LOG, when set, replaces this filter
-    /// entirely (e.g. RUST_LOG=info,kube_client=debug).
-    #[arg(long, value_enum, default_value_t = LogLevel::Info, env = "AETHER_LOG_LEVEL", global = true)]
-    pub log_level: LogLevel,
+    /// --log-format and --log-level.
+    #[command(flatten)]
+    pub log: LogArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

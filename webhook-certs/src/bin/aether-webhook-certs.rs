@@ -2,11 +2,11 @@
 //! chart's hook Job (Secret + caBundle), `cleanup` its post-delete Job (deletes that Secret).
 //! Parses the flags, sets up logging, runs the subcommand ([`aether_webhook_certs::cli::dispatch`]).
 
-use aether_webhook_certs::{cli, logging};
+use aether_webhook_certs::cli;
 use clap::Parser;
 
 fn main() -> anyhow::Result<()> {
     let cli = cli::Cli::parse();
-    logging::init(cli.log_format, cli.log_level);
+    cli.log.init();
     cli::dispatch(cli.command)
 }
