@@ -1,4 +1,4 @@
-//! Section 7 of `make bench` ("7. Cross-node", newer than the committed docs/benchmarks.md):
+//! Section 7 of `make bench` (docs/benchmarks.md, "7. Cross-node"):
 //! delivery over a pod's socket against delivery over TCP, seen from a client on another node:
 //! what moving the last hop from TCP to the socket does to a cross-node call's latency, on two
 //! real nodes (`aether_tests::nodes::RealNodes`: kubelet, containerd, kube-proxy per node, the
@@ -93,7 +93,7 @@ pub fn section(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
             show_ratio(ratio(u99.median, t99.median)),
         ]);
     }
-    r.line("### 7. Cross-node: a client on another node, the pod on its socket vs the same app on TCP\n");
+    r.line("## 7. Cross-node: a client on another node, the pod on its socket vs the same app on TCP\n");
     r.line(&format!(
         "Two real nodes on this machine (`AETHER_NODES=2 tests/harness/node.sh up`: each its own network and mount \
          namespaces, containerd, kubelet and kube-proxy; the charts installed with helm). On {SERVER_NODE}, the same \

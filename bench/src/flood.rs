@@ -1,5 +1,5 @@
-//! The section "3g. A file flood in one pod's socket volume" of `make bench` (newer than the
-//! committed docs/benchmarks.md): what a file flood in one pod's socket volume costs the agent.
+//! The section "3g. A file flood in one pod's socket volume" of `make bench` (docs/benchmarks.md):
+//! what a file flood in one pod's socket volume costs the agent.
 //!
 //! The stage of the re-pin section (docs/benchmarks.md, section 3b, "Re-pin": the release
 //! `aether-agent` with `--pin-dir`, a real Envoy on its ADS), one pod delivered over its socket

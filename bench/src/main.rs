@@ -2,22 +2,14 @@
 //!
 //! It reads what the agent benches wrote (criterion samples, re-render counts, memory), starts
 //! the real components through the `aether_tests` harness (kube-apiserver + etcd, the release
-//! `aether-controller`, `aether-agent`, Envoy, `uds-echo`), drives load with oha, prints four
+//! `aether-controller`, `aether-agent`, Envoy, `uds-echo`), drives load with oha, prints its
 //! sections with their ratios and writes the same text to `docs/benchmarks.md`.
 //!
-//! ```text
-//! aether-bench --oha PATH [--out docs/benchmarks.md] [--agent-out DIR] [--criterion DIR]
-//!              [--reps 3] [--secs 4] [--changes 50] [--repins 20] [--flood-files 100000]
-//!              [--sections agent,webhook,convergence,gateway,repin,flood,dataplane,proxy-memory,continuity,rss,per-change,fleet,nodes]
-//! ```
-//!
-//! `fleet` ([`fleet`]; docs/benchmarks.md, section 3f, "A fleet, simulated") runs 10, then 100
-//! agents with an ADS client each ([`ads_client`]).
-//!
-//! `repin` ([`repin`]; docs/benchmarks.md, section 3b, "Re-pin") and `flood` ([`flood`]: its
-//! section "3c. A file flood in one pod's socket volume", newer than the committed
-//! docs/benchmarks.md) need root: their agent mounts the socket pins. So does `nodes`
-//! ([`cross_node`]: section "7. Cross-node", also newer than the committed report): two real nodes.
+//! `aether-bench --help` lists the options; `tests/bench/run.sh` sets them from its `BENCH_*`
+//! environment. `fleet` ([`fleet`]; docs/benchmarks.md, section 3f, "A fleet, simulated") runs 10,
+//! then 100 agents with an ADS client each ([`ads_client`]). `repin` ([`repin`], section 3b), `flood`
+//! ([`flood`], section 3g) and `nodes` ([`cross_node`], section 7: two real nodes) need root: their
+//! agents mount the socket pins, and the nodes are namespaces of this machine.
 
 mod ads_client;
 mod ads_mode;
@@ -45,74 +37,74 @@ use aether_tests::{ControlPlane, envoy_bin, free_port, http_get_status, repo_roo
 use anyhow::{Context, bail, ensure};
 use stats::{OhaRun, Spread, md_table, percentile, ratio, show_count, show_ratio, show_secs};
 
-/// The command-line options.
+/// Every section `--sections` accepts, in the order the report prints them.
+const SECTIONS: [&str; 13] = [
+    "agent",
+    "webhook",
+    "convergence",
+    "gateway",
+    "repin",
+    "flood",
+    "dataplane",
+    "proxy-memory",
+    "continuity",
+    "rss",
+    "per-change",
+    "fleet",
+    "nodes",
+];
+
+/// The command-line options (`aether-bench --help`); `tests/bench/run.sh` passes them all.
+#[derive(clap::Parser)]
+#[command(
+    name = "aether-bench",
+    about = "Measure the agent, the webhook, convergence, the data plane and a fleet against the real components, and write docs/benchmarks.md",
+    long_about = "Measure the agent, the webhook, convergence, the data plane and a fleet against the real \
+components (kube-apiserver + etcd, the release aether-controller and aether-agent, Envoy, uds-echo), print \
+the report and write it to docs/benchmarks.md. Run it through `make bench` (tests/bench/run.sh), which \
+builds the release binaries and runs the agent's criterion benches first. The sections repin, flood and \
+nodes need root."
+)]
 struct Opts {
+    /// The oha load generator (tests/bench/run.sh installs it into .cache/tools)
+    #[arg(long, value_name = "PATH", default_value_os_t = repo_root().join(".cache/tools/bin/oha"))]
     oha: PathBuf,
-    out: Option<PathBuf>,
+    /// Where the report is written (Markdown; the SVG plots go to a `benchmarks/` folder next to it)
+    #[arg(long, value_name = "FILE", default_value_os_t = repo_root().join("docs/benchmarks.md"))]
+    out: PathBuf,
+    /// Print the report only; write no file
+    #[arg(long, conflicts_with = "out")]
+    no_write: bool,
+    /// Where the agent benches wrote their counts and memory figures (AETHER_BENCH_OUT)
+    #[arg(long, value_name = "DIR", default_value_os_t = repo_root().join("target/aether-bench"))]
     agent_out: PathBuf,
+    /// Criterion's output folder of the agent's scale bench (CRITERION_HOME)
+    #[arg(long, value_name = "DIR", default_value_os_t = repo_root().join("target/aether-bench/criterion"))]
     criterion: PathBuf,
+    /// Repetitions of each load figure
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     reps: usize,
+    /// Seconds of load per repetition
+    #[arg(long, value_name = "SECONDS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
     secs: u64,
+    /// Policy changes per convergence figure (section 3)
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     changes: usize,
+    /// Socket re-creations per re-pin figure (section 3b)
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     repins: usize,
+    /// Files created and deleted in one pod's socket volume (section 3g)
+    #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     flood_files: usize,
+    /// The sections to run, comma-separated
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_values_t = SECTIONS.map(String::from), value_parser = clap::builder::PossibleValuesParser::new(SECTIONS))]
     sections: Vec<String>,
 }
 
 impl Opts {
-    fn parse() -> anyhow::Result<Opts> {
-        let root = repo_root();
-        let mut o = Opts {
-            oha: root.join(".cache/tools/bin/oha"),
-            out: Some(root.join("docs/benchmarks.md")),
-            agent_out: root.join("target/aether-bench"),
-            criterion: root.join("target/aether-bench/criterion"),
-            reps: 3,
-            secs: 4,
-            changes: 50,
-            repins: 20,
-            flood_files: 100_000,
-            sections: [
-                "agent",
-                "webhook",
-                "convergence",
-                "gateway",
-                "repin",
-                "flood",
-                "dataplane",
-                "proxy-memory",
-                "continuity",
-                "rss",
-                "per-change",
-                "fleet",
-                "nodes",
-            ]
-            .map(String::from)
-            .to_vec(),
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(a) = args.next() {
-            let mut value = || args.next().with_context(|| format!("{a} needs a value"));
-            match a.as_str() {
-                "--oha" => o.oha = value()?.into(),
-                "--out" => o.out = Some(value()?.into()),
-                "--no-write" => o.out = None,
-                "--agent-out" => o.agent_out = value()?.into(),
-                "--criterion" => o.criterion = value()?.into(),
-                "--reps" => o.reps = value()?.parse()?,
-                "--secs" => o.secs = value()?.parse()?,
-                "--changes" => o.changes = value()?.parse()?,
-                "--repins" => o.repins = value()?.parse()?,
-                "--flood-files" => o.flood_files = value()?.parse()?,
-                "--sections" => o.sections = value()?.split(',').map(String::from).collect(),
-                other => bail!("unknown argument {other}; see the comment at the top of aether-bench/main.rs"),
-            }
-        }
-        ensure!(
-            o.reps >= 1 && o.secs >= 1 && o.changes >= 1 && o.repins >= 1 && o.flood_files >= 1,
-            "--reps, --secs, --changes, --repins and --flood-files must be positive"
-        );
-        Ok(o)
+    /// The report's file, unless `--no-write`.
+    fn out(&self) -> Option<&Path> {
+        (!self.no_write).then_some(self.out.as_path())
     }
 
     fn wants(&self, section: &str) -> bool {
@@ -148,7 +140,7 @@ impl Report {
 }
 
 fn main() -> anyhow::Result<()> {
-    let opts = Opts::parse()?;
+    let opts = <Opts as clap::Parser>::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let started = Instant::now();
     let mut r = Report::default();
@@ -207,7 +199,7 @@ fn main() -> anyhow::Result<()> {
     if opts.wants("nodes") {
         cross_node::section(&mut r, &opts).context("section 7 (cross-node, UDS vs TCP)")?;
     }
-    if let Some(out) = &opts.out {
+    if let Some(out) = opts.out() {
         plots::section(&mut r, out).context("the SVG plots")?;
     }
     goals(&mut r);
@@ -217,7 +209,7 @@ fn main() -> anyhow::Result<()> {
         started.elapsed().as_secs_f64(),
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     ));
-    if let Some(out) = &opts.out {
+    if let Some(out) = opts.out() {
         let header = format!(
             "# Benchmarks\n\nProduced by `make bench` (tests/bench/run.sh → `aether-bench`) on {}; this file is its \
              output, unedited. Absolute times on a shared 2-core machine are noisy: the figures that matter are the \
@@ -1197,4 +1189,38 @@ fn goals(r: &mut Report) {
         })
         .collect();
     r.add(&md_table(&["goal", "this run", "status", "what limits it"], &rows));
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::{Opts, SECTIONS};
+
+    #[test]
+    fn command_line_is_well_formed() {
+        Opts::command().debug_assert();
+    }
+
+    #[test]
+    fn sections_default_to_all_and_reject_an_unknown_name() {
+        let all = Opts::try_parse_from(["aether-bench"]).unwrap();
+        assert_eq!(all.sections, SECTIONS);
+        assert_eq!(all.out(), Some(all.out.as_path()));
+        let some = Opts::try_parse_from(["aether-bench", "--sections", "webhook,nodes", "--no-write"]).unwrap();
+        assert!(some.wants("nodes") && !some.wants("agent"));
+        assert_eq!(some.out(), None);
+        let err = Opts::try_parse_from(["aether-bench", "--sections", "webhook,flod"]).err().unwrap();
+        assert!(err.to_string().contains("invalid value 'flod' for '--sections <LIST>'"), "{err}");
+        let err = Opts::try_parse_from(["aether-bench", "--reps", "0"]).err().unwrap();
+        assert!(err.to_string().contains("'--reps <N>'"), "{err}");
+    }
+
+    /// `make bench` passes its own default list (`tests/bench/run.sh`): it names the same sections.
+    #[test]
+    fn run_sh_default_sections_are_these() {
+        let script = std::fs::read_to_string(aether_tests::repo_root().join("tests/bench/run.sh")).unwrap();
+        let line = script.lines().find(|l| l.starts_with("sections=")).expect("run.sh sets sections=");
+        assert_eq!(line, format!("sections=${{BENCH_SECTIONS:-{}}}", SECTIONS.join(",")));
+    }
 }
