@@ -89,7 +89,7 @@ bench: deps tools ## Measure agent scale and memory, webhook, convergence, per-c
 
 bench-compare: ## The agent's criterion benches at BENCH_BASE and BENCH_HEAD (default HEAD), interleaved in BENCH_ROUNDS (2) rounds on this machine: each round's median, the spread between rounds, the change (release; ~4 min for 2 rounds once built)
 	@[ -n "$(BENCH_BASE)" ] || { echo "make bench-compare: set BENCH_BASE to the commit to compare with, e.g. BENCH_BASE=main~3" >&2; exit 2; }
-	scripts/bench-compare.py --rounds $${BENCH_ROUNDS:-2} $(BENCH_BASE) $${BENCH_HEAD:-HEAD}
+	@scripts/bench-compare.py --rounds $${BENCH_ROUNDS:-2} $(BENCH_BASE) $${BENCH_HEAD:-HEAD}
 
 fresh-check: ## Clone HEAD into a temporary folder and run the README's two commands there (make demo, make test), timed; reuses .cache/tools (AETHER_TOOLS_DIR), never a cargo target dir
 	scripts/fresh-clone-check.sh

@@ -22,6 +22,7 @@ prints no criterion figure (its output is printed); 2 on bad arguments.
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -133,7 +134,10 @@ def main():
         for rev, sha in commits.items():
             tree = os.path.join(work, f"tree-{label[rev]}")
             if os.path.exists(tree):
-                git("worktree", "remove", "--force", tree, cwd=top)
+                # Left by a run that was killed: a registered worktree, or a bare folder after a prune.
+                subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=top, capture_output=True)
+                shutil.rmtree(tree, ignore_errors=True)
+                git("worktree", "prune", cwd=top)
             git("worktree", "add", "--detach", tree, sha, cwd=top)
             trees[rev] = tree
             print(f"bench-compare: building {rev} ({label[rev]}) in {tree}", file=sys.stderr, flush=True)
