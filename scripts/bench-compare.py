@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compare the agent's criterion benchmarks between two commits, interleaved on one machine.
 
-A restructuring must keep `make bench`'s agent figures "within noise of before" (CONTRIBUTING.md,
+A change that should not move the agent's figures (a restructuring) has to show it (CONTRIBUTING.md,
 "Benchmarks"). Two `make bench` runs hours apart differ by more than most changes do: the machine's
 load, its CPU frequency and the page cache move the medians by 10-20 %. This script measures both
 commits in the same minutes instead: it checks each commit out into a git worktree, builds the
@@ -12,8 +12,9 @@ the larger spread is noise.
 
 Worktrees and cargo target dirs live under `.cache/bench-compare/` (git-ignored): the worktrees are
 removed on every exit path, the target dirs are kept so a second comparison does not rebuild the
-dependencies (one target dir per commit, about 2 GB each; delete the folder to reclaim them).
+dependencies (one target dir per commit, a few GB each; delete the folder to reclaim them).
 Each round gets a fresh CRITERION_HOME, so criterion compares nothing across rounds or commits.
+Only commits are measured: uncommitted changes in this checkout are not (commit them first).
 
 Exit status: 0 with the table printed; 1 if a commit does not resolve, a build fails or a run
 prints no criterion figure (its output is printed); 2 on bad arguments.
