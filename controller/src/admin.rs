@@ -16,11 +16,9 @@ pub mod watches;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use aether_serve_policy::admin::AdminPort;
 use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::http::StatusCode;
 
 use crate::metrics::Metrics;
 use crate::status_writer::ClusterView;
@@ -36,16 +34,25 @@ pub struct AdminState {
     pub cluster: Option<ClusterView>,
 }
 
-/// The admin router.
+/// The admin router: `/healthz`, `/readyz`, `/metrics` ([`aether_serve_policy::admin::router`]
+/// over this state).
 pub fn router(state: AdminState) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(state)
+    aether_serve_policy::admin::router(state)
 }
 
-async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
+impl AdminPort for AdminState {
+    fn readyz(&self) -> (StatusCode, String) {
+        readyz(self)
+    }
+
+    fn metrics(&self) -> String {
+        self.metrics.encode()
+    }
+}
+
+/// `/readyz` (the module's rules): 200 once the webhook's TLS listener is bound, else 503; the
+/// body describes the status writer and its watches either way.
+fn readyz(s: &AdminState) -> (StatusCode, String) {
     let writer = match &s.cluster {
         None => "status writer: off (--status-writer=false)\n".to_owned(),
         Some(c) => {
@@ -61,10 +68,6 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, format!("webhook TLS listener not bound yet\n{writer}"))
     }
-}
-
-async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
 }
 
 #[cfg(test)]

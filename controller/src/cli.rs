@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 pub mod flags;
 
-pub use flags::{AgentAccess, Cli, Command, Output, PodsDirArg, RunArgs, SocketLimitArg, ValidateArgs, VerifyArgs};
+pub use flags::{
+    AgentAccess, Cli, Command, ControllerSocketHelp, Output, PodsDirArg, RunArgs, ValidateArgs, VerifyArgs,
+};
 
 pub use crate::logging::{LogFormat, LogLevel};
 

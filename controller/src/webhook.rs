@@ -38,7 +38,7 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 /// ordinary reviews (an UPDATE carries the object and the old object, each with its
 /// managedFields), and with `failurePolicy: Fail` that blocks policy changes. The binary has no
 /// upper bound. The chart's `values.schema.json` states the same minimum for
-/// `controller.maxBodyBytes` (tests/e2e/charts.rs checks it against this constant).
+/// `controller.maxBodyBytes` (tests/e2e/charts/schema.rs checks it against this constant).
 pub const MIN_MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// What the handler needs.

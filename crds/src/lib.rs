@@ -11,9 +11,13 @@
 //!   start-up.
 //! - [`tiebreak`]: the one-policy-per-Service rule ([`tiebreak::resolve`]) and the mesh service key.
 //! - [`pod`]: pod label and annotation keys.
+//! - `cli` (feature `cli`): `--kubelet-pods-dir` and `--socket-limit` as clap flags, for the
+//!   binaries.
 //! - [`manifests`]: multi-document YAML text to JSON values (`List` expanded), for the offline tools.
 
 pub mod chart;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod field_rules;
 pub mod manifests;
 pub mod pod;

@@ -24,8 +24,10 @@ use crate::policy::{Eviction, Liveness};
 /// [`crate::Gate::admit`] gave (or by a [`crate::GatedListener`] / `GatedAcceptor`).
 #[derive(Debug)]
 pub struct GatedIo<S> {
-    io: S,
+    // Declared (so dropped) before `io`: the cap's place is free by the time the socket is
+    // closed, so a client that sees the server's descriptor gone can count on the place.
     slot: Slot,
+    io: S,
     live: Liveness,
     timer: Pin<Box<Sleep>>,
     evicted: Option<Eviction>,
@@ -37,7 +39,7 @@ impl<S> GatedIo<S> {
     pub fn new(io: S, slot: Slot, accepted: Instant) -> Self {
         let live = Liveness::new(accepted);
         let first = live.deadline(slot.gate().policy()).map_or(accepted, |(at, _)| at);
-        GatedIo { io, slot, live, timer: Box::pin(tokio::time::sleep_until(first)), evicted: None }
+        GatedIo { slot, io, live, timer: Box::pin(tokio::time::sleep_until(first)), evicted: None }
     }
 
     /// The wrapped stream.

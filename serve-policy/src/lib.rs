@@ -23,12 +23,14 @@
 //! Timeouts are enforced on the bytes ([`GatedIo`]), below HTTP, so they hold in every state
 //! (protocol detection, an HTTP/2 connection without streams, keep-alive between requests).
 //! [`open_files::check`] compares the caps with `RLIMIT_NOFILE` at start-up. Flags:
-//! [`cli`]. The written policy: `docs/listeners.md`.
+//! [`cli`]. The written policy: `docs/listeners.md`. The routes both binaries' admin ports serve
+//! alike (`/healthz`, `/readyz`, `/metrics`): [`admin`].
 //!
 //! This crate depends on neither binary.
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod cli;
 mod gate;
 #[cfg(feature = "grpc")]

@@ -12,6 +12,8 @@ use std::path::PathBuf;
 use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use aether_crds::cli::{SocketRulesArgs, SocketRulesHelp};
+
 use crate::logging::LogArgs;
 use crate::webhook::{DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES};
 
@@ -139,51 +141,32 @@ impl RunArgs {
     }
 }
 
-/// The kubelet pods dir and the socket limit, shared by `run` and `validate`.
-#[derive(Args, Debug)]
-pub struct PodsDirArg {
-    /// The kubelet pods dir as the node proxy sees it (the chart's mount path). The socket value
-    /// budget is 107 - len(dir) - 70 bytes: 16 for /var/lib/kubelet/pods (with --socket-limit
-    /// sun-path). Must match the agents' --kubelet-pods-dir.
-    #[arg(long, default_value = aether_crds::udspath::DEFAULT_PODS_DIR, env = "AETHER_KUBELET_PODS_DIR")]
-    pub kubelet_pods_dir: String,
-    /// What limits the length of a socket value (spec.udsSocket). sun-path: its host path
-    /// <pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<volume>/<file> must fit in sun_path (107
-    /// bytes), so the value gets the budget above. filesystem: only when every node's agent pins
-    /// sockets (aether-agent --pin-dir, the chart's agent.pinning.enabled): Envoy then dials the
-    /// short pin path, and a value is limited by the file system instead (volume: a DNS-1123
-    /// label, at most 63 bytes; file: at most 255 bytes, NAME_MAX), whatever the pods dir's
-    /// length (a long one such as microk8s' /var/snap/microk8s/common/var/lib/kubelet/pods,
-    /// which leaves no sun_path budget, becomes usable). Must match the agents' --socket-limit;
-    /// a mismatch is safe (the stricter limit wins).
-    #[arg(long, value_enum, default_value_t = SocketLimitArg::SunPath, env = "AETHER_SOCKET_LIMIT")]
-    pub socket_limit: SocketLimitArg,
-}
+/// The kubelet pods dir and the socket limit (`--kubelet-pods-dir`, `--socket-limit`), shared by
+/// `run`, `validate` and `verify-install`: [`aether_crds::cli::SocketRulesArgs`] in the
+/// controller's words ([`ControllerSocketHelp`]).
+pub type PodsDirArg = SocketRulesArgs<ControllerSocketHelp>;
 
-impl PodsDirArg {
-    /// The rules these flags select: [`aether_crds::Rules::with_limit`] of the pods dir and the
-    /// socket limit.
-    pub fn rules(&self) -> aether_crds::Rules {
-        aether_crds::Rules::with_limit(&self.kubelet_pods_dir, self.socket_limit.into())
-    }
-}
+/// The controller's `--help` text of `--kubelet-pods-dir` and `--socket-limit` (the flags
+/// themselves: [`aether_crds::cli`]).
+#[derive(Clone, Debug)]
+pub struct ControllerSocketHelp;
 
-/// `--socket-limit`: [`aether_crds::SocketLimit`] on the command line.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SocketLimitArg {
-    /// The value's host path must fit in sun_path (107 bytes): 107 - len(pods dir) - 70 bytes.
-    SunPath,
-    /// Every node pins sockets: volume at most 63 bytes, file at most 255 (the file system's).
-    Filesystem,
-}
-
-impl From<SocketLimitArg> for aether_crds::SocketLimit {
-    fn from(arg: SocketLimitArg) -> Self {
-        match arg {
-            SocketLimitArg::SunPath => aether_crds::SocketLimit::SunPath,
-            SocketLimitArg::Filesystem => aether_crds::SocketLimit::Filesystem,
-        }
-    }
+impl SocketRulesHelp for ControllerSocketHelp {
+    const KUBELET_PODS_DIR: &'static str = "The kubelet pods dir as the node proxy sees it (the chart's mount path). \
+        The socket value budget is 107 - len(dir) - 70 bytes: 16 for /var/lib/kubelet/pods (with --socket-limit \
+        sun-path). Must match the agents' --kubelet-pods-dir";
+    const SOCKET_LIMIT: &'static str = "What limits the length of a socket value (spec.udsSocket). sun-path: its host \
+        path <pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<volume>/<file> must fit in sun_path (107 bytes), so \
+        the value gets the budget above. filesystem: only when every node's agent pins sockets (aether-agent \
+        --pin-dir, the chart's agent.pinning.enabled): Envoy then dials the short pin path, and a value is limited by \
+        the file system instead (volume: a DNS-1123 label, at most 63 bytes; file: at most 255 bytes, NAME_MAX), \
+        whatever the pods dir's length (a long one such as microk8s' /var/snap/microk8s/common/var/lib/kubelet/pods, \
+        which leaves no sun_path budget, becomes usable). Must match the agents' --socket-limit; a mismatch is safe \
+        (the stricter limit wins)";
+    const SUN_PATH: &'static str =
+        "The value's host path must fit in sun_path (107 bytes): 107 - len(pods dir) - 70 bytes";
+    const FILESYSTEM: &'static str =
+        "Every node pins sockets: volume at most 63 bytes, file at most 255 (the file system's)";
 }
 
 /// Flags of `validate`.
@@ -278,7 +261,7 @@ mod tests {
     #[test]
     fn socket_limit_is_sun_path_by_default_and_both_run_and_validate_take_it() {
         let Command::Run(run) = command(&["run", "--tls-dir", "/tls"]) else { unreachable!() };
-        assert_eq!(run.pods_dir.socket_limit, SocketLimitArg::SunPath);
+        assert_eq!(run.pods_dir.socket_limit, SocketLimit::SunPath);
         assert_eq!(run.pods_dir.rules(), aether_crds::Rules::new(aether_crds::udspath::DEFAULT_PODS_DIR));
         let Command::Run(run) = command(&["run", "--tls-dir", "/tls", "--socket-limit", "filesystem"]) else {
             unreachable!()
