@@ -1,11 +1,12 @@
 //! The command line.
 
 use std::ffi::OsString;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use aether_process::logging::LogArgs;
 use clap::{Parser, Subcommand};
+
+use crate::admin::AdminAddress;
 
 /// PID 1 of the node proxy container: starts Envoy so that replacing the proxy pod hands its
 /// listening sockets over (an Envoy hot restart across the two pods) and refuses no connection.
@@ -49,9 +50,9 @@ pub struct InstallArgs {
 /// `run`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// The host directory shared by every proxy pod on the node (hostPath, root-only, on tmpfs):
-    /// the start lock, the `alive.EPOCH` locks, the live-epoch record and Envoy's hot restart
-    /// sockets.
+    /// The host directory shared by every proxy pod on the node (hostPath, on tmpfs): the start
+    /// lock, the `alive.EPOCH` locks, the live-epoch record and Envoy's hot restart sockets.
+    /// Root-only: the launcher makes it mode 0700 (files 0600) and refuses one root does not own.
     #[arg(long, default_value = "/run/aether-proxy")]
     pub state_dir: PathBuf,
     /// The directory that is every proxy pod's /dev/shm (the same host directory in each), where
@@ -71,10 +72,12 @@ pub struct RunArgs {
     /// once.
     #[arg(long, default_value_t = 30)]
     pub successor_wait_seconds: u64,
-    /// How long to wait for an Envoy that takes no part in the hand-over (an older release's) to
-    /// exit before starting cold beside it, in seconds.
-    #[arg(long, default_value_t = 120)]
-    pub foreign_wait_seconds: u64,
+    /// Deprecated and ignored (accepted so that older command lines still parse). Beside an Envoy
+    /// that takes no part in the hand-over (an older release's) the launcher now stands by without
+    /// bound: the pod is Ready without serving until that Envoy exits, then Envoy starts cold at
+    /// once. Starting cold beside it would fail every listener's bind.
+    #[arg(long, value_name = "SECONDS")]
+    pub foreign_wait_seconds: Option<u64>,
     /// How long a started Envoy may take to serve (admin state LIVE at its epoch), in seconds,
     /// before it is killed and counted as a failed start.
     #[arg(long, default_value_t = 300)]
@@ -83,10 +86,21 @@ pub struct RunArgs {
     /// exits 1 (the kubelet's restart back-off takes over).
     #[arg(long, default_value_t = 5)]
     pub crash_restarts: usize,
-    /// Envoy's admin address, as the bootstrap binds it (with SO_REUSEPORT, so two Envoys of a
-    /// hand-over can both bind it).
-    #[arg(long, default_value = "127.0.0.1:9901")]
-    pub admin: SocketAddr,
+    /// Envoy's admin, as the bootstrap binds it: an absolute path is a Unix socket
+    /// (admin.address.pipe; the chart's is /run/aether/envoy/admin.sock, mode 0600), else IP:PORT.
+    /// A Unix socket keeps the admin, which can stop every listener of the node, out of reach of
+    /// port-forwards (they dial TCP only) and of non-root processes: the launcher makes its
+    /// directory root's and mode 0700 before Envoy starts. The launcher waits there for its Envoy
+    /// to be LIVE, and refreshes the readiness marker only while Envoy says there that it serves
+    /// (LIVE, no listener stopped).
+    #[arg(long, default_value = "/run/aether/envoy/admin.sock")]
+    pub admin: AdminAddress,
+    /// Another admin address (same syntax; repeatable) where an Envoy outside this hand-over may
+    /// answer: the chart passes 127.0.0.1:<proxy.adminPort>, where Envoys of releases up to 0.10.0
+    /// have theirs. Beside such an Envoy (or one answering on --admin) with no epoch of ours
+    /// running, the launcher stands by instead of starting one that would fail every bind.
+    #[arg(long, value_name = "ADDR")]
+    pub foreign_admin: Vec<AdminAddress>,
     /// The readiness marker (a pod-local path, e.g. on an emptyDir).
     #[arg(long)]
     pub marker: PathBuf,

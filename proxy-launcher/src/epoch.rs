@@ -137,8 +137,8 @@ pub enum Plan {
         /// The draining ones.
         draining: Vec<u32>,
     },
-    /// Wait: an Envoy outside the hand-over holds the node's listeners; a cold start beside it
-    /// would fail every bind.
+    /// Stand by: an Envoy outside the hand-over holds the node's listeners, and a cold start beside
+    /// it would fail every bind; start cold once it is gone (`crate::serving::Standby`).
     WaitForForeign,
     /// No epoch serves, but older ones still drain (their successor died): ask them to stop
     /// first. They serve no listener any more, and a cold start beside them would share their

@@ -34,6 +34,12 @@ fn main() -> ExitCode {
         },
         Command::Run(r) => {
             cli.log.init();
+            if let Some(s) = r.foreign_wait_seconds {
+                tracing::warn!(
+                    "--foreign-wait-seconds={s} is ignored: beside an Envoy outside the hand-over the launcher \
+                     stands by until it exits, then starts at once"
+                );
+            }
             let mut envoy = r.envoy.into_iter();
             let binary = envoy.next().expect("clap requires the Envoy command").into();
             supervise::run(Config {
@@ -44,9 +50,9 @@ fn main() -> ExitCode {
                     base_id: r.base_id,
                     parent_shutdown_seconds: r.parent_shutdown_seconds,
                     successor_wait: Duration::from_secs(r.successor_wait_seconds),
-                    foreign_wait: Duration::from_secs(r.foreign_wait_seconds),
                 }),
                 admin: r.admin,
+                foreign_admins: r.foreign_admin,
                 marker: r.marker,
                 live_timeout: Duration::from_secs(r.live_timeout_seconds),
                 crash_restarts: r.crash_restarts,

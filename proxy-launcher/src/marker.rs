@@ -1,10 +1,13 @@
-//! The readiness marker: a pod-local file the launcher rewrites every second while its Envoy runs
-//! and has been seen LIVE at its own epoch. The kubelet's readiness probe (`aether-proxy-launcher
+//! The readiness marker: a pod-local file the launcher rewrites every second while its Envoy
+//! serves: seen LIVE at its own epoch, and since then saying on its admin that it is LIVE with no
+//! listener stopped ([`crate::readiness`]), or handed over and draining. The kubelet's readiness probe (`aether-proxy-launcher
 //! probe`) checks that it is fresh. A probe of Envoy's own ports cannot tell the two proxy pods of
 //! a hand-over apart: both reach whichever Envoy holds the shared sockets.
 //!
 //! So a successor is Ready only once it took over, and its parent stays Ready until its Envoy
-//! exits: the DaemonSet's `maxUnavailable: 0` holds through the hand-over.
+//! exits: the DaemonSet's `maxUnavailable: 0` holds through the hand-over. The one exception is a
+//! pod standing by beside an Envoy outside the hand-over ([`touch_standby`]): Ready without
+//! serving, only while that Envoy's admin answers, so that a surge roll deletes the old pod.
 
 use std::io;
 use std::path::Path;
@@ -13,6 +16,15 @@ use std::time::{Duration, SystemTime};
 /// Writes (or refreshes) the marker with a line saying which epoch.
 pub fn touch(path: &Path, epoch: u32) -> io::Result<()> {
     std::fs::write(path, format!("epoch {epoch} live\n"))
+}
+
+/// Writes (or refreshes) the marker of a pod that stands by beside an Envoy outside the hand-over
+/// answering on `admin` (`crate::serving::Standby`): Ready without serving.
+pub fn touch_standby(path: &Path, admin: &crate::admin::AdminAddress) -> io::Result<()> {
+    std::fs::write(
+        path,
+        format!("standby: an Envoy outside the hand-over answers on {admin}; this pod's Envoy starts once it exits\n"),
+    )
 }
 
 /// Removes the marker (absent is fine).

@@ -72,11 +72,35 @@ impl Node {
             }]}
         });
         std::fs::write(dir.path().join("envoy.json"), bootstrap.to_string()).unwrap();
+        // The chart's admin: a Unix socket, mode 0600 (384), in a directory the launcher makes
+        // root's and 0700.
+        let mut piped = bootstrap;
+        piped["admin"] = serde_json::json!({"address": {"pipe": {
+            "path": dir.path().join("envoy/admin.sock"), "mode": 384
+        }}});
+        std::fs::write(dir.path().join("envoy-pipe.json"), piped.to_string()).unwrap();
         Node { dir, base_id, admin, port }
     }
 
-    /// Starts a launcher named `name` running `envoy`; its output goes to `<dir>/<name>.log`.
+    /// The admin socket of the `envoy-pipe.json` bootstrap.
+    fn admin_socket(&self) -> PathBuf {
+        self.dir.path().join("envoy/admin.sock")
+    }
+
+    /// Starts a launcher named `name` running `envoy` with its admin on TCP (the bootstrap of
+    /// releases up to 0.10.0); its output goes to `<dir>/<name>.log`.
     fn launch(&self, name: &str, envoy: &Path) -> Launcher {
+        self.launch_with(name, envoy, false)
+    }
+
+    /// [`Node::launch`]; `piped`: Envoy's admin on [`Node::admin_socket`] (the chart's), the TCP
+    /// one passed as `--foreign-admin`.
+    fn launch_with(&self, name: &str, envoy: &Path, piped: bool) -> Launcher {
+        let (admin, config) = if piped {
+            (self.admin_socket().display().to_string(), "envoy-pipe.json")
+        } else {
+            (format!("127.0.0.1:{}", self.admin), "envoy.json")
+        };
         let log = self.dir.path().join(format!("{name}.log"));
         let marker = self.dir.path().join(format!("{name}.ready"));
         let out = std::fs::File::create(&log).unwrap();
@@ -84,13 +108,14 @@ impl Node {
             .arg("run")
             .arg(format!("--state-dir={}", self.dir.path().join("state").display()))
             .arg(format!("--base-id={}", self.base_id))
-            .arg(format!("--admin=127.0.0.1:{}", self.admin))
+            .arg(format!("--admin={admin}"))
+            .arg(format!("--foreign-admin=127.0.0.1:{}", self.admin))
             .arg(format!("--marker={}", marker.display()))
             .args(["--parent-shutdown-seconds=2", "--successor-wait-seconds=5", "--foreign-wait-seconds=10"])
             .arg("--")
             .arg(envoy)
             .arg("--config-path")
-            .arg(self.dir.path().join("envoy.json"))
+            .arg(self.dir.path().join(config))
             .args(["--concurrency", "1", "--log-level", "warn", "--drain-time-s", "1"])
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -100,9 +125,57 @@ impl Node {
         Launcher { child, log, marker }
     }
 
+    /// Starts an Envoy outside the hand-over (`--disable-hot-restart`, as 0.7.x ran it) on this
+    /// node's admin address and listener; its output goes to `<dir>/foreign.log`.
+    fn foreign(&self, envoy: &Path) -> Foreign {
+        let out = std::fs::File::create(self.dir.path().join("foreign.log")).unwrap();
+        let child = Command::new(envoy)
+            .arg("--config-path")
+            .arg(self.dir.path().join("envoy.json"))
+            .args(["--disable-hot-restart", "--concurrency", "1", "--log-level", "warn"])
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        Foreign(child)
+    }
+
     fn segment(&self) -> PathBuf {
         aether_proxy_launcher::shm::segment(Path::new("/dev/shm"), self.base_id)
     }
+}
+
+/// The node's hot restart segment goes with it, however the test ends (its launchers, declared
+/// after it, are dropped first).
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.segment());
+    }
+}
+
+/// An Envoy outside the hand-over; killed on drop.
+struct Foreign(Child);
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether `GET /` on `port` answers 200 now.
+fn serves(port: u16) -> bool {
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    (|| -> std::io::Result<bool> {
+        let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+        c.set_read_timeout(Some(Duration::from_secs(1)))?;
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+        let mut buf = [0u8; 12];
+        c.read_exact(&mut buf)?;
+        Ok(buf.starts_with(b"HTTP/1.1 200"))
+    })()
+    .unwrap_or(false)
 }
 
 struct Launcher {
@@ -122,6 +195,15 @@ impl Launcher {
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::fs::read_to_string(&self.marker).map(|s| s.trim() != want).unwrap_or(true) {
             assert!(Instant::now() < deadline, "no `{want}` marker; the launcher said:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits (at most 30 s) until the marker says this pod stands by.
+    fn wait_standby(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !std::fs::read_to_string(&self.marker).is_ok_and(|s| s.starts_with("standby: ")) {
+            assert!(Instant::now() < deadline, "no standby marker; the launcher said:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -234,7 +316,8 @@ fn a_second_launcher_takes_the_sockets_over_and_no_request_fails() {
     assert!(b.log().contains("no Envoy left on the node: removed the hand-over state"), "{}", b.log());
     let left: Vec<_> =
         std::fs::read_dir(node.dir.path().join("state")).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert!(left.is_empty(), "left in the state dir: {left:?}");
+    // Only the start lock stays: a launcher may be waiting on it (state_dir.rs, `clean_if_last`).
+    assert_eq!(left, ["start.lock"], "left in the state dir: {left:?}");
     assert!(!node.segment().exists(), "{} left", node.segment().display());
 }
 
@@ -295,4 +378,184 @@ fn a_crashed_envoy_is_started_again_in_place_without_back_off() {
     assert_eq!(starts, 2, "{}", a.log());
     drop(a);
     let _ = std::fs::remove_file(node.segment());
+}
+
+#[test]
+fn beside_an_envoy_outside_the_hand_over_it_stands_by_and_starts_the_moment_that_one_exits() {
+    let envoy = aether_fixtures::envoy::envoy_binary().unwrap();
+    let node = Node::new(3);
+    let mut foreign = node.foreign(&envoy);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !serves(node.port) {
+        assert!(Instant::now() < deadline, "the foreign Envoy never served");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Ready without serving while the other admin answers; SIGTERM then exits at once.
+    let mut a = node.launch("a", &envoy);
+    a.wait_standby();
+    assert!(a.log().contains("standing by instead of starting beside it"), "{}", a.log());
+    assert!(a.log().contains("--foreign-wait-seconds=10 is ignored"), "{}", a.log());
+    assert!(a.envoy_pid().is_none(), "an Envoy was started beside the foreign one:\n{}", a.log());
+    a.signal("TERM");
+    assert_eq!(a.wait_exit(Duration::from_secs(5)), 0, "{}", a.log());
+    assert!(!a.marker.exists(), "the standby marker outlived its launcher");
+    // The old pod is deleted (its Envoy exits): the one standing by serves at once.
+    let b = node.launch("b", &envoy);
+    b.wait_standby();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(b.log().matches("standing by instead").count(), 1, "announced once:\n{}", b.log());
+    let load = Load::start(node.port);
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = Instant::now();
+    assert!(Command::new("kill").args(["-s", "TERM", &foreign.0.id().to_string()]).status().unwrap().success());
+    let _ = foreign.0.wait();
+    b.wait_serving(0);
+    let back = killed.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    let (n, failed) = load.finish();
+    let gap = failed.last().zip(failed.first()).map(|(l, f)| *l - *f).unwrap_or_default();
+    println!(
+        "standby: Envoy serving {:.2} s after the foreign one was stopped; {} of {n} requests failed over {:.2} s",
+        back.as_secs_f64(),
+        failed.len(),
+        gap.as_secs_f64()
+    );
+    assert!(back < Duration::from_secs(5), "{back:?}:\n{}", b.log());
+    assert!(serves(node.port), "the listener was not bound:\n{}", b.log());
+    drop(b);
+    let _ = std::fs::remove_file(node.segment());
+}
+
+#[test]
+fn a_superseded_launcher_starts_envoy_again_when_its_successor_dies() {
+    let envoy = aether_fixtures::envoy::envoy_binary().unwrap();
+    let node = Node::new(4);
+    let a = node.launch("a", &envoy);
+    a.wait_serving(0);
+    let b = node.launch("b", &envoy);
+    b.wait_serving(1);
+    // A's Envoy drains (2 s) and exits; A waits to be deleted.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !a.log().contains("waiting for the pod to be deleted") {
+        assert!(Instant::now() < deadline, "A's Envoy never finished draining:\n{}", a.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // B's pod dies with its Envoy, and nothing replaces it: A serves again instead of sitting
+    // NotReady.
+    let died = Instant::now();
+    drop(b);
+    a.wait_serving(0);
+    let back = died.elapsed();
+    println!("superseded: serving again {:.2} s after the successor died", back.as_secs_f64());
+    assert!(a.log().contains("(the one that took over is gone): starting Envoy again"), "{}", a.log());
+    assert!(back < Duration::from_secs(10), "{back:?}:\n{}", a.log());
+    assert!(serves(node.port), "{}", a.log());
+}
+
+/// One HTTP/1.1 request over the Unix socket `path`: the status line and the body.
+fn unix_http(path: &Path, method: &str, target: &str) -> std::io::Result<(String, String)> {
+    let mut s = std::os::unix::net::UnixStream::connect(path)?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(s, "{method} {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    Ok((head.lines().next().unwrap_or("").to_owned(), body.to_owned()))
+}
+
+/// The upgrade from 0.10.0: its Envoy's admin on TCP, the new one's on a Unix socket. The new
+/// launcher takes the sockets over with no request failing; its admin socket is mode 0600 in a
+/// 0700 directory and answers for the new epoch, and nothing answers on the old TCP admin port
+/// any more (the hot restart closed the parent's).
+#[test]
+fn a_tcp_admin_envoy_hands_over_to_one_whose_admin_is_a_root_only_unix_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let envoy = aether_fixtures::envoy::envoy_binary().unwrap();
+    let node = Node::new(5);
+    let mut a = node.launch("a", &envoy);
+    a.wait_serving(0);
+    let load = Load::start(node.port);
+    std::thread::sleep(Duration::from_millis(500));
+    let b = node.launch_with("b", &envoy, true);
+    b.wait_serving(1);
+    assert!(b.log().contains("took the listening sockets over from epoch 0"), "{}", b.log());
+    a.signal("TERM");
+    assert_eq!(a.wait_exit(Duration::from_secs(10)), 0, "{}", a.log());
+    std::thread::sleep(Duration::from_millis(500));
+    let (n, failed) = load.finish();
+    println!("TCP admin to Unix admin hand-over: {} of {n} requests failed", failed.len());
+    assert!(n > 200 && failed.is_empty(), "{} of {n} failed at {failed:?}", failed.len());
+    let socket = node.admin_socket();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&socket), 0o600, "the admin socket");
+    assert_eq!(mode(socket.parent().unwrap()), 0o700, "the admin socket's directory");
+    let (status, info) = unix_http(&socket, "GET", "/server_info").unwrap();
+    assert!(status.contains(" 200 "), "{status}");
+    assert!(info.contains("\"restart_epoch\": 1") || info.contains("\"restart_epoch\":1"), "{info}");
+    let old_admin: SocketAddr = format!("127.0.0.1:{}", node.admin).parse().unwrap();
+    assert!(TcpStream::connect_timeout(&old_admin, Duration::from_secs(1)).is_err(), "the TCP admin still answers");
+}
+
+/// A launcher whose admin is a Unix socket still finds an Envoy outside the hand-over that has its
+/// admin on TCP (a 0.10.0 Envoy with hot restart off), through `--foreign-admin`: it stands by,
+/// its marker naming that address, and serves once that Envoy exits.
+#[test]
+fn beside_an_envoy_outside_the_hand_over_on_a_tcp_admin_a_unix_admin_launcher_stands_by() {
+    let envoy = aether_fixtures::envoy::envoy_binary().unwrap();
+    let node = Node::new(6);
+    let mut foreign = node.foreign(&envoy);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !serves(node.port) {
+        assert!(Instant::now() < deadline, "the foreign Envoy never served");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let b = node.launch_with("b", &envoy, true);
+    b.wait_standby();
+    let marker = std::fs::read_to_string(&b.marker).unwrap();
+    assert!(marker.contains(&format!("127.0.0.1:{}", node.admin)), "{marker}");
+    assert!(b.envoy_pid().is_none(), "an Envoy was started beside the foreign one:\n{}", b.log());
+    assert!(Command::new("kill").args(["-s", "TERM", &foreign.0.id().to_string()]).status().unwrap().success());
+    let _ = foreign.0.wait();
+    b.wait_serving(0);
+    assert!(serves(node.port), "{}", b.log());
+}
+
+/// Ready means serving: `POST /drain_listeners` on the serving Envoy's admin stops every listener
+/// while Envoy runs, LIVE. The launcher then stops refreshing the marker (the probe fails within
+/// its age limit) and says why, once.
+#[test]
+fn stopped_listeners_make_the_pod_not_ready() {
+    let envoy = aether_fixtures::envoy::envoy_binary().unwrap();
+    let node = Node::new(7);
+    let a = node.launch_with("a", &envoy, true);
+    a.wait_serving(0);
+    let probe = |max_age: u64| {
+        Command::new(env!("CARGO_BIN_EXE_aether-proxy-launcher"))
+            .args(["probe", "--marker"])
+            .arg(&a.marker)
+            .arg(format!("--max-age-seconds={max_age}"))
+            .output()
+            .unwrap()
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(probe(2).status.success(), "Ready while serving:\n{}", a.log());
+    let (status, _) = unix_http(&node.admin_socket(), "POST", "/drain_listeners").unwrap();
+    assert!(status.contains(" 200 "), "{status}");
+    assert!(!serves(node.port), "the listener still serves after /drain_listeners");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.log().contains("this pod reports NotReady") {
+        assert!(Instant::now() < deadline, "no NotReady warning:\n{}", a.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(3000));
+    let out = probe(2);
+    assert!(!out.status.success(), "still Ready with its listeners stopped:\n{}", a.log());
+    println!(
+        "probe after /drain_listeners: {}{}",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    assert!(a.log().contains("listener_manager.listener_stopped"), "{}", a.log());
+    assert_eq!(a.log().matches("this pod reports NotReady").count(), 1, "said once:\n{}", a.log());
+    assert!(a.envoy_pid().is_some(), "Envoy itself keeps running (the pod is replaced, not Envoy killed)");
 }
