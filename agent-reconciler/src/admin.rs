@@ -36,10 +36,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use aether_agent_core::status::Status;
+use aether_serve_policy::admin::AdminPort;
 use axum::Json;
 use axum::Router;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::sync::watch;
@@ -64,8 +65,10 @@ pub struct EnvoyView {
 }
 
 impl EnvoyView {
-    /// Where Envoy stands against the current CDS, LDS and (when served) ECDS versions.
-    pub fn readiness(&self) -> EnvoyReadiness {
+    /// Where Envoy stands against the current CDS, LDS and (when served) ECDS versions;
+    /// `reoffering`: withdrawn inbound listeners were offered again within the grace
+    /// ([`readiness::assess`]).
+    pub fn readiness(&self, reoffering: bool) -> EnvoyReadiness {
         let (cds, lds, ecds) = {
             let current = self.resources.borrow();
             let ecds = &current.extension_configs;
@@ -75,7 +78,7 @@ impl EnvoyView {
                 (!ecds.resources.is_empty()).then(|| ecds.version.clone()),
             )
         };
-        readiness::assess(&self.tracker.streams(), &cds, &lds, ecds.as_deref())
+        readiness::assess(&self.tracker.streams(), &cds, &lds, ecds.as_deref(), reoffering)
     }
 }
 
@@ -135,14 +138,10 @@ impl AdminState {
     }
 }
 
-/// The admin router: `/healthz`, `/readyz`, `/metrics`. No per-pod detail (it listens on every
-/// node IP).
+/// The admin router: `/healthz`, `/readyz`, `/metrics` ([`aether_serve_policy::admin::router`]
+/// over this state). No per-pod detail (it listens on every node IP).
 pub fn router(state: AdminState) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(state)
+    aether_serve_policy::admin::router(state)
 }
 
 /// The debug router: `/debug/pods` and `/debug/pods/{namespace}/{name}` (the reconcile loop's
@@ -154,9 +153,24 @@ pub fn debug_router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
+impl AdminPort for AdminState {
+    fn readyz(&self) -> (StatusCode, String) {
+        readyz(self)
+    }
+
+    fn metrics(&self) -> String {
+        let st = self.status.borrow().clone();
+        self.metrics.encode(&st)
+    }
+}
+
+/// `/readyz` (the module's rules): 503 with why until the xDS listener is bound, while Envoy's
+/// streams are held, while a required watch is overdue, or (`--readyz-requires-envoy`) while no
+/// Envoy is caught up; else 200. The body lists the degraded states, the watches and Envoy.
+fn readyz(s: &AdminState) -> (StatusCode, String) {
     let now = Instant::now();
-    let envoy = s.envoy.as_ref().map(|e| (e.readiness(), e.required));
+    let reoffering = s.status.borrow().reoffer_grace_until.is_some_and(|until| now < until);
+    let envoy = s.envoy.as_ref().map(|e| (e.readiness(reoffering), e.required));
     let (watches, grace) = match &s.watches {
         Some(w) => (w.board.snapshot(), w.grace),
         None => (Vec::new(), Duration::ZERO),
@@ -250,12 +264,6 @@ async fn list_decisions(State(s): State<AdminState>) -> Response {
         None => (StatusCode::NOT_FOUND, Json(serde_json::json!({"error": "this agent serves no decisions"})))
             .into_response(),
     }
-}
-
-async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
-    let st = s.status.borrow().clone();
-    let out = s.metrics.encode(&st);
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out)
 }
 
 #[cfg(test)]

@@ -111,7 +111,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let decisions = crate::decisions::Decisions::new(&args.node_name);
     let pinner = match &args.pin_dir {
         Some(dir) => Some(
-            crate::pin::Pinner::new(&args.delivery.kubelet_pods_dir, dir)
+            crate::pin::Pinner::new(&args.delivery.socket.kubelet_pods_dir, dir)
                 .with_context(|| format!("--pin-dir {}", dir.display()))?,
         ),
         None => None,
@@ -132,7 +132,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut driver = Driver::new(
         Index::new(settings.clone()),
         Some(store),
-        CniRecords::new(args.cni_records_dir.clone()),
+        CniRecords::new(args.cni_records_dir.clone(), args.netns_dirs()?),
         snap_tx,
         status_tx,
         collaborators,
@@ -222,6 +222,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
     }
     if let Some(admin) = args.envoy_admin {
+        let (ended_tx, mut ended) = mpsc::channel(1);
+        crate::xds::stream_ends::spawn_watch(tracker.clone(), ended_tx);
+        let to_loop = tx.clone();
+        tokio::spawn(async move {
+            while ended.recv().await.is_some() {
+                if to_loop.send(Event::EnvoyStreamEnded).await.is_err() {
+                    return;
+                }
+            }
+        });
         let (failed_tx, mut failed) = mpsc::channel(16);
         crate::xds::bind_failures::spawn_watch(tracker, admin, failed_tx);
         let tx = tx.clone();

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 pub mod flags;
 
-pub use flags::{Cli, Command, DeliveryArgs, MAX_CLUSTERS_RANGE, Output, PlanArgs, RunArgs, SocketLimitArg};
+pub use flags::{AgentSocketHelp, Cli, Command, DeliveryArgs, MAX_CLUSTERS_RANGE, Output, PlanArgs, RunArgs};
 
 pub use crate::logging::{LogFormat, LogLevel};
 

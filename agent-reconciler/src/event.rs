@@ -50,6 +50,10 @@ pub enum Event {
     /// Inbound listeners Envoy could not bind, read from its config dump after an LDS NACK
     /// ([`crate::xds::bind_failures`]): each is no longer offered, its pod gets a Warning Event.
     InboundBindFailed(Vec<BindFailure>),
+    /// One of Envoy's ADS streams ended (an Envoy exited, or its stream broke): whatever held the
+    /// ports of withdrawn inbound listeners may be gone, so they are offered again
+    /// ([`aether_agent_core::reoffer`]).
+    EnvoyStreamEnded,
     /// Something was created, removed or renamed in these pods' volume dirs
     /// ([`crate::socket_watch`]): re-verify (and re-pin) them now.
     SocketsChanged(Vec<String>),

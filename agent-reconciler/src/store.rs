@@ -94,6 +94,15 @@ pub enum StoreError {
         /// The version found.
         found: u32,
     },
+    /// A pod record whose own UID is not the one its file is named after (a copied or edited
+    /// file): not replayed.
+    #[error("state file {path} holds the record of pod uid {found:?}, not of the uid it is named after")]
+    UidMismatch {
+        /// The file.
+        path: String,
+        /// The UID inside the record.
+        found: String,
+    },
     /// A pod UID that is not a canonical UUID cannot name a file.
     #[error("refusing to store a pod under uid {0:?}: not a canonical UUID")]
     BadUid(String),
@@ -174,9 +183,11 @@ impl StateStore {
         }
     }
 
-    /// Loads every pod record. Files that cannot be used are returned as errors beside the
-    /// records that can (and left in place until [`StateStore::retain_pods`] or a save replaces them).
-    pub fn load_pods<T: DeserializeOwned>(&self) -> (Vec<T>, Vec<StoreError>) {
+    /// Loads every pod record, each with its file (`pods/<uid>.json`), so the caller can refuse a
+    /// record whose own UID is not the file's. Files that cannot be used are returned as
+    /// errors beside the records that can (and left in place until [`StateStore::retain_pods`] or a
+    /// save replaces them).
+    pub fn load_pods<T: DeserializeOwned>(&self) -> (Vec<(PathBuf, T)>, Vec<StoreError>) {
         let dir = self.dir.join("pods");
         let (mut records, mut errors) = (Vec::new(), Vec::new());
         let entries = match fs::read_dir(&dir) {
@@ -191,7 +202,7 @@ impl StateStore {
         paths.sort();
         for path in paths {
             match Self::read(&path) {
-                Ok(Some(r)) => records.push(r),
+                Ok(Some(r)) => records.push((path, r)),
                 Ok(None) => {}
                 Err(e) => errors.push(e),
             }
@@ -277,9 +288,9 @@ mod tests {
         s.save_pod(B, &rec(B)).unwrap();
         s.save_policies(&[rec("p")]).unwrap();
         let s2 = StateStore::open(dir.path()).unwrap();
-        let (pods, errors): (Vec<Rec>, _) = s2.load_pods();
+        let (pods, errors): (Vec<(PathBuf, Rec)>, _) = s2.load_pods();
         assert!(errors.is_empty());
-        assert_eq!(pods, vec![rec(A), rec(B)]);
+        assert_eq!(pods.into_iter().map(|(_, r)| r).collect::<Vec<_>>(), vec![rec(A), rec(B)]);
         assert_eq!(s2.load_policies::<Rec>().unwrap(), Some(vec![rec("p")]));
     }
 
@@ -291,8 +302,8 @@ mod tests {
         fs::write(dir.path().join(format!("pods/{B}.json")), b"{\"version\":1,\"rec").unwrap();
         fs::write(dir.path().join("pods/22222222-2222-3333-4444-555555555555.json"), b"{\"version\":9,\"record\":{}}")
             .unwrap();
-        let (pods, errors): (Vec<Rec>, _) = s.load_pods();
-        assert_eq!(pods, vec![rec(A)]);
+        let (pods, errors): (Vec<(PathBuf, Rec)>, _) = s.load_pods();
+        assert_eq!(pods, vec![(dir.path().join(format!("pods/{A}.json")), rec(A))]);
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(errors.iter().any(|e| matches!(e, StoreError::Version { found: 9, .. })));
     }
@@ -305,8 +316,8 @@ mod tests {
         s.save_pod(B, &rec(B)).unwrap();
         let removed = s.retain_pods(&HashSet::from([A.to_owned()])).unwrap();
         assert_eq!(removed, 1);
-        let (pods, _): (Vec<Rec>, _) = s.load_pods();
-        assert_eq!(pods, vec![rec(A)]);
+        let (pods, _): (Vec<(PathBuf, Rec)>, _) = s.load_pods();
+        assert_eq!(pods, vec![(dir.path().join(format!("pods/{A}.json")), rec(A))]);
     }
 
     #[test]

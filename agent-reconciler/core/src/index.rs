@@ -47,7 +47,8 @@ pub struct PodDelivery {
     pub netns: Option<String>,
     /// Declared ports whose inbound listener Envoy could not bind in that netns (e.g. the app
     /// also listens on the port), via [`Index::mark_inbound_failed`]: no listener is offered for
-    /// them until the pod's netns changes or the pod is re-created.
+    /// them until they are offered again ([`Index::reoffer_inbound`], on the schedule of
+    /// [`crate::reoffer`]), the pod's netns changes or the pod is re-created.
     pub inbound_failed: BTreeSet<u16>,
 }
 
@@ -273,6 +274,19 @@ impl Index {
         let mut change = Change::default();
         let Some(pod) = self.pods.get(uid).cloned() else { return change };
         if !self.inbound_failed.entry(uid.to_owned()).or_default().insert(port) {
+            return change;
+        }
+        self.render(pod, &mut change);
+        change
+    }
+
+    /// Offers the inbound listeners withdrawn from pod `uid` ([`Index::mark_inbound_failed`]) again:
+    /// what held their ports may be gone (docs/design-notes.md, "Agent": a withdrawn listener is
+    /// offered again). Re-renders that pod with them; nothing for an unknown pod or one with none withdrawn.
+    pub fn reoffer_inbound(&mut self, uid: &str) -> Change {
+        let mut change = Change::default();
+        let Some(pod) = self.pods.get(uid).cloned() else { return change };
+        if self.inbound_failed.remove(uid).is_none() {
             return change;
         }
         self.render(pod, &mut change);

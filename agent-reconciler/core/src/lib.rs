@@ -16,7 +16,8 @@
 //! (namespace-qualified Envoy names), [`model`] (the xDS layer's input: cluster specs and their
 //! validation), [`render`], [`refusal`] (why the on-disk check refused a socket),
 //! [`fallback`] (the one vocabulary of TCP-fallback reasons), [`pod_events`] (which pod gets a
-//! fallback Event, once per cause), [`status`] (what the loop reports), [`plan`] (offline plan),
+//! fallback Event, once per cause), [`reoffer`] (when a withdrawn inbound listener is offered
+//! again), [`status`] (what the loop reports), [`plan`] (offline plan),
 //! [`decision`] (one pod's decision as `kubectl aether why` shows it).
 //!
 //! Its dependency tree holds no tokio, hyper, tonic or kube client; `make lint` checks it.
@@ -35,6 +36,7 @@ pub mod pod_events;
 pub mod record;
 pub mod refusal;
 pub mod render;
+pub mod reoffer;
 pub mod settings;
 pub mod status;
 

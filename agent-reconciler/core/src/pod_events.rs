@@ -96,7 +96,8 @@ pub fn inbound_bind_failed(key: &PodKey, port: u16, details: &str) -> Notice {
     let note = format!(
         "the node proxy could not listen on port {port} in the pod's network namespace ({details}); \
          is the app also listening on it? Traffic to this port through its Service does not \
-         reach the socket. The listener is tried again when the pod is re-created"
+         reach the socket. The listener is offered again when an Envoy on the node exits, after a \
+         back-off (2 to 32 minutes), and when the pod is re-created"
     );
     inbound_warning(key, INBOUND_BIND_FAILED_REASON, INBOUND_BIND_FAILED_LABEL, note)
 }

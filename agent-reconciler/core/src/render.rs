@@ -304,6 +304,24 @@ mod tests {
     }
 
     #[test]
+    fn a_withdrawn_listener_is_offered_again_on_request_and_only_once() {
+        let mut index = Index::new(Settings::new("/var/lib/kubelet/pods", true));
+        index.apply_pod(pod(Some("s/app.sock"), &["10.1.2.3"]));
+        index.set_netns(UID, Some("/run/netns/cni-1".into()));
+        assert!(index.reoffer_inbound(UID).is_empty(), "nothing withdrawn: nothing to offer again");
+        index.mark_inbound_failed(UID, 8080);
+        index.mark_inbound_failed(UID, 9090);
+        assert!(listener_names(&render(&index.snapshot(), &HashMap::new())).is_empty());
+        let change = index.reoffer_inbound(UID);
+        assert!(change.map_changed);
+        assert_eq!(change.rerendered.len(), 1, "only that pod is re-rendered");
+        let r = render(&index.snapshot(), &HashMap::new());
+        assert_eq!(listener_names(&r), ["inbound_shop_cart-1_8080", "inbound_shop_cart-1_9090"]);
+        assert!(index.reoffer_inbound(UID).is_empty(), "offered already");
+        assert!(index.reoffer_inbound("no-such-uid").is_empty());
+    }
+
+    #[test]
     fn the_index_names_exactly_the_pods_a_change_touched_and_render_pod_rerenders_them() {
         let mut index = Index::new(Settings::new("/var/lib/kubelet/pods", true));
         let p = |name: &str, uid: &str, sa: &str| {

@@ -38,6 +38,10 @@ pub struct Status {
     /// Pods that asked for a socket and are delivered over TCP, by cause label
     /// ([`crate::TcpReason::label`]); every cause listed.
     pub fallbacks: BTreeMap<&'static str, usize>,
+    /// Until when an LDS NACK is taken as the failure of a re-offer of withdrawn inbound
+    /// listeners ([`crate::reoffer`]) rather than a configuration Envoy rejects: `/readyz` does
+    /// not fail for it meanwhile. `None` before any re-offer.
+    pub reoffer_grace_until: Option<std::time::Instant>,
 }
 
 // ------------------------------------------------------------------------------ watch health

@@ -11,6 +11,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use aether_crds::SocketLimit;
+use aether_crds::cli::{SocketRulesArgs, SocketRulesHelp};
+
 use crate::logging::LogArgs;
 
 /// aether-agent: the node agent that delivers mesh traffic to pods over Unix sockets.
@@ -59,23 +62,9 @@ pub enum Command {
 /// Settings shared by `run` and `plan`.
 #[derive(Args, Debug, Clone)]
 pub struct DeliveryArgs {
-    /// The kubelet pods dir as the node proxy sees it (the chart's mount path). The socket value
-    /// budget is 107 - len(dir) - 70 bytes: 16 for /var/lib/kubelet/pods. Must match the
-    /// controller's --kubelet-pods-dir. A dir too long for any value is reported at start-up and
-    /// every pod is delivered over TCP.
-    #[arg(long, default_value = aether_crds::udspath::DEFAULT_PODS_DIR, env = "AETHER_KUBELET_PODS_DIR")]
-    pub kubelet_pods_dir: String,
-    /// What limits the length of a socket value. sun-path: Envoy dials the pod's own path
-    /// <pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<volume>/<file>, which must fit in
-    /// sun_path (107 bytes), so the value gets the budget above. filesystem: only with socket
-    /// pinning (--pin-dir; `run` refuses to start without it) on every node: Envoy then dials the
-    /// short pin path, and a value is limited by the file system instead (volume: a DNS-1123
-    /// label, at most 63 bytes; file: at most 255 bytes, NAME_MAX), whatever the pods dir's
-    /// length (a long one such as microk8s' /var/snap/microk8s/common/var/lib/kubelet/pods,
-    /// which leaves no sun_path budget, becomes usable). Must match the controller's
-    /// --socket-limit; a mismatch is safe (the stricter limit wins).
-    #[arg(long, value_enum, default_value_t = SocketLimitArg::SunPath, env = "AETHER_SOCKET_LIMIT")]
-    pub socket_limit: SocketLimitArg,
+    /// --kubelet-pods-dir and --socket-limit, in the agent's words ([`AgentSocketHelp`]).
+    #[command(flatten)]
+    pub socket: SocketRulesArgs<AgentSocketHelp>,
     /// false: never deliver over a Unix socket and do not watch EndpointPolicies (the chart's
     /// proxy.udsWorkloads.enabled=false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "AETHER_UDS_WORKLOADS")]
@@ -86,26 +75,32 @@ impl DeliveryArgs {
     /// The rules these flags select: [`aether_crds::Rules::with_limit`] of `--kubelet-pods-dir`
     /// and `--socket-limit`.
     pub fn rules(&self) -> aether_crds::Rules {
-        aether_crds::Rules::with_limit(&self.kubelet_pods_dir, self.socket_limit.into())
+        self.socket.rules()
     }
 }
 
-/// `--socket-limit`: [`aether_crds::SocketLimit`] on the command line.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SocketLimitArg {
-    /// The pod's socket path must fit in sun_path (107 bytes): 107 - len(pods dir) - 70 bytes.
-    SunPath,
-    /// With --pin-dir on every node: volume at most 63 bytes, file at most 255 (the file system's).
-    Filesystem,
-}
+/// The agent's `--help` text of `--kubelet-pods-dir` and `--socket-limit` (the flags themselves:
+/// [`aether_crds::cli`]).
+#[derive(Clone, Debug)]
+pub struct AgentSocketHelp;
 
-impl From<SocketLimitArg> for aether_crds::SocketLimit {
-    fn from(arg: SocketLimitArg) -> Self {
-        match arg {
-            SocketLimitArg::SunPath => aether_crds::SocketLimit::SunPath,
-            SocketLimitArg::Filesystem => aether_crds::SocketLimit::Filesystem,
-        }
-    }
+impl SocketRulesHelp for AgentSocketHelp {
+    const KUBELET_PODS_DIR: &'static str = "The kubelet pods dir as the node proxy sees it (the chart's mount path). \
+        The socket value budget is 107 - len(dir) - 70 bytes: 16 for /var/lib/kubelet/pods. Must match the \
+        controller's --kubelet-pods-dir. A dir too long for any value is reported at start-up and every pod is \
+        delivered over TCP";
+    const SOCKET_LIMIT: &'static str = "What limits the length of a socket value. sun-path: Envoy dials the pod's \
+        own path <pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<volume>/<file>, which must fit in sun_path (107 \
+        bytes), so the value gets the budget above. filesystem: only with socket pinning (--pin-dir; `run` refuses to \
+        start without it) on every node: Envoy then dials the short pin path, and a value is limited by the file \
+        system instead (volume: a DNS-1123 label, at most 63 bytes; file: at most 255 bytes, NAME_MAX), whatever the \
+        pods dir's length (a long one such as microk8s' /var/snap/microk8s/common/var/lib/kubelet/pods, which leaves \
+        no sun_path budget, becomes usable). Must match the controller's --socket-limit; a mismatch is safe (the \
+        stricter limit wins)";
+    const SUN_PATH: &'static str =
+        "The pod's socket path must fit in sun_path (107 bytes): 107 - len(pods dir) - 70 bytes";
+    const FILESYSTEM: &'static str =
+        "With --pin-dir on every node: volume at most 63 bytes, file at most 255 (the file system's)";
 }
 
 /// Flags of `run`.
@@ -144,6 +139,7 @@ pub struct RunArgs {
     /// Folder of the CNI plugin's <pod uid>.json records ({"netns": "/var/run/netns/..."}): TCP
     /// delivery then dials 127.0.0.1:<port> inside the pod's network namespace instead of its IP.
     /// A pod's record is read on the pod's events and on every --recheck-seconds, not per update.
+    /// A record's netns passes the same rules as the runtime's (--netns-host-dir).
     #[arg(long, env = "AETHER_CNI_RECORDS_DIR")]
     pub cni_records_dir: Option<PathBuf>,
     /// The container runtime's CRI socket (containerd; CRI-O: unix:///var/run/crio/crio.sock),
@@ -154,8 +150,9 @@ pub struct RunArgs {
     #[arg(long, default_value = crate::runtime::DEFAULT_CRI_ENDPOINT, env = "AETHER_CRI_ENDPOINT")]
     pub cri_endpoint: crate::runtime::CriEndpoint,
     /// The host directory where the runtime keeps pod network namespaces (containerd and CRI-O:
-    /// /run/netns; /var/run/... reads as /run/...). A netns path the runtime reports anywhere
-    /// else, or with a file name outside [A-Za-z0-9._-], is refused and never given to Envoy.
+    /// /run/netns; /var/run/... reads as /run/...). A netns path the runtime or a CNI record
+    /// reports anywhere else, or with a file name outside [A-Za-z0-9._-], is refused and never
+    /// given to Envoy; so is one replayed from the state dir outside --netns-proxy-dir.
     #[arg(long, default_value = crate::runtime::DEFAULT_NETNS_DIR, env = "AETHER_NETNS_HOST_DIR", value_parser = parse_netns_dir)]
     pub netns_host_dir: PathBuf,
     /// Where the node's Envoy container mounts --netns-host-dir: the netns paths given to Envoy
@@ -228,12 +225,14 @@ pub struct RunArgs {
     /// readiness at the first failure.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400), env = "AETHER_WATCH_GRACE_SECONDS")]
     pub watch_grace_seconds: u64,
-    /// Envoy's admin address (plain HTTP, e.g. 127.0.0.1:9901 in the node pod). After an LDS
-    /// NACK the agent reads /config_dump there to learn which inbound listener (one per pod port,
-    /// bound in the pod's netns) Envoy could not bind, stops offering it and puts a Warning Event
-    /// on the pod. Unset: a listener that cannot bind keeps LDS NACKed until its pod changes.
+    /// Envoy's admin (plain HTTP): an absolute path is its Unix socket (the chart passes
+    /// /run/aether/envoy/admin.sock, mode 0600, which only root reaches), else IP:PORT. After an
+    /// LDS NACK the agent reads /config_dump there to learn which inbound listener (one per pod
+    /// port, bound in the pod's netns) Envoy could not bind, stops offering it and puts a Warning
+    /// Event on the pod. Unset: a listener that cannot bind keeps LDS NACKed until its pod
+    /// changes.
     #[arg(long, env = "AETHER_ENVOY_ADMIN")]
-    pub envoy_admin: Option<SocketAddr>,
+    pub envoy_admin: Option<crate::xds::envoy_admin::EnvoyAdmin>,
     /// Seconds to wait on SIGTERM/SIGINT, after the xDS server stops accepting, for every Envoy
     /// to close its ADS stream; then the agent ends the streams still open. The agent's own xDS
     /// socket file is removed either way. Without --own-daemonset the wait also decides what
@@ -273,12 +272,12 @@ impl RunArgs {
     /// path, which must fit in sun_path, so the file system's limits would admit values no Envoy
     /// can reach. The message says why and what to pass.
     pub fn socket_rules(&self) -> Result<aether_crds::Rules, String> {
-        if self.delivery.socket_limit == SocketLimitArg::Filesystem && self.pin_dir.is_none() {
+        if self.delivery.socket.socket_limit == SocketLimit::Filesystem && self.pin_dir.is_none() {
             return Err(format!(
                 "--socket-limit filesystem needs socket pinning (--pin-dir): without it Envoy dials each pod's own \
                  socket path ({}/<pod uid>/volumes/kubernetes.io~empty-dir/<volume>/<file>), which must fit in the \
                  {}-byte sun_path, so only --socket-limit sun-path is correct; pass --pin-dir or drop --socket-limit",
-                self.delivery.kubelet_pods_dir.trim_end_matches('/'),
+                self.delivery.socket.kubelet_pods_dir.trim_end_matches('/'),
                 aether_crds::udspath::SUN_PATH_MAX
             ));
         }

@@ -33,6 +33,7 @@ use aether_agent_core::fallback::TcpReason;
 use aether_agent_core::index::{Change, Index};
 use aether_agent_core::pod_events::Ledger;
 use aether_agent_core::record::{PodKey, PodRecord, PolicyRecord};
+use aether_agent_core::reoffer::Reoffers;
 use aether_agent_core::status::Status;
 use aether_crds::EndpointPolicy;
 use aether_crds::tiebreak::ServiceKey;
@@ -55,7 +56,7 @@ use publish::Publisher;
 use sockets::Sockets;
 use tally::DeliveryLog;
 
-pub use publish::HOLD_NETNS_WAIT;
+pub use publish::{HOLD_NETNS_WAIT, REOFFER_GRACE};
 pub use sockets::SocketCheck;
 
 /// What the loop drives besides its index, state dir and outputs: always present, each with a
@@ -101,6 +102,8 @@ pub struct Driver {
     out: Publisher,
     state_dir: StateDir,
     decisions: Decisions,
+    /// When the inbound listeners Envoy could not bind are offered again.
+    reoffers: Reoffers,
     /// Set while the state dir is replayed: nothing is written back, `Normal` notices wait.
     booting: bool,
 }
@@ -126,6 +129,7 @@ impl Driver {
             out: Publisher::new(snapshot, status, clock, cluster_metrics),
             state_dir: StateDir::new(store),
             decisions,
+            reoffers: Reoffers::new(),
             booting: false,
         }
     }
@@ -196,6 +200,7 @@ impl Driver {
             Event::CrdAbsent => self.crd_absent(),
             Event::Netns(updates) => self.netns_answered(updates),
             Event::InboundBindFailed(failures) => self.inbound_bind_failed(failures),
+            Event::EnvoyStreamEnded => self.envoy_stream_ended(),
             Event::NoApiServer => self.out.serve(&self.index, "the state dir only: no Kubernetes client configuration"),
             Event::SocketsChanged(uids) => self.sockets_changed(&uids),
             Event::Recheck => self.recheck(),
@@ -292,11 +297,36 @@ impl Driver {
     }
 
     fn inbound_bind_failed(&mut self, failures: Vec<BindFailure>) {
-        let withdrawn = self.notices.inbound_bind_failed(&mut self.index, failures);
+        let now = Instant::now();
+        let withdrawn = self.notices.inbound_bind_failed(&mut self.index, &mut self.reoffers, failures, now);
         if !withdrawn.is_empty() {
             self.decided(&withdrawn);
             self.publish();
         }
+    }
+
+    /// An ADS stream ended (an Envoy exited): the ports it held are free, so every withdrawn
+    /// inbound listener is offered again now.
+    fn envoy_stream_ended(&mut self) {
+        let uids = self.reoffers.all_due();
+        self.reoffer(&uids, "an Envoy's ADS stream ended");
+    }
+
+    /// Offers the withdrawn inbound listeners of the pods `uids` again, and publishes.
+    fn reoffer(&mut self, uids: &[String], why: &str) {
+        let mut change = Change::default();
+        for uid in uids {
+            merge(&mut change, self.index.reoffer_inbound(uid));
+        }
+        if !change.map_changed {
+            return;
+        }
+        for key in &change.rerendered {
+            tracing::info!(pod = %key, "offering the inbound listeners Envoy could not bind again ({why})");
+        }
+        self.out.reoffering(Instant::now());
+        self.decided(&change.rerendered);
+        self.publish();
     }
 
     fn sockets_changed(&mut self, uids: &[String]) {
@@ -311,6 +341,8 @@ impl Driver {
 
     fn recheck(&mut self) {
         let now = Instant::now();
+        let due = self.reoffers.take_due(now);
+        self.reoffer(&due, "its back-off elapsed");
         self.netns.runtime.ask_due(self.index.pods().map(|r| (r.uid.as_str(), r.pod_ips.as_slice())), now);
         let all: Vec<PodKey> = self.index.snapshot().iter().map(|(k, _)| k.clone()).collect();
         // CNI records written since the pod's last event are picked up here.
@@ -366,6 +398,7 @@ impl Driver {
             self.save_events();
         }
         self.said.forget(key);
+        self.reoffers.forget(&key.uid);
         if self.notices.forget(&key.uid) {
             self.save_events();
             self.out.publish_status(self.notices.ledger());

@@ -34,13 +34,22 @@ impl Netns {
     }
 
     /// Takes the netns each pod of the state dir was served with as known, unless it is gone (the
-    /// sandbox was replaced while the agent was down: the runtime is asked again). Returns the
-    /// records, the UIDs whose netns was replayed, and how many were gone.
+    /// sandbox was replaced while the agent was down: the runtime is asked again) or breaks the
+    /// netns path rules ([`crate::runtime::NetnsDirs::served`]: e.g. `/proc/1/ns/net` in an edited
+    /// record is never given to Envoy). Returns the records, the UIDs whose netns was replayed,
+    /// and how many were not (gone or refused).
     pub fn replay(&mut self, stored: Vec<StoredPod<PodRecord>>) -> (Vec<PodRecord>, Vec<String>, usize) {
         let (mut replayed, mut gone) = (Vec::new(), 0usize);
         let mut pods = Vec::with_capacity(stored.len());
         for StoredPod { record, netns } in stored {
             if let Some(path) = netns {
+                if let Err(e) = self.cni.dirs().served(&path) {
+                    tracing::warn!(pod = %format!("{}/{}", record.namespace, record.name), error = %e,
+                        "not replaying the pod's network namespace from the state dir; asking the runtime again");
+                    gone += 1;
+                    pods.push(record);
+                    continue;
+                }
                 match replay::netns_present(Path::new(&path)) {
                     replay::Presence::Gone => {
                         tracing::info!(pod = %format!("{}/{}", record.namespace, record.name), netns = %path,

@@ -6,12 +6,14 @@
 //! repeat an Event (docs/troubleshooting.md "Pod Events").
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Instant;
 
 use aether_agent_core::fold;
 use aether_agent_core::index::{DeliveryMap, Index};
 use aether_agent_core::pod_events::{self, Ledger, Notice, Severity};
 use aether_agent_core::record::{PodKey, PolicyRecord};
 use aether_agent_core::refusal::Refusal;
+use aether_agent_core::reoffer::Reoffers;
 use aether_crds::Budget;
 use aether_crds::tiebreak::ServiceKey;
 
@@ -164,10 +166,18 @@ impl Notices {
         }
     }
 
-    /// Stops offering each inbound listener Envoy could not bind (`failures`, marked in `index`)
-    /// and tells its pod why, once per failure: a failure reported again, or for a pod not on
-    /// this node, changes nothing. Returns the pods whose listeners were withdrawn.
-    pub fn inbound_bind_failed(&self, index: &mut Index, failures: Vec<BindFailure>) -> Vec<PodKey> {
+    /// Stops offering each inbound listener Envoy could not bind (`failures`, marked in `index`),
+    /// schedules its pod's re-offer in `reoffers` at `now`, and tells its pod why once per cause
+    /// ([`Reoffers::first_report`]: a re-offer failing again for the same reason is logged, not
+    /// told again). A failure reported again, or for a pod not on this node, changes nothing.
+    /// Returns the pods whose listeners were withdrawn.
+    pub fn inbound_bind_failed(
+        &self,
+        index: &mut Index,
+        reoffers: &mut Reoffers,
+        failures: Vec<BindFailure>,
+        now: Instant,
+    ) -> Vec<PodKey> {
         let map = index.snapshot();
         let mut withdrawn = Vec::new();
         for f in failures {
@@ -177,8 +187,13 @@ impl Notices {
                 continue;
             }
             withdrawn.push(key.clone());
-            tracing::warn!(pod = %key, port = f.port, details = %f.details, "inbound listener failed to bind; no longer offered");
-            self.sender.send(pod_events::inbound_bind_failed(key, f.port, &f.details));
+            reoffers.withdrawn(&key.uid, now);
+            if reoffers.first_report(&key.uid, f.port, &f.details) {
+                tracing::warn!(pod = %key, port = f.port, details = %f.details, "inbound listener failed to bind; no longer offered, offered again later");
+                self.sender.send(pod_events::inbound_bind_failed(key, f.port, &f.details));
+            } else {
+                tracing::info!(pod = %key, port = f.port, details = %f.details, "inbound listener offered again failed to bind as before; withdrawn again");
+            }
         }
         withdrawn
     }

@@ -12,7 +12,7 @@ use aether_agent_core::record::{PodKey, PodRecord, PolicyRecord};
 use aether_agent_core::refusal::Refusal;
 use aether_crds::tiebreak::ServiceKey;
 
-use crate::store::{StateStore, StoredPod, StoredPodRef};
+use crate::store::{StateStore, StoreError, StoredPod, StoredPodRef};
 
 /// What the state dir keeps for pod Events (`pod-events.json`), as written.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -54,11 +54,19 @@ impl StateDir {
     /// dir.
     pub fn load_pods(&self) -> Option<Vec<StoredPod<PodRecord>>> {
         let store = self.store.as_ref()?;
-        let (stored, errors): (Vec<StoredPod<PodRecord>>, _) = store.load_pods();
+        let (stored, mut errors): (Vec<(std::path::PathBuf, StoredPod<PodRecord>)>, _) = store.load_pods();
+        let mut pods = Vec::with_capacity(stored.len());
+        for (path, pod) in stored {
+            if path.file_stem().is_some_and(|stem| *stem == *pod.record.uid) {
+                pods.push(pod);
+            } else {
+                errors.push(StoreError::UidMismatch { path: path.display().to_string(), found: pod.record.uid });
+            }
+        }
         for e in errors {
             tracing::warn!(error = %e, "skipping a pod record in the state dir");
         }
-        Some(stored)
+        Some(pods)
     }
 
     /// The last policy map. With UDS workloads off (`uds_workloads` false) no policy is watched

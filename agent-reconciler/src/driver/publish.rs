@@ -22,6 +22,11 @@ use crate::runtime::PodNetns;
 use crate::xds::metrics::ChangeClock;
 use crate::xds::publish::PodSpecsSender;
 
+/// How long after a re-offer of withdrawn inbound listeners an LDS NACK is taken as that offer's
+/// (the port still held) and does not fail `/readyz`: the agent reads the failure from Envoy's
+/// admin (up to 5 reads, 2 s apart) and withdraws the listener again well within it.
+pub const REOFFER_GRACE: Duration = Duration::from_secs(30);
+
 /// How long a holding agent ([`Status::holding_xds`]) waits, after the first complete pod list,
 /// for the container runtime's netns answers before it serves Envoy without the missing ones
 /// (checked on the periodic re-check, so up to one `--recheck-seconds` later). Every lookup
@@ -84,6 +89,18 @@ impl Publisher {
     /// Changes the status (without publishing a snapshot).
     pub fn status(&self, change: impl FnOnce(&mut Status)) {
         self.status.send_modify(change);
+    }
+
+    /// The status as last published (the loop's tests read it).
+    #[cfg(test)]
+    pub fn status_now(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    /// Withdrawn inbound listeners were offered again at `now`: an LDS NACK of that offer (the
+    /// port still held) does not make `/readyz` fail for [`REOFFER_GRACE`].
+    pub fn reoffering(&self, now: Instant) {
+        self.status.send_modify(|s| s.reoffer_grace_until = Some(now + REOFFER_GRACE));
     }
 
     /// Re-renders the pods `index` changed since the last publish and those marked (nothing

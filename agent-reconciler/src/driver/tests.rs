@@ -121,7 +121,7 @@ fn a_cni_record_is_read_on_the_pods_events_and_the_recheck_never_per_publish() {
     let (state, records) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (tx, rx) = crate::xds::publish::pod_specs();
     let (status, _) = watch::channel(Status::default());
-    let cni = CniRecords::new(Some(records.path().to_owned()));
+    let cni = CniRecords::new(Some(records.path().to_owned()), crate::runtime::NetnsDirs::default());
     let settings = Settings::new("/var/lib/kubelet/pods", true);
     let store = Some(StateStore::open(state.path()).unwrap());
     let mut d = Driver::new(Index::new(settings), store, cni, tx, status, Collaborators::detached());
@@ -134,10 +134,10 @@ fn a_cni_record_is_read_on_the_pods_events_and_the_recheck_never_per_publish() {
     std::fs::write(records.path().join(format!("{UID_A}.json")), br#"{"netns": "/var/run/netns/cni-1"}"#).unwrap();
     d.handle(applied(cart("b", UID_B).build()));
     assert_eq!(app_endpoint(&rx, "a"), by_ip);
-    // ... the periodic re-check does.
+    // ... the periodic re-check does, as the proxy opens it (the runtime's rules: /var/run is /run).
     d.handle(Event::Recheck);
     let inside =
-        Endpoint::Tcp { address: "127.0.0.1".parse().unwrap(), port: 8080, netns: Some("/var/run/netns/cni-1".into()) };
+        Endpoint::Tcp { address: "127.0.0.1".parse().unwrap(), port: 8080, netns: Some("/run/netns/cni-1".into()) };
     assert_eq!(app_endpoint(&rx, "a"), inside);
 }
 
@@ -172,6 +172,29 @@ fn a_listener_envoy_could_not_bind_is_withdrawn_alone_and_its_pod_gets_one_warni
     // Envoy reporting the same failure again changes nothing and says nothing.
     d.handle(Event::InboundBindFailed(vec![failure("a")]));
     assert!(drain(&mut events).is_empty());
+    // Not withdrawn for good: an Envoy going away (its ports free) brings the listener back, and
+    // its NACK does not fail /readyz meanwhile.
+    d.handle(Event::EnvoyStreamEnded);
+    assert_eq!(listeners(&rx), ["inbound_shop_a_8080"]);
+    assert!(d.out.status_now().reoffer_grace_until.is_some_and(|t| t > std::time::Instant::now()));
+    // The port is still held: withdrawn again, and the pod is not told a second time.
+    d.handle(Event::InboundBindFailed(vec![failure("a")]));
+    assert!(listeners(&rx).is_empty());
+    assert!(drain(&mut events).is_empty(), "one Event per cause");
+    // Nothing is due before its back-off: a re-check offers nothing.
+    d.handle(Event::Recheck);
+    assert!(listeners(&rx).is_empty());
+    // Another cause is news.
+    d.handle(Event::EnvoyStreamEnded);
+    d.handle(Event::InboundBindFailed(vec![BindFailure {
+        details: "cannot bind: permission denied".into(),
+        ..failure("a")
+    }]));
+    assert_eq!(drain(&mut events), [pod_events::INBOUND_BIND_FAILED_REASON]);
+    // A stream ending with nothing withdrawn changes nothing.
+    d.handle(Event::EnvoyStreamEnded);
+    d.handle(Event::EnvoyStreamEnded);
+    assert_eq!(listeners(&rx), ["inbound_shop_a_8080"]);
 }
 
 #[test]
@@ -278,10 +301,49 @@ fn netns_in(dir: &std::path::Path, file: &str) -> crate::runtime::NetnsPath {
     dirs.translate(&dir.join(file).display().to_string()).unwrap()
 }
 
+/// A driver whose netns dir (host and proxy) is `netns_dir`, as `--netns-host-dir` sets it.
+fn driver_in(state: &std::path::Path, netns_dir: &std::path::Path) -> (Driver, crate::xds::publish::PodSpecs) {
+    let (tx, rx) = crate::xds::publish::pod_specs();
+    let (status, _) = watch::channel(Status::default());
+    let store = StateStore::open(state).unwrap();
+    let cni = CniRecords::new(None, crate::runtime::NetnsDirs::new(netns_dir, None).unwrap());
+    let settings = Settings::new("/var/lib/kubelet/pods", true);
+    let d = Driver::new(Index::new(settings), Some(store), cni, tx, status, Collaborators::detached());
+    (d, rx)
+}
+
+#[test]
+fn a_replayed_netns_or_record_that_breaks_the_rules_is_not_given_to_envoy() {
+    let (state, netns_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut d, rx) = driver_in(state.path(), netns_dir.path());
+    d.handle(listed(vec![cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build()]));
+    d.handle(Event::Netns(vec![(UID_A.into(), Ok(Some(netns_in(netns_dir.path(), "cni-a"))))]));
+    assert_eq!(rx.snapshot().listeners.len(), 1);
+    drop(d);
+    let file = state.path().join(format!("pods/{UID_A}.json"));
+    let stored = std::fs::read_to_string(&file).unwrap();
+    let served = netns_dir.path().join("cni-a").display().to_string();
+    assert!(stored.contains(&served), "{stored}");
+    // An edited record naming another namespace: the path rules refuse it, nothing is replayed.
+    for hostile in ["/proc/1/ns/net", "/run/netns/cni-a", &format!("{served}/../x")] {
+        std::fs::write(&file, stored.replace(&served, hostile)).unwrap();
+        let (mut again, rx2) = driver_in(state.path(), netns_dir.path());
+        again.boot();
+        assert!(rx2.snapshot().listeners.is_empty(), "{hostile}: {:?}", rx2.snapshot());
+        assert!(!format!("{:?}", rx2.snapshot()).contains(hostile), "{hostile} reached the specs");
+    }
+    // A record filed under another pod's UID is not replayed at all.
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(state.path().join(format!("pods/{UID_B}.json")), &stored).unwrap();
+    let (mut moved, rx3) = driver_in(state.path(), netns_dir.path());
+    moved.boot();
+    assert!(rx3.snapshot().listeners.is_empty() && rx3.snapshot().clusters.is_empty(), "{:?}", rx3.snapshot());
+}
+
 #[test]
 fn a_restarted_driver_replays_each_pods_netns_so_its_first_push_equals_what_was_served() {
     let (state, netns_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (mut d, rx) = driver(state.path());
+    let (mut d, rx) = driver_in(state.path(), netns_dir.path());
     let socket_pod = cart("a", UID_A).annotation_socket(SOCKET).ip("10.1.2.3").build();
     let tcp_pod = cart("b", UID_B).ip("10.1.2.4").build();
     d.handle(listed(vec![socket_pod, tcp_pod]));
@@ -294,7 +356,7 @@ fn a_restarted_driver_replays_each_pods_netns_so_its_first_push_equals_what_was_
     drop(d);
 
     // No API server, no runtime answer yet: the state dir alone gives the same push.
-    let (mut again, rx2) = driver(state.path());
+    let (mut again, rx2) = driver_in(state.path(), netns_dir.path());
     again.boot();
     assert_eq!(rx2.snapshot(), served, "listeners and in-netns clusters replayed");
 
@@ -302,7 +364,7 @@ fn a_restarted_driver_replays_each_pods_netns_so_its_first_push_equals_what_was_
     // replayed: that pod loses its listener and dials its pod IP until the runtime answers.
     std::fs::remove_file(netns_dir.path().join("cni-a")).unwrap();
     std::fs::remove_file(netns_dir.path().join("cni-b")).unwrap();
-    let (mut third, rx3) = driver(state.path());
+    let (mut third, rx3) = driver_in(state.path(), netns_dir.path());
     third.boot();
     let replayed = rx3.snapshot();
     assert!(replayed.listeners.is_empty(), "{replayed:?}");

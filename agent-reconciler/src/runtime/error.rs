@@ -62,11 +62,12 @@ pub enum RuntimeError {
         /// What is missing or malformed.
         detail: String,
     },
-    /// The runtime reported a netns path that is not a plain file directly inside
-    /// `--netns-host-dir`: it is not given to Envoy.
+    /// A netns path that is not a plain file directly inside `--netns-host-dir` (as the runtime
+    /// or a CNI record reported it) or the proxy's netns dir (as the state dir replays it): it is
+    /// not given to Envoy.
     #[error("netns path {path:?} refused: {rule}")]
     UnsafePath {
-        /// The path the runtime reported.
+        /// The path as reported or replayed.
         path: String,
         /// The rule it breaks.
         rule: String,

@@ -102,24 +102,55 @@ impl NetnsDirs {
             return Err(refuse("not an absolute path".into()));
         }
         let path = normalise_run(host_path);
-        let name = path
-            .strip_prefix(self.host.as_str())
-            .and_then(|rest| rest.strip_prefix('/'))
-            .ok_or_else(|| refuse(format!("not inside --netns-host-dir {}", self.host)))?;
-        if name.contains('/') {
-            return Err(refuse(format!("not directly inside --netns-host-dir {} (a subdirectory)", self.host)));
-        }
-        if name.is_empty() || name.len() > MAX_NAME_BYTES {
-            return Err(refuse(format!("file name must have 1 to {MAX_NAME_BYTES} bytes")));
-        }
-        if name == "." || name == ".." {
-            return Err(refuse("file name is . or ..".into()));
-        }
-        if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-            return Err(refuse(format!("file name has {c:?}: only [A-Za-z0-9._-] is allowed")));
-        }
+        let name = file_in(&path, &self.host, "--netns-host-dir").map_err(refuse)?;
         Ok(NetnsPath(format!("{}/{name}", self.proxy)))
     }
+
+    /// Checks a netns path as the proxy sees it that did not come from the runtime just now: one
+    /// the agent served before a restart (its state dir) or a CNI record gave. The same rules as
+    /// [`NetnsDirs::translate`] apply: for a served path, directly inside the proxy dir
+    /// (`--netns-proxy-dir`, else `--netns-host-dir`) with a plain file name; a CNI record's path
+    /// is a host path and goes through [`NetnsDirs::translate`] itself.
+    ///
+    /// # Errors
+    /// [`RuntimeError::UnsafePath`] naming the path and the rule, e.g. for `/proc/1/ns/net`.
+    pub fn served(&self, proxy_path: &str) -> Result<NetnsPath, RuntimeError> {
+        let refuse = |rule: String| RuntimeError::UnsafePath { path: proxy_path.to_owned(), rule };
+        if proxy_path.contains('\0') {
+            return Err(refuse("contains a NUL byte".into()));
+        }
+        file_in(proxy_path, &self.proxy, "the proxy's netns dir").map_err(refuse)?;
+        Ok(NetnsPath(proxy_path.to_owned()))
+    }
+}
+
+/// The file name of `path` when it is directly inside `dir` (named `dir_label` in the error) and
+/// passes [`check_name`]; the error is the rule broken.
+fn file_in<'a>(path: &'a str, dir: &str, dir_label: &str) -> Result<&'a str, String> {
+    let name = path
+        .strip_prefix(dir)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .ok_or_else(|| format!("not inside {dir_label} {dir}"))?;
+    if name.contains('/') {
+        return Err(format!("not directly inside {dir_label} {dir} (a subdirectory)"));
+    }
+    check_name(name)?;
+    Ok(name)
+}
+
+/// The file-name rule of a netns path: 1 to [`MAX_NAME_BYTES`] bytes from `[A-Za-z0-9._-]`, not
+/// `.` or `..`; the error is the rule broken.
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(format!("file name must have 1 to {MAX_NAME_BYTES} bytes"));
+    }
+    if name == "." || name == ".." {
+        return Err("file name is . or ..".into());
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(format!("file name has {c:?}: only [A-Za-z0-9._-] is allowed"));
+    }
+    Ok(())
 }
 
 /// Checks a dir flag; returns it as a string without repeated or trailing `/`. The root itself
@@ -218,6 +249,25 @@ pub fn sandbox_netns(sandbox: &str, info: &HashMap<String, String>) -> Result<Op
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_served_path_passes_the_same_rules_as_the_runtimes() {
+        let d = NetnsDirs::new(Path::new("/run/netns"), Some(Path::new("/host/netns"))).unwrap();
+        assert_eq!(d.served("/host/netns/cni-1").unwrap().as_str(), "/host/netns/cni-1");
+        for bad in [
+            "/proc/1/ns/net",
+            "/run/netns/cni-1",
+            "/host/netns/a/b",
+            "/host/netns/..",
+            "/host/netns/",
+            "/host/netnsx/a",
+            "/host/netns/a b",
+            "/host/netns/a\0",
+        ] {
+            let e = d.served(bad).unwrap_err().to_string();
+            assert!(e.contains(bad.trim_end_matches('\0')), "{bad}: {e}");
+        }
+    }
 
     fn dirs() -> NetnsDirs {
         NetnsDirs::default()

@@ -65,6 +65,8 @@ struct TrackerState {
     /// Open streams by a per-tracker id (increasing: oldest first).
     streams: BTreeMap<u64, StreamState>,
     next_stream: u64,
+    /// Streams that ended, since the tracker was made.
+    ended: u64,
 }
 
 /// Shared, queryable ACK/NACK state per node id and type URL, and the ADS streams open now;
@@ -127,6 +129,12 @@ impl AckTracker {
         self.lock().streams.values().filter(|s| s.node == node).count()
     }
 
+    /// Number of ADS streams that have ended since the tracker was made (an Envoy exited, or its
+    /// stream broke).
+    pub fn ended_total(&self) -> u64 {
+        self.lock().ended
+    }
+
     /// The ADS streams open now, oldest first.
     pub fn streams(&self) -> Vec<StreamState> {
         self.lock().streams.values().cloned().collect()
@@ -184,7 +192,12 @@ impl AckTracker {
     }
 
     pub(super) fn stream_closed(&self, id: u64) {
-        self.lock().streams.remove(&id);
+        {
+            let mut state = self.lock();
+            if state.streams.remove(&id).is_some() {
+                state.ended += 1;
+            }
+        }
         self.notify();
     }
 }

@@ -11,13 +11,13 @@
 //! ([`failed_inbound`], pure) and the driver stops offering those listeners, so the next LDS
 //! response is ACKed and every other pod keeps its listeners.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::acks::AckTracker;
+use super::envoy_admin::EnvoyAdmin;
 use super::resource_set::LISTENER_TYPE_URL;
 use crate::names::ClusterName;
 
@@ -68,10 +68,10 @@ pub fn failed_inbound(dump: &Value) -> Vec<BindFailure> {
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
     /// No answer, or not HTTP 200.
-    #[error("GET http://{addr}/config_dump from Envoy's admin failed: {reason}")]
+    #[error("GET /config_dump from Envoy's admin at {addr} failed: {reason}")]
     Request {
         /// The admin address (`--envoy-admin`).
-        addr: SocketAddr,
+        addr: EnvoyAdmin,
         /// The HTTP or connection error.
         reason: String,
     },
@@ -80,23 +80,17 @@ pub enum AdminError {
 /// The most of a config dump read (bytes): a node with many pods has many listeners.
 pub const DUMP_MAX_BYTES: usize = 64 << 20;
 
-/// Reads `/config_dump?resource=dynamic_listeners` from Envoy's admin at `addr` (plain HTTP on
-/// loopback in the node pod), within `timeout`.
+/// Reads `/config_dump?resource=dynamic_listeners` from Envoy's admin at `addr` (plain HTTP over
+/// its Unix socket, or TCP), within `timeout`.
 ///
 /// # Errors
 /// [`AdminError::Request`] for no answer in time, a status other than 200, a body over
 /// [`DUMP_MAX_BYTES`] or one that is not JSON.
-pub async fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Value, AdminError> {
-    let err = |reason: String| AdminError::Request { addr, reason };
-    // Plain HTTP on loopback: no root certificates (the agent's image has none, and loading the
-    // platform's would fail the builder).
-    let builder = reqwest::Client::builder().no_proxy().tls_certs_only(Vec::new());
-    let client = builder.timeout(timeout).build().map_err(|e| err(e.to_string()))?;
-    let resp = client
-        .get(format!("http://{addr}/config_dump?resource=dynamic_listeners"))
-        .send()
-        .await
-        .map_err(|e| err(e.to_string()))?;
+pub async fn fetch(addr: &EnvoyAdmin, timeout: Duration) -> Result<Value, AdminError> {
+    let err = |reason: String| AdminError::Request { addr: addr.clone(), reason };
+    let client = addr.client(timeout).map_err(|e| err(e.to_string()))?;
+    let resp =
+        client.get(addr.url("/config_dump?resource=dynamic_listeners")).send().await.map_err(|e| err(e.to_string()))?;
     if resp.status() != reqwest::StatusCode::OK {
         return Err(err(format!("HTTP {}", resp.status())));
     }
@@ -117,7 +111,7 @@ pub const FETCH_ATTEMPTS: u32 = 5;
 /// `admin` and sends the failed inbound listeners to `tx` (only when there are some). Ends when
 /// `tx` closes. A dump that cannot be read is logged and read again up to [`FETCH_ATTEMPTS`]
 /// times.
-pub fn spawn_watch(tracker: AckTracker, admin: SocketAddr, tx: mpsc::Sender<Vec<BindFailure>>) {
+pub fn spawn_watch(tracker: AckTracker, admin: EnvoyAdmin, tx: mpsc::Sender<Vec<BindFailure>>) {
     tokio::spawn(async move {
         let mut seen = 0u64;
         loop {
@@ -132,7 +126,7 @@ pub fn spawn_watch(tracker: AckTracker, admin: SocketAddr, tx: mpsc::Sender<Vec<
             // Envoy NACKs once per response: a dump that cannot be read is retried a few times,
             // since no new NACK may come to trigger another read.
             for attempt in 1..=FETCH_ATTEMPTS {
-                match fetch(admin, Duration::from_secs(5)).await {
+                match fetch(&admin, Duration::from_secs(5)).await {
                     Ok(dump) => {
                         let failed = failed_inbound(&dump);
                         if !failed.is_empty() && tx.send(failed).await.is_err() {
@@ -153,6 +147,41 @@ pub fn spawn_watch(tracker: AckTracker, admin: SocketAddr, tx: mpsc::Sender<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The chart's admin is a Unix socket: the dump is read over it (one plain HTTP/1.1 answer
+    /// from a listener standing in for Envoy's admin), and a socket nobody listens on is an
+    /// error naming the address.
+    #[tokio::test]
+    async fn the_dump_is_read_over_the_admins_unix_socket() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // As `startup` does before anything builds a client.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admin.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !req.ends_with(b"\r\n\r\n") {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request ended early");
+                req.extend_from_slice(&buf[..n]);
+            }
+            let body = r#"{"configs":[{"name":"inbound_shop_cart-2_8080","error_state":{"details":"in use"}}]}"#;
+            let resp = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+            conn.write_all(resp.as_bytes()).await.unwrap();
+            String::from_utf8(req).unwrap()
+        });
+        let admin = EnvoyAdmin::Unix(path.clone());
+        let dump = fetch(&admin, Duration::from_secs(5)).await.unwrap();
+        let req = server.await.unwrap();
+        assert!(req.starts_with("GET /config_dump?resource=dynamic_listeners HTTP/1.1\r\n"), "{req}");
+        assert_eq!(failed_inbound(&dump)[0].pod, "cart-2");
+        std::fs::remove_file(&path).unwrap();
+        let e = fetch(&admin, Duration::from_secs(1)).await.unwrap_err().to_string();
+        assert!(e.contains(&format!("unix:{}", path.display())), "{e}");
+    }
 
     #[test]
     fn only_inbound_listeners_with_an_error_state_count_once_each() {

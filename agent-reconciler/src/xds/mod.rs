@@ -29,7 +29,10 @@
 //! - [`server`]: [`serve`] / [`serve_listener`] and a shutdown that waits for Envoy to close its
 //!   streams ([`Drained`]).
 //! - [`bind_failures`]: after an LDS NACK, which inbound listeners Envoy could not bind (its
-//!   config dump's `error_state`).
+//!   config dump's `error_state`), read from Envoy's admin ([`envoy_admin`]: its Unix socket or
+//!   a TCP address).
+//! - [`stream_ends`]: when an ADS stream ends (an Envoy exited), so the loop offers withdrawn
+//!   inbound listeners again.
 //! - [`readiness`]: whether Envoy has applied what the server would send now (the `/readyz`
 //!   line, [`EnvoyReadiness`]).
 //!
@@ -52,6 +55,7 @@ pub mod bind_failures;
 pub mod build;
 pub mod delta;
 pub mod encoder;
+pub mod envoy_admin;
 pub mod listen;
 pub mod metrics;
 pub mod options;
@@ -62,6 +66,7 @@ pub mod server;
 pub mod service;
 mod session;
 mod sotw;
+pub mod stream_ends;
 #[cfg(test)]
 mod test_specs;
 

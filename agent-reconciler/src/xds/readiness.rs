@@ -30,6 +30,10 @@ pub struct TypeProgress {
     pub acked: Option<String>,
     /// Envoy's message, when the stream NACKed the current version.
     pub rejected: Option<String>,
+    /// Whether that NACK is taken as the failure of a re-offer of withdrawn inbound listeners
+    /// (LDS only, within the grace after a re-offer: [`crate::driver::REOFFER_GRACE`]): Envoy
+    /// applied the rest of the update, and the agent withdraws the listener again.
+    pub reoffer: bool,
 }
 
 impl TypeProgress {
@@ -39,23 +43,29 @@ impl TypeProgress {
             Some(nack) if nack.version == current && acked.as_deref() != Some(current) => Some(nack.message.clone()),
             _ => None,
         };
-        TypeProgress { label, current: current.to_owned(), acked, rejected }
+        TypeProgress { label, current: current.to_owned(), acked, rejected, reoffer: false }
     }
 
-    /// Whether the current version is ACKed.
+    /// Whether the current version is ACKed, or NACKed by a re-offer of withdrawn listeners.
     pub fn caught_up(&self) -> bool {
-        self.acked.as_deref() == Some(self.current.as_str())
+        self.acked.as_deref() == Some(self.current.as_str()) || (self.reoffer && self.rejected.is_some())
     }
 }
 
 impl fmt::Display for TypeProgress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (label, current) = (self.label, &self.current);
-        if self.caught_up() {
+        let acked = self.acked.as_deref().unwrap_or("none");
+        if self.acked.as_deref() == Some(current.as_str()) {
             return write!(f, "{label} version {current} acked");
         }
-        let acked = self.acked.as_deref().unwrap_or("none");
         match &self.rejected {
+            Some(message) if self.reoffer => write!(
+                f,
+                "{label} version {current} NACKed while withdrawn inbound listeners are offered again (acked \
+                 {acked}): {}",
+                one_line(message)
+            ),
             Some(message) => write!(f, "{label} version {current} NACKed (acked {acked}): {}", one_line(message)),
             None => write!(f, "{label} version {current} not acked yet (acked {acked})"),
         }
@@ -120,17 +130,22 @@ impl fmt::Display for EnvoyReadiness {
 }
 
 /// Where Envoy stands, given the open `streams` (oldest first) and the CDS, LDS and (when the
-/// health gateway's checks are served) ECDS versions the server would send now.
+/// health gateway's checks are served) ECDS versions the server would send now. With
+/// `reoffering` (withdrawn inbound listeners were offered again moments ago), an LDS NACK of the
+/// current version counts as caught up: it is that offer failing, which the agent undoes.
 pub fn assess(
     streams: &[StreamState],
     current_cds: &str,
     current_lds: &str,
     current_ecds: Option<&str>,
+    reoffering: bool,
 ) -> EnvoyReadiness {
     let progress = |s: &StreamState| {
+        let mut lds = TypeProgress::of("LDS", LISTENER_TYPE_URL, current_lds, s);
+        lds.reoffer = reoffering;
         (
             TypeProgress::of("CDS", CLUSTER_TYPE_URL, current_cds, s),
-            TypeProgress::of("LDS", LISTENER_TYPE_URL, current_lds, s),
+            lds,
             current_ecds.map(|v| TypeProgress::of("ECDS", EXTENSION_CONFIG_TYPE_URL, v, s)),
         )
     };
@@ -165,15 +180,15 @@ mod tests {
     #[test]
     fn served_health_checks_must_be_acked_too_and_show_on_the_line() {
         let mut s = stream("n1", Some("c1"), Some("l1"));
-        let behind = assess(std::slice::from_ref(&s), "c1", "l1", Some("e1"));
+        let behind = assess(std::slice::from_ref(&s), "c1", "l1", Some("e1"), false);
         assert!(!behind.caught_up());
         assert!(behind.to_string().ends_with("; ECDS version e1 not acked yet (acked none)"), "{behind}");
         s.acked.insert(EXTENSION_CONFIG_TYPE_URL.to_owned(), "e1".to_owned());
-        let r = assess(std::slice::from_ref(&s), "c1", "l1", Some("e1"));
+        let r = assess(std::slice::from_ref(&s), "c1", "l1", Some("e1"), false);
         assert!(r.caught_up());
         assert!(r.to_string().ends_with("; LDS version l1 acked; ECDS version e1 acked"), "{r}");
         // No checks served (no gateway): ECDS plays no part.
-        assert!(assess(&[stream("n1", Some("c1"), Some("l1"))], "c1", "l1", None).caught_up());
+        assert!(assess(&[stream("n1", Some("c1"), Some("l1"))], "c1", "l1", None, false).caught_up());
     }
 
     fn stream(node: &str, cds: Option<&str>, lds: Option<&str>) -> StreamState {
@@ -188,20 +203,20 @@ mod tests {
 
     #[test]
     fn not_connected() {
-        let r = assess(&[], "c1", "l1", None);
+        let r = assess(&[], "c1", "l1", None, false);
         assert!(!r.caught_up());
         assert_eq!(r.to_string(), "envoy: not connected");
     }
 
     #[test]
     fn connected_but_behind() {
-        let r = assess(&[stream("n1", Some("c1"), Some("l1"))], "c2", "l1", None);
+        let r = assess(&[stream("n1", Some("c1"), Some("l1"))], "c2", "l1", None, false);
         assert!(!r.caught_up());
         assert_eq!(
             r.to_string(),
             "envoy: 1 stream(s) connected (node n1); CDS version c2 not acked yet (acked c1); LDS version l1 acked"
         );
-        let fresh = assess(&[stream("n1", None, None)], "c1", "l1", None);
+        let fresh = assess(&[stream("n1", None, None)], "c1", "l1", None, false);
         assert!(!fresh.caught_up());
         assert!(
             fresh
@@ -214,7 +229,7 @@ mod tests {
     fn caught_up_on_one_stream_of_several() {
         let streams =
             [stream("n1", Some("c1"), Some("l1")), stream("n2", Some("c2"), Some("l2")), stream("n1", None, None)];
-        let r = assess(&streams, "c2", "l2", None);
+        let r = assess(&streams, "c2", "l2", None, false);
         assert!(r.caught_up());
         assert_eq!(
             r.to_string(),
@@ -225,7 +240,7 @@ mod tests {
     #[test]
     fn acks_of_different_streams_do_not_add_up() {
         let streams = [stream("n1", Some("c2"), Some("l1")), stream("n1", Some("c1"), Some("l2"))];
-        assert!(!assess(&streams, "c2", "l2", None).caught_up());
+        assert!(!assess(&streams, "c2", "l2", None, false).caught_up());
     }
 
     #[test]
@@ -238,7 +253,7 @@ mod tests {
             code: 13,
         };
         s.nacked.insert(CLUSTER_TYPE_URL.to_owned(), nack("c2"));
-        let r = assess(std::slice::from_ref(&s), "c2", "l1", None);
+        let r = assess(std::slice::from_ref(&s), "c2", "l1", None, false);
         assert!(!r.caught_up());
         assert_eq!(
             r.to_string(),
@@ -247,7 +262,34 @@ mod tests {
         );
         // A NACK of an older version does not matter once the current one is ACKed.
         s.acked.insert(CLUSTER_TYPE_URL.to_owned(), "c3".to_owned());
-        assert!(assess(&[s], "c3", "l1", None).caught_up());
+        assert!(assess(&[s], "c3", "l1", None, false).caught_up());
+    }
+
+    #[test]
+    fn an_lds_nack_during_a_re_offer_counts_as_caught_up_and_says_so() {
+        let mut s = stream("n1", Some("c1"), Some("l1"));
+        let busy = Nack {
+            version: "l2".to_owned(),
+            nonce: "8".to_owned(),
+            message: "Error adding/updating listener(s) inbound_shop_cart-1_8080: cannot bind".to_owned(),
+            code: 13,
+        };
+        s.nacked.insert(LISTENER_TYPE_URL.to_owned(), busy.clone());
+        assert!(!assess(std::slice::from_ref(&s), "c1", "l2", None, false).caught_up(), "outside the grace");
+        let r = assess(std::slice::from_ref(&s), "c1", "l2", None, true);
+        assert!(r.caught_up());
+        assert!(
+            r.to_string().ends_with(
+                "LDS version l2 NACKed while withdrawn inbound listeners are offered again (acked l1): \
+                 Error adding/updating listener(s) inbound_shop_cart-1_8080: cannot bind"
+            ),
+            "{r}"
+        );
+        // Only LDS: a CDS NACK in the grace still fails readiness.
+        s.nacked.insert(CLUSTER_TYPE_URL.to_owned(), Nack { version: "c2".to_owned(), ..busy });
+        assert!(!assess(std::slice::from_ref(&s), "c2", "l2", None, true).caught_up());
+        // Not yet answered is not a NACK: still behind.
+        assert!(!assess(&[stream("n1", Some("c1"), Some("l1"))], "c1", "l3", None, true).caught_up());
     }
 
     #[test]
