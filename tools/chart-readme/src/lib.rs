@@ -325,7 +325,11 @@ fn kind(schema: &Json) -> String {
 fn bounds(schema: &Json) -> String {
     let mut parts = Vec::new();
     if let Some(values) = schema.get("enum").and_then(Json::as_array) {
-        let names: Vec<String> = values.iter().map(|v| format!("`{}`", compact_json(v))).collect();
+        // The empty string shows as `""`: a bare empty code span would read as nothing.
+        let names: Vec<String> = values
+            .iter()
+            .map(|v| if v.as_str() == Some("") { "`\"\"`".to_owned() } else { format!("`{}`", compact_json(v)) })
+            .collect();
         parts.push(format!("one of {}", names.join(", ")));
     }
     match (schema.get("minimum"), schema.get("maximum")) {
