@@ -23,8 +23,9 @@ use aether_tests::continuity::{self, Load, Report as LoadReport};
 use aether_tests::{envoy_bin, free_port};
 use anyhow::{Context, ensure};
 
+use crate::Report;
+use crate::processes::workspace_bin;
 use crate::stats::md_table;
-use crate::{Report, workspace_bin};
 
 /// How long a handed-over Envoy keeps its connections here (the chart's default is 60 s).
 const PARENT_SHUTDOWN_S: u64 = 5;

@@ -17,8 +17,9 @@ use aether_tests::nodes::{ClusterNode, RealNodes, app};
 use aether_tests::{eventually, repo_root};
 use anyhow::{Context, ensure};
 
+use crate::oha::oha_with;
 use crate::stats::{OhaRun, Spread, md_table, ratio, show_count, show_ratio, show_secs};
-use crate::{Opts, Report, oha_with};
+use crate::{Opts, Report};
 
 const SERVER_NODE: &str = "aether-node-2";
 const CLIENT_NODE: &str = "aether-node-1";

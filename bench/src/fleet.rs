@@ -28,9 +28,11 @@ use aether_tests::ControlPlane;
 use anyhow::{Context, ensure};
 
 use crate::ads_client::AdsClient;
+use crate::api_client::api_client;
 use crate::node_pods::{PodSet, memory_kib, schedstat_ns, start_agent, xds_socket};
+use crate::processes::Proc;
 use crate::stats::{md_table, percentile, ratio, show_ratio, show_secs};
-use crate::{Goal, Opts, Proc, Report, api_client};
+use crate::{Goal, Opts, Report};
 
 const NS: &str = "bench-fleet";
 /// The fleet sizes measured, in agents (= nodes).

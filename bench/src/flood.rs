@@ -20,9 +20,10 @@ use aether_tests::{ControlPlane, Scrape};
 use anyhow::Context;
 
 use crate::node_pods::schedstat_ns;
+use crate::processes::workspace_bin;
 use crate::repin::{Stage, app, until};
 use crate::stats::{md_table, show_secs};
-use crate::{Goal, Opts, Report, workspace_bin};
+use crate::{Goal, Opts, Report};
 
 const NODE: &str = "bench-flood-node";
 /// The goal: the agent spends at most this share of one core while one pod floods its volume.
@@ -43,7 +44,12 @@ struct Row {
 
 /// Creates pod `name` in `ns`, starts its app and returns how long from its socket appearing
 /// until Envoy serves it through its pin.
-fn deliver(stage: &Stage, cp: &ControlPlane, ns: &str, name: &str) -> anyhow::Result<(Duration, crate::Proc)> {
+fn deliver(
+    stage: &Stage,
+    cp: &ControlPlane,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<(Duration, crate::processes::Proc)> {
     let (_, socket) = stage.pod(cp, ns, name, NODE)?;
     let cluster = format!("app_{ns}_{name}_8080");
     let app = app(stage.work.path(), name, &socket)?;

@@ -18,8 +18,10 @@ use aether_fixtures::{Envoy, pod};
 use aether_tests::{ControlPlane, envoy_bin};
 use anyhow::{Context, bail, ensure};
 
+use crate::api_client::api_client;
+use crate::processes::workspace_bin;
 use crate::stats::{Spread, md_table, percentile, show_secs};
-use crate::{Goal, Opts, Report, api_client, workspace_bin};
+use crate::{Goal, Opts, Report};
 
 const NS: &str = "bench-gw";
 const NODE: &str = "bench-gw-node";

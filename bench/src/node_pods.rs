@@ -15,7 +15,8 @@ use aether_fixtures::pod;
 use aether_tests::{ControlPlane, Scrape, free_port, http_get_status};
 use anyhow::{Context, bail, ensure};
 
-use crate::{Proc, api_client, workspace_bin};
+use crate::api_client::api_client;
+use crate::processes::{Proc, workspace_bin};
 
 /// How many API writes run at once while pods are created.
 pub(crate) const WRITERS: usize = 8;

@@ -34,10 +34,12 @@ use aether_tests::{ControlPlane, Scrape, envoy_bin};
 use anyhow::{Context, ensure};
 
 use crate::ads_mode::Mode;
+use crate::api_client::api_client;
 use crate::node_pods::{PodSet, folded, quiet, schedstat_ns, start_agent, xds_socket};
 use crate::plots::ChangePoint;
+use crate::processes::Proc;
 use crate::stats::{md_table, percentile, ratio, show_ratio, show_secs};
-use crate::{Goal, Opts, Proc, Report, api_client};
+use crate::{Goal, Opts, Report};
 
 const NS: &str = "bench-pc";
 const NODE: &str = "bench-pc-node";

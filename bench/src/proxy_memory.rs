@@ -21,8 +21,9 @@ use aether_fixtures::Envoy;
 use aether_tests::{envoy_bin, free_port, http_get_status};
 use anyhow::{Context, bail, ensure};
 
+use crate::processes::{Proc, workspace_bin};
 use crate::stats::{md_table, show_count};
-use crate::{Goal, Proc, Report, workspace_bin};
+use crate::{Goal, Report};
 
 /// The chart's `proxy.resources.limits.memory`, in MiB.
 const CHART_LIMIT_MIB: f64 = 512.0;

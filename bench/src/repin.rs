@@ -18,8 +18,9 @@ use aether_fixtures::{Envoy, pod};
 use aether_tests::{ControlPlane, envoy_bin, free_port, http_get_status, unix_get_status};
 use anyhow::{Context, ensure};
 
+use crate::processes::{Proc, workspace_bin};
 use crate::stats::{Spread, md_table, percentile, show_secs};
-use crate::{Goal, Opts, Proc, Report, workspace_bin};
+use crate::{Goal, Opts, Report};
 
 const NS: &str = "bench-repin";
 const NODE: &str = "bench-repin-node";

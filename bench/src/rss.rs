@@ -21,8 +21,9 @@ use aether_tests::{ControlPlane, Scrape};
 use anyhow::{Context, ensure};
 
 use crate::node_pods::{FOLD, PodSet, WRITERS, folded, memory_kib, start_agent};
+use crate::processes::Proc;
 use crate::stats::md_table;
-use crate::{Goal, Opts, Proc, Report};
+use crate::{Goal, Opts, Report};
 
 const NS: &str = "bench-rss";
 const NODE: &str = "bench-rss-node";

@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 use aether_tests::{ControlPlane, repo_root};
 use anyhow::{Context, ensure};
 
+use crate::api_client::api_client;
+use crate::oha::oha;
+use crate::processes::Proc;
 use crate::stats::{OhaRun, Spread, md_table, ratio, show_count, show_ratio, show_secs};
-use crate::{Goal, Opts, Proc, Report, api_client, oha, profile};
+use crate::{Goal, Opts, Report, profile};
 
 /// Fixed rates; `None` = saturation. 500/s was dropped: two reviews and the floor at
 /// four rates would not fit the section's 4-minute budget, and 500/s showed nothing 2k/s does not.

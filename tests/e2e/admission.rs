@@ -357,26 +357,14 @@ fn main() {
             suite::case(name, move |env: &Env| apply_example(env, &p))
         })
         .collect();
-    cases.extend([
-        suite::case(
-            "over_budget_denial_comes_from_our_webhook_with_the_arithmetic",
-            over_budget_denial_comes_from_our_webhook_with_the_arithmetic,
-        ),
-        suite::case("update_is_validated_too", update_is_validated_too),
-        suite::case("kubectl_explain_shows_our_field_docs", kubectl_explain_shows_our_field_docs),
-        suite::case(
-            "get_epol_prints_target_socket_accepted_reason_age_and_wide_message",
-            get_epol_prints_target_socket_accepted_reason_age_and_wide_message,
-        ),
-        suite::case("controller_metrics_count_the_decisions", controller_metrics_count_the_decisions),
-        suite::case(
-            "socket_limit_filesystem_admits_what_the_file_system_holds",
-            socket_limit_filesystem_admits_what_the_file_system_holds,
-        ),
-        suite::case(
-            "without_the_webhook_the_schema_still_rejects_bad_shapes",
-            without_the_webhook_the_schema_still_rejects_bad_shapes,
-        ),
+    cases.extend(suite::cases![
+        over_budget_denial_comes_from_our_webhook_with_the_arithmetic,
+        update_is_validated_too,
+        kubectl_explain_shows_our_field_docs,
+        get_epol_prints_target_socket_accepted_reason_age_and_wide_message,
+        controller_metrics_count_the_decisions,
+        socket_limit_filesystem_admits_what_the_file_system_holds,
+        without_the_webhook_the_schema_still_rejects_bad_shapes,
     ]);
     suite::run(cases, setup, |_| String::new())
 }

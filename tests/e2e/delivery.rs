@@ -928,58 +928,22 @@ fn setup() -> anyhow::Result<Env> {
 
 fn main() {
     suite::run(
-        vec![
-            suite::case(
-                "e_crd_installed_after_the_agent_started_takes_effect_without_a_restart",
-                e_crd_installed_after_the_agent_started_takes_effect_without_a_restart,
-            ),
-            suite::case(
-                "a_annotated_pod_is_served_over_its_socket_through_envoy",
-                a_annotated_pod_is_served_over_its_socket_through_envoy,
-            ),
-            suite::case(
-                "b_policy_on_the_pods_service_key_serves_over_the_socket",
-                b_policy_on_the_pods_service_key_serves_over_the_socket,
-            ),
-            suite::case("c_annotation_precedence_over_policy", c_annotation_precedence_over_policy),
-            suite::case(
-                "d_drifted_policy_unpromotes_only_its_service_and_envoy_never_nacks",
-                d_drifted_policy_unpromotes_only_its_service_and_envoy_never_nacks,
-            ),
-            suite::case("g_symlinked_socket_or_volume_dir_is_refused", g_symlinked_socket_or_volume_dir_is_refused),
-            suite::case(
-                "k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic",
-                k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic,
-            ),
-            suite::case(
-                "o_a_pod_fallen_back_for_a_fifo_is_served_over_its_socket_once_one_is_bound_again",
-                o_a_pod_fallen_back_for_a_fifo_is_served_over_its_socket_once_one_is_bound_again,
-            ),
-            suite::case("h_cluster_names_are_unique_across_namespaces", h_cluster_names_are_unique_across_namespaces),
-            suite::case(
-                "i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move",
-                i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move,
-            ),
-            suite::case(
-                "j_a_finished_pod_loses_its_clusters_and_is_not_counted_while_a_draining_pod_keeps_them",
-                j_a_finished_pod_loses_its_clusters_and_is_not_counted_while_a_draining_pod_keeps_them,
-            ),
-            suite::case(
-                "n_the_agent_leaves_envoys_host_state_until_its_daemonset_is_deleted",
-                n_the_agent_leaves_envoys_host_state_until_its_daemonset_is_deleted,
-            ),
-            suite::case(
-                "l_new_connections_keep_working_while_the_agent_restarts",
-                l_new_connections_keep_working_while_the_agent_restarts,
-            ),
-            suite::case(
-                "m_a_socket_path_longer_than_sun_path_is_served_through_its_pin_under_the_file_system_limit",
-                m_a_socket_path_longer_than_sun_path_is_served_through_its_pin_under_the_file_system_limit,
-            ),
-            suite::case(
-                "f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server",
-                f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server,
-            ),
+        suite::cases![
+            e_crd_installed_after_the_agent_started_takes_effect_without_a_restart,
+            a_annotated_pod_is_served_over_its_socket_through_envoy,
+            b_policy_on_the_pods_service_key_serves_over_the_socket,
+            c_annotation_precedence_over_policy,
+            d_drifted_policy_unpromotes_only_its_service_and_envoy_never_nacks,
+            g_symlinked_socket_or_volume_dir_is_refused,
+            k_a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic,
+            o_a_pod_fallen_back_for_a_fifo_is_served_over_its_socket_once_one_is_bound_again,
+            h_cluster_names_are_unique_across_namespaces,
+            i_over_budget_annotation_gets_one_event_not_one_per_resync_and_metrics_move,
+            j_a_finished_pod_loses_its_clusters_and_is_not_counted_while_a_draining_pod_keeps_them,
+            n_the_agent_leaves_envoys_host_state_until_its_daemonset_is_deleted,
+            l_new_connections_keep_working_while_the_agent_restarts,
+            m_a_socket_path_longer_than_sun_path_is_served_through_its_pin_under_the_file_system_limit,
+            f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server,
         ],
         setup,
         logs,

@@ -164,6 +164,29 @@ impl Env {
     }
 }
 
+/// How many connections to 127.0.0.1:`port` a server still holds a descriptor for: rows of
+/// /proc/net/tcp with that local port, not listening (state `0A`), with an inode (a socket
+/// whose descriptor is closed has inode 0 while the kernel finishes its close).
+fn server_connections(port: u16) -> anyhow::Result<usize> {
+    let table = std::fs::read_to_string("/proc/net/tcp")?;
+    let local = format!(":{port:04X}");
+    Ok(table
+        .lines()
+        .skip(1)
+        .filter(|row| {
+            let f: Vec<&str> = row.split_whitespace().collect();
+            f.len() > 9 && f[1].ends_with(&local) && f[3] != "0A" && f[9] != "0"
+        })
+        .count())
+}
+
+/// Waits until the server on `port` has let go of every earlier connection (a scrape's, a
+/// readiness probe's): the server frees a connection's place a moment after the client has read
+/// the end of its response, and a flood that starts in that moment finds one place taken.
+fn wait_quiet(port: u16) -> anyhow::Result<()> {
+    eventually(&format!("no connection left open on port {port}"), WAIT, || Ok(server_connections(port)? == 0))
+}
+
 /// Connections that never send a byte.
 fn silent_tcp(port: u16, n: usize) -> anyhow::Result<Vec<TcpStream>> {
     (0..n).map(|_| TcpStream::connect(("127.0.0.1", port)).context("connecting")).collect()
@@ -303,6 +326,7 @@ fn webhook_flood_is_refused_over_the_cap_and_evicted_then_a_review_is_admitted(e
 
     // The cap's worth: half silent TCP, a quarter half-open handshakes, a quarter finished
     // handshakes without a request.
+    wait_quiet(port)?;
     let mut silent = silent_tcp(port, WEBHOOK_CAP / 2)?;
     let mut half: Vec<TcpStream> = (0..WEBHOOK_CAP / 4).map(|_| half_open_tls(port)).collect::<Result<_, _>>()?;
     let mut mute: Vec<_> = (0..WEBHOOK_CAP / 4).map(|_| mute_tls(port, &env.ca_file)).collect::<Result<_, _>>()?;
@@ -354,6 +378,7 @@ fn webhook_flood_is_refused_over_the_cap_and_evicted_then_a_review_is_admitted(e
 }
 
 fn controller_admin_flood_is_evicted_then_metrics_scrape(env: &Env) -> anyhow::Result<()> {
+    wait_quiet(env.controller_admin)?;
     let mut flood = silent_tcp(env.controller_admin, 2 * CONTROLLER_ADMIN_CAP)?;
     wait_all_closed("controller admin flood", &mut flood, WAIT)?;
     let scrape = Scrape::get(env.controller_admin)?;
@@ -378,6 +403,7 @@ fn envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded(env: &
     wait_all_closed("xDS flood", &mut xds_flood, WAIT)?;
 
     // The admin port: twice its cap, held while Envoy starts.
+    wait_quiet(env.agent_admin)?;
     let mut admin_flood = silent_tcp(env.agent_admin, 2 * AGENT_ADMIN_CAP)?;
     let dir = env.path("envoy");
     let envoy = Envoy::builder(env.xds_socket(), NODE, &dir).binary(envoy_bin()?).start()?;
@@ -414,23 +440,11 @@ fn envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded(env: &
 
 fn main() {
     suite::run(
-        vec![
-            suite::case(
-                "the_processes_run_under_the_lowered_open_files_limit",
-                the_processes_run_under_the_lowered_open_files_limit,
-            ),
-            suite::case(
-                "webhook_flood_is_refused_over_the_cap_and_evicted_then_a_review_is_admitted",
-                webhook_flood_is_refused_over_the_cap_and_evicted_then_a_review_is_admitted,
-            ),
-            suite::case(
-                "controller_admin_flood_is_evicted_then_metrics_scrape",
-                controller_admin_flood_is_evicted_then_metrics_scrape,
-            ),
-            suite::case(
-                "envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded",
-                envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded,
-            ),
+        suite::cases![
+            the_processes_run_under_the_lowered_open_files_limit,
+            webhook_flood_is_refused_over_the_cap_and_evicted_then_a_review_is_admitted,
+            controller_admin_flood_is_evicted_then_metrics_scrape,
+            envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded,
         ],
         setup,
         |env| {

@@ -303,28 +303,13 @@ fn logs(env: &Env) -> String {
 
 fn main() {
     suite::run(
-        vec![
-            suite::case(
-                "a_tcp_fallback_pod_gets_the_offline_fold_with_its_reason_and_why_it_is_offline",
-                a_tcp_fallback_pod_gets_the_offline_fold_with_its_reason_and_why_it_is_offline,
-            ),
-            suite::case(
-                "a_pod_whose_service_has_two_policies_names_the_one_that_lost_and_no_agent_pod_is_said",
-                a_pod_whose_service_has_two_policies_names_the_one_that_lost_and_no_agent_pod_is_said,
-            ),
-            suite::case(
-                "without_portforward_rbac_the_answer_says_rbac_and_the_documented_grant_lifts_it",
-                without_portforward_rbac_the_answer_says_rbac_and_the_documented_grant_lifts_it,
-            ),
-            suite::case(
-                "an_unknown_pod_is_an_error_and_an_unmanaged_pod_gets_a_note",
-                an_unknown_pod_is_an_error_and_an_unmanaged_pod_gets_a_note,
-            ),
-            suite::case(
-                "validate_gives_the_webhooks_exit_codes_on_the_shipped_examples",
-                validate_gives_the_webhooks_exit_codes_on_the_shipped_examples,
-            ),
-            suite::case("budget_states_the_arithmetic", budget_states_the_arithmetic),
+        suite::cases![
+            a_tcp_fallback_pod_gets_the_offline_fold_with_its_reason_and_why_it_is_offline,
+            a_pod_whose_service_has_two_policies_names_the_one_that_lost_and_no_agent_pod_is_said,
+            without_portforward_rbac_the_answer_says_rbac_and_the_documented_grant_lifts_it,
+            an_unknown_pod_is_an_error_and_an_unmanaged_pod_gets_a_note,
+            validate_gives_the_webhooks_exit_codes_on_the_shipped_examples,
+            budget_states_the_arithmetic,
         ],
         setup,
         logs,

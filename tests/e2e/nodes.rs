@@ -34,9 +34,8 @@ use serde_json::Value;
 const NS: &str = "aether-system";
 const NODE_NS: &str = README_NODE_NAMESPACE;
 const RELEASE: &str = "aether";
-/// Envoy's admin port, the agent's admin port and its debug port (chart defaults; 127.0.0.1,
-/// 0.0.0.0 and 127.0.0.1 of each node).
-const ENVOY_ADMIN: u16 = 9901;
+/// The agent's admin port and its debug port (chart defaults; 0.0.0.0 and 127.0.0.1 of each
+/// node). Envoy's admin is a Unix socket: `ClusterNode::envoy_admin`.
 const AGENT_ADMIN: u16 = 9091;
 const AGENT_DEBUG: u16 = 9092;
 /// The chart's default `agent.pinning.hostPath`, in each node's own file system.
@@ -164,12 +163,12 @@ impl Env {
 
     /// The Envoy `/clusters` text of `node`.
     fn clusters(&self, node: &str) -> anyhow::Result<String> {
-        Ok(self.node(node).http_get(ENVOY_ADMIN, "/clusters")?.1)
+        Ok(self.node(node).envoy_admin("/clusters")?.1)
     }
 
     /// The names of `node`'s Envoy dynamic listeners.
     fn listeners(&self, node: &str) -> anyhow::Result<Vec<String>> {
-        let (_, body) = self.node(node).http_get(ENVOY_ADMIN, "/listeners?format=json")?;
+        let (_, body) = self.node(node).envoy_admin("/listeners?format=json")?;
         let v: Value = serde_json::from_str(&body).context("/listeners is JSON")?;
         Ok(v["listener_statuses"]
             .as_array()
@@ -181,8 +180,7 @@ impl Env {
 
     /// The value of counter `stat` in `node`'s Envoy (0 when absent).
     fn counter(&self, node: &str, stat: &str) -> anyhow::Result<u64> {
-        let (_, body) =
-            self.node(node).http_get(ENVOY_ADMIN, &format!("/stats?filter=^{}$", stat.replace('.', "\\.")))?;
+        let (_, body) = self.node(node).envoy_admin(&format!("/stats?filter=^{}$", stat.replace('.', "\\.")))?;
         Ok(body
             .lines()
             .find_map(|l| l.strip_prefix(&format!("{stat}: ")))
@@ -447,8 +445,7 @@ fn a_rolling_upgrade_of_every_node_daemonset_fails_no_request(env: &Env) -> anyh
         // What to read a failure against: each node's listener churn and hand-over epoch, and any
         // readiness probe of the app that failed (an endpoint removed under the load).
         for node in [NODE1, NODE2] {
-            let (_, stats) = env.node(node).http_get(
-                ENVOY_ADMIN,
+            let (_, stats) = env.node(node).envoy_admin(
                 "/stats?filter=listener_manager.listener_(added|modified|removed|in_place_updated)|server.hot_restart_epoch",
             )?;
             println!("{node}'s Envoy: {}", stats.split_whitespace().collect::<Vec<_>>().join(" "));
@@ -800,41 +797,17 @@ fn context(env: &Env) -> String {
 
 fn main() {
     suite::run(
-        vec![
-            suite::case("two_nodes_run_every_node_daemonset_pod_ready", two_nodes_run_every_node_daemonset_pod_ready),
-            suite::case(
-                "one_policy_reaches_pods_on_both_nodes_and_each_agent_serves_only_its_own",
-                one_policy_reaches_pods_on_both_nodes_and_each_agent_serves_only_its_own,
-            ),
-            suite::case(
-                "a_client_on_each_node_calls_a_uds_only_service_on_the_other_by_name",
-                a_client_on_each_node_calls_a_uds_only_service_on_the_other_by_name,
-            ),
-            suite::case(
-                "the_same_app_answers_over_its_socket_and_over_tcp_from_the_other_node",
-                the_same_app_answers_over_its_socket_and_over_tcp_from_the_other_node,
-            ),
-            suite::case(
-                "a_rolling_upgrade_of_every_node_daemonset_fails_no_request",
-                a_rolling_upgrade_of_every_node_daemonset_fails_no_request,
-            ),
-            suite::case(
-                "an_agent_restarted_while_its_node_cannot_reach_the_api_server_keeps_serving",
-                an_agent_restarted_while_its_node_cannot_reach_the_api_server_keeps_serving,
-            ),
-            suite::case(
-                "a_drained_nodes_uds_pod_is_served_over_its_socket_on_the_other_node",
-                a_drained_nodes_uds_pod_is_served_over_its_socket_on_the_other_node,
-            ),
-            suite::case(
-                "node_pods_need_the_privileged_label_and_the_charts_quota_and_the_install_check_names_what_is_missing",
-                node_pods_need_the_privileged_label_and_the_charts_quota_and_the_install_check_names_what_is_missing,
-            ),
-            suite::case(
-                "the_webhook_answers_from_the_host_network_on_a_port_that_is_not_the_kubelets",
-                the_webhook_answers_from_the_host_network_on_a_port_that_is_not_the_kubelets,
-            ),
-            suite::case("node_down_restores_the_host", node_down_restores_the_host),
+        suite::cases![
+            two_nodes_run_every_node_daemonset_pod_ready,
+            one_policy_reaches_pods_on_both_nodes_and_each_agent_serves_only_its_own,
+            a_client_on_each_node_calls_a_uds_only_service_on_the_other_by_name,
+            the_same_app_answers_over_its_socket_and_over_tcp_from_the_other_node,
+            a_rolling_upgrade_of_every_node_daemonset_fails_no_request,
+            an_agent_restarted_while_its_node_cannot_reach_the_api_server_keeps_serving,
+            a_drained_nodes_uds_pod_is_served_over_its_socket_on_the_other_node,
+            node_pods_need_the_privileged_label_and_the_charts_quota_and_the_install_check_names_what_is_missing,
+            the_webhook_answers_from_the_host_network_on_a_port_that_is_not_the_kubelets,
+            node_down_restores_the_host,
         ],
         setup,
         context,

@@ -541,37 +541,16 @@ type Check<'a> = (&'a str, &'a [(&'a str, &'a str)], f64);
 
 fn main() {
     suite::run(
-        vec![
-            suite::case(
-                "the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_next",
-                the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_next,
-            ),
-            suite::case(
-                "a_policy_created_before_its_service_is_in_effect_without_it_and_with_it",
-                a_policy_created_before_its_service_is_in_effect_without_it_and_with_it,
-            ),
-            suite::case(
-                "a_conflict_for_a_missing_service_is_conflicted_for_the_loser",
-                a_conflict_for_a_missing_service_is_conflicted_for_the_loser,
-            ),
-            suite::case("a_spec_change_is_observed_with_its_generation", a_spec_change_is_observed_with_its_generation),
-            suite::case("kubectl_apply_prints_the_warnings", kubectl_apply_prints_the_warnings),
-            suite::case(
-                "controller_metrics_parse_and_count_as_the_scenario_runs",
-                controller_metrics_parse_and_count_as_the_scenario_runs,
-            ),
-            suite::case(
-                "a_second_replica_follows_and_takes_over_when_the_leader_stops",
-                a_second_replica_follows_and_takes_over_when_the_leader_stops,
-            ),
-            suite::case(
-                "a_policy_admitted_without_the_webhook_is_invalid_and_never_wins",
-                a_policy_admitted_without_the_webhook_is_invalid_and_never_wins,
-            ),
-            suite::case(
-                "get_epol_samples_in_the_docs_are_what_kubectl_prints",
-                get_epol_samples_in_the_docs_are_what_kubectl_prints,
-            ),
+        suite::cases![
+            the_smallest_name_wins_in_both_orders_and_deleting_the_winner_promotes_the_next,
+            a_policy_created_before_its_service_is_in_effect_without_it_and_with_it,
+            a_conflict_for_a_missing_service_is_conflicted_for_the_loser,
+            a_spec_change_is_observed_with_its_generation,
+            kubectl_apply_prints_the_warnings,
+            controller_metrics_parse_and_count_as_the_scenario_runs,
+            a_second_replica_follows_and_takes_over_when_the_leader_stops,
+            a_policy_admitted_without_the_webhook_is_invalid_and_never_wins,
+            get_epol_samples_in_the_docs_are_what_kubectl_prints,
         ],
         setup,
         |_| String::new(),

@@ -21,6 +21,23 @@ pub fn case<E>(name: impl Into<String>, body: impl Fn(&E) -> anyhow::Result<()> 
     Case { name: name.into(), body: Box::new(body) }
 }
 
+/// The trials of a suite, in the order they run: `cases![f, module::g]` is
+/// `vec![case("f", f), case("g", module::g)]`, each trial named after its function's last path
+/// segment, so a trial keeps its name when its function moves into a module. A trial whose name is
+/// not its function's is built with [`case`].
+macro_rules! cases {
+    (@name $last:ident) => {
+        stringify!($last)
+    };
+    (@name $first:ident :: $($rest:tt)+) => {
+        $crate::suite::cases!(@name $($rest)+)
+    };
+    ($($($segment:ident)::+),* $(,)?) => {
+        vec![$($crate::suite::case($crate::suite::cases!(@name $($segment)::+), $($segment)::+)),*]
+    };
+}
+pub(crate) use cases;
+
 /// Runs `cases` against one environment from `setup` and exits with libtest's status. A failing
 /// trial's message is its error chain followed by `context(env)` (e.g. log tails).
 pub fn run<E: Send + Sync + 'static>(

@@ -475,19 +475,10 @@ fn setup() -> anyhow::Result<Env> {
 
 fn main() {
     suite::run(
-        vec![
-            suite::case(
-                "a_policy_watch_refused_by_rbac_degrades_readyz_counts_logs_once_and_recovers",
-                a_policy_watch_refused_by_rbac_degrades_readyz_counts_logs_once_and_recovers,
-            ),
-            suite::case(
-                "a_pod_watch_refused_by_rbac_keeps_the_last_good_state_and_recovers_on_a_quiet_cluster",
-                a_pod_watch_refused_by_rbac_keeps_the_last_good_state_and_recovers_on_a_quiet_cluster,
-            ),
-            suite::case(
-                "the_status_writers_service_watch_refused_by_rbac_is_visible_and_the_writer_resumes",
-                the_status_writers_service_watch_refused_by_rbac_is_visible_and_the_writer_resumes,
-            ),
+        suite::cases![
+            a_policy_watch_refused_by_rbac_degrades_readyz_counts_logs_once_and_recovers,
+            a_pod_watch_refused_by_rbac_keeps_the_last_good_state_and_recovers_on_a_quiet_cluster,
+            the_status_writers_service_watch_refused_by_rbac_is_visible_and_the_writer_resumes,
         ],
         setup,
         logs,

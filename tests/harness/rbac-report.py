@@ -5,7 +5,7 @@ Renders charts/aether with `helm template` (release "aether", namespace "aether-
 value sets, follows every (Cluster)RoleBinding whose subject is a ServiceAccount to its rules, and
 prints one row per (account, scope, API group, resource, resourceNames) with its verbs and the
 values under which the rule exists. `make rbac-report` runs it; docs/rbac.md is its committed
-output and a test (tests/e2e/charts.rs) fails when they differ.
+output and a test (tests/e2e/charts/docs.rs) fails when they differ.
 
 Usage: rbac-report.py [HELM]   (default: .cache/tools/bin/helm)
 Needs PyYAML; when the interpreter lacks it, a venv with it is made once in .cache/pyyaml-venv.

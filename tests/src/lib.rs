@@ -408,6 +408,22 @@ pub fn http_get(port: u16, path: &str, headers: &[(&str, &str)]) -> anyhow::Resu
     Ok((status, resp.text()?))
 }
 
+/// `GET path` over the Unix socket `socket` (Envoy's admin, `/run/aether/envoy/admin.sock` on a
+/// node): (status, body).
+///
+/// # Errors
+/// When nothing answers on the socket within 10 s.
+pub fn unix_http_get(socket: &Path, path: &str) -> anyhow::Result<(u16, String)> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).unix_socket(socket).build()?;
+    let resp = client
+        .get(format!("http://localhost{path}"))
+        .send()
+        .with_context(|| format!("GET {path} on {}", socket.display()))?;
+    let status = resp.status().as_u16();
+    Ok((status, resp.text()?))
+}
+
 /// Status code of `GET path` sent over the Unix socket `socket` (the health gateway).
 ///
 /// # Errors

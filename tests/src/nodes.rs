@@ -3,9 +3,9 @@
 //! and UTS namespaces with containerd, kubelet and kube-proxy; CoreDNS), and `node.sh down DIR` on
 //! drop, which restores the host.
 //!
-//! A node's network is not the host's: its loopback ports (Envoy's admin 9901, the agent's 9091)
-//! are reached with [`ClusterNode::in_netns`], its files (the health gateway's socket, the pins)
-//! under [`ClusterNode::path`], and commands run in it with [`ClusterNode::run`] (`nsenter`).
+//! A node's network is not the host's: its loopback ports (the agent's 9091) are reached with
+//! [`ClusterNode::in_netns`], its files (the health gateway's socket, Envoy's admin socket, the
+//! pins) under [`ClusterNode::path`], and commands run in it with [`ClusterNode::run`] (`nsenter`).
 //!
 //! It needs root: a missing prerequisite is an error naming the cause, never a skip.
 
@@ -92,6 +92,16 @@ impl ClusterNode {
     /// When nothing answers.
     pub fn http_get(&self, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
         self.in_netns(|| crate::http_get(port, path, &[]))
+    }
+
+    /// GET `path` on the node Envoy's admin, its Unix socket at the chart's
+    /// [`CHART_ADMIN_SOCKET`](aether_fixtures::envoy::CHART_ADMIN_SOCKET) in the node's file
+    /// system: (status, body).
+    ///
+    /// # Errors
+    /// When nothing answers.
+    pub fn envoy_admin(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        crate::unix_http_get(&self.path(aether_fixtures::envoy::CHART_ADMIN_SOCKET), path)
     }
 
     /// Runs `ctr -n k8s.io ARGS` against the node's containerd; returns stdout.

@@ -1,0 +1,150 @@
+//! Rollbacks and GitOps across the proxy hand-over:
+//! `a_rollback_either_way_across_the_hand_over_costs_one_cold_start_and_nothing_after`.
+//!
+//! What it proves: `helm rollback` replays a revision's stored manifest, update strategy
+//! included, and a GitOps tool applies what `helm template` renders without seeing the cluster,
+//! whatever the proxy running now can do. Turning the hand-over off, both ways between a revision
+//! with it (a surge roll) and one without it (`proxy.handOver.enabled=false`, a delete-first
+//! roll), and a GitOps apply over an Envoy without it, each cost at most one cold start's gap, and
+//! nothing fails in the minute after (docs/upgrade.md, "Rollback and GitOps").
+
+use std::time::Duration;
+
+use aether_tests::eventually;
+use anyhow::{Context, ensure};
+use serde_json::Value;
+
+use crate::env::{Env, NS, RELEASE, WAIT, active_listener_netns, check_release_settled, uid};
+use crate::restarts::{launcher_lines, proxy_rollout_done, served_echo_app, under_load};
+
+/// What a GitOps tool syncing the chart does to the node proxy: `helm template` (no cluster: its
+/// `lookup` finds nothing, so the proxy DaemonSet renders a surge whatever runs now) of the proxy
+/// DaemonSet and its bootstrap with the chart's defaults, then `kubectl apply`.
+/// One planned operation the case measures: what the operator does, the action itself, and
+/// whether the new launcher must stand by beside the old Envoy (a surge roll) or not (delete-first).
+type Event<'a> = (&'a str, &'a dyn Fn() -> anyhow::Result<()>, bool);
+
+fn gitops_apply(env: &Env) -> anyhow::Result<()> {
+    let mut args = aether_tests::node::aether_chart_args("install", RELEASE, NS, &[])?;
+    args[0] = "template".to_owned();
+    args.extend(
+        ["--show-only", "templates/proxy-daemonset.yaml", "--show-only", "templates/proxy-bootstrap-configmap.yaml"]
+            .map(String::from),
+    );
+    let rendered = env.node.helm(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+    ensure!(rendered.contains("maxSurge: 1"), "helm template rendered no surge:\n{rendered}");
+    env.kube().apply(&rendered)
+}
+
+/// The release's revision now (`helm history`).
+fn current_revision(env: &Env) -> anyhow::Result<u64> {
+    let history: Value = serde_json::from_str(&env.node.helm(&["history", RELEASE, "-n", NS, "-o", "json"])?)?;
+    history
+        .as_array()
+        .and_then(|h| h.last())
+        .and_then(|r| r["revision"].as_u64())
+        .context("no revision in helm history")
+}
+
+/// How revision `rev` renders the proxy DaemonSet: (its `aether.io/proxy-hand-over` annotation,
+/// whether its update strategy is a surge).
+fn proxy_strategy(env: &Env, rev: u64) -> anyhow::Result<(String, bool)> {
+    let manifest = env.node.helm(&["get", "manifest", RELEASE, "-n", NS, "--revision", &rev.to_string()])?;
+    let ds = manifest
+        .split("\n---")
+        .find(|d| d.contains("kind: DaemonSet") && d.contains("name: aether-proxy\n"))
+        .context("no aether-proxy DaemonSet in the manifest")?;
+    let mode = ds
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("aether.io/proxy-hand-over:"))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .context("no hand-over annotation")?;
+    Ok((mode, ds.contains("maxSurge: 1")))
+}
+
+/// Under the field load through Service `rback` (a UDS-only pod), from the current revision (the
+/// hand-over on, a surge roll: asserted from its stored manifest), each over the Envoy the
+/// previous one left:
+/// - `helm upgrade --set proxy.handOver.enabled=false`: a revision without it (delete-first: the
+///   old launcher serves through its successor wait, then its pod goes and the new one starts
+///   cold);
+/// - `helm rollback` to the surge revision, over that Envoy outside the hand-over (the new pod
+///   stands by until the old one is gone);
+/// - `helm rollback` to the revision without it (delete-first again);
+/// - a GitOps apply of the chart's defaults (`helm template | kubectl apply`: a surge, since the
+///   template's `lookup` sees nothing) over that Envoy outside the hand-over again.
+///
+/// Each: requests fail in at most one gap of one cold start (3 s), the pod's inbound listener is
+/// active again, and nothing fails in the 60 s after. Then a `helm upgrade` to the defaults (a
+/// hand-over) puts the release back under Helm.
+pub(crate) fn a_rollback_either_way_across_the_hand_over_costs_one_cold_start_and_nothing_after(
+    env: &Env,
+) -> anyhow::Result<()> {
+    let (target, expect) = served_echo_app(env, "rback")?;
+    let expect = expect.as_str();
+    let surge = current_revision(env)?;
+    ensure!(
+        proxy_strategy(env, surge)? == ("hot-restart".to_owned(), true),
+        "revision {surge} is not a surge with the hand-over: {:?}",
+        proxy_strategy(env, surge)?
+    );
+    // Helm numbers revisions one by one: the upgrade below makes the next.
+    let off = surge + 1;
+    let turn_off = || -> anyhow::Result<()> {
+        env.helm_aether("upgrade", &["proxy.handOver.enabled=false"])?;
+        ensure!(current_revision(env)? == off, "the upgrade made revision {}, not {off}", current_revision(env)?);
+        ensure!(
+            proxy_strategy(env, off)? == ("off".to_owned(), false),
+            "revision {off}: {:?}",
+            proxy_strategy(env, off)?
+        );
+        Ok(())
+    };
+    let rollback = |rev: u64| -> anyhow::Result<()> {
+        env.node.helm(&["rollback", RELEASE, &rev.to_string(), "-n", NS, "--wait", "--timeout", "300s"]).map(|_| ())
+    };
+    let events: [Event<'_>; 4] = [
+        ("helm upgrade turning the hand-over off (delete-first)", &turn_off, false),
+        ("helm rollback to the surge revision with the hand-over", &|| rollback(surge), true),
+        ("helm rollback to the delete-first revision without it", &|| rollback(off), false),
+        ("a GitOps apply of the chart's defaults over it (helm template | kubectl apply)", &|| gitops_apply(env), true),
+    ];
+    for (way, event, stands_by) in events {
+        let old = env.proxy_pod()?;
+        let roll = under_load(target, expect, || {
+            event()?;
+            proxy_rollout_done(env)?;
+            eventually("the old proxy pod gone", Duration::from_secs(180), || {
+                Ok(env.release_pods()?.iter().all(|p| uid(p).ok() != uid(&old).ok()))
+            })
+        })?;
+        println!("{way}: {}", roll.summary());
+        if stands_by {
+            let said = launcher_lines(env, &env.proxy_pod()?)?;
+            ensure!(
+                said.iter().any(|l| l.contains("standing by instead of starting beside it")),
+                "{way}: the new launcher did not stand by beside the old Envoy; it said:\n{}",
+                said.join("\n")
+            );
+        }
+        ensure!(
+            roll.longest_gap() <= Duration::from_secs(3),
+            "{way}: more than one cold start's gap (at most 3 s): {}",
+            roll.summary()
+        );
+        eventually("the pod's inbound listener active", WAIT, || {
+            Ok(active_listener_netns("inbound_default_rback_8080")?.is_some())
+        })?;
+        let after = under_load(target, expect, || {
+            std::thread::sleep(Duration::from_secs(55));
+            Ok(())
+        })?;
+        println!("the 60 s after {way}: {}", after.summary());
+        ensure!(after.failed() == 0, "{way}: requests failed after it: {}", after.summary());
+    }
+    env.helm_aether("upgrade", &[])?;
+    proxy_rollout_done(env)?;
+    check_release_settled(env)?;
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "rback", "--wait=true"])?;
+    Ok(())
+}
