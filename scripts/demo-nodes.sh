@@ -39,6 +39,8 @@ last_pid=$(eval echo "\$AETHER_NODE_${last_i}_PID")
 kubectl get nodes -o wide | indent
 # in_node PID CMD...: CMD in that node's network and mount namespaces (its Envoy admin, its files).
 in_node() { local pid=$1; shift; nsenter -t "$pid" -n -m -- "$@"; }
+# Envoy's admin on a node: its root-only Unix socket (docs/design-notes.md, "Envoy's admin").
+envoy_admin() { local pid=$1; shift; in_node "$pid" curl -s --unix-socket /run/aether/envoy/admin.sock "http://localhost$1"; }
 
 step "helm install aether-crds; helm install aether -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs (the README's install)"
 helm install aether-crds "$crds_chart" --wait | grep -E '^(NAME|STATUS)' | indent
@@ -116,7 +118,7 @@ old_uid=$(kubectl get pods -l app=web -o jsonpath='{.items[0].metadata.uid}')
 echo "  \$ kubectl run client --overrides='{\"spec\":{\"nodeName\":\"$first\"}}' ... -- --get http://web.default.svc.cluster.local:8080/hello"
 client client "$first" http://web.default.svc.cluster.local:8080/hello
 echo "  $last's Envoy: the inbound listener in the pod's netns counted it"
-in_node "$last_pid" curl -s "http://127.0.0.1:9901/stats?filter=^tcp.inbound_default_${old}_8080.downstream_cx_total$" | indent
+envoy_admin "$last_pid" "/stats?filter=^tcp.inbound_default_${old}_8080.downstream_cx_total$" | indent
 
 step "kubectl drain $last: web's pod moves to another node and is served over its socket there"
 kubectl drain "$last" --ignore-daemonsets --delete-emptydir-data --timeout=180s 2>&1 | grep -v '^evicting\|^WARNING' | indent
@@ -124,9 +126,9 @@ kubectl rollout status deployment/web --timeout=120s >/dev/null
 kubectl get pods -l app=web -o wide | indent
 client client-after-drain "$first" http://web.default.svc.cluster.local:8080/after-drain
 for _ in $(seq 1 100); do
-  in_node "$last_pid" curl -s http://127.0.0.1:9901/clusters | grep -q "^app_default_${old}_8080::" || break; sleep 0.2
+  envoy_admin "$last_pid" /clusters | grep -q "^app_default_${old}_8080::" || break; sleep 0.2
 done
-echo "  on $last: Envoy clusters of $old: $(in_node "$last_pid" curl -s http://127.0.0.1:9901/clusters | grep -c "^app_default_${old}_8080::" || true)," \
-  "listeners: $(in_node "$last_pid" curl -s http://127.0.0.1:9901/listeners | grep -c "^inbound_default_${old}_8080::" || true)," \
+echo "  on $last: Envoy clusters of $old: $(envoy_admin "$last_pid" /clusters | grep -c "^app_default_${old}_8080::" || true)," \
+  "listeners: $(envoy_admin "$last_pid" /listeners | grep -c "^inbound_default_${old}_8080::" || true)," \
   "pin /run/aether-pins/$old_uid.sock: $(in_node "$last_pid" ls /run/aether-pins/ | grep -c "^$old_uid.sock$" || true)"
 kubectl uncordon "$last" | indent

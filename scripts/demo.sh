@@ -98,7 +98,8 @@ $( [ "$3" = tcp ] && echo "  - {name: tcp, image: localhost/aether/uds-echo:dev,
   volumes: [{name: s, emptyDir: {}}]
 Y
 }
-endpoint() { curl -s "http://127.0.0.1:9901/clusters" | grep -E "^$1::.*::health_flags::" || echo "    ($1: not in Envoy)"; }
+admin=/run/aether/envoy/admin.sock   # Envoy's admin: a root-only Unix socket (docs/design-notes.md)
+endpoint() { curl -s --unix-socket "$admin" "http://localhost/clusters" | grep -E "^$1::.*::health_flags::" || echo "    ($1: not in Envoy)"; }
 wait_endpoint() { for _ in $(seq 1 150); do endpoint "$1" | grep -- "$2.*::healthy" >/dev/null && return 0; sleep 0.2; done; return 1; }
 
 # The Quickstart's workload and request, with the README's own files (examples/quickstart/).
@@ -125,8 +126,8 @@ health() { curl -s -o /dev/null -w '%{http_code}' --unix-socket /run/aether/heal
 for _ in $(seq 1 100); do [ "$(health "health_shop_$pod")" = 200 ] && break; sleep 0.2; done
 echo "  \$ curl --unix-socket /run/aether/health.sock http://localhost/healthz/health_shop_$pod"
 echo "    HTTP $(health "health_shop_$pod")"
-echo "  Envoy's listeners (\$ curl 127.0.0.1:9901/listeners): inbound_shop_${pod}_8080 is bound in the pod's network namespace"
-curl -s http://127.0.0.1:9901/listeners | indent
+echo "  Envoy's listeners (\$ curl --unix-socket $admin http://localhost/listeners): inbound_shop_${pod}_8080 is bound in the pod's network namespace"
+curl -s --unix-socket "$admin" http://localhost/listeners | indent
 
 step "the Quickstart's request: a client pod calls Service echo by name -> ClusterIP -> pod IP:8080 (Envoy's listener) -> the socket"
 echo "  \$ kubectl apply -f examples/quickstart/client.yaml"
