@@ -37,10 +37,18 @@ impl Forward {
             .args(["--context", "viewer", "port-forward", "-n", NS, &format!("pod/{pod}"), &format!(":{port}")])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .context("starting kubectl port-forward")?;
         let stdout = child.stdout.take().context("kubectl's stdout")?;
+        let stderr = child.stderr.take().context("kubectl's stderr")?;
+        let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let said_w = said.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                said_w.lock().map(|mut v| v.push(line)).ok();
+            }
+        });
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -53,7 +61,10 @@ impl Forward {
         let mut forward = Forward { child, local: 0 };
         match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(Some(local)) => forward.local = local,
-            _ => bail!("kubectl port-forward to {pod}:{port} as why-pf said no local port within 30 s"),
+            _ => bail!(
+                "kubectl port-forward to {pod}:{port} as why-pf said no local port within 30 s; its stderr: {:?}",
+                said.lock().map(|v| v.join("\n")).unwrap_or_default()
+            ),
         }
         Ok(forward)
     }
@@ -101,8 +112,9 @@ fn envoy_state() -> anyhow::Result<(String, u64, u64)> {
     ))
 }
 
-/// As a user holding only the documented `why` Role (`pods/portforward` get and create, `pods`
-/// list, in the node namespace), a port-forward to the proxy pod on each of [`NODE_PORTS`] and a
+/// As a user holding only the documented `why` Role (`pods/portforward` get and create) and what
+/// `kubectl port-forward pod/NAME` itself needs (`pods` get; `pods` list, which `why` uses to find
+/// the agent pod), in the node namespace, a port-forward to the proxy pod on each of [`NODE_PORTS`] and a
 /// `POST /drain_listeners` and `POST /quitquitquit` through it change nothing: Envoy is LIVE at
 /// the same epoch with no listener stopped, the proxy pod has the same restarts and is Ready, and
 /// a pod served over its socket still answers through the node. The grant does reach the node's
@@ -130,7 +142,7 @@ pub(crate) fn the_why_grant_reaches_no_envoy_admin(env: &Env) -> anyhow::Result<
     env.kube().apply(&format!(
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: why-pf, namespace: {NS}}}\n\
          rules: [{{apiGroups: [''], resources: [pods/portforward], verbs: [get, create]}}, \
-         {{apiGroups: [''], resources: [pods], verbs: [list]}}]\n---\n\
+         {{apiGroups: [''], resources: [pods], verbs: [get, list]}}]\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: why-pf, namespace: {NS}}}\n\
          roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: why-pf}}\n\
          subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: why-pf}}]\n"
