@@ -244,3 +244,63 @@ pub(crate) fn rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_
     assert!(!can_i(cp, "aether-node", &["list", "endpointpolicies.config.aether.io", "--all-namespaces"]));
     assert!(can_i(cp, "aether-node", &["list", "pods", "--all-namespaces"]));
 }
+
+/// One release per node (docs/install.md, "One release per cluster"): against a real
+/// kube-apiserver of its own (so no other test's objects are seen), `helm install
+/// --dry-run=server` (which runs the chart's `lookup`) of a second release fails naming the first
+/// release's proxy DaemonSet and the value that skips the check, and passes with
+/// `daemonset.allowOtherReleases=true`; the first release itself upgrades past its own
+/// DaemonSet, also from another namespace (a `daemonset.namespace` move).
+pub(crate) fn a_second_release_fails_naming_the_first() {
+    let cp = ControlPlane::start().expect("a control plane of its own");
+    let first = "aether-first";
+    cp.kubectl_ok(&["create", "namespace", first]).expect("namespace");
+    cp.kubectl_ok(&["create", "namespace", "aether-node-first"]).expect("namespace");
+    // The proxy DaemonSet as `helm install first -n aether-first --set daemonset.namespace=aether-node-first` made it.
+    let ds = format!(
+        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: first-aether-proxy\n  namespace: aether-node-first\n  \
+         labels: {{app.kubernetes.io/part-of: aether, app.kubernetes.io/component: proxy, app.kubernetes.io/instance: first}}\n  \
+         annotations: {{meta.helm.sh/release-name: first, meta.helm.sh/release-namespace: {first}}}\n\
+         spec:\n  selector: {{matchLabels: {{app: p}}}}\n  template:\n    metadata: {{labels: {{app: p}}}}\n    \
+         spec: {{containers: [{{name: envoy, image: envoy}}]}}\n"
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    std::fs::write(tmp.path().join("ds.yaml"), ds).expect("writing the DaemonSet");
+    cp.kubectl_ok(&["apply", "-f", &tmp.path().join("ds.yaml").to_string_lossy()])
+        .expect("the first release's DaemonSet");
+
+    let install = |release: &str, ns: &str, sets: &[&str]| {
+        let mut cmd = Command::new(helm());
+        cmd.args(["install", release]).arg(chart("aether"));
+        cmd.args(["--namespace", ns, "--dry-run=server", "--kubeconfig"]).arg(cp.kubeconfig());
+        for set in sets {
+            cmd.args(["--set", set]);
+        }
+        let out = cmd.stdin(Stdio::null()).output().expect("running helm");
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    let (ok, said) = install("second", "aether-second", &[]);
+    println!("helm install second -n aether-second --dry-run=server: {said}");
+    assert!(!ok, "a second release was not refused");
+    for part in [
+        "another aether release already runs node pods",
+        "DaemonSet aether-node-first/first-aether-proxy belongs to release aether-first/first",
+        "this is release aether-second/second",
+        "daemonset.allowOtherReleases=true",
+    ] {
+        assert!(said.contains(part), "the refusal lacks {part:?}: {said}");
+    }
+    // The same release name in another namespace is another Helm release too.
+    let (ok, said) = install("first", "aether-second", &[]);
+    assert!(!ok && said.contains("this is release aether-second/first"), "release first in another namespace: {said}");
+
+    let (ok, said) = install("second", "aether-second", &["daemonset.allowOtherReleases=true"]);
+    assert!(ok, "daemonset.allowOtherReleases=true still refused: {said}");
+    // The first release itself (a dry-run install stands for its upgrade: the same lookup), also
+    // with its node side moving to another namespace.
+    for sets in [&[][..], &["daemonset.namespace=aether-node-moved"][..]] {
+        let (ok, said) = install("first", first, sets);
+        assert!(ok, "the first release refused by its own DaemonSet ({sets:?}): {said}");
+    }
+}

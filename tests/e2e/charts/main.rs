@@ -65,4 +65,5 @@ tests![
     cluster::notes_show_the_budget_the_contract_crate_computes,
     cluster::notes_show_the_replica_count,
     cluster::rendered_chart_is_accepted_by_a_real_api_server_and_rbac_is_least_privilege,
+    cluster::a_second_release_fails_naming_the_first,
 ];
