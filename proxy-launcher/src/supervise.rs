@@ -686,11 +686,19 @@ impl Node<'_> {
         }
     }
 
-    /// After a stop with no successor: the node's hand-over state goes if no Envoy is left.
+    /// After a stop with no successor: the node's hand-over state, and Envoy's admin socket dir
+    /// (a Unix admin), go if no Envoy is left.
     fn clean_if_last(&self) {
         if let (Some(state), Some(hr)) = (&self.state, &self.cfg.hot_restart) {
             match state.clean_if_last(&shm::segment(&hr.shm_dir, hr.base_id)) {
-                Ok(true) => info!("no Envoy left on the node: removed the hand-over state"),
+                Ok(true) => {
+                    info!("no Envoy left on the node: removed the hand-over state");
+                    if let AdminAddress::Unix(socket) = &self.cfg.admin
+                        && let Err(e) = crate::admin::remove_stale_socket(socket)
+                    {
+                        warn!(socket = %socket.display(), error = %e, "cannot remove Envoy's admin socket dir");
+                    }
+                }
                 Ok(false) => {}
                 Err(e) => warn!(error = %e, "cannot remove the hand-over state"),
             }
