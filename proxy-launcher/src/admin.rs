@@ -152,6 +152,18 @@ impl Admin {
         Some(body)
     }
 
+    /// Whether an Envoy listens on this admin even if it does not answer within the timeout (a
+    /// busy main thread): for a Unix admin, whether connect(2) to its socket succeeds (only root
+    /// can bind in its directory, [`prepare_socket_dir`]); a stale socket file refuses. Always
+    /// false for TCP, where any process may hold the port: there only [`Admin::server_info`]
+    /// tells an Envoy.
+    pub fn unix_accepts(&self) -> bool {
+        match &self.addr {
+            AdminAddress::Unix(p) => std::os::unix::net::UnixStream::connect(p).is_ok(),
+            AdminAddress::Tcp(_) => false,
+        }
+    }
+
     /// `/server_info`; `None` when nothing answers or the answer is not server info.
     pub fn server_info(&self) -> Option<ServerInfo> {
         serde_json::from_str(&self.get("/server_info")?).ok()
@@ -310,5 +322,20 @@ mod tests {
         prepare_socket_dir(&socket).unwrap();
         std::fs::write(socket.parent().unwrap().join("other"), "x").unwrap();
         assert!(!remove_stale_socket(&socket).unwrap(), "a dir with other files stays");
+    }
+
+    #[test]
+    fn a_listening_unix_admin_counts_even_silent_a_stale_one_or_tcp_does_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("admin.sock");
+        let admin = Admin::new(AdminAddress::Unix(socket.clone()));
+        assert!(!admin.unix_accepts(), "no socket file");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        assert!(admin.unix_accepts(), "a listening socket that never answers HTTP");
+        assert!(admin.server_info().is_none());
+        drop(listener);
+        assert!(!admin.unix_accepts(), "a stale socket file refuses");
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(!Admin::new(AdminAddress::Tcp(tcp.local_addr().unwrap())).unix_accepts());
     }
 }

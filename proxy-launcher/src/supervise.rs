@@ -226,10 +226,14 @@ impl Node<'_> {
     }
 
     /// The first admin address (ours, then the --foreign-admin ones) where an Envoy answers
-    /// `/server_info`. Asked only when no epoch of ours runs: then that Envoy is outside the
-    /// hand-over.
+    /// `/server_info`, or listens on a Unix admin without answering in time (a busy main thread
+    /// must not look like no Envoy: a cold start beside it would fail every bind). Asked only
+    /// when no epoch of ours runs: then that Envoy is outside the hand-over.
     fn answering_admin(&self) -> Option<&AdminAddress> {
-        std::iter::once(&self.admin).chain(&self.foreign).find(|a| a.server_info().is_some()).map(Admin::address)
+        std::iter::once(&self.admin)
+            .chain(&self.foreign)
+            .find(|a| a.server_info().is_some() || a.unix_accepts())
+            .map(Admin::address)
     }
 
     /// What the admin says of this Envoy at `epoch`, for the readiness rule: LIVE at its epoch
