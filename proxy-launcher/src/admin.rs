@@ -152,18 +152,6 @@ impl Admin {
         Some(body)
     }
 
-    /// Whether an Envoy listens on this admin even if it does not answer within the timeout (a
-    /// busy main thread): for a Unix admin, whether connect(2) to its socket succeeds (only root
-    /// can bind in its directory, [`prepare_socket_dir`]); a stale socket file refuses. Always
-    /// false for TCP, where any process may hold the port: there only [`Admin::server_info`]
-    /// tells an Envoy.
-    pub fn unix_accepts(&self) -> bool {
-        match &self.addr {
-            AdminAddress::Unix(p) => std::os::unix::net::UnixStream::connect(p).is_ok(),
-            AdminAddress::Tcp(_) => false,
-        }
-    }
-
     /// `/server_info`; `None` when nothing answers or the answer is not server info.
     pub fn server_info(&self) -> Option<ServerInfo> {
         serde_json::from_str(&self.get("/server_info")?).ok()
@@ -189,34 +177,6 @@ pub fn prepare_socket_dir(socket: &Path) -> std::io::Result<()> {
         return Ok(());
     };
     crate::state_dir::open_root_only(dir, "Envoy admin socket dir").map(drop)
-}
-
-/// After the node's last Envoy stopped (`helm uninstall`: no successor), removes what
-/// [`prepare_socket_dir`] and Envoy left: the admin socket file, only if nothing accepts on it
-/// (connect(2) refused: a stale socket, not a live Envoy's that started meanwhile), then its
-/// directory if that is empty. Returns whether the directory is gone.
-///
-/// # Errors
-/// I/O errors other than the file or directory being gone or the directory not being empty.
-pub fn remove_stale_socket(socket: &Path) -> std::io::Result<bool> {
-    use std::io::ErrorKind;
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::symlink_metadata(socket) {
-        Ok(m) if m.file_type().is_socket() => match std::os::unix::net::UnixStream::connect(socket) {
-            Err(e) if e.kind() == ErrorKind::ConnectionRefused => std::fs::remove_file(socket)?,
-            _ => return Ok(false),
-        },
-        Ok(_) => return Ok(false),
-        Err(e) if e.kind() == ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) else { return Ok(false) };
-    match std::fs::remove_dir(dir) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(true),
-        Err(e) if e.kind() == ErrorKind::DirectoryNotEmpty => Ok(false),
-        Err(e) => Err(e),
-    }
 }
 
 #[cfg(test)]
@@ -305,37 +265,5 @@ mod tests {
         let link = tmp.path().join("link");
         std::os::unix::fs::symlink(&dir, &link).unwrap();
         assert!(prepare_socket_dir(&link.join("admin.sock")).is_err(), "a symlinked dir is refused");
-    }
-
-    #[test]
-    fn a_stale_admin_socket_and_its_dir_go_a_live_one_stays() {
-        let tmp = tempfile::tempdir().unwrap();
-        let socket = tmp.path().join("envoy/admin.sock");
-        prepare_socket_dir(&socket).unwrap();
-        let live = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-        assert!(!remove_stale_socket(&socket).unwrap(), "a socket something accepts on stays");
-        assert!(socket.exists());
-        drop(live);
-        assert!(remove_stale_socket(&socket).unwrap(), "a stale socket and its dir go");
-        assert!(!socket.parent().unwrap().exists());
-        assert!(remove_stale_socket(&socket).unwrap(), "gone already: nothing to do");
-        prepare_socket_dir(&socket).unwrap();
-        std::fs::write(socket.parent().unwrap().join("other"), "x").unwrap();
-        assert!(!remove_stale_socket(&socket).unwrap(), "a dir with other files stays");
-    }
-
-    #[test]
-    fn a_listening_unix_admin_counts_even_silent_a_stale_one_or_tcp_does_not() {
-        let tmp = tempfile::tempdir().unwrap();
-        let socket = tmp.path().join("admin.sock");
-        let admin = Admin::new(AdminAddress::Unix(socket.clone()));
-        assert!(!admin.unix_accepts(), "no socket file");
-        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-        assert!(admin.unix_accepts(), "a listening socket that never answers HTTP");
-        assert!(admin.server_info().is_none());
-        drop(listener);
-        assert!(!admin.unix_accepts(), "a stale socket file refuses");
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        assert!(!Admin::new(AdminAddress::Tcp(tcp.local_addr().unwrap())).unix_accepts());
     }
 }

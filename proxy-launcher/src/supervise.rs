@@ -226,14 +226,10 @@ impl Node<'_> {
     }
 
     /// The first admin address (ours, then the --foreign-admin ones) where an Envoy answers
-    /// `/server_info`, or listens on a Unix admin without answering in time (a busy main thread
-    /// must not look like no Envoy: a cold start beside it would fail every bind). Asked only
-    /// when no epoch of ours runs: then that Envoy is outside the hand-over.
+    /// `/server_info`. Asked only when no epoch of ours runs: then that Envoy is outside the
+    /// hand-over.
     fn answering_admin(&self) -> Option<&AdminAddress> {
-        std::iter::once(&self.admin)
-            .chain(&self.foreign)
-            .find(|a| a.server_info().is_some() || a.unix_accepts())
-            .map(Admin::address)
+        std::iter::once(&self.admin).chain(&self.foreign).find(|a| a.server_info().is_some()).map(Admin::address)
     }
 
     /// What the admin says of this Envoy at `epoch`, for the readiness rule: LIVE at its epoch
@@ -690,19 +686,11 @@ impl Node<'_> {
         }
     }
 
-    /// After a stop with no successor: the node's hand-over state, and Envoy's admin socket dir
-    /// (a Unix admin), go if no Envoy is left.
+    /// After a stop with no successor: the node's hand-over state goes if no Envoy is left.
     fn clean_if_last(&self) {
         if let (Some(state), Some(hr)) = (&self.state, &self.cfg.hot_restart) {
             match state.clean_if_last(&shm::segment(&hr.shm_dir, hr.base_id)) {
-                Ok(true) => {
-                    info!("no Envoy left on the node: removed the hand-over state");
-                    if let AdminAddress::Unix(socket) = &self.cfg.admin
-                        && let Err(e) = crate::admin::remove_stale_socket(socket)
-                    {
-                        warn!(socket = %socket.display(), error = %e, "cannot remove Envoy's admin socket dir");
-                    }
-                }
+                Ok(true) => info!("no Envoy left on the node: removed the hand-over state"),
                 Ok(false) => {}
                 Err(e) => warn!(error = %e, "cannot remove the hand-over state"),
             }
