@@ -8,7 +8,8 @@
 # Usage:
 #   node.sh up DIR     start everything; state and logs in DIR; writes DIR/env (KUBECONFIG=...,
 #                      AETHER_NODE_NAME, AETHER_CONTAINERD_SOCK, ...). On any failure it tears
-#                      down what it started before exiting non-zero.
+#                      down what it started before exiting non-zero. A node an earlier `up` left
+#                      behind (its run was killed; none of its processes runs) is taken down first.
 #   node.sh down DIR   stop what `up DIR` started (by the PIDs in DIR) and restore the host
 #   node.sh env DIR    print DIR/env
 #
@@ -46,11 +47,15 @@ node=${AETHER_NODE_NAME:-aether-node}
 bridge=aether0 node_ip=10.244.77.1 pod_cidr=10.244.77.0/24 svc_cidr=10.96.0.0/16
 kubelet_root=/var/lib/kubelet
 guard=AETHER-NODE
+# Names the DIR of the node `up` brought up, until its `down` (reclaim_killed_node).
+owner_mark=/run/aether-test-node.dir
 # containerd's usual socket path, so the chart's default --cri-endpoint finds it.
 containerd_sock=/run/containerd/containerd.sock
 # Host paths this node may create (removed by `down` only if `up` created them; node-lib.sh).
 HOST_DIRS=("$kubelet_root" /var/lib/cni /var/log/pods /var/log/containers /run/containerd /run/netns
-  /run/aether /run/aether-cni /run/aether-pins /var/lib/aether /var/lib/kube-proxy /etc/kubernetes)
+  /run/aether /run/aether-cni /run/aether-pins /var/lib/aether /var/lib/kube-proxy /etc/kubernetes
+  # The chart's proxy.handOver.hostPath, and the one the restarts case moves it to.
+  /run/aether-proxy /run/aether-proxy-b)
 log() { printf '[node %4ss] %s\n' "$SECONDS" "$*" >&2; }
 # shellcheck source=tests/harness/pids.sh
 . "$here/pids.sh"
@@ -78,10 +83,28 @@ preflight() {
   free_mib=$(df -Pm /var/lib | awk 'NR == 2 {print $4}')
   log "free disk on /var/lib's filesystem: ${free_mib} MiB"
   [ "$free_mib" -ge 1024 ] || die "only ${free_mib} MiB free on /var/lib's filesystem (kubelet, containerd): need 1024 MiB"
+  reclaim_killed_node
   [ ! -e "$kubelet_root" ] || die "$kubelet_root exists: another kubelet, or a node that was not torn down (node.sh down DIR)"
   ip link show "$bridge" >/dev/null 2>&1 && die "bridge $bridge exists: a node already runs (node.sh down DIR)"
   [ ! -e "$containerd_sock" ] || die "$containerd_sock exists: another containerd runs on this host"
   return 0
+}
+
+# A run killed before its `down` (a CI or session time limit, kill -9) leaves its node's host
+# state behind, and the next `up` would refuse to start. `up` names its DIR in $owner_mark (on
+# /run: gone at reboot); when that DIR's recorded processes are all gone, `down DIR` restores the
+# host first. A node whose processes still run is never touched.
+reclaim_killed_node() {
+  [ -f "$owner_mark" ] || return 0
+  local prev f
+  prev=$(cat "$owner_mark")
+  [ -n "$prev" ] && [ -d "$prev" ] || { rm -f "$owner_mark"; return 0; }
+  for f in "$prev"/*.pid "$prev"/cp/*.pid; do
+    [ -e "$f" ] || continue
+    alive "$f" && die "the node of $prev still runs (pid $(cat "$f") in $f): node.sh down $prev"
+  done
+  log "the node of $prev was not torn down and none of its processes runs (its run was killed): node.sh down $prev first"
+  ( down "$prev" ) || die "node.sh down $prev failed: restore the host by hand"
 }
 
 network_up() {
@@ -242,6 +265,7 @@ up() {
   [ ! -e "$d/cp" ] || die "$d/cp exists: run node.sh down $d first"
   mkdir -p "$d/logs"
   remember_host "$d"
+  echo "$d" >"$owner_mark"
   # From here on, any failure tears down what was started (node_dir: the trap runs outside `up`).
   node_dir=$d
   trap 'rc=$?; if [ $rc -ne 0 ]; then log "up failed (exit $rc): tearing down"; down "$node_dir"; fi' EXIT
@@ -319,6 +343,7 @@ down() {
     while read -r p; do [ -n "$p" ] && ! mountpoint -q "$p" && rm -rf "$p"; done <"$d/created-dirs.txt"
   fi
   rm -rf "$d/containerd/root" "$d/containerd/state" "$d/cni/ipam" "$d/cp"
+  [ "$(cat "$owner_mark" 2>/dev/null)" != "$d" ] || rm -f "$owner_mark"
   set -e
   log "down: $d"
 }
@@ -328,5 +353,5 @@ case $cmd in
   up) [ -n "$dir" ] || die "usage: $0 up DIR"; up "$dir" ;;
   down) [ -n "$dir" ] || die "usage: $0 down DIR"; down "$dir" ;;
   env) [ -n "$dir" ] || die "usage: $0 env DIR"; cat "$dir/env" ;;
-  *) sed -n '2,33p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,34p' "$0" >&2; exit 2 ;;
 esac
