@@ -15,7 +15,7 @@ use anyhow::{Context, ensure};
 use serde_json::Value;
 
 use crate::env::{Env, NS, RELEASE, WAIT, active_listener_netns, check_release_settled, uid};
-use crate::restarts::{launcher_lines, proxy_rollout_done, served_echo_app, under_load};
+use crate::restarts::{launcher_lines, proxy_rollout_done, served_echo_app, the_minute_after, under_load};
 
 /// What a GitOps tool syncing the chart does to the node proxy: `helm template` (no cluster: its
 /// `lookup` finds nothing, so the proxy DaemonSet renders a surge whatever runs now) of the proxy
@@ -75,7 +75,7 @@ fn proxy_strategy(env: &Env, rev: u64) -> anyhow::Result<(String, bool)> {
 ///   template's `lookup` sees nothing) over that Envoy outside the hand-over again.
 ///
 /// Each: requests fail in at most one gap of one cold start (3 s), the pod's inbound listener is
-/// active again, and nothing fails in the 60 s after. Then a `helm upgrade` to the defaults (a
+/// active again, and nothing fails in the 60 s after (`the_minute_after`). Then a `helm upgrade` to the defaults (a
 /// hand-over) puts the release back under Helm.
 pub(crate) fn a_rollback_either_way_across_the_hand_over_costs_one_cold_start_and_nothing_after(
     env: &Env,
@@ -135,12 +135,7 @@ pub(crate) fn a_rollback_either_way_across_the_hand_over_costs_one_cold_start_an
         eventually("the pod's inbound listener active", WAIT, || {
             Ok(active_listener_netns("inbound_default_rback_8080")?.is_some())
         })?;
-        let after = under_load(target, expect, || {
-            std::thread::sleep(Duration::from_secs(55));
-            Ok(())
-        })?;
-        println!("the 60 s after {way}: {}", after.summary());
-        ensure!(after.failed() == 0, "{way}: requests failed after it: {}", after.summary());
+        the_minute_after(target, expect, way, "rback")?;
     }
     env.helm_aether("upgrade", &[])?;
     proxy_rollout_done(env)?;
