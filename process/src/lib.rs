@@ -17,12 +17,16 @@
 //! Linux only; elsewhere (and if `/proc` cannot be read) those series are left out, never an
 //! error of the scrape. prometheus-client 0.26 has no process collector of its own.
 //!
+//! And one value two binaries take as a flag: where Envoy's admin answers ([`envoy_admin`]: the
+//! agent's `--envoy-admin`, the proxy launcher's `--admin`).
+//!
 //! [`register`] adds all of them to a binary's registry. [`build_info::VERSION_LINE`] is what
 //! `--version` prints after the binary's name.
 
 #![forbid(unsafe_code)]
 
 pub mod build_info;
+pub mod envoy_admin;
 pub mod logging;
 pub mod process;
 

@@ -9,56 +9,12 @@
 //! `pods/portforward` grant on a host-network pod and to every process on the node
 //! (docs/design-notes.md, "Envoy's admin").
 
-use std::fmt;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-/// The longest path a Unix socket address holds: `sun_path` is 108 bytes on Linux, one of them
-/// the terminating NUL (unix(7)).
-pub const SUN_PATH_MAX_BYTES: usize = 107;
-
-/// Where an Envoy admin listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AdminAddress {
-    /// A Unix socket at this absolute path (the bootstrap's `admin.address.pipe.path`).
-    Unix(PathBuf),
-    /// `IP:PORT` (the bootstrap's `admin.address.socket_address`; Envoys of releases up to 0.10.0).
-    Tcp(SocketAddr),
-}
-
-impl FromStr for AdminAddress {
-    type Err = String;
-
-    /// An absolute path (at most [`SUN_PATH_MAX_BYTES`] bytes) is a Unix socket; otherwise
-    /// `IP:PORT`. The error names the rule broken.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.starts_with('/') {
-            if s.len() > SUN_PATH_MAX_BYTES {
-                return Err(format!(
-                    "{s:?} is {} bytes: a Unix socket path holds at most {SUN_PATH_MAX_BYTES} (sun_path)",
-                    s.len()
-                ));
-            }
-            return Ok(AdminAddress::Unix(PathBuf::from(s)));
-        }
-        s.parse().map(AdminAddress::Tcp).map_err(|_| {
-            format!("{s:?} is neither an absolute path (a Unix socket) nor IP:PORT (e.g. /run/aether/envoy/admin.sock)")
-        })
-    }
-}
-
-impl fmt::Display for AdminAddress {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AdminAddress::Unix(p) => write!(f, "unix:{}", p.display()),
-            AdminAddress::Tcp(a) => write!(f, "{a}"),
-        }
-    }
-}
+pub use aether_process::envoy_admin::EnvoyAdmin;
 
 /// The fields of `/server_info` the launcher reads.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -110,14 +66,14 @@ pub const BODY_MAX_BYTES: u64 = 1 << 20;
 /// closed for a hot restart child keeps answering on connections it had already accepted).
 #[derive(Debug, Clone)]
 pub struct Admin {
-    addr: AdminAddress,
+    addr: EnvoyAdmin,
     client: Option<reqwest::blocking::Client>,
 }
 
 impl Admin {
     /// A client for the admin at `addr`. Plain HTTP: no certificates are loaded (the Envoy image
     /// may have none).
-    pub fn new(addr: AdminAddress) -> Admin {
+    pub fn new(addr: EnvoyAdmin) -> Admin {
         // reqwest builds its TLS stack even for plain HTTP: the process's provider, installed once.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let builder = reqwest::blocking::Client::builder()
@@ -125,24 +81,21 @@ impl Admin {
             .no_proxy()
             .tls_certs_only(Vec::new())
             .pool_max_idle_per_host(0);
-        let builder = match &addr {
-            AdminAddress::Unix(p) => builder.unix_socket(p.as_path()),
-            AdminAddress::Tcp(_) => builder,
+        let builder = match addr.unix_path() {
+            Some(p) => builder.unix_socket(p),
+            None => builder,
         };
         // A client that cannot be built answers nothing, as an admin that does not answer.
         Admin { client: builder.build().ok(), addr }
     }
 
     /// The address it reads.
-    pub fn address(&self) -> &AdminAddress {
+    pub fn address(&self) -> &EnvoyAdmin {
         &self.addr
     }
 
     fn get(&self, path_and_query: &str) -> Option<String> {
-        let url = match &self.addr {
-            AdminAddress::Unix(_) => format!("http://localhost{path_and_query}"),
-            AdminAddress::Tcp(a) => format!("http://{a}{path_and_query}"),
-        };
+        let url = self.addr.url(path_and_query);
         let resp = self.client.as_ref()?.get(url).send().ok()?.error_for_status().ok()?;
         if resp.content_length().is_some_and(|n| n > BODY_MAX_BYTES) {
             return None;
@@ -199,27 +152,13 @@ mod tests {
     }
 
     #[test]
-    fn a_path_is_a_unix_socket_ip_port_is_tcp_and_anything_else_names_the_rule() {
-        let unix: AdminAddress = "/run/aether/envoy/admin.sock".parse().unwrap();
-        assert_eq!(unix, AdminAddress::Unix("/run/aether/envoy/admin.sock".into()));
-        assert_eq!(unix.to_string(), "unix:/run/aether/envoy/admin.sock");
-        let tcp: AdminAddress = "127.0.0.1:9901".parse().unwrap();
-        assert_eq!(tcp.to_string(), "127.0.0.1:9901");
-        assert!("run/admin.sock".parse::<AdminAddress>().unwrap_err().contains("neither an absolute path"));
-        assert!("localhost:9901".parse::<AdminAddress>().unwrap_err().contains("IP:PORT"));
-        let long = format!("/{}", "a".repeat(SUN_PATH_MAX_BYTES));
-        assert!(long.parse::<AdminAddress>().unwrap_err().contains("sun_path"));
-        assert!(format!("/{}", "a".repeat(SUN_PATH_MAX_BYTES - 1)).parse::<AdminAddress>().is_ok());
-    }
-
-    #[test]
     fn nothing_listening_is_none() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         drop(l);
-        assert_eq!(Admin::new(AdminAddress::Tcp(addr)).server_info(), None);
+        assert_eq!(Admin::new(EnvoyAdmin::Tcp(addr)).server_info(), None);
         let tmp = tempfile::tempdir().unwrap();
-        assert_eq!(Admin::new(AdminAddress::Unix(tmp.path().join("none.sock"))).server_info(), None);
+        assert_eq!(Admin::new(EnvoyAdmin::Unix(tmp.path().join("none.sock"))).server_info(), None);
     }
 
     /// Over a Unix socket: `/server_info` and the stopped-listener counter, each from one plain
@@ -246,7 +185,7 @@ mod tests {
                     write!(c, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
             }
         });
-        let admin = Admin::new(AdminAddress::Unix(path));
+        let admin = Admin::new(EnvoyAdmin::Unix(path));
         assert!(admin.server_info().unwrap().live_at(3));
         assert_eq!(admin.listeners_stopped(), Some(2));
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use aether_process::logging::LogArgs;
 use clap::{Parser, Subcommand};
 
-use crate::admin::AdminAddress;
+use crate::admin::EnvoyAdmin;
 
 /// PID 1 of the node proxy container: starts Envoy so that replacing the proxy pod hands its
 /// listening sockets over (an Envoy hot restart across the two pods) and refuses no connection.
@@ -94,13 +94,13 @@ pub struct RunArgs {
     /// to be LIVE, and refreshes the readiness marker only while Envoy says there that it serves
     /// (LIVE, no listener stopped).
     #[arg(long, default_value = "/run/aether/envoy/admin.sock")]
-    pub admin: AdminAddress,
+    pub admin: EnvoyAdmin,
     /// Another admin address (same syntax; repeatable) where an Envoy outside this hand-over may
     /// answer: the chart passes 127.0.0.1:<proxy.adminPort>, where Envoys of releases up to 0.10.0
     /// have theirs. Beside such an Envoy (or one answering on --admin) with no epoch of ours
     /// running, the launcher stands by instead of starting one that would fail every bind.
     #[arg(long, value_name = "ADDR")]
-    pub foreign_admin: Vec<AdminAddress>,
+    pub foreign_admin: Vec<EnvoyAdmin>,
     /// The readiness marker (a pod-local path, e.g. on an emptyDir).
     #[arg(long)]
     pub marker: PathBuf,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
-use crate::admin::{Admin, AdminAddress};
+use crate::admin::{Admin, EnvoyAdmin};
 use crate::envoy::{Envoy, HotRestart};
 use crate::epoch::{Build, Incompatibility, LiveRecord, Observation, Plan};
 use crate::marker;
@@ -37,10 +37,10 @@ pub struct Config {
     /// `None`: the hand-over is off (`--disable-hot-restart`, SIGTERM stops Envoy at once).
     pub hot_restart: Option<HandOver>,
     /// The node's Envoy admin (the bootstrap's: the chart's is a Unix socket).
-    pub admin: AdminAddress,
+    pub admin: EnvoyAdmin,
     /// Further admin addresses where an Envoy outside the hand-over may answer (a 0.10.0 Envoy's
     /// TCP admin).
-    pub foreign_admins: Vec<AdminAddress>,
+    pub foreign_admins: Vec<EnvoyAdmin>,
     /// The pod-local readiness marker.
     pub marker: PathBuf,
     /// How long a started Envoy may take to serve (LIVE) before it is killed, e.g. because its
@@ -142,7 +142,7 @@ pub fn run(cfg: Config) -> ExitCode {
         hand_over = state.is_some(),
         "Envoy's configuration is valid"
     );
-    if let AdminAddress::Unix(socket) = &cfg.admin
+    if let EnvoyAdmin::Unix(socket) = &cfg.admin
         && let Err(e) = crate::admin::prepare_socket_dir(socket)
     {
         error!(error = %e, "cannot prepare the directory of Envoy's admin socket");
@@ -228,7 +228,7 @@ impl Node<'_> {
     /// The first admin address (ours, then the --foreign-admin ones) where an Envoy answers
     /// `/server_info`. Asked only when no epoch of ours runs: then that Envoy is outside the
     /// hand-over.
-    fn answering_admin(&self) -> Option<&AdminAddress> {
+    fn answering_admin(&self) -> Option<&EnvoyAdmin> {
         std::iter::once(&self.admin).chain(&self.foreign).find(|a| a.server_info().is_some()).map(Admin::address)
     }
 
@@ -868,7 +868,7 @@ mod tests {
                 parent_shutdown_seconds: 1,
                 successor_wait: Duration::ZERO,
             }),
-            admin: AdminAddress::Tcp(admin),
+            admin: EnvoyAdmin::Tcp(admin),
             foreign_admins: Vec::new(),
             marker: tmp.path().join("ready"),
             live_timeout: Duration::from_secs(30),
@@ -878,7 +878,7 @@ mod tests {
         let node = Node {
             cfg: &cfg,
             state: Some(StateDir::open(&state_dir).unwrap()),
-            admin: Admin::new(AdminAddress::Tcp(admin)),
+            admin: Admin::new(EnvoyAdmin::Tcp(admin)),
             foreign: Vec::new(),
             build: Build { version: crate::epoch::Version(1, 40, 0), hot_restart_version: None, base_id: 1 },
             term: Arc::clone(&term),

@@ -88,7 +88,7 @@ pub const DUMP_MAX_BYTES: usize = 64 << 20;
 /// [`DUMP_MAX_BYTES`] or one that is not JSON.
 pub async fn fetch(addr: &EnvoyAdmin, timeout: Duration) -> Result<Value, AdminError> {
     let err = |reason: String| AdminError::Request { addr: addr.clone(), reason };
-    let client = addr.client(timeout).map_err(|e| err(e.to_string()))?;
+    let client = super::envoy_admin::client(addr, timeout).map_err(|e| err(e.to_string()))?;
     let resp =
         client.get(addr.url("/config_dump?resource=dynamic_listeners")).send().await.map_err(|e| err(e.to_string()))?;
     if resp.status() != reqwest::StatusCode::OK {

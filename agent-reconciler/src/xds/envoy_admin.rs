@@ -1,115 +1,22 @@
-//! Where Envoy's admin API answers (`--envoy-admin`): a Unix socket (the chart's,
-//! `/run/aether/envoy/admin.sock`, mode 0600: only root reaches it, and `pods/portforward`, which
-//! dials TCP ports only, cannot) or a TCP address (Envoys of releases up to 0.10.0, and tests).
+//! Envoy's admin API as the agent reads it (`--envoy-admin`): the address type, shared with the
+//! proxy launcher ([`aether_process::envoy_admin`]: a Unix socket, the chart's
+//! `/run/aether/envoy/admin.sock`, or `IP:PORT`), and an async HTTP client for it.
 
-use std::fmt;
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
-/// The longest path a Unix socket address holds: `sun_path` is 108 bytes on Linux, one of them
-/// the terminating NUL (unix(7)).
-pub const SUN_PATH_MAX_BYTES: usize = 107;
+pub use aether_process::envoy_admin::{EnvoyAdmin, SUN_PATH_MAX_BYTES};
 
-/// Envoy's admin address.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EnvoyAdmin {
-    /// A Unix socket at this absolute path (Envoy's `admin.address.pipe`).
-    Unix(PathBuf),
-    /// `IP:PORT` (Envoy's `admin.address.socket_address`).
-    Tcp(SocketAddr),
-}
-
-impl FromStr for EnvoyAdmin {
-    type Err = String;
-
-    /// An absolute path (at most [`SUN_PATH_MAX_BYTES`] bytes) is a Unix socket; otherwise
-    /// `IP:PORT`. The error names the rule broken.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.starts_with('/') {
-            if s.len() > SUN_PATH_MAX_BYTES {
-                return Err(format!(
-                    "{s:?} is {} bytes: a Unix socket path holds at most {SUN_PATH_MAX_BYTES} (sun_path)",
-                    s.len()
-                ));
-            }
-            return Ok(EnvoyAdmin::Unix(PathBuf::from(s)));
-        }
-        s.parse().map(EnvoyAdmin::Tcp).map_err(|_| {
-            format!("{s:?} is neither an absolute path (a Unix socket) nor IP:PORT (e.g. /run/aether/envoy/admin.sock)")
-        })
+/// A plain-HTTP client for `admin` that gives up after `timeout`: over the Unix socket, or over
+/// TCP with no proxy. No root certificates (the agent's image has none, and loading the
+/// platform's would fail the builder). Requests go to [`EnvoyAdmin::url`].
+///
+/// # Errors
+/// When reqwest cannot build the client.
+pub fn client(admin: &EnvoyAdmin, timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    let builder = reqwest::Client::builder().no_proxy().tls_certs_only(Vec::new()).timeout(timeout);
+    match admin.unix_path() {
+        Some(p) => builder.unix_socket(p),
+        None => builder,
     }
-}
-
-impl fmt::Display for EnvoyAdmin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EnvoyAdmin::Unix(p) => write!(f, "unix:{}", p.display()),
-            EnvoyAdmin::Tcp(a) => write!(f, "{a}"),
-        }
-    }
-}
-
-impl EnvoyAdmin {
-    /// A plain-HTTP client for this admin that gives up after `timeout`: over the Unix socket,
-    /// or over TCP with no proxy. No root certificates (the agent's image has none, and loading
-    /// the platform's would fail the builder).
-    ///
-    /// # Errors
-    /// When reqwest cannot build the client.
-    pub fn client(&self, timeout: Duration) -> reqwest::Result<reqwest::Client> {
-        let builder = reqwest::Client::builder().no_proxy().tls_certs_only(Vec::new()).timeout(timeout);
-        match self {
-            EnvoyAdmin::Unix(p) => builder.unix_socket(p.as_path()),
-            EnvoyAdmin::Tcp(_) => builder,
-        }
-        .build()
-    }
-
-    /// The URL of `path_and_query` (starting with `/`) on this admin; over a Unix socket the
-    /// host is only the `Host` header.
-    pub fn url(&self, path_and_query: &str) -> String {
-        match self {
-            EnvoyAdmin::Unix(_) => format!("http://localhost{path_and_query}"),
-            EnvoyAdmin::Tcp(a) => format!("http://{a}{path_and_query}"),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_path_is_a_unix_socket_and_ip_port_is_tcp() {
-        assert_eq!(
-            "/run/aether/envoy/admin.sock".parse::<EnvoyAdmin>().unwrap(),
-            EnvoyAdmin::Unix("/run/aether/envoy/admin.sock".into())
-        );
-        assert_eq!("127.0.0.1:9901".parse::<EnvoyAdmin>().unwrap(), EnvoyAdmin::Tcp("127.0.0.1:9901".parse().unwrap()));
-        assert_eq!("[::1]:9901".parse::<EnvoyAdmin>().unwrap().to_string(), "[::1]:9901");
-        assert_eq!(
-            "/run/aether/envoy/admin.sock".parse::<EnvoyAdmin>().unwrap().to_string(),
-            "unix:/run/aether/envoy/admin.sock"
-        );
-    }
-
-    #[test]
-    fn anything_else_is_refused_naming_the_rule() {
-        let e = "run/admin.sock".parse::<EnvoyAdmin>().unwrap_err();
-        assert!(e.contains("neither an absolute path"), "{e}");
-        let e = "localhost:9901".parse::<EnvoyAdmin>().unwrap_err();
-        assert!(e.contains("IP:PORT"), "{e}");
-        let long = format!("/{}", "a".repeat(SUN_PATH_MAX_BYTES));
-        let e = long.parse::<EnvoyAdmin>().unwrap_err();
-        assert!(e.contains("sun_path"), "{e}");
-        assert!(format!("/{}", "a".repeat(SUN_PATH_MAX_BYTES - 1)).parse::<EnvoyAdmin>().is_ok());
-    }
-
-    #[test]
-    fn urls_name_the_path_on_either_transport() {
-        assert_eq!(EnvoyAdmin::Unix("/x.sock".into()).url("/config_dump"), "http://localhost/config_dump");
-        assert_eq!(EnvoyAdmin::Tcp("127.0.0.1:1".parse().unwrap()).url("/a?b"), "http://127.0.0.1:1/a?b");
-    }
+    .build()
 }

@@ -446,7 +446,7 @@ pub(crate) fn rendered_objects_follow_the_values_matrix() {
 /// ephemeral) and passes the DaemonSet's Envoy flags.
 pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
     use aether_fixtures::envoy::{
-        AdminAddress, CHART_ADMIN_SOCKET, CHART_STATS_PORT, CHART_XDS_SOCKET, ChartBootstrap, chart_flags,
+        CHART_ADMIN_SOCKET, CHART_STATS_PORT, CHART_XDS_SOCKET, ChartBootstrap, EnvoyAdmin, chart_flags,
     };
     let cases: [(&[&str], u16, Option<u16>); 3] = [
         (&[], 9902, Some(CHART_STATS_PORT)),
@@ -460,7 +460,7 @@ pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
         let chart: Value = yaml_serde::from_str(text).expect("the bootstrap is YAML");
         let ours = ChartBootstrap {
             xds_socket: CHART_XDS_SOCKET.to_owned(),
-            admin: AdminAddress::Pipe(CHART_ADMIN_SOCKET.to_owned()),
+            admin: EnvoyAdmin::Pipe(CHART_ADMIN_SOCKET.to_owned()),
             readiness_port,
             stats_port,
         }
@@ -489,7 +489,7 @@ pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
     let launcher = aether_fixtures::Envoy::builder("/tmp/t/xds.sock", "node-a", "/tmp/t");
     let overridden = ChartBootstrap {
         xds_socket: "/tmp/t/xds.sock".to_owned(),
-        admin: AdminAddress::Tcp(0),
+        admin: EnvoyAdmin::Tcp(0),
         readiness_port: 0,
         stats_port: None,
     };
