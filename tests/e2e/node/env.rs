@@ -215,15 +215,22 @@ pub(crate) fn check_release_settled(env: &Env) -> anyhow::Result<()> {
     check_release_settled_with(env, 4)
 }
 
+/// Whether pod `p` (its JSON) has the condition `Ready` `True`.
+pub(crate) fn is_ready(p: &Value) -> bool {
+    p["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// The names (`kind/name`) of the objects of `kinds` (e.g. `jobs,pods`) in the release namespace
+/// labelled as the startup check's (`app.kubernetes.io/component=verify-install`): empty once a
+/// passed check or `helm test` took them away.
+pub(crate) fn verify_install_objects(env: &Env, kinds: &str) -> anyhow::Result<String> {
+    let names =
+        env.kube().ok(&["get", kinds, "-n", NS, "-l", "app.kubernetes.io/component=verify-install", "-o", "name"])?;
+    Ok(names.trim().to_owned())
+}
+
 /// [`check_release_settled`] for a release of `count` pods (3 with `controller.replicas=1`).
 pub(crate) fn check_release_settled_with(env: &Env, count: usize) -> anyhow::Result<()> {
-    let ready = |p: &Value| {
-        p["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    };
     eventually("release pods Ready with no restarts", WAIT, || {
         let pods = env.release_pods()?;
         let terminating = pods.iter().any(|p| p["metadata"].get("deletionTimestamp").is_some());
@@ -232,6 +239,6 @@ pub(crate) fn check_release_settled_with(env: &Env, count: usize) -> anyhow::Res
                 bail!("{}/{c} restarted {r} times: {}", pod_name(p), p["status"]["containerStatuses"]);
             }
         }
-        Ok(!terminating && pods.len() == count && pods.iter().all(ready))
+        Ok(!terminating && pods.len() == count && pods.iter().all(is_ready))
     })
 }

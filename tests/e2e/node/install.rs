@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 
 use aether_tests::{eventually, http_get, repo_root};
 use anyhow::{Context, ensure};
-use serde_json::Value;
 
-use crate::env::{Env, NS, RELEASE, WAIT, check_release_settled, pod_name, restarts};
+use crate::env::{Env, NS, RELEASE, WAIT, check_release_settled, is_ready, pod_name, restarts, verify_install_objects};
 
 pub(crate) fn install_brings_every_release_pod_ready(env: &Env) -> anyhow::Result<()> {
     let pods = env.release_pods()?;
@@ -24,16 +23,9 @@ pub(crate) fn install_brings_every_release_pod_ready(env: &Env) -> anyhow::Resul
     ensure!(kinds == ["controller", "controller", "node", "proxy"], "release pods by component: {kinds:?}");
     // helm --wait is not enough for the DaemonSet: with maxUnavailable 1 on a one-node cluster it
     // accepts 0 Ready node pods. So wait (bounded) until every release pod is Ready.
-    let ready = |p: &Value| {
-        p["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    };
     let mut not_ready = Vec::new();
     eventually("every release pod Ready", WAIT, || {
-        not_ready = env.release_pods()?.iter().filter(|p| !ready(p)).map(|p| pod_name(p).to_owned()).collect();
+        not_ready = env.release_pods()?.iter().filter(|p| !is_ready(p)).map(|p| pod_name(p).to_owned()).collect();
         Ok(not_ready.is_empty())
     })
     .with_context(|| format!("not Ready: {not_ready:?}"))?;
@@ -108,17 +100,8 @@ pub(crate) fn verdict_lines(log: &str) -> Vec<&str> {
 pub(crate) fn helm_test_passes_and_fails_naming_the_webhook_when_its_service_is_broken(
     env: &Env,
 ) -> anyhow::Result<()> {
-    let left = env.kube().ok(&[
-        "get",
-        "jobs,pods",
-        "-n",
-        NS,
-        "-l",
-        "app.kubernetes.io/component=verify-install",
-        "-o",
-        "name",
-    ])?;
-    ensure!(left.trim().is_empty(), "the startup check passed, so its Job is deleted: {left}");
+    let left = verify_install_objects(env, "jobs,pods")?;
+    ensure!(left.is_empty(), "the startup check passed, so its Job is deleted: {left}");
     let (ok, out, log) = helm_test(env)?;
     println!("helm test (installed):\n{out}\n--- verify-install log\n{}", verdict_lines(&log).join("\n"));
     ensure!(ok, "helm test failed on a good install: {out}\n{log}");
@@ -178,17 +161,8 @@ pub(crate) fn helm_test_passes_and_fails_naming_the_webhook_when_its_service_is_
         Ok(ok)
     })
     .with_context(|| format!("last: {last}"))?;
-    let left = env.kube().ok(&[
-        "get",
-        "pods,serviceaccounts,roles,rolebindings",
-        "-n",
-        NS,
-        "-l",
-        "app.kubernetes.io/component=verify-install",
-        "-o",
-        "name",
-    ])?;
-    ensure!(left.trim().is_empty(), "a passed helm test leaves no hook object: {left}");
+    let left = verify_install_objects(env, "pods,serviceaccounts,roles,rolebindings")?;
+    ensure!(left.is_empty(), "a passed helm test leaves no hook object: {left}");
     Ok(())
 }
 

@@ -14,7 +14,7 @@ use aether_fixtures::{echo_app, policy};
 use aether_tests::{eventually, http_get, repo_root};
 use anyhow::{Context, bail, ensure};
 
-use crate::env::{Env, NS, WAIT, check_release_settled, check_release_settled_with, uid};
+use crate::env::{Env, NS, WAIT, check_release_settled, check_release_settled_with, uid, verify_install_objects};
 use crate::install::verdict_lines;
 
 /// An upgrade that breaks the webhook (a caBundle that did not sign its serving
@@ -67,17 +67,8 @@ pub(crate) fn upgrade_with_a_broken_webhook_fails_through_the_startup_check(env:
     // time (verifyInstall.agentAccess=apiServerProxy): the upgrade passes only if that check does.
     env.helm_aether("upgrade", &["verifyInstall.agentAccess=apiServerProxy"])?;
     check_release_settled(env)?;
-    let left = env.kube().ok(&[
-        "get",
-        "jobs,pods",
-        "-n",
-        NS,
-        "-l",
-        "app.kubernetes.io/component=verify-install",
-        "-o",
-        "name",
-    ])?;
-    ensure!(left.trim().is_empty(), "the good upgrade's startup check passed and took the failed Job away: {left}");
+    let left = verify_install_objects(env, "jobs,pods")?;
+    ensure!(left.is_empty(), "the good upgrade's startup check passed and took the failed Job away: {left}");
     Ok(())
 }
 
