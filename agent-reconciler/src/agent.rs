@@ -150,12 +150,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (admin_policy, xds_policy) = (args.admin_listener.policy(), args.xds_listener.policy());
     // Logs a warning when the caps and the process's own files do not fit under `ulimit -n`.
     let _ = aether_serve_policy::open_files::check(&[admin_policy, xds_policy]);
-    let admin_listener = tokio::net::TcpListener::bind(args.admin_addr)
-        .await
-        .with_context(|| format!("cannot bind --admin-addr {}", args.admin_addr))?;
-    let debug_listener = tokio::net::TcpListener::bind(args.debug_addr)
-        .await
-        .with_context(|| format!("cannot bind --debug-addr {}", args.debug_addr))?;
+    // [::] is one dual-stack socket (IPv4 and IPv6 clients); IPv4 only on a kernel without IPv6.
+    let admin_listener =
+        tokio::net::TcpListener::from_std(aether_serve_policy::bind_tcp("--admin-addr", args.admin_addr)?)?;
+    let debug_listener =
+        tokio::net::TcpListener::from_std(aether_serve_policy::bind_tcp("--debug-addr", args.debug_addr)?)?;
     // One gate for both: the debug port shares the admin port's cap and timeouts.
     let admin_gate = aether_serve_policy::Gate::new(admin_policy, &metrics.listeners);
     let debug_listener = aether_serve_policy::GatedListener::new(debug_listener, admin_gate.clone());

@@ -3,7 +3,7 @@
 //! writer configured, the caches, the election and the status writer run alongside
 //! ([`crate::status_writer`]); the webhook never waits for them.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -149,9 +149,9 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     let listeners = cfg.listeners;
     // Logs a warning when the caps and the process's own files do not fit under `ulimit -n`.
     let _ = aether_serve_policy::open_files::check(&[listeners.webhook, listeners.admin]);
-    let admin_listener = tokio::net::TcpListener::bind(cfg.admin_addr)
-        .await
-        .with_context(|| format!("cannot bind --admin-addr {}", cfg.admin_addr))?;
+    // [::] is one dual-stack socket (IPv4 and IPv6 clients); IPv4 only on a kernel without IPv6.
+    let admin_listener =
+        tokio::net::TcpListener::from_std(aether_serve_policy::bind_tcp("--admin-addr", cfg.admin_addr)?)?;
     let admin_listener = GatedListener::new(admin_listener, Gate::new(listeners.admin, &metrics.listeners));
     let admin_app =
         admin::router(AdminState { ready: ready.clone(), metrics: metrics.clone(), cluster: cluster.clone() });
@@ -162,9 +162,7 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
         );
 
     let tls = load_tls(&cfg.tls, reload, &metrics).await?;
-    let listener = TcpListener::bind(cfg.webhook_addr)
-        .with_context(|| format!("cannot bind --webhook-addr {}", cfg.webhook_addr))?;
-    listener.set_nonblocking(true)?;
+    let listener = aether_serve_policy::bind_tcp("--webhook-addr", cfg.webhook_addr)?;
     let webhook_gate = Gate::new(listeners.webhook, &metrics.listeners);
     let app = webhook::router(WebhookState { rules, metrics, cluster }, cfg.max_body_bytes);
     let handle = axum_server::Handle::new();

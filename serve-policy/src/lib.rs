@@ -26,11 +26,15 @@
 //! [`cli`]. The written policy: `docs/listeners.md`. The routes both binaries' admin ports serve
 //! alike (`/healthz`, `/readyz`, `/metrics`): [`admin`].
 //!
+//! [`bind::bind_tcp`] binds a listener's socket: `[::]:<port>` as one dual-stack socket, so every
+//! listener serves IPv4 and IPv6 clients.
+//!
 //! This crate depends on neither binary.
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod bind;
 pub mod cli;
 mod gate;
 #[cfg(feature = "grpc")]
@@ -43,6 +47,7 @@ mod policy;
 #[cfg(feature = "tls")]
 mod tls;
 
+pub use bind::bind_tcp;
 pub use gate::{Gate, REFUSAL_LOG_INTERVAL, Slot};
 pub use io::GatedIo;
 pub use listener::GatedListener;

@@ -127,8 +127,9 @@ pub struct RunArgs {
     #[arg(long, default_value = "/run/aether/health.sock", env = "AETHER_HEALTH_SOCKET")]
     pub health_socket: String,
     /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics). It carries no
-    /// per-pod detail.
-    #[arg(long, default_value = "0.0.0.0:9091", env = "AETHER_ADMIN_ADDR")]
+    /// per-pod detail. [::]:<port> is one dual-stack socket (IPv4 and IPv6 clients; IPv4 only,
+    /// with a warning, on a kernel booted without IPv6); 0.0.0.0:<port> is IPv4 only.
+    #[arg(long, default_value = "[::]:9091", env = "AETHER_ADMIN_ADDR")]
     pub admin_addr: SocketAddr,
     /// Address of the debug port: GET /debug/pods and /debug/pods/<namespace>/<name>, the
     /// agent's live decision per pod (with its socket, pin and netns paths). Loopback only (a

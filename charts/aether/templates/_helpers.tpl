@@ -105,6 +105,16 @@ The Job spec of an aether-webhook-certs hook: the controller image's second bina
 65532, no capabilities, read-only root. Arguments (dict): root, name (also its ServiceAccount),
 args (list).
 */}}
+{{- /*
+A pod's nodeSelector: kubernetes.io/os=linux (every aether image is a Linux one: a Windows node
+pool must never get these pods) under the given map of values, whose keys win.
+Usage: {{- include "aether.nodeSelector" .Values.controller.nodeSelector | nindent 6 }}
+*/}}
+{{- define "aether.nodeSelector" -}}
+nodeSelector:
+  {{- toYaml (mergeOverwrite (dict "kubernetes.io/os" "linux") (deepCopy (. | default dict))) | nindent 2 }}
+{{- end -}}
+
 {{- define "aether.certs.jobSpec" -}}
 {{- $v := .root.Values -}}
 backoffLimit: {{ $v.webhook.certs.job.backoffLimit }}
@@ -117,6 +127,7 @@ template:
   spec:
     serviceAccountName: {{ .name }}
     restartPolicy: OnFailure
+    {{- include "aether.nodeSelector" dict | nindent 4 }}
     {{- with $v.imagePullSecrets }}
     imagePullSecrets:
       {{- toYaml . | nindent 6 }}
@@ -166,10 +177,7 @@ imagePullSecrets:
 {{- with .Values.daemonset.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
-{{- with .Values.daemonset.nodeSelector }}
-nodeSelector:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+{{ include "aether.nodeSelector" .Values.daemonset.nodeSelector }}
 {{- with .Values.daemonset.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}

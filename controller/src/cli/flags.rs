@@ -74,11 +74,14 @@ pub enum Command {
 /// Flags of `run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Address the HTTPS webhook listens on.
-    #[arg(long, default_value = "0.0.0.0:9443", env = "AETHER_WEBHOOK_ADDR")]
+    /// Address the HTTPS webhook listens on. [::]:<port> is one dual-stack socket (IPv4 and IPv6
+    /// clients; IPv4 only, with a warning, on a kernel booted without IPv6); 0.0.0.0:<port> is
+    /// IPv4 only.
+    #[arg(long, default_value = "[::]:9443", env = "AETHER_WEBHOOK_ADDR")]
     pub webhook_addr: SocketAddr,
-    /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics).
-    #[arg(long, default_value = "0.0.0.0:9090", env = "AETHER_ADMIN_ADDR")]
+    /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics). [::]:<port> serves
+    /// IPv4 and IPv6, as --webhook-addr.
+    #[arg(long, default_value = "[::]:9090", env = "AETHER_ADMIN_ADDR")]
     pub admin_addr: SocketAddr,
     /// Folder holding tls.crt and tls.key (e.g. a mounted kubernetes.io/tls Secret). Use this or
     /// --tls-cert with --tls-key.

@@ -50,6 +50,7 @@ tests![
     render::host_network_webhook_needs_a_port_other_than_the_kubelets,
     render::controller_network_policy_opens_only_the_webhook_and_admin_ports,
     render::the_node_side_can_live_in_its_own_privileged_namespace,
+    render::every_pod_selects_linux_nodes_under_the_users_selector,
     metrics::monitors_are_rendered_only_when_enabled_and_scrape_the_admin_ports,
     metrics::the_dashboard_configmap_carries_the_dashboard_for_grafanas_sidecar,
     schema::schema_refuses_bad_values,

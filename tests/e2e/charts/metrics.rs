@@ -104,6 +104,23 @@ pub(crate) fn monitors_are_rendered_only_when_enabled_and_scrape_the_admin_ports
     assert_eq!(relabel[0]["regex"], "envoy;false");
     assert!(container(&ds["spec"]["template"]["spec"], "envoy")["name"] == "envoy");
     assert_eq!(relabel[1]["replacement"], "${1}:15090");
+    // The pod IP (the node's primary one) becomes the address, an IPv6 one in brackets: the
+    // relabelings applied as Prometheus does (fully anchored RE2, `${1}` replaced, no match: no
+    // change).
+    let address = |pod_ip: &str| {
+        let mut address = String::from("unset");
+        for r in relabel.iter().filter(|r| r["sourceLabels"][0] == "__meta_kubernetes_pod_ip") {
+            assert_eq!(r["targetLabel"], "__address__", "{r}");
+            let re = regex::Regex::new(&format!("^(?:{})$", r["regex"].as_str().expect("regex"))).expect("RE2 syntax");
+            if let Some(c) = re.captures(pod_ip) {
+                address = r["replacement"].as_str().expect("replacement").replace("${1}", &c[1]);
+            }
+        }
+        address
+    };
+    assert_eq!(address("10.0.0.5"), "10.0.0.5:15090");
+    assert_eq!(address("fd00:10:244:1::5"), "[fd00:10:244:1::5]:15090");
+    assert_eq!(address("::ffff:10.0.0.5"), "[::ffff:10.0.0.5]:15090");
     let moved = render(&["metrics.podMonitor.enabled=true", "proxy.stats.port=19090"]);
     assert_eq!(
         find(&moved, "PodMonitor", "aether-proxy")["spec"]["podMetricsEndpoints"][0]["relabelings"][1]["replacement"],

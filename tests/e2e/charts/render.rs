@@ -157,8 +157,8 @@ fn check_controller(case: &Case, docs: &[Value]) {
     let port_of = |n: &str| ports.iter().find(|p| p["name"] == n).map(|p| p["containerPort"].clone());
     assert_eq!(port_of("admin"), Some(Value::from(9090)));
     assert_eq!(port_of("webhook"), Some(Value::from(10250)));
-    assert_eq!(flag(c, "--admin-addr").as_deref(), Some("0.0.0.0:9090"));
-    assert_eq!(flag(c, "--webhook-addr").as_deref(), Some("0.0.0.0:10250"));
+    assert_eq!(flag(c, "--admin-addr").as_deref(), Some("[::]:9090"));
+    assert_eq!(flag(c, "--webhook-addr").as_deref(), Some("[::]:10250"));
     assert!(dep["spec"]["template"]["spec"].get("hostNetwork").is_none(), "pod network by default");
 
     let pdb = find(docs, "PodDisruptionBudget", "aether-controller");
@@ -448,12 +448,13 @@ pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
     use aether_fixtures::envoy::{
         CHART_ADMIN_SOCKET, CHART_STATS_PORT, CHART_XDS_SOCKET, ChartBootstrap, EnvoyAdmin, chart_flags,
     };
-    let cases: [(&[&str], u16, Option<u16>); 3] = [
-        (&[], 9902, Some(CHART_STATS_PORT)),
-        (&["proxy.adminPort=19901", "proxy.readinessPort=19902", "proxy.stats.port=19090"], 19902, Some(19090)),
-        (&["proxy.stats.port=0"], 9902, None),
+    let cases: [(&[&str], u16, Option<u16>, bool); 4] = [
+        (&[], 9902, Some(CHART_STATS_PORT), true),
+        (&["proxy.adminPort=19901", "proxy.readinessPort=19902", "proxy.stats.port=19090"], 19902, Some(19090), true),
+        (&["proxy.stats.port=0"], 9902, None, true),
+        (&["proxy.listenIPv6=false"], 9902, Some(CHART_STATS_PORT), false),
     ];
-    for (sets, readiness_port, stats_port) in cases {
+    for (sets, readiness_port, stats_port, listen_ipv6) in cases {
         let docs = render(sets);
         let text =
             find(&docs, "ConfigMap", "aether-node-envoy-bootstrap")["data"]["envoy.yaml"].as_str().expect("envoy.yaml");
@@ -462,6 +463,7 @@ pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
             xds_socket: CHART_XDS_SOCKET.to_owned(),
             admin: EnvoyAdmin::Pipe(CHART_ADMIN_SOCKET.to_owned()),
             readiness_port,
+            listen_ipv6,
             stats_port,
         }
         .render();
@@ -491,6 +493,7 @@ pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
         xds_socket: "/tmp/t/xds.sock".to_owned(),
         admin: EnvoyAdmin::Tcp(0),
         readiness_port: 0,
+        listen_ipv6: true,
         stats_port: None,
     };
     assert_eq!(launcher.bootstrap(), overridden.render());
@@ -722,7 +725,7 @@ pub(crate) fn host_network_webhook_needs_a_port_other_than_the_kubelets() {
     assert_eq!(dep["spec"]["strategy"]["rollingUpdate"], serde_json::json!({"maxSurge": 0, "maxUnavailable": 1}));
     assert!(spec["affinity"]["podAntiAffinity"].get("requiredDuringSchedulingIgnoredDuringExecution").is_none());
     let c = container(spec, "aether-controller");
-    assert_eq!(flag(c, "--webhook-addr").as_deref(), Some("0.0.0.0:10260"));
+    assert_eq!(flag(c, "--webhook-addr").as_deref(), Some("[::]:10260"));
     let ports: Vec<(Value, Value)> =
         c["ports"].as_array().unwrap().iter().map(|p| (p["containerPort"].clone(), p["hostPort"].clone())).collect();
     assert_eq!(ports, [(Value::from(10260), Value::from(10260)), (Value::from(9090), Value::from(9090))]);
@@ -797,4 +800,53 @@ pub(crate) fn the_node_side_can_live_in_its_own_privileged_namespace() {
     assert!(!has(&render(&[]), "Namespace"));
     let err = try_render(&["daemonset.namespace=Aether_Node"]).expect_err("not a DNS label");
     assert!(err.contains("/daemonset/namespace"), "{err}");
+}
+
+/// Every pod the chart runs (the controller's Deployment, both node DaemonSets, the certificate
+/// and install-check Jobs, the `helm test` Pod) selects `kubernetes.io/os: linux` nodes (the
+/// images are Linux ones: a Windows pool must not get them), merged under the user's
+/// `*.nodeSelector`, whose keys win.
+pub(crate) fn every_pod_selects_linux_nodes_under_the_users_selector() {
+    let pod_specs = |docs: &[Value]| -> Vec<(String, Value)> {
+        docs.iter()
+            .filter_map(|d| {
+                let spec = match d["kind"].as_str()? {
+                    "Deployment" | "DaemonSet" | "Job" => &d["spec"]["template"]["spec"],
+                    "Pod" => &d["spec"],
+                    _ => return None,
+                };
+                Some((
+                    format!("{}/{}", d["kind"].as_str()?, d["metadata"]["name"].as_str()?),
+                    spec["nodeSelector"].clone(),
+                ))
+            })
+            .collect()
+    };
+    let defaults = pod_specs(&render(&[]));
+    assert!(defaults.len() >= 6, "{defaults:?}");
+    for (name, selector) in &defaults {
+        assert_eq!(selector, &serde_json::json!({ "kubernetes.io/os": "linux" }), "{name}");
+    }
+    let set = render(&[
+        "daemonset.nodeSelector.pool=edge",
+        "controller.nodeSelector.pool=system",
+        "verifyInstall.nodeSelector.pool=system",
+    ]);
+    for (name, selector) in pod_specs(&set) {
+        assert_eq!(selector["kubernetes.io/os"], "linux", "{name}: {selector}");
+        let want = match name.as_str() {
+            "DaemonSet/aether-node" | "DaemonSet/aether-proxy" => Some("edge"),
+            "Deployment/aether-controller" => Some("system"),
+            n if n.contains("verify") => Some("system"),
+            _ => None,
+        };
+        assert_eq!(selector["pool"].as_str(), want, "{name}: {selector}");
+    }
+    let arm = render(&[
+        "controller.nodeSelector.kubernetes\\.io/arch=arm64",
+        "controller.nodeSelector.kubernetes\\.io/os=linux",
+    ]);
+    let (_, controller) =
+        pod_specs(&arm).into_iter().find(|(n, _)| n == "Deployment/aether-controller").expect("controller");
+    assert_eq!(controller, serde_json::json!({ "kubernetes.io/os": "linux", "kubernetes.io/arch": "arm64" }));
 }

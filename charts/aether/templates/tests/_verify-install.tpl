@@ -60,10 +60,7 @@ restartPolicy: Never
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $v.verifyInstall.nodeSelector }}
-nodeSelector:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+{{ include "aether.nodeSelector" $v.verifyInstall.nodeSelector }}
 {{- with $v.verifyInstall.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
