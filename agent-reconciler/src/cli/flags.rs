@@ -129,6 +129,8 @@ pub struct RunArgs {
     /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics). It carries no
     /// per-pod detail. [::]:<port> is one dual-stack socket (IPv4 and IPv6 clients; IPv4 only,
     /// with a warning, on a kernel booted without IPv6); 0.0.0.0:<port> is IPv4 only.
+    // `[::]` in the help text above is an address, not a rustdoc link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long, default_value = "[::]:9091", env = "AETHER_ADMIN_ADDR")]
     pub admin_addr: SocketAddr,
     /// Address of the debug port: GET /debug/pods and /debug/pods/<namespace>/<name>, the

@@ -77,10 +77,14 @@ pub struct RunArgs {
     /// Address the HTTPS webhook listens on. [::]:<port> is one dual-stack socket (IPv4 and IPv6
     /// clients; IPv4 only, with a warning, on a kernel booted without IPv6); 0.0.0.0:<port> is
     /// IPv4 only.
+    // `[::]` in the help text above is an address, not a rustdoc link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long, default_value = "[::]:9443", env = "AETHER_WEBHOOK_ADDR")]
     pub webhook_addr: SocketAddr,
     /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics). [::]:<port> serves
     /// IPv4 and IPv6, as --webhook-addr.
+    // `[::]` in the help text above is an address, not a rustdoc link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long, default_value = "[::]:9090", env = "AETHER_ADMIN_ADDR")]
     pub admin_addr: SocketAddr,
     /// Folder holding tls.crt and tls.key (e.g. a mounted kubernetes.io/tls Secret). Use this or
