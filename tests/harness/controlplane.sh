@@ -20,6 +20,9 @@
 #        API server through the `kubernetes` Service (lease endpoint reconciler, a serving cert
 #        naming that address and the Service IP 10.96.0.1), the Node authorizer and NodeRestriction
 #        admit the kubelet, and kube-apiserver calls the kubelet with the admin client cert.
+#      AETHER_SERVICE_CIDR (default 10.96.0.0/16): --service-cluster-ip-range, one range or an
+#        IPv4,IPv6 pair for a dual-stack cluster (node.sh AETHER_IP_FAMILY=dual); the serving cert
+#        names 10.96.0.1 either way, the first range's `kubernetes` Service IP.
 #      AETHER_APISERVER_ENDPOINT_ROUTING=1: kube-apiserver calls webhooks (and aggregated APIs) at
 #        their Service's endpoint IPs instead of its ClusterIP (--enable-aggregator-routing), for a
 #        host that runs no kube-proxy (multinode.sh: every kube-proxy is in a node's namespace).
@@ -130,7 +133,7 @@ start() {
     --client-ca-file "$dir/pki/ca.crt"
     --service-account-issuer https://kubernetes.default.svc.cluster.local
     --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key"
-    --service-cluster-ip-range 10.96.0.0/16
+    --service-cluster-ip-range "${AETHER_SERVICE_CIDR:-10.96.0.0/16}"
     --allow-privileged=true
     --cert-dir "$dir/pki"
     --v 1

@@ -16,13 +16,14 @@
 #   remove_empty_cgroups NAME    rmdir (deepest first) of /sys/fs/cgroup/*/NAME: only empty
 #                                cgroups go, a cgroup that still holds a process stays
 
-# Sysctls kubelet (vm/kernel), kube-proxy (conntrack, route_localnet) and the harness (forwarding)
-# may change. vm/* and kernel/* are global even when kubelet runs in its own network namespace.
+# Sysctls kubelet (vm/kernel), kube-proxy (conntrack, route_localnet) and the harness (forwarding;
+# IPv6's for a dual-stack node: all/ before default/, as writing all/ also sets default/) may
+# change. vm/* and kernel/* are global even when kubelet runs in its own network namespace.
 SYSCTLS=(net/ipv4/ip_forward net/ipv4/conf/all/route_localnet net/bridge/bridge-nf-call-iptables
   net/bridge/bridge-nf-call-ip6tables net/netfilter/nf_conntrack_max
   net/netfilter/nf_conntrack_tcp_timeout_established net/netfilter/nf_conntrack_tcp_timeout_close_wait
   vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys
-  kernel/keys/root_maxbytes)
+  kernel/keys/root_maxbytes net/ipv6/conf/all/forwarding net/ipv6/conf/default/forwarding)
 
 remember_host() {
   local d=$1 k p ipt t

@@ -17,7 +17,10 @@
 #   - a bridge `aether0` with the node IP 10.244.77.1/24 (pods 10.244.77.0/24, default route via
 #     it), a link route for the Service range 10.96.0.0/16 through it (host traffic to a ClusterIP
 #     meets kube-proxy's DNAT and never leaves the machine), and a guard chain AETHER-NODE in
-#     FORWARD that drops pod traffic leaving by any other interface;
+#     FORWARD that drops pod traffic leaving by any other interface; with AETHER_IP_FAMILY=dual
+#     the same in IPv6 too (fd00:10:244:77::1/64 on the bridge, added `nodad` so binds to it need
+#     not wait for duplicate address detection; pods fd00:10:244:77::/64; Services
+#     fd00:10:96::/112; the guard chain in ip6tables; net.ipv6.conf.all.forwarding=1);
 #   - the iptables chains kubelet and kube-proxy add (only chains and jumps that were not there
 #     before `up`), the sysctls they and this script set (net.ipv4.ip_forward, kernel.panic,
 #     vm.overcommit_memory, ...: the values before `up` are saved in DIR/sysctl-before.txt);
@@ -32,11 +35,17 @@
 # Env: AETHER_TOOLS_DIR (default <repo>/.cache/tools), AETHER_NODE_NAME (default aether-node),
 #      AETHER_NODES (default 1): 2 to 8 brings up that many nodes instead (multinode.sh, whose
 #      header says how each node is isolated; DIR/env then names each node's IP, PID and sockets).
+#      AETHER_IP_FAMILY (default ipv4): ipv4, or dual for a dual-stack node (IPv4 primary, as
+#      kubelet's first --node-ip; every pod gets an IPv4 and an IPv6 address; Services are IPv4
+#      unless they ask for IPv6 in spec.ipFamilies). One node only.
 set -euo pipefail
 
 # Several nodes (AETHER_NODES=N, N >= 2): multinode.sh brings them up, and takes down a DIR it
 # brought up (DIR/nodes/count).
 if { [ "${1:-}" = up ] && [ "${AETHER_NODES:-1}" != 1 ]; } || { [ "${1:-}" = down ] && [ -f "${2:-}/nodes/count" ]; }; then
+  if [ "${1:-}" = up ] && [ "${AETHER_IP_FAMILY:-ipv4}" != ipv4 ]; then
+    echo "node.sh: AETHER_IP_FAMILY=${AETHER_IP_FAMILY} brings up one node only (AETHER_NODES=1)" >&2; exit 1
+  fi
   exec "$(dirname "$0")/multinode.sh" "$@"
 fi
 
@@ -45,6 +54,13 @@ here=$repo/tests/harness
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
 node=${AETHER_NODE_NAME:-aether-node}
 bridge=aether0 node_ip=10.244.77.1 pod_cidr=10.244.77.0/24 svc_cidr=10.96.0.0/16
+family=${AETHER_IP_FAMILY:-ipv4}
+node_ip6=fd00:10:244:77::1 pod_cidr6=fd00:10:244:77::/64 svc_cidr6=fd00:10:96::/112
+# What kubelet, kube-proxy and the control plane are given: the primary family first.
+node_ips=$node_ip pod_cidrs=$pod_cidr svc_cidrs=$svc_cidr
+if [ "$family" = dual ]; then
+  node_ips=$node_ip,$node_ip6 pod_cidrs=$pod_cidr,$pod_cidr6 svc_cidrs=$svc_cidr,$svc_cidr6
+fi
 kubelet_root=/var/lib/kubelet
 guard=AETHER-NODE
 # Names the DIR of the node `up` brought up, until its `down` (reclaim_killed_node).
@@ -68,10 +84,16 @@ die() { log "error: $*"; exit 1; }
 
 preflight() {
   [ "$(id -u)" = 0 ] || die "needs root: it creates a bridge, iptables chains, mounts and sysctls (run as root)"
+  case $family in
+    ipv4) ;;
+    dual) [ "$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null)" = 0 ] \
+            || die "AETHER_IP_FAMILY=dual needs IPv6: net.ipv6.conf.all.disable_ipv6 is not 0 (or the kernel has no IPv6)" ;;
+    *) die "AETHER_IP_FAMILY=$family: use ipv4 or dual" ;;
+  esac
   # The Debian packages of the node: scripts/install-deps.sh is the one place that installs them.
   "$repo/scripts/install-deps.sh" node || die "could not install the node's packages (scripts/install-deps.sh node)"
   local p
-  for p in containerd ctr runc iptables ip; do command -v "$p" >/dev/null || die "$p not found after scripts/install-deps.sh node"; done
+  for p in containerd ctr runc iptables ip6tables ip; do command -v "$p" >/dev/null || die "$p not found after scripts/install-deps.sh node"; done
   [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge missing (package containernetworking-plugins)"
   for p in kube-apiserver etcd kubectl kubelet kube-controller-manager kube-scheduler kube-proxy coredns; do
     [ -x "$tools/bin/$p" ] || die "$tools/bin/$p missing: run tests/harness/build-tools.sh (make tools)"
@@ -119,6 +141,15 @@ network_up() {
   iptables -N "$guard"
   iptables -A "$guard" -s "$pod_cidr" ! -o "$bridge" -j DROP
   iptables -I FORWARD 1 -j "$guard"
+  if [ "$family" = dual ]; then
+    ip -6 addr add "$node_ip6/64" dev "$bridge" nodad
+    ip -6 route add "$svc_cidr6" dev "$bridge"
+    echo 1 >/proc/sys/net/ipv6/conf/all/forwarding
+    [ -e /proc/sys/net/bridge/bridge-nf-call-ip6tables ] && echo 1 >/proc/sys/net/bridge/bridge-nf-call-ip6tables
+    ip6tables -N "$guard"
+    ip6tables -A "$guard" -s "$pod_cidr6" ! -o "$bridge" -j DROP
+    ip6tables -I FORWARD 1 -j "$guard"
+  fi
   # containerd keeps pod netns in /run/netns; a HostToContainer mount of it needs a shared mount.
   mkdir -p /run/netns
   if ! mountpoint -q /run/netns; then
@@ -135,11 +166,16 @@ network_up() {
   fi
   mount --make-shared /run/aether-pins
   mkdir -p "$d/cni/net.d" "$d/cni/ipam"
+  # One host-local range per family (the bridge plugin gives the pod one address from each).
+  local ranges="[{\"subnet\": \"$pod_cidr\", \"gateway\": \"$node_ip\"}]" routes='{"dst": "0.0.0.0/0"}'
+  if [ "$family" = dual ]; then
+    ranges="$ranges, [{\"subnet\": \"$pod_cidr6\", \"gateway\": \"$node_ip6\"}]" routes="$routes, {\"dst\": \"::/0\"}"
+  fi
   cat >"$d/cni/net.d/10-aether.conflist" <<CNI
 {"cniVersion": "1.0.0", "name": "aether-node", "plugins": [
   {"type": "bridge", "bridge": "$bridge", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "dataDir": "$d/cni/ipam", "ranges": [[{"subnet": "$pod_cidr", "gateway": "$node_ip"}]],
-            "routes": [{"dst": "0.0.0.0/0"}]}},
+   "ipam": {"type": "host-local", "dataDir": "$d/cni/ipam", "ranges": [$ranges],
+            "routes": [$routes]}},
   {"type": "loopback"}]}
 CNI
 }
@@ -161,9 +197,9 @@ containerd_up() {
 
 control_plane_up() {
   local d=$1
-  AETHER_TOOLS_DIR=$tools AETHER_APISERVER_ADDRESS=$node_ip "$here/controlplane.sh" start "$d/cp" 2>>"$d/logs/controlplane.log" \
+  AETHER_TOOLS_DIR=$tools AETHER_APISERVER_ADDRESS=$node_ip AETHER_SERVICE_CIDR=$svc_cidrs "$here/controlplane.sh" start "$d/cp" 2>>"$d/logs/controlplane.log" \
     || { tail -n 20 "$d/logs/controlplane.log" >&2; die "control plane did not start"; }
-  controllers_up "$d" "$svc_cidr"
+  controllers_up "$d" "$svc_cidrs"
   client_cert "$d" kube-proxy system:kube-proxy system:node-proxier
   client_cert "$d" kubelet "system:node:$node" system:nodes
   kubeconfig "$d" kube-proxy
@@ -203,17 +239,17 @@ imageGCLowThresholdPercent: 99
 YAML
   local t0=$SECONDS
   start kubelet "$d" --config "$d/kubelet/config.yaml" --kubeconfig "$d/kubelet.kubeconfig" \
-    --root-dir "$kubelet_root" --hostname-override "$node" --node-ip "$node_ip" --v 1
+    --root-dir "$kubelet_root" --hostname-override "$node" --node-ip "$node_ips" --v 1
   cat >"$d/kube-proxy.yaml" <<YAML
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $d/kube-proxy.kubeconfig}
 mode: iptables
 hostnameOverride: $node
-clusterCIDR: $pod_cidr
+clusterCIDR: $pod_cidrs
 healthzBindAddress: 127.0.0.1:$(free_port)
 metricsBindAddress: 127.0.0.1:$(free_port)
-nodePortAddresses: ["$node_ip/32"]
+nodePortAddresses: ["$node_ip/32"$([ "$family" = dual ] && printf ', "%s/128"' "$node_ip6")]
 iptables: {localhostNodePorts: false}   # leaves net.ipv4.conf.all.route_localnet alone
 conntrack: {maxPerCore: 0, min: 0}      # leaves nf_conntrack_max alone
 YAML
@@ -250,6 +286,8 @@ write_env() {
 export KUBECONFIG=$d/cp/kubeconfig
 export AETHER_NODE_NAME=$node
 export AETHER_NODE_IP=$node_ip
+export AETHER_IP_FAMILY=$family
+export AETHER_NODE_IP6=$([ "$family" = dual ] && echo "$node_ip6")
 export AETHER_CONTAINERD_SOCK=$containerd_sock
 export AETHER_KUBELET_ROOT=$kubelet_root
 export AETHER_NETNS_DIR=/run/netns
@@ -353,5 +391,5 @@ case $cmd in
   up) [ -n "$dir" ] || die "usage: $0 up DIR"; up "$dir" ;;
   down) [ -n "$dir" ] || die "usage: $0 down DIR"; down "$dir" ;;
   env) [ -n "$dir" ] || die "usage: $0 env DIR"; cat "$dir/env" ;;
-  *) sed -n '2,34p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,40p' "$0" >&2; exit 2 ;;
 esac

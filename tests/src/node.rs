@@ -108,6 +108,26 @@ pub fn aether_chart_args(verb: &str, release: &str, namespace: &str, extra: &[&s
     Ok(args)
 }
 
+/// The IP families of a node `node.sh up` brings up (its `AETHER_IP_FAMILY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpFamily {
+    /// IPv4 only: pods and Services get an IPv4 address.
+    Ipv4,
+    /// Dual-stack, IPv4 primary: every pod gets an IPv4 and an IPv6 address (`status.podIPs`
+    /// IPv4 first); a Service is IPv4 unless its `spec.ipFamilies` asks for IPv6.
+    Dual,
+}
+
+impl IpFamily {
+    /// The value node.sh takes in `AETHER_IP_FAMILY`.
+    pub fn as_env(self) -> &'static str {
+        match self {
+            IpFamily::Ipv4 => "ipv4",
+            IpFamily::Dual => "dual",
+        }
+    }
+}
+
 /// What `node.sh up` wrote to `DIR/env`.
 #[derive(Clone, Debug)]
 pub struct NodeFacts {
@@ -117,6 +137,8 @@ pub struct NodeFacts {
     pub node_name: String,
     /// The node IP (the pod bridge's address; kube-apiserver listens there too).
     pub node_ip: String,
+    /// The node's IPv6 address on the pod bridge, on a dual-stack node.
+    pub node_ip6: Option<String>,
     /// containerd's socket (for `ctr`).
     pub containerd_sock: PathBuf,
     /// The kubelet's root dir (`<it>/pods` is the pods dir).
@@ -138,10 +160,18 @@ impl RealNode {
     /// Without root, or when `node.sh up` fails (it has torn down what it started); the error
     /// carries the tail of its log.
     pub fn up() -> anyhow::Result<Self> {
+        Self::up_with(IpFamily::Ipv4)
+    }
+
+    /// As [`RealNode::up`], with the node's IP families.
+    ///
+    /// # Errors
+    /// As [`RealNode::up`]; with [`IpFamily::Dual`] also on a host without IPv6.
+    pub fn up_with(family: IpFamily) -> anyhow::Result<Self> {
         require_root("the real-node suite")?;
         let before = HostState::capture_before_up()?;
         let dir = tempfile::Builder::new().prefix("aether-node-").tempdir()?.keep();
-        node_script("up", &dir, 1)?;
+        node_script("up", &dir, 1, family)?;
         let facts = read_env(&dir.join("env"))?;
         Ok(RealNode { dir, facts, before })
     }
@@ -196,7 +226,7 @@ impl RealNode {
     /// # Errors
     /// When `node.sh down` fails (with its log) or the host cannot be read.
     pub fn down(&self) -> anyhow::Result<Vec<String>> {
-        node_script("down", &self.dir, 1)?;
+        node_script("down", &self.dir, 1, IpFamily::Ipv4)?;
         Ok(self.before.diff(&HostState::capture()?))
     }
 }
@@ -210,8 +240,9 @@ impl Drop for RealNode {
 }
 
 /// What `node.sh` changes on the host, read from the kernel and the file system: sysctls,
-/// iptables rules and chains (every table, no counters), links, routes, mount points, and the
-/// host dirs a node creates. Two captures compare equal when the host is as it was.
+/// iptables and ip6tables rules and chains (every table, no counters), links, IPv4 and IPv6
+/// routes, mount points, and the host dirs a node creates. Two captures compare equal when the
+/// host is as it was.
 #[derive(Debug, PartialEq, Eq)]
 pub struct HostState {
     items: BTreeSet<String>,
@@ -222,6 +253,9 @@ const SYSCTLS: &[&str] = &[
     "net/ipv4/ip_forward",
     "net/ipv4/conf/all/route_localnet",
     "net/bridge/bridge-nf-call-iptables",
+    "net/bridge/bridge-nf-call-ip6tables",
+    "net/ipv6/conf/all/forwarding",
+    "net/ipv6/conf/default/forwarding",
     "net/netfilter/nf_conntrack_max",
     "vm/overcommit_memory",
     "vm/panic_on_oom",
@@ -282,9 +316,11 @@ impl HostState {
             let v = std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap_or_else(|_| "(absent)".into());
             items.insert(format!("sysctl {k} = {}", v.trim()));
         }
-        for table in ["filter", "nat", "mangle", "raw"] {
-            for line in run("iptables", &["-t", table, "-S"])?.lines() {
-                items.insert(format!("iptables -t {table} {line}"));
+        for ipt in ["iptables", "ip6tables"] {
+            for table in ["filter", "nat", "mangle", "raw"] {
+                for line in run(ipt, &["-t", table, "-S"])?.lines() {
+                    items.insert(format!("{ipt} -t {table} {line}"));
+                }
             }
         }
         for line in run("ip", &["-o", "link", "show"])?.lines() {
@@ -293,8 +329,10 @@ impl HostState {
                 items.insert(format!("link {name}"));
             }
         }
-        for line in run("ip", &["route", "show", "table", "all"])?.lines() {
-            items.insert(format!("route {line}"));
+        for family in ["-4", "-6"] {
+            for line in run("ip", &[family, "route", "show", "table", "all"])?.lines() {
+                items.insert(format!("route {family} {line}"));
+            }
         }
         for line in std::fs::read_to_string("/proc/self/mountinfo")?.lines() {
             if let Some(target) = line.split(' ').nth(4) {
@@ -330,18 +368,20 @@ fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Runs `AETHER_NODES=<nodes> tests/harness/node.sh <action> <dir>`, its output in
-/// `<dir>/node-<action>.log`.
+/// Runs `AETHER_NODES=<nodes> AETHER_IP_FAMILY=<family> tests/harness/node.sh <action> <dir>`,
+/// its output in `<dir>/node-<action>.log` (`down` reads what `up` did from DIR, whatever the
+/// family given).
 ///
 /// # Errors
 /// When it fails: the error carries the tail of that log.
-pub(crate) fn node_script(action: &str, dir: &Path, nodes: usize) -> anyhow::Result<()> {
+pub(crate) fn node_script(action: &str, dir: &Path, nodes: usize, family: IpFamily) -> anyhow::Result<()> {
     let log = dir.join(format!("node-{action}.log"));
     let out = std::fs::File::create(&log)?;
     let status = Command::new(repo_root().join("tests/harness/node.sh"))
         .arg(action)
         .arg(dir)
         .env("AETHER_NODES", nodes.to_string())
+        .env("AETHER_IP_FAMILY", family.as_env())
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
@@ -427,6 +467,7 @@ fn read_env(path: &Path) -> anyhow::Result<NodeFacts> {
         kubeconfig: get("KUBECONFIG")?.into(),
         node_name: get("AETHER_NODE_NAME")?,
         node_ip: get("AETHER_NODE_IP")?,
+        node_ip6: vars.get("AETHER_NODE_IP6").filter(|v| !v.is_empty()).map(|v| v.to_string()),
         containerd_sock: get("AETHER_CONTAINERD_SOCK")?.into(),
         kubelet_root: get("AETHER_KUBELET_ROOT")?.into(),
     })

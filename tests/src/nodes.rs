@@ -18,7 +18,7 @@ use aether_fixtures::{EchoApp, echo_app};
 use anyhow::{Context, bail};
 
 use crate::Kubectl;
-use crate::node::{HostState, helm, node_script, require_root, tail};
+use crate::node::{HostState, IpFamily, helm, node_script, require_root, tail};
 
 /// One node of a [`RealNodes`] cluster, as `node.sh up` wrote it to `DIR/env`.
 #[derive(Clone, Debug)]
@@ -133,7 +133,7 @@ impl RealNodes {
         require_root("the multi-node suite")?;
         let before = HostState::capture_before_up()?;
         let dir = tempfile::Builder::new().prefix("aether-nodes-").tempdir()?.keep();
-        node_script("up", &dir, count)?;
+        node_script("up", &dir, count, IpFamily::Ipv4)?;
         let (kubeconfig, nodes, apiserver) = read_env(&dir.join("env"))?;
         Ok(RealNodes { dir, kubeconfig, nodes, apiserver, before })
     }
@@ -198,7 +198,7 @@ impl RealNodes {
     /// # Errors
     /// When `node.sh down` fails (with its log) or the host cannot be read.
     pub fn down(&self) -> anyhow::Result<Vec<String>> {
-        node_script("down", &self.dir, self.nodes.len())?;
+        node_script("down", &self.dir, self.nodes.len(), IpFamily::Ipv4)?;
         Ok(self.before.diff(&HostState::capture()?))
     }
 }

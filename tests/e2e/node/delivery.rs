@@ -1,6 +1,7 @@
 //! Delivery over the socket: `annotated_pod_is_served_over_the_kubelets_emptydir_socket`,
 //! `policy_switches_delivery_to_the_socket_and_delete_switches_back`,
 //! `a_client_pod_reaches_a_uds_only_app_through_its_service_ip`,
+//! `a_dual_stack_pod_is_served_over_its_socket_at_its_ipv6_address_and_service`,
 //! `a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic`,
 //! `memory_emptydir_socket_is_reached`,
 //! `a_grpc_server_on_its_socket_is_promoted_and_answers_a_grpc_client_through_its_service`,
@@ -9,7 +10,7 @@
 //! What they prove: Envoy in the node pod dials the socket an app container made in the kubelet's
 //! real emptyDir path (disk and `medium: Memory`), through the chart's read-only HostToContainer
 //! mount and the socket's pin; a policy switches delivery to the socket and back; a client pod
-//! reaches a UDS-only app through its Service, and a gRPC server on its socket through its
+//! reaches a UDS-only app through its Service (at IPv4, and at IPv6 on this dual-stack node), and a gRPC server on its socket through its
 //! Service, health-checked with grpc.health.v1; a pod swapping its socket for a link to another
 //! pod's never gets that pod's traffic; a socket put back is served at once; and a deleted pod's
 //! clusters are withdrawn.
@@ -17,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use aether_crds::pod::{GRPC_HEALTH_SERVICE_ANNOTATION, PORTS_ANNOTATION};
-use aether_fixtures::{echo_app, policy};
+use aether_fixtures::{echo_app, policy, service};
 use aether_tests::eventually;
 use anyhow::{Context, ensure};
 
@@ -108,6 +109,58 @@ pub(crate) fn a_client_pod_reaches_a_uds_only_app_through_its_service_ip(env: &E
     let (ok, body) = env.client_get("client-tcp", &url)?;
     ensure!(!ok, "a UDS-only app delivered over TCP has nothing on its port, yet: {body}");
     env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "inb", "--wait=true"])?;
+    Ok(())
+}
+
+/// On the suite's dual-stack node (IPv4 primary): a UDS-only pod gets an IPv4 and an IPv6 address,
+/// Envoy's inbound listener binds both `0.0.0.0:8080` and `[::]:8080` in the pod's netns
+/// (docs/listeners.md, "IP families"), and a client pod reaches the app over its socket at the
+/// pod's IPv6 address and through an IPv6-only Service, as it does at IPv4 (the case above).
+pub(crate) fn a_dual_stack_pod_is_served_over_its_socket_at_its_ipv6_address_and_service(
+    env: &Env,
+) -> anyhow::Result<()> {
+    env.kube().apply(&echo_app("dual").annotated().ready_through_port_8080().manifest())?;
+    let pod = env.wait_pod_ready("default", "dual")?;
+    let ips: Vec<&str> = pod["status"]["podIPs"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|i| i["ip"].as_str()).collect())
+        .unwrap_or_default();
+    println!("pod dual: podIPs {ips:?}");
+    let [v4, v6] = ips[..] else { anyhow::bail!("a dual-stack node gives a pod two IPs, IPv4 first: {ips:?}") };
+    ensure!(!v4.contains(':') && v6.contains(':'), "IPv4 first, then IPv6: {ips:?}");
+    let mut netns = None;
+    eventually("Envoy's inbound_default_dual_8080 listener is active", WAIT, || {
+        netns = active_listener_netns("inbound_default_dual_8080")?;
+        Ok(netns.is_some())
+    })?;
+    let netns = netns.context("listener netns")?;
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={netns}"))
+        .args(["ss", "-Htln", "sport = :8080"])
+        .output()
+        .context("nsenter ss")?;
+    ensure!(out.status.success(), "nsenter: {}", String::from_utf8_lossy(&out.stderr));
+    let listening = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("listening on 8080 in {netns}:\n{listening}");
+    ensure!(
+        listening.contains("0.0.0.0:8080") && listening.contains("[::]:8080"),
+        "Envoy holds 0.0.0.0:8080 and [::]:8080 in the pod's netns: {listening}"
+    );
+    let expect = "dual over unix:/s/app.sock: GET /hello";
+    let url = format!("http://[{v6}]:8080/hello");
+    let (ok, body) = env.client_get("client-v6-pod", &url)?;
+    println!("client pod: uds-echo --get {url}\n{body}");
+    ensure!(ok && body.contains(expect), "at the pod's IPv6 address: {body}");
+    let svc = service("default", "dual-v6").select("app", "dual").port(8080, 8080).ip_families(&["IPv6"]);
+    env.kube().apply(&svc.json().to_string())?;
+    let ip = env.kube().ok(&["get", "service", "-n", "default", "dual-v6", "-o", "jsonpath={.spec.clusterIP}"])?;
+    ensure!(ip.contains(':'), "an IPv6-only Service has an IPv6 ClusterIP: {ip}");
+    let url = format!("http://[{}]:8080/hello", ip.trim());
+    let (ok, body) = env.client_get("client-v6-svc", &url)?;
+    println!("client pod: uds-echo --get {url}\n{body}");
+    ensure!(ok && body.contains(expect), "through the IPv6 Service: {body}");
+    env.kube().ok(&["delete", "service", "-n", "default", "dual-v6", "--wait=true"])?;
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "dual", "--wait=true"])?;
     Ok(())
 }
 

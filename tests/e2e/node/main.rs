@@ -1,4 +1,5 @@
-//! The real-node suite: a kubelet + containerd node (`tests/harness/node.sh`), the charts installed
+//! The real-node suite: a dual-stack kubelet + containerd node (`tests/harness/node.sh`,
+//! `AETHER_IP_FAMILY=dual`), the charts installed
 //! with `helm install` from images built here (`tests/harness/images.sh`, no registry), and real
 //! pods whose app serves HTTP on a Unix socket in an emptyDir.
 //!
@@ -8,7 +9,8 @@
 //! `helm test` passes, while both fail, naming the webhook check, when the webhook is broken; Envoy
 //! in the node pod dials the socket an app container made in the kubelet's real emptyDir path
 //! (disk and `medium: Memory`), through the chart's read-only HostToContainer mount; a policy
-//! switches delivery to the socket and back; an app restart (new socket inode), a replaced node
+//! switches delivery to the socket and back; a client pod is served over the socket at a pod's IPv6
+//! address and through an IPv6 Service; an app restart (new socket inode), a replaced node
 //! pod and a deleted pod are followed; the `why` grant reaches no Envoy admin; a `helm rollback` either way across the hand-over costs one cold start; `helm upgrade` with other values runs (among them
 //! `socketLimit=filesystem` and every bounded value at its schema edges); `helm uninstall`
 //! leaves no release object and nothing of ours on the host; and `node.sh down` leaves the host as
@@ -36,7 +38,7 @@ mod upgrade;
 
 use std::time::Instant;
 
-use aether_tests::node::{RealNode, privileged_label_command, release_namespace_command};
+use aether_tests::node::{IpFamily, RealNode, privileged_label_command, release_namespace_command};
 use anyhow::Context;
 
 use crate::env::{Env, NS};
@@ -45,7 +47,9 @@ use crate::env::{Env, NS};
 
 fn setup() -> anyhow::Result<Env> {
     let t0 = Instant::now();
-    let node = RealNode::up()?;
+    // Dual-stack, IPv4 primary (docs/compatibility.md, "IP families"): every case runs with pods
+    // holding both families; `make demo` and the two-node suite keep an IPv4-only node.
+    let node = RealNode::up_with(IpFamily::Dual)?;
     eprintln!("node up in {} s", t0.elapsed().as_secs());
     let env = Env { node, installed_at: Instant::now() };
     let crds = aether_tests::node::packaged_chart("aether-crds")?;
@@ -118,6 +122,7 @@ fn main() {
             observability::kubectl_aether_why_reads_the_node_agents_live_decision,
             access::the_why_grant_reaches_no_envoy_admin,
             delivery::a_client_pod_reaches_a_uds_only_app_through_its_service_ip,
+            delivery::a_dual_stack_pod_is_served_over_its_socket_at_its_ipv6_address_and_service,
             delivery::a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic,
             delivery::memory_emptydir_socket_is_reached,
             delivery::a_grpc_server_on_its_socket_is_promoted_and_answers_a_grpc_client_through_its_service,
