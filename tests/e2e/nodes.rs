@@ -14,6 +14,9 @@
 //! where it is served over its socket, and leaves nothing of it on the drained node; `node.sh
 //! down` leaves the host as it found it.
 //!
+//! The nodes run containerd 2.x (`AETHER_CONTAINERD=2`, config version 3), the single-node suite
+//! Debian's containerd 1.6.
+//!
 //! Needs root (CI runs as root); without it the suite fails, naming the cause.
 
 #[path = "suite.rs"]
@@ -24,7 +27,9 @@ use std::time::Duration;
 
 use aether_fixtures::policy;
 use aether_tests::continuity::{self, Load, Report};
-use aether_tests::node::{README_NODE_NAMESPACE, aether_chart_args, release_namespace_command};
+use aether_tests::node::{
+    Containerd, IpFamily, README_NODE_NAMESPACE, Shape, aether_chart_args, release_namespace_command,
+};
 use aether_tests::nodes::{ClusterNode, RESTRICTED_CONTAINER, RESTRICTED_POD, RealNodes, app};
 use aether_tests::{Kubectl, eventually};
 use anyhow::{Context, ensure};
@@ -291,6 +296,14 @@ fn under_load_from(
 
 fn two_nodes_run_every_node_daemonset_pod_ready(env: &Env) -> anyhow::Result<()> {
     println!("$ kubectl get nodes -o wide\n{}", env.kube().ok(&["get", "nodes", "-o", "wide"])?);
+    // The runtime the suite asked for (setup: containerd 2.x), as each kubelet reports it.
+    let runtimes =
+        env.kube().ok(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.containerRuntimeVersion}"])?;
+    let runtimes: Vec<&str> = runtimes.split_whitespace().collect();
+    ensure!(
+        runtimes.len() == 2 && runtimes.iter().all(|r| r.starts_with("containerd://2.")),
+        "both nodes run containerd 2.x: {runtimes:?}"
+    );
     let pods = env.node_pods()?;
     let mut seen: Vec<(String, String)> = pods
         .iter()
@@ -759,7 +772,9 @@ fn node_down_restores_the_host(env: &Env) -> anyhow::Result<()> {
 // --- set-up and context --------------------------------------------------------------------------
 
 fn setup() -> anyhow::Result<Env> {
-    let env = Env { nodes: RealNodes::up(2)? };
+    // containerd 2.x (config version 3), where the single-node suite runs Debian's 1.6: between
+    // them both majors run every release (docs/compatibility.md, "Container runtimes").
+    let env = Env { nodes: RealNodes::up_with(2, Shape { family: IpFamily::Ipv4, containerd: Containerd::V2 })? };
     let crds = aether_tests::node::packaged_chart("aether-crds")?;
     env.nodes.helm(&["install", "aether-crds", crds.to_str().context("path")?, "--wait"])?;
     // The README's install: only the release namespace by hand; the chart makes NODE_NS.

@@ -6,9 +6,12 @@
 # tests/harness/coredns/main.go, a CoreDNS with only the plugins the test cluster uses, built
 # against github.com/coredns/coredns). Each binary is built once per pinned version; later runs
 # only check that it is there. On request only (not in the default set): actionlint
-# (github.com/rhysd/actionlint, `make lint`'s check of .github/workflows).
+# (github.com/rhysd/actionlint, `make lint`'s check of .github/workflows) and containerd2
+# (containerd, ctr and containerd-shim-runc-v2 of github.com/containerd/containerd/v2, built with
+# the release's tags, into <tools>/containerd-<version>/bin, linked as <tools>/containerd2: node.sh
+# puts <tools>/containerd2/bin first on PATH when AETHER_CONTAINERD=2).
 #
-# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint)
+# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint or containerd2)
 # Env:   AETHER_TOOLS_DIR  cache folder (default: <repo>/.cache/tools)
 set -euo pipefail
 
@@ -17,6 +20,8 @@ ETCD_VERSION=${ETCD_VERSION:-v3.7.3}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
 ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
+# containerd's long-term-support line (RELEASES.md: 2.3 supported to 2028-04).
+CONTAINERD2_VERSION=${CONTAINERD2_VERSION:-v2.3.7}
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
@@ -125,6 +130,25 @@ for t in "${want[@]}"; do
       [ -x "$tools/bin/actionlint-$ACTIONLINT_VERSION" ] || (cd "$d" && go get "github.com/rhysd/actionlint@$ACTIONLINT_VERSION" >&2)
       build actionlint "$ACTIONLINT_VERSION" "$d" github.com/rhysd/actionlint/cmd/actionlint \
         "-X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION" ;;
-    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm coredns actionlint)"; exit 2 ;;
+    containerd2)
+      # Tags and flags of containerd's own Makefile and BUILDING.md: no cgo snapshotters (btrfs
+      # is the only cgo one), the shim without gRPC; the version stamped as its release build does.
+      out="$tools/containerd-$CONTAINERD2_VERSION/bin"
+      if [ ! -x "$out/containerd-shim-runc-v2" ]; then
+        d="$tools/src/containerd-$CONTAINERD2_VERSION"; new_module "$d"
+        p=github.com/containerd/containerd/v2
+        (cd "$d" && go get "$p@$CONTAINERD2_VERSION" >&2)
+        log "building containerd $CONTAINERD2_VERSION (first time only; this takes minutes) ..."
+        start=$SECONDS
+        mkdir -p "$out.tmp"
+        (cd "$d" && go build -trimpath -tags 'no_btrfs no_devmapper no_zfs' -ldflags "-s -w -X $p/version.Version=$CONTAINERD2_VERSION" \
+          -o "$out.tmp/" "$p/cmd/containerd" "$p/cmd/ctr")
+        (cd "$d" && go build -trimpath -tags no_grpc -ldflags "-s -w -X $p/version.Version=$CONTAINERD2_VERSION" \
+          -o "$out.tmp/" "$p/cmd/containerd-shim-runc-v2")
+        rm -rf "$out" && mv "$out.tmp" "$out"
+        log "built containerd $CONTAINERD2_VERSION in $((SECONDS - start))s -> $out"
+      fi
+      ln -sfn "containerd-$CONTAINERD2_VERSION" "$tools/containerd2" ;;
+    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm coredns actionlint containerd2)"; exit 2 ;;
   esac
 done

@@ -22,6 +22,9 @@
 # their endpoints' pod IPs (--enable-aggregator-routing): the host runs no kube-proxy, so it cannot
 # reach a ClusterIP (pods and nodes can).
 #
+# containerd is the one node-lib.sh's use_containerd picks (AETHER_CONTAINERD: Debian's 1.6, or
+# 2 for the 2.x build-tools.sh containerd2 built), the same for every node.
+#
 # From the host, node i's files are under /proc/<holder pid>/root (its containerd socket:
 # /proc/<pid>/root/run/containerd/containerd.sock) and commands run in it with
 # `nsenter -t <pid> -m -n -u CMD` (DIR/env has each node's PID).
@@ -250,6 +253,7 @@ up() {
   [ ! -e "$d/cp" ] || die "$d/cp exists: run node.sh down $d first"
   mkdir -p "$d/logs" "$d/nodes"
   echo "$nodes" >"$d/nodes/count"
+  use_containerd "$d"
   remember_host "$d"
   node_dir=$d
   trap 'rc=$?; if [ $rc -ne 0 ]; then log "up failed (exit $rc): tearing down"; down "$node_dir"; fi' EXIT
@@ -301,6 +305,7 @@ down() {
   local d=$1
   [ -d "$d" ] || { log "nothing to tear down in $d"; return 0; }
   d=$(cd "$d" && pwd)
+  [ ! -f "$d/containerd.bin" ] || use_containerd "$d"
   local k=("$tools/bin/kubectl" --kubeconfig "$d/cp/kubeconfig") nd name h t c
   set +e
   # 1. Pods first, so each kubelet stops its containers and unmounts volumes.

@@ -1,6 +1,8 @@
 # Sourced by node.sh (one node) and multinode.sh (several): the parts both kinds of cluster share.
 # Needs $tools (the Go-built binaries' folder), $here (tests/harness) and the functions log and die.
 #
+#   use_containerd DIR           puts the containerd AETHER_CONTAINERD names first on PATH (and
+#                                records it in DIR for `down`)
 #   remember_host DIR            what `down` restores: host dirs that do not exist yet (HOST_DIRS),
 #                                sysctls (SYSCTLS), iptables chains, /run/netns entries
 #   client_cert DIR NAME CN ORG  a client certificate from the control plane's CA (DIR/cp/pki)
@@ -8,7 +10,8 @@
 #   start NAME DIR ARGS...       a binary from the tools dir in the background, its PID in
 #                                DIR/NAME.pid and its output in DIR/logs/NAME.log
 #   containerd_config DIR SOCK   DIR/containerd/config.toml: root and state under DIR/containerd,
-#                                the gRPC socket SOCK, CNI configs from DIR/cni/net.d
+#                                the gRPC socket SOCK, CNI configs from DIR/cni/net.d; config
+#                                version 2 for containerd 1.x, version 3 for 2.x
 #   controllers_up DIR SVC_CIDR  kube-controller-manager and kube-scheduler against DIR/cp
 #   restore_iptables DIR         removes the chains made since remember_host, and the jumps into
 #                                them from chains that existed before
@@ -24,6 +27,28 @@ SYSCTLS=(net/ipv4/ip_forward net/ipv4/conf/all/route_localnet net/bridge/bridge-
   net/netfilter/nf_conntrack_tcp_timeout_established net/netfilter/nf_conntrack_tcp_timeout_close_wait
   vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys
   kernel/keys/root_maxbytes net/ipv6/conf/all/forwarding net/ipv6/conf/default/forwarding)
+
+# The containerd a node runs (its daemon, shim and ctr, all found on PATH): Debian's package
+# (AETHER_CONTAINERD unset or 1: containerd 1.6), or the 2.x `build-tools.sh containerd2` built
+# (AETHER_CONTAINERD=2). `up` records the folder in DIR/containerd.bin; `down` (which may run
+# without the variable) reads it back.
+use_containerd() {
+  local d=$1 bin=""
+  if [ -f "$d/containerd.bin" ]; then
+    bin=$(cat "$d/containerd.bin")
+  else
+    case ${AETHER_CONTAINERD:-1} in
+      1) ;;
+      2) [ -x "$tools/containerd2/bin/containerd" ] \
+           || die "AETHER_CONTAINERD=2: $tools/containerd2/bin/containerd missing: run tests/harness/build-tools.sh containerd2"
+         bin=$(readlink -f "$tools/containerd2/bin") ;;
+      *) die "AETHER_CONTAINERD=$AETHER_CONTAINERD: use 1 (Debian's containerd) or 2 (build-tools.sh containerd2)" ;;
+    esac
+    mkdir -p "$d" && echo "$bin" >"$d/containerd.bin"
+  fi
+  [ -z "$bin" ] || export PATH="$bin:$PATH"
+  return 0
+}
 
 remember_host() {
   local d=$1 k p ipt t
@@ -66,8 +91,13 @@ start() {
 }
 
 containerd_config() {
-  local d=$1 sock=$2
+  local d=$1 sock=$2 version
   mkdir -p "$d/containerd"
+  version=$(containerd --version | awk '{print $3}')
+  log "$(command -v containerd): containerd $version"
+  case $version in
+    v2.*|2.*) containerd_config_v3 "$d" "$sock"; return ;;
+  esac
   cat >"$d/containerd/config.toml" <<TOML
 version = 2
 root = "$d/containerd/root"
@@ -91,6 +121,39 @@ state = "$d/containerd/state"
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
+    conf_dir = "$d/cni/net.d"
+TOML
+}
+
+# The same settings in containerd 2.x's version 3 (docs/cri/config.md of containerd: the CRI
+# plugin split into images and runtime plugins; `sandbox_image` became pinned_images.sandbox).
+containerd_config_v3() {
+  local d=$1 sock=$2
+  cat >"$d/containerd/config.toml" <<TOML
+version = 3
+root = "$d/containerd/root"
+state = "$d/containerd/state"
+[grpc]
+  address = "$sock"
+[ttrpc]
+  address = "$sock.ttrpc"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "localhost/aether/pause:dev"
+[plugins.'io.containerd.cri.v1.runtime']
+  # Pod netns at /run/netns/cni-*, where the chart's proxy mounts them (not under the state dir).
+  netns_mounts_under_state_dir = false
+  # Root here lacks CAP_SYS_RESOURCE: runc may not lower oom_score_adj (kubelet asks -998).
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
     conf_dir = "$d/cni/net.d"
 TOML
 }

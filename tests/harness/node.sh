@@ -38,6 +38,8 @@
 #      AETHER_IP_FAMILY (default ipv4): ipv4, or dual for a dual-stack node (IPv4 primary, as
 #      kubelet's first --node-ip; every pod gets an IPv4 and an IPv6 address; Services are IPv4
 #      unless they ask for IPv6 in spec.ipFamilies). One node only.
+#      AETHER_CONTAINERD (default 1): 1 runs Debian's containerd 1.6, 2 the containerd 2.x that
+#      `build-tools.sh containerd2` built (config version 3; node-lib.sh use_containerd).
 set -euo pipefail
 
 # Several nodes (AETHER_NODES=N, N >= 2): multinode.sh brings them up, and takes down a DIR it
@@ -302,6 +304,7 @@ up() {
   d=$(cd "$d" && pwd)
   [ ! -e "$d/cp" ] || die "$d/cp exists: run node.sh down $d first"
   mkdir -p "$d/logs"
+  use_containerd "$d"
   remember_host "$d"
   echo "$d" >"$owner_mark"
   # From here on, any failure tears down what was started (node_dir: the trap runs outside `up`).
@@ -325,6 +328,7 @@ down() {
   local d=$1
   [ -d "$d" ] || { log "nothing to tear down in $d"; return 0; }
   d=$(cd "$d" && pwd)
+  [ ! -f "$d/containerd.bin" ] || use_containerd "$d"
   local sock=$containerd_sock k=("$tools/bin/kubectl" --kubeconfig "$d/cp/kubeconfig")
   set +e
   # 1. Pods first, so kubelet itself stops containers and unmounts volumes. DaemonSets and
@@ -391,5 +395,5 @@ case $cmd in
   up) [ -n "$dir" ] || die "usage: $0 up DIR"; up "$dir" ;;
   down) [ -n "$dir" ] || die "usage: $0 down DIR"; down "$dir" ;;
   env) [ -n "$dir" ] || die "usage: $0 env DIR"; cat "$dir/env" ;;
-  *) sed -n '2,40p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,42p' "$0" >&2; exit 2 ;;
 esac

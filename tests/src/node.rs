@@ -128,6 +128,39 @@ impl IpFamily {
     }
 }
 
+/// The containerd a node runs (`node.sh`'s `AETHER_CONTAINERD`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Containerd {
+    /// Debian's package: containerd 1.6, config version 2.
+    Debian,
+    /// The containerd 2.x `tests/harness/build-tools.sh containerd2` built (`make tools` builds
+    /// it), config version 3.
+    V2,
+}
+
+/// What `node.sh up` is asked for: the nodes' IP families and containerd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// `AETHER_IP_FAMILY`.
+    pub family: IpFamily,
+    /// `AETHER_CONTAINERD`.
+    pub containerd: Containerd,
+}
+
+impl Shape {
+    /// IPv4 only, Debian's containerd: what `make demo` runs.
+    pub const DEFAULT: Shape = Shape { family: IpFamily::Ipv4, containerd: Containerd::Debian };
+
+    /// The environment node.sh reads for this shape.
+    pub fn env(self) -> [(&'static str, &'static str); 2] {
+        let containerd = match self.containerd {
+            Containerd::Debian => "1",
+            Containerd::V2 => "2",
+        };
+        [("AETHER_IP_FAMILY", self.family.as_env()), ("AETHER_CONTAINERD", containerd)]
+    }
+}
+
 /// What `node.sh up` wrote to `DIR/env`.
 #[derive(Clone, Debug)]
 pub struct NodeFacts {
@@ -160,18 +193,19 @@ impl RealNode {
     /// Without root, or when `node.sh up` fails (it has torn down what it started); the error
     /// carries the tail of its log.
     pub fn up() -> anyhow::Result<Self> {
-        Self::up_with(IpFamily::Ipv4)
+        Self::up_with(Shape::DEFAULT)
     }
 
-    /// As [`RealNode::up`], with the node's IP families.
+    /// As [`RealNode::up`], with the node's IP families and containerd.
     ///
     /// # Errors
-    /// As [`RealNode::up`]; with [`IpFamily::Dual`] also on a host without IPv6.
-    pub fn up_with(family: IpFamily) -> anyhow::Result<Self> {
+    /// As [`RealNode::up`]; with [`IpFamily::Dual`] also on a host without IPv6, with
+    /// [`Containerd::V2`] also when it was not built.
+    pub fn up_with(shape: Shape) -> anyhow::Result<Self> {
         require_root("the real-node suite")?;
         let before = HostState::capture_before_up()?;
         let dir = tempfile::Builder::new().prefix("aether-node-").tempdir()?.keep();
-        node_script("up", &dir, 1, family)?;
+        node_script("up", &dir, 1, shape)?;
         let facts = read_env(&dir.join("env"))?;
         Ok(RealNode { dir, facts, before })
     }
@@ -226,7 +260,7 @@ impl RealNode {
     /// # Errors
     /// When `node.sh down` fails (with its log) or the host cannot be read.
     pub fn down(&self) -> anyhow::Result<Vec<String>> {
-        node_script("down", &self.dir, 1, IpFamily::Ipv4)?;
+        node_script("down", &self.dir, 1, Shape::DEFAULT)?;
         Ok(self.before.diff(&HostState::capture()?))
     }
 }
@@ -368,20 +402,20 @@ fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Runs `AETHER_NODES=<nodes> AETHER_IP_FAMILY=<family> tests/harness/node.sh <action> <dir>`,
-/// its output in `<dir>/node-<action>.log` (`down` reads what `up` did from DIR, whatever the
-/// family given).
+/// Runs `AETHER_NODES=<nodes> tests/harness/node.sh <action> <dir>` with the shape's
+/// environment, its output in `<dir>/node-<action>.log` (`down` reads what `up` did from DIR,
+/// whatever the shape given).
 ///
 /// # Errors
 /// When it fails: the error carries the tail of that log.
-pub(crate) fn node_script(action: &str, dir: &Path, nodes: usize, family: IpFamily) -> anyhow::Result<()> {
+pub(crate) fn node_script(action: &str, dir: &Path, nodes: usize, shape: Shape) -> anyhow::Result<()> {
     let log = dir.join(format!("node-{action}.log"));
     let out = std::fs::File::create(&log)?;
     let status = Command::new(repo_root().join("tests/harness/node.sh"))
         .arg(action)
         .arg(dir)
         .env("AETHER_NODES", nodes.to_string())
-        .env("AETHER_IP_FAMILY", family.as_env())
+        .envs(shape.env())
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)

@@ -18,7 +18,7 @@ use aether_fixtures::{EchoApp, echo_app};
 use anyhow::{Context, bail};
 
 use crate::Kubectl;
-use crate::node::{HostState, IpFamily, helm, node_script, require_root, tail};
+use crate::node::{HostState, Shape, helm, node_script, require_root, tail};
 
 /// One node of a [`RealNodes`] cluster, as `node.sh up` wrote it to `DIR/env`.
 #[derive(Clone, Debug)]
@@ -130,10 +130,18 @@ impl RealNodes {
     /// Without root, or when `node.sh up` fails (it has torn down what it started); the error
     /// carries the tail of its log.
     pub fn up(count: usize) -> anyhow::Result<Self> {
+        Self::up_with(count, Shape::DEFAULT)
+    }
+
+    /// As [`RealNodes::up`], with the nodes' containerd ([`Shape`]; one IP family, IPv4, only).
+    ///
+    /// # Errors
+    /// As [`RealNodes::up`]; also when the shape asks for a containerd that was not built.
+    pub fn up_with(count: usize, shape: Shape) -> anyhow::Result<Self> {
         require_root("the multi-node suite")?;
         let before = HostState::capture_before_up()?;
         let dir = tempfile::Builder::new().prefix("aether-nodes-").tempdir()?.keep();
-        node_script("up", &dir, count, IpFamily::Ipv4)?;
+        node_script("up", &dir, count, shape)?;
         let (kubeconfig, nodes, apiserver) = read_env(&dir.join("env"))?;
         Ok(RealNodes { dir, kubeconfig, nodes, apiserver, before })
     }
@@ -198,7 +206,7 @@ impl RealNodes {
     /// # Errors
     /// When `node.sh down` fails (with its log) or the host cannot be read.
     pub fn down(&self) -> anyhow::Result<Vec<String>> {
-        node_script("down", &self.dir, self.nodes.len(), IpFamily::Ipv4)?;
+        node_script("down", &self.dir, self.nodes.len(), Shape::DEFAULT)?;
         Ok(self.before.diff(&HostState::capture()?))
     }
 }

@@ -38,7 +38,7 @@ mod upgrade;
 
 use std::time::Instant;
 
-use aether_tests::node::{IpFamily, RealNode, privileged_label_command, release_namespace_command};
+use aether_tests::node::{Containerd, IpFamily, RealNode, Shape, privileged_label_command, release_namespace_command};
 use anyhow::Context;
 
 use crate::env::{Env, NS};
@@ -49,7 +49,7 @@ fn setup() -> anyhow::Result<Env> {
     let t0 = Instant::now();
     // Dual-stack, IPv4 primary (docs/compatibility.md, "IP families"): every case runs with pods
     // holding both families; `make demo` and the two-node suite keep an IPv4-only node.
-    let node = RealNode::up_with(IpFamily::Dual)?;
+    let node = RealNode::up_with(Shape { family: IpFamily::Dual, containerd: Containerd::Debian })?;
     eprintln!("node up in {} s", t0.elapsed().as_secs());
     let env = Env { node, installed_at: Instant::now() };
     let crds = aether_tests::node::packaged_chart("aether-crds")?;
