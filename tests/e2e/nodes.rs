@@ -14,8 +14,8 @@
 //! where it is served over its socket, and leaves nothing of it on the drained node; `node.sh
 //! down` leaves the host as it found it.
 //!
-//! The nodes run containerd 2.x (`AETHER_CONTAINERD=2`, config version 3), the single-node suite
-//! Debian's containerd 1.6.
+//! The nodes run containerd 2.x and runc built by `make tools` (node.sh's default, config
+//! version 3).
 //!
 //! Needs root (CI runs as root); without it the suite fails, naming the cause.
 
@@ -772,8 +772,7 @@ fn node_down_restores_the_host(env: &Env) -> anyhow::Result<()> {
 // --- set-up and context --------------------------------------------------------------------------
 
 fn setup() -> anyhow::Result<Env> {
-    // containerd 2.x (config version 3), where the single-node suite runs Debian's 1.6: between
-    // them both majors run every release (docs/compatibility.md, "Container runtimes").
+    // containerd 2.x (config version 3; docs/compatibility.md, "Container runtimes").
     let env = Env { nodes: RealNodes::up_with(2, Shape { family: IpFamily::Ipv4, containerd: Containerd::V2 })? };
     let crds = aether_tests::node::packaged_chart("aether-crds")?;
     env.nodes.helm(&["install", "aether-crds", crds.to_str().context("path")?, "--wait"])?;

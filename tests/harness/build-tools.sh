@@ -6,12 +6,16 @@
 # tests/harness/coredns/main.go, a CoreDNS with only the plugins the test cluster uses, built
 # against github.com/coredns/coredns). Each binary is built once per pinned version; later runs
 # only check that it is there. On request only (not in the default set): actionlint
-# (github.com/rhysd/actionlint, `make lint`'s check of .github/workflows) and containerd2
-# (containerd, ctr and containerd-shim-runc-v2 of github.com/containerd/containerd/v2, built with
-# the release's tags, into <tools>/containerd-<version>/bin, linked as <tools>/containerd2: node.sh
-# puts <tools>/containerd2/bin first on PATH when AETHER_CONTAINERD=2).
+# (github.com/rhysd/actionlint, `make lint`'s check of .github/workflows). The real node's runtime,
+# which `make tools` asks for: containerd2 (containerd, ctr and containerd-shim-runc-v2 of
+# github.com/containerd/containerd/v2, built with the release's tags, into
+# <tools>/containerd-<version>/bin, linked as <tools>/containerd2) and runc
+# (github.com/opencontainers/runc with cgo and seccomp, the version kind runs beside containerd
+# 2.3, into <tools>/runc-<version>/bin, linked as <tools>/runc; its C build needs
+# `scripts/install-deps.sh runtime`, which it runs): node.sh puts both folders first on PATH
+# (node-lib.sh use_containerd).
 #
-# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint or containerd2)
+# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint, containerd2 or runc)
 # Env:   AETHER_TOOLS_DIR  cache folder (default: <repo>/.cache/tools)
 set -euo pipefail
 
@@ -22,6 +26,7 @@ COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
 ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
 # containerd's long-term-support line (RELEASES.md: 2.3 supported to 2028-04).
 CONTAINERD2_VERSION=${CONTAINERD2_VERSION:-v2.3.7}
+RUNC_VERSION=${RUNC_VERSION:-v1.4.3}
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
@@ -149,6 +154,22 @@ for t in "${want[@]}"; do
         log "built containerd $CONTAINERD2_VERSION in $((SECONDS - start))s -> $out"
       fi
       ln -sfn "containerd-$CONTAINERD2_VERSION" "$tools/containerd2" ;;
-    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm coredns actionlint containerd2)"; exit 2 ;;
+    runc)
+      out="$tools/runc-$RUNC_VERSION/bin"
+      if [ ! -x "$out/runc" ]; then
+        "$repo/scripts/install-deps.sh" runtime >&2
+        d="$tools/src/runc-$RUNC_VERSION"; new_module "$d"
+        (cd "$d" && go get "github.com/opencontainers/runc@$RUNC_VERSION" >&2)
+        log "building runc $RUNC_VERSION (first time only; a minute or two) ..."
+        start=$SECONDS
+        mkdir -p "$out"
+        # cgo: runc's nsenter is C; the seccomp tag links libseccomp (runc's Makefile default).
+        (cd "$d" && CGO_ENABLED=1 go build -trimpath -tags seccomp -ldflags "-s -w -X main.version=${RUNC_VERSION#v}" \
+          -o "$out/runc.tmp" github.com/opencontainers/runc)
+        mv "$out/runc.tmp" "$out/runc"
+        log "built runc $RUNC_VERSION in $((SECONDS - start))s -> $out/runc"
+      fi
+      ln -sfn "runc-$RUNC_VERSION" "$tools/runc" ;;
+    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm coredns actionlint containerd2 runc)"; exit 2 ;;
   esac
 done

@@ -22,8 +22,8 @@
 # their endpoints' pod IPs (--enable-aggregator-routing): the host runs no kube-proxy, so it cannot
 # reach a ClusterIP (pods and nodes can).
 #
-# containerd is the one node-lib.sh's use_containerd picks (AETHER_CONTAINERD: Debian's 1.6, or
-# 2 for the 2.x build-tools.sh containerd2 built), the same for every node.
+# containerd is the one node-lib.sh's use_containerd picks (AETHER_CONTAINERD: 2, the default,
+# for the containerd 2.x and runc `make tools` built; 1 for Debian's 1.6), the same on every node.
 #
 # From the host, node i's files are under /proc/<holder pid>/root (its containerd socket:
 # /proc/<pid>/root/run/containerd/containerd.sock) and commands run in it with

@@ -28,21 +28,23 @@ SYSCTLS=(net/ipv4/ip_forward net/ipv4/conf/all/route_localnet net/bridge/bridge-
   vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys
   kernel/keys/root_maxbytes net/ipv6/conf/all/forwarding net/ipv6/conf/default/forwarding)
 
-# The containerd a node runs (its daemon, shim and ctr, all found on PATH): Debian's package
-# (AETHER_CONTAINERD unset or 1: containerd 1.6), or the 2.x `build-tools.sh containerd2` built
-# (AETHER_CONTAINERD=2). `up` records the folder in DIR/containerd.bin; `down` (which may run
-# without the variable) reads it back.
+# The containerd a node runs (its daemon, shim, ctr and runc, all found on PATH): by default
+# (AETHER_CONTAINERD unset or 2) the containerd 2.x and runc that `build-tools.sh containerd2 runc`
+# built (`make tools`); AETHER_CONTAINERD=1 keeps Debian's packages (containerd 1.6, runc 1.1).
+# `up` records the PATH entries in DIR/containerd.bin; `down` (which may run without the
+# variable) reads them back.
 use_containerd() {
-  local d=$1 bin=""
+  local d=$1 bin="" b
   if [ -f "$d/containerd.bin" ]; then
     bin=$(cat "$d/containerd.bin")
   else
-    case ${AETHER_CONTAINERD:-1} in
+    case ${AETHER_CONTAINERD:-2} in
       1) ;;
-      2) [ -x "$tools/containerd2/bin/containerd" ] \
-           || die "AETHER_CONTAINERD=2: $tools/containerd2/bin/containerd missing: run tests/harness/build-tools.sh containerd2"
-         bin=$(readlink -f "$tools/containerd2/bin") ;;
-      *) die "AETHER_CONTAINERD=$AETHER_CONTAINERD: use 1 (Debian's containerd) or 2 (build-tools.sh containerd2)" ;;
+      2) for b in containerd2/bin/containerd runc/bin/runc; do
+           [ -x "$tools/$b" ] || die "AETHER_CONTAINERD=2: $tools/$b missing: run tests/harness/build-tools.sh containerd2 runc (make tools)"
+         done
+         bin=$(readlink -f "$tools/containerd2/bin"):$(readlink -f "$tools/runc/bin") ;;
+      *) die "AETHER_CONTAINERD=$AETHER_CONTAINERD: use 2 (containerd 2.x, the default) or 1 (Debian's containerd 1.6)" ;;
     esac
     mkdir -p "$d" && echo "$bin" >"$d/containerd.bin"
   fi
@@ -94,7 +96,7 @@ containerd_config() {
   local d=$1 sock=$2 version
   mkdir -p "$d/containerd"
   version=$(containerd --version | awk '{print $3}')
-  log "$(command -v containerd): containerd $version"
+  log "$(command -v containerd): containerd $version; $(command -v runc): $(runc --version 2>/dev/null | sed -n 1p)"
   case $version in
     v2.*|2.*) containerd_config_v3 "$d" "$sock"; return ;;
   esac
@@ -152,6 +154,7 @@ state = "$d/containerd/state"
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         SystemdCgroup = false
+        BinaryName = "$(command -v runc)"
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = "$d/cni/net.d"

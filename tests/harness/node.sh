@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes cluster on this machine, for the real-node suite and `make demo`:
-# containerd + runc + the bridge CNI (Debian packages), and kubelet, kube-controller-manager,
+# containerd 2.x + runc (built by `make tools`; AETHER_CONTAINERD below) + the bridge CNI (Debian
+# package), and kubelet, kube-controller-manager,
 # kube-scheduler and kube-proxy (iptables mode) built from the Go module proxy like kube-apiserver
 # (build-tools.sh), on top of controlplane.sh's etcd + kube-apiserver, and cluster DNS (dns.sh:
 # CoreDNS, Service kube-dns 10.96.0.10, cluster.local only). Images: images.sh; nothing is pulled.
@@ -38,8 +39,8 @@
 #      AETHER_IP_FAMILY (default ipv4): ipv4, or dual for a dual-stack node (IPv4 primary, as
 #      kubelet's first --node-ip; every pod gets an IPv4 and an IPv6 address; Services are IPv4
 #      unless they ask for IPv6 in spec.ipFamilies). One node only.
-#      AETHER_CONTAINERD (default 1): 1 runs Debian's containerd 1.6, 2 the containerd 2.x that
-#      `build-tools.sh containerd2` built (config version 3; node-lib.sh use_containerd).
+#      AETHER_CONTAINERD (default 2): 2 runs the containerd 2.x and runc that `make tools` built
+#      (config version 3), 1 Debian's containerd 1.6 and runc 1.1 (node-lib.sh use_containerd).
 set -euo pipefail
 
 # Several nodes (AETHER_NODES=N, N >= 2): multinode.sh brings them up, and takes down a DIR it
@@ -216,7 +217,7 @@ kubelet_up() {
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false            # this host is cgroup v1 (hybrid); kubelet 1.37 refuses v1 by default
-cgroupDriver: cgroupfs         # containerd 1.6 lacks the RuntimeConfig CRI call
+cgroupDriver: cgroupfs         # containerd 2.x also says so (SystemdCgroup = false); 1.6 cannot
 containerRuntimeEndpoint: unix://$containerd_sock
 address: $node_ip              # kube-apiserver calls it here (logs, exec) with its client cert
 port: 10250

@@ -131,10 +131,10 @@ impl IpFamily {
 /// The containerd a node runs (`node.sh`'s `AETHER_CONTAINERD`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Containerd {
-    /// Debian's package: containerd 1.6, config version 2.
+    /// Debian's packages: containerd 1.6 (end of life upstream) and runc 1.1, config version 2.
     Debian,
-    /// The containerd 2.x `tests/harness/build-tools.sh containerd2` built (`make tools` builds
-    /// it), config version 3.
+    /// The containerd 2.x and runc `tests/harness/build-tools.sh containerd2 runc` built (`make
+    /// tools`), config version 3: node.sh's default.
     V2,
 }
 
@@ -148,8 +148,8 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// IPv4 only, Debian's containerd: what `make demo` runs.
-    pub const DEFAULT: Shape = Shape { family: IpFamily::Ipv4, containerd: Containerd::Debian };
+    /// IPv4 only, containerd 2.x: node.sh's defaults, what `make demo` runs.
+    pub const DEFAULT: Shape = Shape { family: IpFamily::Ipv4, containerd: Containerd::V2 };
 
     /// The environment node.sh reads for this shape.
     pub fn env(self) -> [(&'static str, &'static str); 2] {
@@ -427,12 +427,16 @@ pub(crate) fn node_script(action: &str, dir: &Path, nodes: usize, shape: Shape) 
     Ok(())
 }
 
-/// Runs `ctr -a <sock> -n k8s.io ARGS`; returns stdout.
+/// Runs `ctr -a <sock> -n k8s.io ARGS` with the `ctr` of the containerd 2.x `make tools` built
+/// (the nodes' default runtime; it also speaks to Debian's 1.6), or the one on PATH when that was
+/// not built; returns stdout.
 ///
 /// # Errors
 /// On a non-zero exit, with ctr's stderr.
 pub(crate) fn ctr(sock: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("ctr")
+    let built = tools_bin().with_file_name("containerd2").join("bin/ctr");
+    let program = if built.exists() { built } else { PathBuf::from("ctr") };
+    let out = Command::new(&program)
         .arg("-a")
         .arg(sock)
         .args(["-n", "k8s.io"])

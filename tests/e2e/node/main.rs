@@ -48,8 +48,9 @@ use crate::env::{Env, NS};
 fn setup() -> anyhow::Result<Env> {
     let t0 = Instant::now();
     // Dual-stack, IPv4 primary (docs/compatibility.md, "IP families"): every case runs with pods
-    // holding both families; `make demo` and the two-node suite keep an IPv4-only node.
-    let node = RealNode::up_with(Shape { family: IpFamily::Dual, containerd: Containerd::Debian })?;
+    // holding both families; `make demo` and the two-node suite keep an IPv4-only node. containerd
+    // 2.x, as everywhere (docs/compatibility.md, "Container runtimes").
+    let node = RealNode::up_with(Shape { family: IpFamily::Dual, containerd: Containerd::V2 })?;
     eprintln!("node up in {} s", t0.elapsed().as_secs());
     let env = Env { node, installed_at: Instant::now() };
     let crds = aether_tests::node::packaged_chart("aether-crds")?;
