@@ -1,4 +1,4 @@
-//! `docs/troubleshooting.md` has one entry per Event reason the agent and the controller emit and
+//! `docs/troubleshooting.md` has one entry per Event reason the agent (on pods and on its Node) and the controller emit and
 //! per metric they serve, and names no reason or metric the code does not define. The names come
 //! from the code's own lists: the agent's fallback vocabulary ([`TcpReason::ALL`]) and pod-event
 //! constants, the controller's condition [`Reason`]s, and the metric families both binaries
@@ -104,6 +104,18 @@ fn every_pod_event_reason_of_the_agent_has_an_entry_with_its_kubectl_command() {
         {
             p.push(format!("`{name}`: the entry lacks the agent's remedy {:?}", r.remedy()));
         }
+        if !text.contains(&format!("--field-selector reason={name}")) {
+            p.push(format!("`{name}`: the entry lacks `kubectl get events --field-selector reason={name}`"));
+        }
+        p
+    });
+}
+
+#[test]
+fn every_node_event_reason_of_the_agent_has_an_entry_with_its_kubectl_command() {
+    let defined: BTreeSet<String> = [aether_agent_reconciler::kernel::GAP_REASON.to_owned()].into();
+    check("Node Events", &defined, |name, text| {
+        let mut p = parts(name, text);
         if !text.contains(&format!("--field-selector reason={name}")) {
             p.push(format!("`{name}`: the entry lacks `kubectl get events --field-selector reason={name}`"));
         }

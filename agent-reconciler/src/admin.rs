@@ -9,6 +9,10 @@
 //! `envoy: 1 stream(s) connected (node n1); CDS version <v> acked; LDS version <v> acked`,
 //! `envoy: not connected`, or `... CDS version <v> not acked yet (acked <old>) ...`.
 //!
+//! With `--pin-dir` on a kernel without the calls socket pinning needs ([`crate::kernel`]),
+//! `/readyz` is 503 for good, its first line naming the calls, the Linux release that has them
+//! and the running kernel ([`AdminState::with_kernel_gaps`]).
+//!
 //! With `--readyz-requires-envoy` ([`EnvoyView::required`]) `/readyz` is also 503 until an Envoy
 //! stream is connected and has ACKed the CDS and LDS versions the server would send now, and
 //! again whenever no Envoy is connected.
@@ -102,12 +106,21 @@ pub struct AdminState {
     envoy: Option<EnvoyView>,
     watches: Option<WatchView>,
     decisions: Option<Decisions>,
+    kernel_gaps: Arc<[String]>,
 }
 
 impl AdminState {
     /// Admin state over the loop's `status`, with a fresh [`Metrics`] registry.
     pub fn new(xds_bound: Arc<AtomicBool>, status: watch::Receiver<Status>) -> Self {
-        AdminState { xds_bound, status, metrics: Arc::new(Metrics::new()), envoy: None, watches: None, decisions: None }
+        AdminState {
+            xds_bound,
+            status,
+            metrics: Arc::new(Metrics::new()),
+            envoy: None,
+            watches: None,
+            decisions: None,
+            kernel_gaps: Arc::new([]),
+        }
     }
 
     /// Same state, reporting the node's Envoy on `/readyz` (and requiring it to be caught up if
@@ -128,6 +141,12 @@ impl AdminState {
     /// those routes answer 404).
     pub fn with_decisions(mut self, decisions: Decisions) -> Self {
         self.decisions = Some(decisions);
+        self
+    }
+
+    /// Same state, not ready for good: each line says what the kernel lacks ([`crate::kernel`]).
+    pub fn with_kernel_gaps(mut self, gaps: Vec<String>) -> Self {
+        self.kernel_gaps = gaps.into();
         self
     }
 
@@ -164,7 +183,8 @@ impl AdminPort for AdminState {
     }
 }
 
-/// `/readyz` (the module's rules): 503 with why until the xDS listener is bound, while Envoy's
+/// `/readyz` (the module's rules): 503 with why while the kernel lacks a feature the agent needs
+/// ([`crate::kernel`]; it does not change while the agent runs), until the xDS listener is bound, while Envoy's
 /// streams are held, while a required watch is overdue, or (`--readyz-requires-envoy`) while no
 /// Envoy is caught up; else 200. The body lists the degraded states, the watches and Envoy.
 fn readyz(s: &AdminState) -> (StatusCode, String) {
@@ -177,7 +197,9 @@ fn readyz(s: &AdminState) -> (StatusCode, String) {
     };
     let late: Vec<String> = overdue(&watches, now, grace).iter().map(|w| w.resource()).collect();
     let holding = s.status.borrow().holding_xds;
-    let (code, head) = if !s.xds_bound.load(Ordering::Acquire) {
+    let (code, head) = if !s.kernel_gaps.is_empty() {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}", s.kernel_gaps.join("; ")))
+    } else if !s.xds_bound.load(Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "xDS listener not bound yet".to_owned())
     } else if holding {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready: not serving Envoy yet (nothing complete to serve)".to_owned())
@@ -341,6 +363,24 @@ mod tests {
                 router(state.clone()).oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap();
             assert_eq!(response.status(), StatusCode::NOT_FOUND, "{path} on the admin port");
         }
+    }
+
+    #[tokio::test]
+    async fn a_kernel_gap_makes_readyz_503_naming_it_whatever_else_is_ready() {
+        let board = WatchBoard::new(WatchMetrics::new());
+        let (code, _) = get_readyz(state(&board, Duration::from_secs(30))).await;
+        assert_eq!(code, StatusCode::OK);
+        let gap = crate::kernel::Gap {
+            feature: &crate::kernel::OPENAT2,
+            kernel: "5.4.0-200-generic".into(),
+            error: rustix::io::Errno::NOSYS,
+        };
+        let state = state(&board, Duration::from_secs(30)).with_kernel_gaps(vec![gap.to_string()]);
+        let (code, body) = get_readyz(state).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        let first = body.lines().next().unwrap_or_default();
+        assert!(first.starts_with("not ready: kernel 5.4.0-200-generic lacks openat2(2)"), "{body}");
+        assert!(first.contains("Linux 5.6 and later"), "{body}");
     }
 
     #[tokio::test]

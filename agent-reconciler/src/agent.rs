@@ -109,6 +109,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let (notices, notice_rx) = NoticeSender::channel(metrics.clone());
     let decisions = crate::decisions::Decisions::new(&args.node_name);
+    // Pinning's calls on this kernel (docs/compatibility.md, "Kernel"): a gap leaves the agent
+    // not ready, with an Event on the Node below; pinning is never turned off for it.
+    let kernel_gaps: Vec<String> = match &args.pin_dir {
+        Some(_) => crate::kernel::check().iter().map(ToString::to_string).collect(),
+        None => Vec::new(),
+    };
+    for gap in &kernel_gaps {
+        tracing::error!(node = %args.node_name, "{gap}");
+    }
     let pinner = match &args.pin_dir {
         Some(dir) => Some(
             crate::pin::Pinner::new(&args.delivery.socket.kubelet_pods_dir, dir)
@@ -185,7 +194,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_metrics(metrics.clone())
         .with_envoy(envoy)
         .with_watches(watch_view)
-        .with_decisions(decisions);
+        .with_decisions(decisions)
+        .with_kernel_gaps(kernel_gaps.clone());
     let debug_app = admin::debug_router(admin_state.clone());
     let admin_app = admin::router(admin_state);
     let debug_stop = stop.clone();
@@ -250,6 +260,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 tokio::spawn(watchers::owner::watch_owner(client.clone(), namespace, name, owner_tx));
             }
             recorder::spawn(client.clone(), &args.node_name, notice_rx, metrics.clone());
+            for gap in kernel_gaps {
+                let (reason, action) = (crate::kernel::GAP_REASON, crate::kernel::GAP_ACTION);
+                recorder::spawn_node_warning(client.clone(), &args.node_name, reason, action, gap);
+            }
             tokio::spawn(watchers::pods(client.clone(), args.node_name.clone(), tx.clone(), pod_watch));
             if settings.uds_workloads() {
                 tokio::spawn(watchers::policies(client, tx.clone(), policy_watch));

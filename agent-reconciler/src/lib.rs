@@ -19,7 +19,8 @@
 //! ```
 //!
 //! I/O: [`fscheck`] (symlink refusal), [`pin`] (`--pin-dir`: the verified socket inode mounted
-//! on an agent-owned path Envoy dials), [`store`] (state dir), [`replay`] (what of it a restarted
+//! on an agent-owned path Envoy dials), [`kernel`] (does this kernel have the calls pinning
+//! needs), [`store`] (state dir), [`replay`] (what of it a restarted
 //! agent may replay: is a pod's netns still there), [`cni`] (netns records, read on a
 //! pod's events and the periodic re-check), [`runtime`] (pod netns from the container runtime over
 //! CRI), [`watch`] (kube-runtime watchers), [`event`] (the loop's input), [`driver`] (the
@@ -45,6 +46,7 @@ pub mod decisions;
 pub mod driver;
 pub mod event;
 pub mod fscheck;
+pub mod kernel;
 pub mod logging;
 pub mod metrics;
 pub mod pin;

@@ -1,5 +1,5 @@
 //! The event task: publishes the [`Notice`]s the reconcile loop decided ([`crate::pod_events`])
-//! as `events.k8s.io/v1` Events on the pods, through kube-runtime's [`Recorder`] (reporting
+//! as `events.k8s.io/v1` Events on the pods (and, [`spawn_node_warning`], a Warning on the Node), through kube-runtime's [`Recorder`] (reporting
 //! controller `aether-agent`, reporting instance = the node name).
 //!
 //! The loop hands notices over a bounded channel with `try_send` ([`NoticeSender`]), so it never
@@ -101,28 +101,77 @@ async fn publish(recorder: &Recorder, n: &Notice) -> bool {
         action: n.action.to_owned(),
         secondary: None,
     };
-    let reference = pod_reference(n);
     let pod = format!("{}/{}", n.pod.namespace, n.pod.name);
-    let permanent = |e: &kube::Error| matches!(e, kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 429);
-    let mut attempts = 1;
-    let published = (|| recorder.publish(&event, &reference))
-        .retry(retry_delays())
-        .when(|e| !permanent(e))
-        .notify(|e, delay| {
-            attempts += 1;
-            tracing::debug!(pod = %pod, reason = n.reason, error = %e, retry_in = ?delay, "publishing a pod Event failed; retrying");
-        })
-        .await;
-    match published {
+    match publish_with_retries(recorder, &event, &pod_reference(n), &pod).await {
         Ok(()) => {
             tracing::debug!(pod = %pod, reason = n.reason, "published a pod Event");
             true
         }
-        Err(e) => {
+        Err((e, attempts)) => {
             tracing::warn!(pod = %pod, reason = n.reason, error = %e, attempts, "cannot publish a pod Event");
             false
         }
     }
+}
+
+/// Publishes one Warning Event on Node `node` (`regarding` the Node, reporting instance the node
+/// name), with the same retries as a pod's; for what concerns the node rather than a pod (e.g.
+/// [`crate::kernel::Gap`]). Nothing is counted in the pod Event metric.
+pub fn spawn_node_warning(
+    client: Client,
+    node: &str,
+    reason: &'static str,
+    action: &'static str,
+    note: String,
+) -> JoinHandle<()> {
+    let reporter = Reporter { controller: REPORTING_CONTROLLER.into(), instance: Some(node.to_owned()) };
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_owned()),
+        ..ObjectReference::default()
+    };
+    let node = node.to_owned();
+    tokio::spawn(async move {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        match publish_with_retries(&Recorder::new(client, reporter), &event, &reference, &node).await {
+            Ok(()) => tracing::info!(node = %node, reason, "published a Warning Event on the node"),
+            Err((e, attempts)) => {
+                tracing::warn!(node = %node, reason, error = %e, attempts, "cannot publish a node Event")
+            }
+        }
+    })
+}
+
+/// Publishes `event` regarding `reference` (`what` names it in the retry logs): up to
+/// [`ATTEMPTS`] tries, none after a 4xx answer other than 429.
+///
+/// # Errors
+/// The last error and the number of attempts made.
+async fn publish_with_retries(
+    recorder: &Recorder,
+    event: &Event,
+    reference: &ObjectReference,
+    what: &str,
+) -> Result<(), (kube::Error, u32)> {
+    let permanent = |e: &kube::Error| matches!(e, kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 429);
+    let reason = event.reason.as_str();
+    let mut attempts = 1;
+    (|| recorder.publish(event, reference))
+        .retry(retry_delays())
+        .when(|e| !permanent(e))
+        .notify(|e, delay| {
+            attempts += 1;
+            tracing::debug!(regarding = %what, reason, error = %e, retry_in = ?delay, "publishing an Event failed; retrying");
+        })
+        .await
+        .map_err(|e| (e, attempts))
 }
 
 /// The delays between the [`ATTEMPTS`] publishes of one notice: 500 ms doubling, each with a

@@ -206,6 +206,18 @@ impl Env {
             .collect())
     }
 
+    /// A kube client of the test API server (admin).
+    fn client(&self) -> anyhow::Result<(tokio::runtime::Runtime, kube::Client)> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let rt = tokio::runtime::Runtime::new()?;
+        let kubeconfig = kube::config::Kubeconfig::read_from(self.cp.kubeconfig())?;
+        let client = rt.block_on(async {
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+            anyhow::Ok(kube::Client::try_from(config)?)
+        })?;
+        Ok((rt, client))
+    }
+
     /// Exactly one Event about `ns/name` with `reason`, never repeated as a series; returns it.
     fn one_event(&self, ns: &str, name: &str, reason: &str) -> anyhow::Result<serde_json::Value> {
         let events = self.agent_events(ns, name)?;
@@ -241,6 +253,44 @@ impl Env {
 }
 
 // ------------------------------------------------------------------------------------ trials
+
+/// A kernel without the calls socket pinning needs (docs/compatibility.md, "Kernel") cannot be had
+/// on this machine, so the agent's check cannot fail here (its rule is unit-tested); what the agent
+/// publishes for one can be proven against the real API server: one Warning Event regarding its
+/// Node, reported by `aether-agent` on that node, whose note names the calls, the Linux release that
+/// has them and the kernel.
+fn p_a_kernel_gap_is_published_as_one_warning_on_the_node(env: &Env) -> anyhow::Result<()> {
+    use aether_agent_reconciler::kernel::{GAP_ACTION, GAP_REASON, Gap, OPENAT2};
+    let gap = Gap { feature: &OPENAT2, kernel: "5.4.0-200-generic".into(), error: rustix::io::Errno::NOSYS };
+    let (rt, client) = env.client()?;
+    let _in_runtime = rt.enter();
+    rt.block_on(aether_agent_reconciler::recorder::spawn_node_warning(
+        client,
+        NODE,
+        GAP_REASON,
+        GAP_ACTION,
+        gap.to_string(),
+    ))?;
+    let out = env.cp.kubectl_ok(&["get", "events.events.k8s.io", "-n", "default", "-o", "json"])?;
+    let list: serde_json::Value = serde_json::from_str(&out).context("events list is JSON")?;
+    let on_node: Vec<&serde_json::Value> = list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["regarding"]["kind"] == "Node" && e["regarding"]["name"] == NODE && e["reason"] == GAP_REASON)
+        .collect();
+    ensure!(on_node.len() == 1, "one {GAP_REASON} Event on Node {NODE}: {on_node:#?}");
+    let e = on_node[0];
+    println!("Event on Node {NODE}: {} {}: {}", e["type"], e["reason"], e["note"]);
+    ensure!(e["type"] == "Warning" && e["action"] == GAP_ACTION, "{e:#}");
+    ensure!(e["reportingController"] == "aether-agent" && e["reportingInstance"] == NODE, "{e:#}");
+    let note = e["note"].as_str().unwrap_or_default();
+    ensure!(
+        note.contains("kernel 5.4.0-200-generic lacks openat2(2)") && note.contains("Linux 5.6 and later"),
+        "the note names the kernel, the calls and the release: {note}"
+    );
+    Ok(())
+}
 
 fn e_crd_installed_after_the_agent_started_takes_effect_without_a_restart(env: &Env) -> anyhow::Result<()> {
     let readyz = env.agent.lock().unwrap().as_ref().map(Agent::readyz).unwrap_or_default();
@@ -944,6 +994,7 @@ fn main() {
             l_new_connections_keep_working_while_the_agent_restarts,
             m_a_socket_path_longer_than_sun_path_is_served_through_its_pin_under_the_file_system_limit,
             f_restarted_agent_serves_identical_clusters_from_its_state_dir_without_the_api_server,
+            p_a_kernel_gap_is_published_as_one_warning_on_the_node,
         ],
         setup,
         logs,
