@@ -3,7 +3,8 @@
 //!
 //! Socket pinning (`--pin-dir`, [`crate::pin`]) opens a pod's socket with `openat2(2)` and its
 //! `RESOLVE_*` flags (Linux 5.6) and pins the inode with the mount API's `open_tree(2)` and
-//! `move_mount(2)` (Linux 5.2, one patch series). On an older kernel each call answers `ENOSYS`:
+//! `move_mount(2)` (Linux 5.2, one patch series). On an older kernel each call answers `ENOSYS`
+//! (so does a seccomp profile that refuses it with that errno, as container runtimes' defaults do):
 //! [`check`] finds that once, with calls that change nothing (an `O_PATH` open of the working
 //! directory each; `move_mount` came with `open_tree`, so the `open_tree` probe stands for both).
 //! The agent then stays not ready (`/readyz` names the feature and the kernel) and publishes a
@@ -61,8 +62,9 @@ impl fmt::Display for Gap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "kernel {} lacks {} (Linux {} and later), which the agent needs for {}: the probe answered {}; \
-             run this node on a newer kernel (docs/compatibility.md, \"Kernel\")",
+            "kernel {} lacks {} (Linux {} and later), which the agent needs for {}: the probe answered {} \
+             (or a seccomp profile on the agent refuses the call); run this node on a newer kernel \
+             (docs/compatibility.md, \"Kernel\")",
             self.kernel, self.feature.calls, self.feature.since, self.feature.used_for, self.error
         )
     }
