@@ -94,7 +94,17 @@ pub fn section(r: &mut Report, opts: &Opts) -> anyhow::Result<()> {
             show_ratio(ratio(u99.median, t99.median)),
         ]);
     }
+    // The node shape this ran on, as the kubelets report it (node.sh's defaults: IPv4, containerd 2.x).
+    let runtimes = kube.ok(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.containerRuntimeVersion}"])?;
+    let kernels = kube.ok(&["get", "nodes", "-o", "jsonpath={.items[0].status.nodeInfo.kernelVersion}"])?;
+    let mut runtimes: Vec<&str> = runtimes.split_whitespace().collect();
+    runtimes.dedup();
     r.line("## 7. Cross-node: a client on another node, the pod on its socket vs the same app on TCP\n");
+    r.line(&format!(
+        "Node shape: runtime {}, IP family IPv4 (Service ClusterIPs and pod IPs), kernel {}.\n",
+        runtimes.join(", "),
+        kernels.trim()
+    ));
     r.line(&format!(
         "Two real nodes on this machine (`AETHER_NODES=2 tests/harness/node.sh up`: each its own network and mount \
          namespaces, containerd, kubelet and kube-proxy; the charts installed with helm). On {SERVER_NODE}, the same \
