@@ -78,12 +78,7 @@ pub(crate) fn a_client_pod_reaches_a_uds_only_app_through_its_service_ip(env: &E
     env.kube().apply(&echo_app("inb").annotated().ready_through_port_8080().manifest())?;
     // Ready means kubelet's httpGet probe on pod IP:8080 passed: through the netns-bound listener.
     env.wait_pod_ready("default", "inb")?;
-    let mut netns = None;
-    eventually("Envoy's inbound_default_inb_8080 listener is active", WAIT, || {
-        netns = active_listener_netns("inbound_default_inb_8080")?;
-        Ok(netns.is_some())
-    })?;
-    let netns = netns.context("listener netns")?;
+    let netns = wait_active_listener("inbound_default_inb_8080")?;
     ensure!(netns.starts_with("/run/netns/cni-"), "listener bound in the pod's netns from the runtime: {netns}");
     let ip = env.kube().ok(&["get", "service", "-n", "default", "inb", "-o", "jsonpath={.spec.clusterIP}"])?;
     let url = format!("http://{}:8080/hello", ip.trim());
@@ -128,12 +123,7 @@ pub(crate) fn a_dual_stack_pod_is_served_over_its_socket_at_its_ipv6_address_and
     println!("pod dual: podIPs {ips:?}");
     let [v4, v6] = ips[..] else { anyhow::bail!("a dual-stack node gives a pod two IPs, IPv4 first: {ips:?}") };
     ensure!(!v4.contains(':') && v6.contains(':'), "IPv4 first, then IPv6: {ips:?}");
-    let mut netns = None;
-    eventually("Envoy's inbound_default_dual_8080 listener is active", WAIT, || {
-        netns = active_listener_netns("inbound_default_dual_8080")?;
-        Ok(netns.is_some())
-    })?;
-    let netns = netns.context("listener netns")?;
+    let netns = wait_active_listener("inbound_default_dual_8080")?;
     let out = std::process::Command::new("nsenter")
         .arg(format!("--net={netns}"))
         .args(["ss", "-Htln", "sport = :8080"])
@@ -314,4 +304,14 @@ pub(crate) fn deleted_pod_clusters_are_withdrawn(env: &Env) -> anyhow::Result<()
     eventually("app_default_mem_8080 gone from Envoy", WAIT, || Ok(env.endpoint("app_default_mem_8080")?.is_none()))?;
     eventually("health gateway 404 for health_default_mem", WAIT, || Ok(env.health("health_default_mem")? == 404))?;
     Ok(())
+}
+
+/// Waits until Envoy's inbound listener `name` is active; returns the netns it is bound in.
+fn wait_active_listener(name: &str) -> anyhow::Result<String> {
+    let mut netns = None;
+    eventually(&format!("Envoy's {name} listener is active"), WAIT, || {
+        netns = active_listener_netns(name)?;
+        Ok(netns.is_some())
+    })?;
+    netns.context("listener netns")
 }
