@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use aether_chart_readme::github_anchor;
-use aether_tests::{repo_root, tools_bin};
+use aether_tests::{helm_bin, repo_root};
 use serde_json::Value;
 
 const RELEASE: &str = "aether";
@@ -37,7 +37,7 @@ fn promtool() -> PathBuf {
 
 /// `helm template` of charts/aether as installed, the PrometheusRule only; Err carries helm's stderr.
 fn render_rule(sets: &[&str]) -> Result<Value, String> {
-    let mut cmd = Command::new(tools_bin().join("helm"));
+    let mut cmd = Command::new(helm_bin());
     cmd.args(["template", RELEASE]).arg(repo_root().join("charts/aether")).args([
         "--namespace",
         NS,

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use aether_fixtures::{PolicyBuilder, policy};
-use aether_tests::{ControlPlane, Controller, eventually, repo_root, tools_bin};
+use aether_tests::{ControlPlane, Controller, eventually, helm_bin, repo_root};
 use anyhow::{Context, bail, ensure};
 use serde_json::Value;
 
@@ -216,7 +216,7 @@ fn controller_metrics_count_the_decisions(env: &Env) -> anyhow::Result<()> {
 /// controller, a 40-byte value is refused as before.
 fn socket_limit_filesystem_admits_what_the_file_system_holds(env: &Env) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let rendered = Command::new(tools_bin().join("helm"))
+    let rendered = Command::new(helm_bin())
         .args(["template", "aether-crds"])
         .arg(repo_root().join("charts/aether-crds"))
         .args(["--set", "socketLimit=filesystem"])

@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use aether_chart_readme::github_anchor;
-use aether_tests::{ControlPlane, repo_root, tools_bin};
+use aether_tests::{ControlPlane, helm_bin, repo_root};
 use pulldown_cmark::{Event, Parser, Tag, TagEnd};
 use serde_json::Value;
 
@@ -29,7 +29,7 @@ const PROJECT: &str = "https://github.com/aether-mesh/aether";
 const CHARTS: [&str; 2] = ["aether-crds", "aether"];
 
 fn helm() -> PathBuf {
-    tools_bin().join("helm")
+    helm_bin()
 }
 
 /// Runs helm with `args`; its stdout, or a panic with the command and its stderr.

@@ -6,7 +6,9 @@
 # tests/harness/coredns/main.go, a CoreDNS with only the plugins the test cluster uses, built
 # against github.com/coredns/coredns). Each binary is built once per pinned version; later runs
 # only check that it is there. On request only (not in the default set): actionlint
-# (github.com/rhysd/actionlint, `make lint`'s check of .github/workflows). The real node's runtime,
+# (github.com/rhysd/actionlint, `make lint`'s check of .github/workflows), helm4 (helm.sh/helm/v4,
+# into <tools>/bin/helm4, beside the Helm 3 `helm`: the chart tests run against it with
+# AETHER_HELM=<tools>/bin/helm4, see CONTRIBUTING.md). The real node's runtime,
 # which `make tools` asks for: containerd2 (containerd, ctr and containerd-shim-runc-v2 of
 # github.com/containerd/containerd/v2, built with the release's tags, into
 # <tools>/containerd-<version>/bin, linked as <tools>/containerd2) and runc
@@ -15,13 +17,14 @@
 # `scripts/install-deps.sh runtime`, which it runs): node.sh puts both folders first on PATH
 # (node-lib.sh use_containerd).
 #
-# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint, containerd2 or runc)
+# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint, helm4, containerd2 or runc)
 # Env:   AETHER_TOOLS_DIR  cache folder (default: <repo>/.cache/tools)
 set -euo pipefail
 
 KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.7.3}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
+HELM4_VERSION=${HELM4_VERSION:-v4.3.2}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
 ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
 # containerd's long-term-support line (RELEASES.md: 2.3 supported to 2028-04).
@@ -120,6 +123,16 @@ for t in "${want[@]}"; do
         done
       fi
       build helm "$HELM_VERSION-stamped" "$d" helm.sh/helm/v3/cmd/helm "${helm_ldflags:-}" ;;
+    helm4)
+      # Helm 4 stamps only its version (the LDFLAGS of its Makefile; it defaults to "v4.<minor>").
+      # The Kubernetes version `helm template` and `helm lint` assume has no -X variable any more
+      # (v3's chartutil/lint/rules k8sVersionMajor/Minor are gone): v4's
+      # pkg/chart/common/capabilities.go reads the client-go version from the binary's build info
+      # at run time (v0.<minor>.x -> v1.<minor>.0), so a plain `go build` gets it right.
+      d="$tools/src/helm4-$HELM4_VERSION"; new_module "$d"
+      [ -x "$tools/bin/helm4-$HELM4_VERSION-stamped" ] || (cd "$d" && go get "helm.sh/helm/v4@$HELM4_VERSION" >&2)
+      build helm4 "$HELM4_VERSION-stamped" "$d" helm.sh/helm/v4/cmd/helm \
+        "-X helm.sh/helm/v4/internal/version.version=$HELM4_VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean" ;;
     coredns)
       # The main package is the repository's own (tests/harness/coredns/main.go), copied into the
       # scratch module, which then requires CoreDNS at the pinned version. Like the others, the
@@ -170,6 +183,6 @@ for t in "${want[@]}"; do
         log "built runc $RUNC_VERSION in $((SECONDS - start))s -> $out/runc"
       fi
       ln -sfn "runc-$RUNC_VERSION" "$tools/runc" ;;
-    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm coredns actionlint containerd2 runc)"; exit 2 ;;
+    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm helm4 coredns actionlint containerd2 runc)"; exit 2 ;;
   esac
 done

@@ -34,12 +34,23 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
 }
 
-/// Where build-tools.sh put kube-apiserver, etcd, kubectl and helm.
+/// Where build-tools.sh put kube-apiserver, etcd, kubectl and helm (the tests run helm through
+/// [`helm_bin`]).
 pub fn tools_bin() -> PathBuf {
     std::env::var_os("AETHER_TOOLS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join(".cache/tools"))
         .join("bin")
+}
+
+/// The helm binary the tests run: `AETHER_HELM` when it is set and not empty (a path to another
+/// helm, e.g. Helm 4's `<tools>/bin/helm4` of `build-tools.sh helm4`), else build-tools.sh's
+/// `<tools>/bin/helm` (its `HELM_VERSION` pin).
+pub fn helm_bin() -> PathBuf {
+    std::env::var_os("AETHER_HELM")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| tools_bin().join("helm"))
 }
 
 /// Path of a workspace binary next to the running test executable (`target/<profile>/NAME`).

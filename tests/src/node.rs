@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 
-use crate::{Kubectl, repo_root, tools_bin};
+use crate::{Kubectl, helm_bin, repo_root, tools_bin};
 
 /// `--set` flags that point charts/aether at the images built here (`tests/harness/images.sh`,
 /// never pulled), and shorten a handed-over Envoy's drain (60 s by default) so that proxy rollouts
@@ -66,7 +66,7 @@ pub fn packaged_chart(name: &str) -> anyhow::Result<PathBuf> {
     }
     let dir = repo_root().join("target/packaged-charts").join(std::process::id().to_string());
     std::fs::create_dir_all(&dir)?;
-    let out = Command::new(tools_bin().join("helm"))
+    let out = Command::new(helm_bin())
         .arg("package")
         .arg(repo_root().join("charts").join(name))
         .arg("--destination")
@@ -467,7 +467,7 @@ pub(crate) fn require_root(what: &str) -> anyhow::Result<()> {
 /// # Errors
 /// On a non-zero exit, with helm's stderr and stdout.
 pub(crate) fn helm(kubeconfig: &Path, dir: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(tools_bin().join("helm"))
+    let out = Command::new(helm_bin())
         .args(args)
         .env("KUBECONFIG", kubeconfig)
         .env("HELM_CACHE_HOME", dir.join("helm/cache"))

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use aether_tests::{repo_root, tools_bin};
+use aether_tests::{helm_bin, repo_root};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -13,7 +13,7 @@ pub(crate) const RELEASE: &str = "aether";
 pub(crate) const NS: &str = "aether-system";
 
 pub(crate) fn helm() -> PathBuf {
-    tools_bin().join("helm")
+    helm_bin()
 }
 
 pub(crate) fn chart(name: &str) -> PathBuf {
