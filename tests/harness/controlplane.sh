@@ -20,9 +20,10 @@
 #        API server through the `kubernetes` Service (lease endpoint reconciler, a serving cert
 #        naming that address and the Service IP 10.96.0.1), the Node authorizer and NodeRestriction
 #        admit the kubelet, and kube-apiserver calls the kubelet with the admin client cert.
-#      AETHER_SERVICE_CIDR (default 10.96.0.0/16): --service-cluster-ip-range, one range or an
-#        IPv4,IPv6 pair for a dual-stack cluster (node.sh AETHER_IP_FAMILY=dual); the serving cert
-#        names 10.96.0.1 either way, the first range's `kubernetes` Service IP.
+#      AETHER_SERVICE_CIDR (default 10.96.0.0/16): --service-cluster-ip-range, one range or a
+#        pair of families, the primary first (node.sh AETHER_IP_FAMILY=dual or ipv6).
+#      AETHER_APISERVER_SERVICE_IP (default 10.96.0.1): the `kubernetes` Service's IP (the first
+#        of the primary range), which the serving cert names. AETHER_APISERVER_ADDRESS may be IPv6.
 #      AETHER_APISERVER_ENDPOINT_ROUTING=1: kube-apiserver calls webhooks (and aggregated APIs) at
 #        their Service's endpoint IPs instead of its ClusterIP (--enable-aggregator-routing), for a
 #        host that runs no kube-proxy (multinode.sh: every kube-proxy is in a node's namespace).
@@ -36,6 +37,8 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
 address=${AETHER_APISERVER_ADDRESS:-127.0.0.1}
+# The address in a URL (an IPv6 one in brackets).
+case $address in *:*) url_address="[$address]" ;; *) url_address=$address ;; esac
 log() { printf '[controlplane] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
@@ -49,7 +52,7 @@ mint_pki() {
     -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" 2>/dev/null
   local san="IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
-  san+=",DNS:kubernetes.default.svc.cluster.local,IP:10.96.0.1"
+  san+=",DNS:kubernetes.default.svc.cluster.local,IP:${AETHER_APISERVER_SERVICE_IP:-10.96.0.1}"
   [ "$address" = 127.0.0.1 ] || san+=",IP:$address"
   printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$san" > "$pki/apiserver.ext"
   openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 \
@@ -125,7 +128,7 @@ start() {
     --log-level warn >"$dir/etcd.log" 2>&1 &
   echo $! >"$dir/etcd.pid"
 
-  log "starting kube-apiserver on https://$address:$api_port (log: $dir/apiserver.log)"
+  log "starting kube-apiserver on https://$url_address:$api_port (log: $dir/apiserver.log)"
   local args=(
     --etcd-servers "http://127.0.0.1:$etcd_port"
     --bind-address "$address" --advertise-address "$address" --secure-port "$api_port"
@@ -162,7 +165,7 @@ kind: Config
 clusters:
 - name: aether-test
   cluster:
-    server: https://$address:$api_port
+    server: https://$url_address:$api_port
     certificate-authority: $dir/pki/ca.crt
 users:
 - name: admin

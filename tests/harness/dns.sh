@@ -18,15 +18,18 @@
 #      AETHER_IMAGE_PREFIX, AETHER_IMAGE_TAG: the image's name, as images.sh
 #        (defaults: localhost/aether, dev; pulled never: it must be imported already).
 #      AETHER_DNS_TIMEOUT: seconds to wait for the pods (default 120).
+#      AETHER_DNS_IP: Service kube-dns's ClusterIP (default 10.96.0.10; node.sh sets an IPv6 one
+#        on an IPv6-only node).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
 image=${AETHER_IMAGE_PREFIX:-localhost/aether}/coredns:${AETHER_IMAGE_TAG:-dev}
-# The Service's ClusterIP (in kube-apiserver's --service-cluster-ip-range, 10.96.0.0/16) and the
+# The Service's ClusterIP (in kube-apiserver's --service-cluster-ip-range, 10.96.0.0/16 unless
+# AETHER_DNS_IP says otherwise) and the
 # cluster domain. The kubelet's `clusterDNS` and `clusterDomain` (node.sh's KubeletConfiguration)
 # must match them: that is the nameserver and search path it writes into every pod's resolv.conf.
-dns_ip=10.96.0.10
+dns_ip=${AETHER_DNS_IP:-10.96.0.10}
 domain=cluster.local
 ns=kube-system
 timeout=${AETHER_DNS_TIMEOUT:-120}

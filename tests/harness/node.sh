@@ -18,7 +18,7 @@
 #   - a bridge `aether0` with the node IP 10.244.77.1/24 (pods 10.244.77.0/24, default route via
 #     it), a link route for the Service range 10.96.0.0/16 through it (host traffic to a ClusterIP
 #     meets kube-proxy's DNAT and never leaves the machine), and a guard chain AETHER-NODE in
-#     FORWARD that drops pod traffic leaving by any other interface; with AETHER_IP_FAMILY=dual
+#     FORWARD that drops pod traffic leaving by any other interface; with AETHER_IP_FAMILY=dual or ipv6
 #     the same in IPv6 too (fd00:10:244:77::1/64 on the bridge, added `nodad` so binds to it need
 #     not wait for duplicate address detection; pods fd00:10:244:77::/64; Services
 #     fd00:10:96::/112; the guard chain in ip6tables; net.ipv6.conf.all.forwarding=1);
@@ -36,9 +36,11 @@
 # Env: AETHER_TOOLS_DIR (default <repo>/.cache/tools), AETHER_NODE_NAME (default aether-node),
 #      AETHER_NODES (default 1): 2 to 8 brings up that many nodes instead (multinode.sh, whose
 #      header says how each node is isolated; DIR/env then names each node's IP, PID and sockets).
-#      AETHER_IP_FAMILY (default ipv4): ipv4, or dual for a dual-stack node (IPv4 primary, as
+#      AETHER_IP_FAMILY (default ipv4): ipv4; dual for a dual-stack node (IPv4 primary, as
 #      kubelet's first --node-ip; every pod gets an IPv4 and an IPv6 address; Services are IPv4
-#      unless they ask for IPv6 in spec.ipFamilies). One node only.
+#      unless they ask for IPv6 in spec.ipFamilies); or ipv6 for an IPv6-only node (node IP and
+#      kube-apiserver at fd00:10:244:77::1, pods and Services only IPv6, the `kubernetes` Service
+#      fd00:10:96::1, cluster DNS fd00:10:96::a). One node only.
 #      AETHER_CONTAINERD (default 2): 2 runs the containerd 2.x and runc that `make tools` built
 #      (config version 3), 1 Debian's containerd 1.6 and runc 1.1 (node-lib.sh use_containerd).
 set -euo pipefail
@@ -56,14 +58,20 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 here=$repo/tests/harness
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
 node=${AETHER_NODE_NAME:-aether-node}
-bridge=aether0 node_ip=10.244.77.1 pod_cidr=10.244.77.0/24 svc_cidr=10.96.0.0/16
+bridge=aether0 ip4=10.244.77.1 pod4=10.244.77.0/24 svc4=10.96.0.0/16
+ip6=fd00:10:244:77::1 pod6=fd00:10:244:77::/64 svc6=fd00:10:96::/112
 family=${AETHER_IP_FAMILY:-ipv4}
-node_ip6=fd00:10:244:77::1 pod_cidr6=fd00:10:244:77::/64 svc_cidr6=fd00:10:96::/112
-# What kubelet, kube-proxy and the control plane are given: the primary family first.
-node_ips=$node_ip pod_cidrs=$pod_cidr svc_cidrs=$svc_cidr
-if [ "$family" = dual ]; then
-  node_ips=$node_ip,$node_ip6 pod_cidrs=$pod_cidr,$pod_cidr6 svc_cidrs=$svc_cidr,$svc_cidr6
-fi
+# What kubelet, kube-proxy and the control plane are given (the primary family first), the
+# `kubernetes` Service's IP (the first in the primary Service range) and cluster DNS's.
+case $family in
+  ipv6) node_ip=$ip6 node_ips=$ip6 pod_cidrs=$pod6 svc_cidrs=$svc6 api_svc_ip=fd00:10:96::1 dns_ip=fd00:10:96::a ;;
+  dual) node_ip=$ip4 node_ips=$ip4,$ip6 pod_cidrs=$pod4,$pod6 svc_cidrs=$svc4,$svc6 api_svc_ip=10.96.0.1 dns_ip=10.96.0.10 ;;
+  *) node_ip=$ip4 node_ips=$ip4 pod_cidrs=$pod4 svc_cidrs=$svc4 api_svc_ip=10.96.0.1 dns_ip=10.96.0.10 ;;
+esac
+has4() { [ "$family" != ipv6 ]; }
+has6() { [ "$family" != ipv4 ]; }
+# An address in a URL: IPv6 in brackets.
+url_host() { case $1 in *:*) echo "[$1]" ;; *) echo "$1" ;; esac; }
 kubelet_root=/var/lib/kubelet
 guard=AETHER-NODE
 # Names the DIR of the node `up` brought up, until its `down` (reclaim_killed_node).
@@ -89,9 +97,9 @@ preflight() {
   [ "$(id -u)" = 0 ] || die "needs root: it creates a bridge, iptables chains, mounts and sysctls (run as root)"
   case $family in
     ipv4) ;;
-    dual) [ "$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null)" = 0 ] \
-            || die "AETHER_IP_FAMILY=dual needs IPv6: net.ipv6.conf.all.disable_ipv6 is not 0 (or the kernel has no IPv6)" ;;
-    *) die "AETHER_IP_FAMILY=$family: use ipv4 or dual" ;;
+    dual|ipv6) [ "$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null)" = 0 ] \
+            || die "AETHER_IP_FAMILY=$family needs IPv6: net.ipv6.conf.all.disable_ipv6 is not 0 (or the kernel has no IPv6)" ;;
+    *) die "AETHER_IP_FAMILY=$family: use ipv4, dual or ipv6" ;;
   esac
   # The Debian packages of the node: scripts/install-deps.sh is the one place that installs them.
   "$repo/scripts/install-deps.sh" node || die "could not install the node's packages (scripts/install-deps.sh node)"
@@ -136,21 +144,22 @@ network_up() {
   local d=$1
   ip link add "$bridge" type bridge
   echo "$bridge" >"$d/bridge.created"
-  ip addr add "$node_ip/24" dev "$bridge"
+  # The bridge keeps its IPv4 address in every family (an IPv6-only node gives it no pod or Service).
+  ip addr add "$ip4/24" dev "$bridge"
   ip link set "$bridge" up
-  ip route add "$svc_cidr" dev "$bridge" scope link
+  ip route add "$svc4" dev "$bridge" scope link
   echo 1 >/proc/sys/net/ipv4/ip_forward
   [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ] && echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
   iptables -N "$guard"
-  iptables -A "$guard" -s "$pod_cidr" ! -o "$bridge" -j DROP
+  iptables -A "$guard" -s "$pod4" ! -o "$bridge" -j DROP
   iptables -I FORWARD 1 -j "$guard"
-  if [ "$family" = dual ]; then
-    ip -6 addr add "$node_ip6/64" dev "$bridge" nodad
-    ip -6 route add "$svc_cidr6" dev "$bridge"
+  if has6; then
+    ip -6 addr add "$ip6/64" dev "$bridge" nodad
+    ip -6 route add "$svc6" dev "$bridge"
     echo 1 >/proc/sys/net/ipv6/conf/all/forwarding
     [ -e /proc/sys/net/bridge/bridge-nf-call-ip6tables ] && echo 1 >/proc/sys/net/bridge/bridge-nf-call-ip6tables
     ip6tables -N "$guard"
-    ip6tables -A "$guard" -s "$pod_cidr6" ! -o "$bridge" -j DROP
+    ip6tables -A "$guard" -s "$pod6" ! -o "$bridge" -j DROP
     ip6tables -I FORWARD 1 -j "$guard"
   fi
   # containerd keeps pod netns in /run/netns; a HostToContainer mount of it needs a shared mount.
@@ -170,10 +179,10 @@ network_up() {
   mount --make-shared /run/aether-pins
   mkdir -p "$d/cni/net.d" "$d/cni/ipam"
   # One host-local range per family (the bridge plugin gives the pod one address from each).
-  local ranges="[{\"subnet\": \"$pod_cidr\", \"gateway\": \"$node_ip\"}]" routes='{"dst": "0.0.0.0/0"}'
-  if [ "$family" = dual ]; then
-    ranges="$ranges, [{\"subnet\": \"$pod_cidr6\", \"gateway\": \"$node_ip6\"}]" routes="$routes, {\"dst\": \"::/0\"}"
-  fi
+  local range=() route=() ranges routes
+  if has4; then range+=("[{\"subnet\": \"$pod4\", \"gateway\": \"$ip4\"}]"); route+=('{"dst": "0.0.0.0/0"}'); fi
+  if has6; then range+=("[{\"subnet\": \"$pod6\", \"gateway\": \"$ip6\"}]"); route+=('{"dst": "::/0"}'); fi
+  ranges=$(IFS=,; echo "${range[*]}") routes=$(IFS=,; echo "${route[*]}")
   cat >"$d/cni/net.d/10-aether.conflist" <<CNI
 {"cniVersion": "1.0.0", "name": "aether-node", "plugins": [
   {"type": "bridge", "bridge": "$bridge", "isGateway": true, "ipMasq": false, "hairpinMode": true,
@@ -200,14 +209,15 @@ containerd_up() {
 
 control_plane_up() {
   local d=$1
-  AETHER_TOOLS_DIR=$tools AETHER_APISERVER_ADDRESS=$node_ip AETHER_SERVICE_CIDR=$svc_cidrs "$here/controlplane.sh" start "$d/cp" 2>>"$d/logs/controlplane.log" \
+  AETHER_TOOLS_DIR=$tools AETHER_APISERVER_ADDRESS=$node_ip AETHER_SERVICE_CIDR=$svc_cidrs AETHER_APISERVER_SERVICE_IP=$api_svc_ip \
+    "$here/controlplane.sh" start "$d/cp" 2>>"$d/logs/controlplane.log" \
     || { tail -n 20 "$d/logs/controlplane.log" >&2; die "control plane did not start"; }
   controllers_up "$d" "$svc_cidrs"
   client_cert "$d" kube-proxy system:kube-proxy system:node-proxier
   client_cert "$d" kubelet "system:node:$node" system:nodes
   kubeconfig "$d" kube-proxy
   kubeconfig "$d" kubelet
-  log "control plane up: kube-apiserver https://$node_ip, controller-manager, scheduler"
+  log "control plane up: kube-apiserver https://$(url_host "$node_ip"), controller-manager, scheduler"
 }
 
 kubelet_up() {
@@ -219,7 +229,7 @@ kind: KubeletConfiguration
 failCgroupV1: false            # this host is cgroup v1 (hybrid); kubelet 1.37 refuses v1 by default
 cgroupDriver: cgroupfs         # containerd 2.x also says so (SystemdCgroup = false); 1.6 cannot
 containerRuntimeEndpoint: unix://$containerd_sock
-address: $node_ip              # kube-apiserver calls it here (logs, exec) with its client cert
+address: "$node_ip"            # kube-apiserver calls it here (logs, exec) with its client cert
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -230,7 +240,7 @@ authentication:
   x509: {clientCAFile: $d/cp/pki/ca.crt}
 authorization: {mode: Webhook}
 resolvConf: ""                 # pods get only the cluster DNS: no upstream resolver on this machine
-clusterDNS: [10.96.0.10]       # dns.sh's Service kube-dns (its dns_ip and domain must match these)
+clusterDNS: ["$dns_ip"]       # dns.sh's Service kube-dns (AETHER_DNS_IP below; its domain must match)
 clusterDomain: cluster.local
 rotateCertificates: false
 failSwapOn: false
@@ -252,7 +262,7 @@ hostnameOverride: $node
 clusterCIDR: $pod_cidrs
 healthzBindAddress: 127.0.0.1:$(free_port)
 metricsBindAddress: 127.0.0.1:$(free_port)
-nodePortAddresses: ["$node_ip/32"$([ "$family" = dual ] && printf ', "%s/128"' "$node_ip6")]
+nodePortAddresses: [$(has4 && printf '"%s/32"' "$ip4")$([ "$family" = dual ] && printf ', ')$(has6 && printf '"%s/128"' "$ip6")]
 iptables: {localhostNodePorts: false}   # leaves net.ipv4.conf.all.route_localnet alone
 conntrack: {maxPerCore: 0, min: 0}      # leaves nf_conntrack_max alone
 YAML
@@ -267,15 +277,17 @@ YAML
     sleep 0.5
   done
   log "node $node Ready $((SECONDS - t0)) s after kubelet start"
-  # Pods reach kube-apiserver through the `kubernetes` Service (10.96.0.1): wait until kube-proxy
+  # Pods reach kube-apiserver through the `kubernetes` Service ($api_svc_ip): wait until kube-proxy
   # has programmed it, so the first pod (the chart's hook Job) does not start into a crash-loop
   # back-off.
-  until iptables -w -t nat -S KUBE-SERVICES 2>/dev/null | grep -q -- '-d 10.96.0.1/32'; do
+  local ipt=iptables rule="-d $api_svc_ip/32"
+  has4 || ipt=ip6tables rule="-d $api_svc_ip/128"
+  until $ipt -w -t nat -S KUBE-SERVICES 2>/dev/null | grep -q -- "$rule"; do
     kill -0 "$(cat "$d/kube-proxy.pid")" 2>/dev/null || { tail -n 30 "$d/logs/kube-proxy.log" >&2; die "kube-proxy exited"; }
-    [ $((SECONDS - t0)) -lt 120 ] || { tail -n 30 "$d/logs/kube-proxy.log" >&2; die "kube-proxy programmed no rule for Service 10.96.0.1 in 120 s"; }
+    [ $((SECONDS - t0)) -lt 120 ] || { tail -n 30 "$d/logs/kube-proxy.log" >&2; die "kube-proxy programmed no rule for Service $api_svc_ip in 120 s"; }
     sleep 0.5
   done
-  log "kube-proxy serves Service 10.96.0.1 $((SECONDS - t0)) s after kubelet start"
+  log "kube-proxy serves Service $api_svc_ip $((SECONDS - t0)) s after kubelet start"
   # What controller-manager makes for every namespace: the default ServiceAccount and kube-root-ca.crt.
   until "${k[@]}" get serviceaccount/default configmap/kube-root-ca.crt -n default >/dev/null 2>&1; do
     [ $((SECONDS - t0)) -lt 120 ] || die "controller-manager made no default ServiceAccount / kube-root-ca.crt in 120 s"
@@ -290,7 +302,7 @@ export KUBECONFIG=$d/cp/kubeconfig
 export AETHER_NODE_NAME=$node
 export AETHER_NODE_IP=$node_ip
 export AETHER_IP_FAMILY=$family
-export AETHER_NODE_IP6=$([ "$family" = dual ] && echo "$node_ip6")
+export AETHER_NODE_IP6=$(has6 && echo "$ip6")
 export AETHER_CONTAINERD_SOCK=$containerd_sock
 export AETHER_KUBELET_ROOT=$kubelet_root
 export AETHER_NETNS_DIR=/run/netns
@@ -316,7 +328,7 @@ up() {
   containerd_up "$d"
   control_plane_up "$d"
   kubelet_up "$d"
-  AETHER_TOOLS_DIR=$tools "$here/dns.sh" up "$d/cp/kubeconfig" 1 >&2 || die "cluster DNS (dns.sh up) failed"
+  AETHER_TOOLS_DIR=$tools AETHER_DNS_IP=$dns_ip "$here/dns.sh" up "$d/cp/kubeconfig" 1 >&2 || die "cluster DNS (dns.sh up) failed"
   write_env "$d"
   trap - EXIT INT TERM
   log "up: . $d/env  (kubectl: $tools/bin/kubectl)"
