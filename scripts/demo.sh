@@ -30,6 +30,8 @@ NOTE
 [ "$(id -u)" = 0 ] || { echo "demo: needs root (it starts containerd and kubelet); run: sudo make demo" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/aether-demo-XXXX)
+# What the demo checks and found wrong: it goes on to the end, then says so and exits 1.
+failed=()
 teardown() {
   step "restoring the host (tests/harness/node.sh down $work)"
   "$repo/tests/harness/node.sh" down "$work" 2>&1 | tail -n 3 | indent
@@ -57,7 +59,13 @@ step "kubectl apply of each example: kube-apiserver calls the installed webhook 
 kubectl create service clusterip echo --tcp=8080 | indent
 for f in "$repo"/crds/examples/*.yaml; do
   echo "  \$ kubectl apply -f crds/examples/$(basename "$f")    ($(head -n1 "$f" | sed 's/^# //'))"
-  kubectl apply -f "$f" 2>&1 | indent || true
+  # A deny-* example is refused (by the CRD's rules or the webhook), an ok-* one admitted.
+  rc=0; out=$(kubectl apply -f "$f" 2>&1) || rc=$?
+  printf '%s\n' "$out" | indent
+  case $(basename "$f"):$rc in
+    deny-*:0) failed+=("crds/examples/$(basename "$f") was admitted") ;;
+    ok-*:[1-9]*) failed+=("crds/examples/$(basename "$f") was refused") ;;
+  esac
 done
 echo "  \$ kubectl apply of echo-uds-b (a second policy for Service echo: kubectl prints the webhook's warning)"
 kubectl apply -f - 2>&1 <<'EPOL' | indent
@@ -112,6 +120,8 @@ for _ in $(seq 1 50); do
   [ "$(kubectl -n shop get epol echo-uds -o jsonpath='{.status.conditions[0].reason}')" = Accepted ] && break; sleep 0.2
 done
 kubectl -n shop get epol | indent
+[ "$(kubectl -n shop get epol echo-uds -o jsonpath='{.status.conditions[0].reason}')" = Accepted ] \
+  || failed+=("policy shop/echo-uds did not report Accepted")
 echo "  \$ kubectl -n shop rollout status deploy/echo    (Ready once the kubelet's probe of <pod IP>:8080 reaches the socket)"
 kubectl -n shop rollout status deploy/echo --timeout=120s | indent
 pod=$(kubectl -n shop get pod -l app=echo -o jsonpath='{.items[0].metadata.name}')
@@ -135,6 +145,34 @@ kubectl apply -f "$repo/examples/quickstart/client.yaml" | indent
 kubectl -n shop wait --for=jsonpath='{.status.phase}'=Succeeded pod/client --timeout=60s >/dev/null || true
 echo "  \$ kubectl -n shop logs client"
 kubectl -n shop logs client | indent
+kubectl -n shop logs client | grep -q 'over unix:/uds/app.sock' || failed+=("the Quickstart's request was not served over the socket")
+
+if [ "${AETHER_IP_FAMILY:-ipv4}" = dual ]; then
+  step "dual-stack: Service echo-dual (ipFamilyPolicy: RequireDualStack) reaches the socket over IPv4 and over IPv6"
+  kubectl -n shop apply -f - <<'SVC' | indent
+apiVersion: v1
+kind: Service
+metadata: {name: echo-dual, namespace: shop}
+spec:
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  selector: {app: echo}
+  ports: [{port: 8080, targetPort: 8080}]
+SVC
+  kubectl -n shop get service echo-dual -o custom-columns='NAME:.metadata.name,CLUSTER-IPS:.spec.clusterIPs' | indent
+  for ip in $(kubectl -n shop get service echo-dual -o jsonpath='{.spec.clusterIPs[*]}'); do
+    host=$ip; case $host in *:*) host="[$host]" ;; esac
+    name=client-$(case $ip in *:*) echo ipv6 ;; *) echo ipv4 ;; esac)
+    sed -e "s/^  name: client$/  name: $name/" -e "s|http://echo.shop.svc.cluster.local:8080/hello|http://$host:8080/hello|" \
+      "$repo/examples/quickstart/client.yaml" | kubectl apply -f - >/dev/null
+    kubectl -n shop wait --for=jsonpath='{.status.phase}'=Succeeded "pod/$name" --timeout=60s >/dev/null || true
+    echo "  \$ kubectl -n shop logs $name    (GET http://$host:8080/hello)"
+    kubectl -n shop logs "$name" | indent
+    kubectl -n shop logs "$name" | grep -q 'over unix:/uds/app.sock' || failed+=("ClusterIP $ip of Service echo-dual was not served over the socket")
+    kubectl -n shop delete pod "$name" --wait=false >/dev/null
+  done
+  kubectl -n shop delete service echo-dual >/dev/null
+fi
 
 step "a policy switches pod shop (app on TCP :8080 and on s/app.sock) to its socket, and back"
 app shop "" tcp | kubectl apply -f - >/dev/null
@@ -168,8 +206,10 @@ for target in "-n shop pod/$pod" "pod/long"; do
 done
 
 step "metrics: the agent (node IP :9091) and a controller replica (pod IP :9090)"
-curl -s "http://$AETHER_NODE_IP:9091/metrics" | grep -E '^aether_agent_(pods|tcp_fallbacks)\{.*\} [1-9]' | indent || true
+node_url=$AETHER_NODE_IP; case $node_url in *:*) node_url="[$node_url]" ;; esac   # IPv6 in brackets
+curl -s "http://$node_url:9091/metrics" | grep -E '^aether_agent_(pods|tcp_fallbacks)\{.*\} [1-9]' | indent || true
 for cip in $(kubectl get pods -n $NS -l app.kubernetes.io/component=controller -o jsonpath='{.items[*].status.podIP}'); do
+  case $cip in *:*) cip="[$cip]" ;; esac
   curl -s "http://$cip:9090/metrics" | grep -E '^aether_(admission_requests_total|status_leader)' | sed "s/^/$cip: /" | indent || true
 done
 
@@ -181,3 +221,8 @@ helm uninstall aether -n $NS --wait | indent
 kubectl get all,secrets,leases -n $NS 2>&1 | indent
 echo "  namespace $NODE_NS: $(kubectl get namespace $NODE_NS -o name 2>&1)"
 echo "  /run/aether: $(ls -A /run/aether 2>/dev/null | wc -l) entries"
+if [ ${#failed[@]} -gt 0 ]; then
+  step "the demo FAILED:"
+  printf '    %s\n' "${failed[@]}"
+  exit 1
+fi

@@ -59,7 +59,16 @@ async fn fetch(url: &str) -> i32 {
             i32::from(status != reqwest::StatusCode::OK)
         }
         Err(e) => {
-            eprintln!("uds-echo --get {url}: {e}");
+            // reqwest's own text ("error sending request") hides the cause: print the chain
+            // (DNS, connect refused, timed out).
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                text.push_str(": ");
+                text.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            eprintln!("uds-echo --get {url}: {text}");
             1
         }
     }
