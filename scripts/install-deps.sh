@@ -23,6 +23,11 @@
 #              AETHER_CONTAINERD=1 lane)
 #   runtime    Debian gcc, pkg-config and libseccomp-dev: tests/harness/build-tools.sh runc builds
 #              runc with cgo and its seccomp support
+#   crio       the runtime group's packages and libc6-dev (the static libc that pinns links), for
+#              tests/harness/build-tools.sh crio (CRI-O with cgo and seccomp, and pinns), and
+#              Debian conmon (2.1.6 on Debian 12), the monitor CRI-O runs beside each container:
+#              CRI-O has no minimum, it checks the version for --sync (2.0.19) and
+#              --log-global-size-max (2.1.2); no service
 #   lint       cargo-deny $CARGO_DENY_VERSION, built from crates.io into .cache/cargo-tools/bin
 #              (make lint's licence, ban and source checks; a few minutes, once), and the Debian
 #              package shellcheck: actionlint (tests/harness/build-tools.sh actionlint) checks the
@@ -155,7 +160,8 @@ for g in "${groups[@]}"; do
       apt_install_no_start prometheus ;;
     node) apt_install containerd runc containernetworking-plugins iptables conntrack ;;
     runtime) apt_install gcc pkg-config libseccomp-dev ;;
+    crio) apt_install gcc pkg-config libseccomp-dev libc6-dev conmon ;;
     lint) lint_tools; apt_install shellcheck ;;
-    *) die "unknown group '$g' (known: toolchain build test node runtime lint)" ;;
+    *) die "unknown group '$g' (known: toolchain build test node runtime crio lint)" ;;
   esac
 done

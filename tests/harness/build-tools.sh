@@ -15,9 +15,15 @@
 # (github.com/opencontainers/runc with cgo and seccomp, the version kind runs beside containerd
 # 2.3, into <tools>/runc-<version>/bin, linked as <tools>/runc; its C build needs
 # `scripts/install-deps.sh runtime`, which it runs): node.sh puts both folders first on PATH
-# (node-lib.sh use_containerd).
+# (node-lib.sh use_containerd). On request only, a second runtime: crio (CRI-O of
+# github.com/cri-o/cri-o with cgo and the tags below, stamped as its Makefile does, with its
+# copyimg, which loads a docker-archive tar into CRI-O's image storage without a registry, and
+# pinns, C built statically from the module's pinns/src with the flags of pinns/Makefile; into
+# <tools>/crio-<version>/bin, linked as <tools>/crio; needs `scripts/install-deps.sh crio`, which
+# it runs and which also installs Debian's conmon, CRI-O's container monitor). Built, not yet run
+# by any suite.
 #
-# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint, helm4, containerd2 or runc)
+# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint, helm4, containerd2, runc or crio)
 # Env:   AETHER_TOOLS_DIR  cache folder (default: <repo>/.cache/tools)
 set -euo pipefail
 
@@ -30,6 +36,9 @@ ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
 # containerd's long-term-support line (RELEASES.md: 2.3 supported to 2028-04).
 CONTAINERD2_VERSION=${CONTAINERD2_VERSION:-v2.3.7}
 RUNC_VERSION=${RUNC_VERSION:-v1.4.3}
+# CRI-O's minor follows Kubernetes'; v1.36.3 is the newest the Go module proxy serves (it refuses
+# v1.37.x), one minor behind KUBE_VERSION.
+CRIO_VERSION=${CRIO_VERSION:-v1.36.3}
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
@@ -183,6 +192,48 @@ for t in "${want[@]}"; do
         log "built runc $RUNC_VERSION in $((SECONDS - start))s -> $out/runc"
       fi
       ln -sfn "runc-$RUNC_VERSION" "$tools/runc" ;;
-    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm helm4 coredns actionlint containerd2 runc)"; exit 2 ;;
+    crio)
+      out="$tools/crio-$CRIO_VERSION/bin"
+      if [ ! -x "$out/crio" ] || [ ! -x "$out/copyimg" ] || [ ! -x "$out/pinns" ]; then
+        "$repo/scripts/install-deps.sh" crio >&2
+        d="$tools/src/crio-$CRIO_VERSION"; new_module "$d"
+        p=github.com/cri-o/cri-o
+        (cd "$d" && go get "$p@$CRIO_VERSION" >&2)
+        # The module's folder, its commit and its commit time (the Go proxy's record of the tag;
+        # only a query with @version reports the commit, as Origin.Hash).
+        info=$(cd "$d" && go list -m -json "$p@$CRIO_VERSION")
+        src=$(printf '%s\n' "$info" | sed -n 's/^\t"Dir": "\(.*\)",*$/\1/p')
+        commit=$(printf '%s\n' "$info" | sed -n 's/^\t\t"Hash": "\([0-9a-f]*\)",*$/\1/p')
+        date=$(printf '%s\n' "$info" | sed -n 's/^\t"Time": "\(.*\)",*$/\1/p')
+        [ -d "$src/pinns/src" ] || { log "crio: no pinns/src in the module folder '$src'"; exit 1; }
+        [ -n "$commit" ] || log "crio: the module proxy names no commit for $CRIO_VERSION; \`crio version\` will say unknown"
+        log "building CRI-O $CRIO_VERSION, copyimg and pinns (first time only; this takes minutes) ..."
+        start=$SECONDS
+        rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+        # The tags CRI-O's Makefile (BUILDTAGS, hack/*_tag.sh) picks on a machine like ours:
+        # signatures checked in Go (containers_image_openpgp, so no gpgme), no btrfs driver (its
+        # headers are not installed; btrfs is go.podman.io/storage's only cgo driver) and seccomp
+        # (go.podman.io/common/pkg/seccomp; links libseccomp: without it RuntimeDefault pods run
+        # unconfined). Its obsolete tags (containers_image_ostree_stub, btrfs_noversion) match no
+        # file any more. The version is a constant of internal/version; the Makefile stamps only
+        # the build date and the commit, which `crio version` prints (-buildvcs=false here, so
+        # the stamped commit is what it shows); the date is the commit's, so rebuilds are alike.
+        crio_ldflags="-s -w -X $p/internal/version.buildDate=$date -X $p/internal/version.buildCommit=$commit"
+        (cd "$d" && CGO_ENABLED=1 go build -trimpath -tags 'containers_image_openpgp exclude_graphdriver_btrfs seccomp' \
+          -ldflags "$crio_ldflags" -o "$out.tmp/" "$p/cmd/crio" "$p/test/copyimg")
+        # pinns/Makefile: CFLAGS -std=c99 -Os -Wall -Werror -Wextra -static, each object with -O3
+        # added (the later -O wins), then `strip -s`. One cc call keeps objects out of the
+        # read-only module folder.
+        cc -std=c99 -Os -Wall -Werror -Wextra -static -O3 -o "$out.tmp/pinns" "$src"/pinns/src/*.c
+        strip -s "$out.tmp/pinns"
+        rm -rf "$out" && mv "$out.tmp" "$out"
+        log "built CRI-O $CRIO_VERSION in $((SECONDS - start))s -> $out"
+      fi
+      # Running them (not done by any suite yet): as root, copyimg, like CRI-O's own pulls, writes
+      # a blob-info cache to /var/lib/containers/cache whatever --root says (go.podman.io/image
+      # blobinfocache; no flag moves it), so keep a host clean with
+      # `unshare --mount --propagation private sh -c 'mount -t tmpfs tmpfs /var/lib && exec copyimg ...'`.
+      ln -sfn "crio-$CRIO_VERSION" "$tools/crio" ;;
+    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm helm4 coredns actionlint containerd2 runc crio)"; exit 2 ;;
   esac
 done
