@@ -4,17 +4,26 @@
 # node its own network, mount and UTS namespaces, containerd, kubelet and kube-proxy; one control
 # plane; CoreDNS), `helm install` of both charts, a UDS-only app on the last node called by its
 # Service's DNS name from a pod on the first, and `kubectl drain` of the last node: the app's pod
-# moves to another node and is served over its socket there, nothing of it left behind.
+# moves to another node and is served over its socket there, nothing of it left behind. With
+# AETHER_IP_FAMILY=dual (a dual-stack cluster, IPv4 primary: multinode.sh), a Service with
+# ipFamilyPolicy RequireDualStack in front of that app is called at its IPv4 and at its IPv6
+# ClusterIP from a client on the app's node and from one on another node; the demo exits 1 if any
+# of those requests is not served over the app's socket.
 #
 # It needs root and changes the host while it runs (a bridge aethern0 with 10.244.64.1/24 and a
 # veth per node, routes to the pod CIDRs, an iptables chain AETHER-NODES, the sysctls kubelet sets,
-# cgroups /sys/fs/cgroup/*/aether-node-<i>); everything is restored on exit, Ctrl-C included.
+# cgroups /sys/fs/cgroup/*/aether-node-<i>; for dual also fd00:10:244:64::1/64 on the bridge, IPv6
+# routes to the pod CIDRs and the chain AETHER-NODES in ip6tables); everything is restored on exit,
+# Ctrl-C included.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
 NS=aether-system
 NODE_NS=aether-node
 nodes=${AETHER_NODES:-2}
+family=${AETHER_IP_FAMILY:-ipv4}
+# What went wrong in a step that checks a result: the demo exits 1 at the end when not empty.
+failed=()
 
 # shellcheck source=scripts/demo-common.sh
 . "$repo/scripts/demo-common.sh"
@@ -29,7 +38,7 @@ trap teardown EXIT
 trap 'exit 130' INT TERM
 
 step "bringing up $nodes real nodes, each in its own network, mount and UTS namespaces"
-AETHER_NODES=$nodes "$repo/tests/harness/node.sh" up "$work" 2>&1 | grep -E '^\[(nodes|dns)' | indent
+AETHER_NODES=$nodes AETHER_IP_FAMILY=$family "$repo/tests/harness/node.sh" up "$work" 2>&1 | grep -E '^\[(nodes|dns)' | indent
 # shellcheck disable=SC1091
 . "$work/env"
 first=$AETHER_NODE_1_NAME
@@ -132,3 +141,47 @@ echo "  on $last: Envoy clusters of $old: $(envoy_admin "$last_pid" /clusters | 
   "listeners: $(envoy_admin "$last_pid" /listeners | grep -c "^inbound_default_${old}_8080::" || true)," \
   "pin /run/aether-pins/$old_uid.sock: $(in_node "$last_pid" ls /run/aether-pins/ | grep -c "^$old_uid.sock$" || true)"
 kubectl uncordon "$last" | indent
+
+if [ "$family" = dual ]; then
+  step "dual-stack: Service web-dual (ipFamilyPolicy: RequireDualStack) reaches web's socket over IPv4 and IPv6, from both nodes"
+  kubectl apply -f - <<'SVC' | indent
+apiVersion: v1
+kind: Service
+metadata: {name: web-dual, namespace: default}
+spec:
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  selector: {app: web}
+  ports: [{port: 8080, targetPort: 8080}]
+SVC
+  kubectl get service web-dual -o custom-columns='NAME:.metadata.name,CLUSTER-IPS:.spec.clusterIPs' | indent
+  kubectl get pods -l app=web -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,IPS:.status.podIPs[*].ip' | indent
+  web_node=$(kubectl get pods -l app=web -o jsonpath='{.items[0].spec.nodeName}')
+  # Both families' EndpointSlices name the pod before a client calls (kube-proxy follows within a second).
+  for _ in $(seq 1 100); do
+    [ "$(kubectl get endpointslices -l kubernetes.io/service-name=web-dual -o jsonpath='{.items[*].endpoints[*].addresses[*]}' | wc -w)" -ge 2 ] && break
+    sleep 0.2
+  done
+  sleep 2
+  n=0
+  for i in $(seq 1 "$nodes"); do
+    node=$(eval echo "\$AETHER_NODE_${i}_NAME")
+    where=$([ "$node" = "$web_node" ] && echo "web's node" || echo "another node than web's")
+    for ip in $(kubectl get service web-dual -o jsonpath='{.spec.clusterIPs[*]}'); do
+      host=$ip fam=ipv4; case $ip in *:*) host="[$ip]" fam=ipv6 ;; esac
+      n=$((n + 1)) name=client-dual-$n
+      echo "  \$ kubectl run $name on $node ($where) -- --get http://$host:8080/dual-$fam"
+      out=$(client "$name" "$node" "http://$host:8080/dual-$fam" 2>&1 || true)
+      echo "$out"
+      grep -q 'over unix:/s/app.sock' <<<"$out" \
+        || failed+=("$fam ClusterIP $ip of Service web-dual from $node ($where) was not served over the socket")
+    done
+  done
+  kubectl delete service web-dual >/dev/null
+fi
+
+if [ ${#failed[@]} -gt 0 ]; then
+  step "FAILED"
+  printf '    %s\n' "${failed[@]}"
+  exit 1
+fi

@@ -22,6 +22,17 @@
 # their endpoints' pod IPs (--enable-aggregator-routing): the host runs no kube-proxy, so it cannot
 # reach a ClusterIP (pods and nodes can).
 #
+# AETHER_IP_FAMILY=dual (ipv4, the default, as above; ipv6 is refused: node.sh's single node has
+# it): IPv4 stays primary and everything above gets an IPv6 twin: the host fd00:10:244:64::1/64 on
+# aethern0 (added `nodad`), node i's eth0 fd00:10:244:64::(10+i)/64 (nodad; its default route via
+# the host's), its pods fd00:10:244:(64+i)::/64 (a second host-local range on cni0; routes to every
+# other node's through that node's IPv6, and from the host), IPv6 forwarding on and duplicate
+# address detection off for new links inside each node's netns (a fresh netns starts with
+# forwarding=0 and accept_dad=1), Services 10.96.0.0/16 and fd00:10:96::/112, kubelet
+# --node-ip v4,v6, kube-proxy in dual-stack mode (clusterCIDR and nodePortAddresses per family,
+# ip6tables in each node's netns), and the guard chain in ip6tables too. The host's IPv6 sysctls
+# are not touched (preflight only checks net.ipv6.conf.all.disable_ipv6=0).
+#
 # containerd is the one node-lib.sh's use_containerd picks (AETHER_CONTAINERD: 2, the default,
 # for the containerd 2.x and runc `make tools` built; 1 for Debian's 1.6), the same on every node.
 #
@@ -31,13 +42,14 @@
 #
 # What `up` changes on the host, and `down` restores on every exit path: the bridge and its
 # veths (aeth-node<i>) (their routes go with them), a guard chain AETHER-NODES in FORWARD (node-to-node traffic
-# stays on the bridge; pod traffic leaving by another interface is dropped), the global sysctls the
+# stays on the bridge; pod traffic leaving by another interface is dropped; for dual the same chain
+# in ip6tables), the global sysctls the
 # kubelets set (vm.*, kernel.*: saved in DIR/sysctl-before.txt), and cgroups /sys/fs/cgroup/*/<name>.
 # `down` stops what `up` started: the control plane by its PIDs, and each node by its PIDs, then
 # whatever is left in that node's own mount namespace or cgroup (its shims and containers: every
 # process there descends from what `up` started); the namespaces go with their last process.
 #
-# Usage (through node.sh): AETHER_NODES=N node.sh up DIR | node.sh down DIR. N is 2..8.
+# Usage (through node.sh): [AETHER_IP_FAMILY=dual] AETHER_NODES=N node.sh up DIR | node.sh down DIR. N is 2..8.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -45,6 +57,10 @@ here=$repo/tests/harness
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}
 bridge=aethern0 host_ip=10.244.64.1 cluster_cidr=10.244.64.0/18 svc_cidr=10.96.0.0/16
 guard=AETHER-NODES
+# IPv6 (AETHER_IP_FAMILY=dual only): the same layout under fd00:10:244::/48.
+family=${AETHER_IP_FAMILY:-ipv4}
+host_ip6=fd00:10:244:64::1 cluster_cidr6=fd00:10:244::/48 svc_cidr6=fd00:10:96::/112
+has6() { [ "$family" = dual ]; }
 # multinode.sh changes no host path: the nodes' paths live in their own mount namespaces.
 HOST_DIRS=()
 
@@ -58,6 +74,10 @@ die() { log "error: $*"; exit 1; }
 name_of() { echo "aether-node-$1"; }
 ip_of() { echo "10.244.64.$((10 + $1))"; }
 cidr_of() { echo "10.244.$((64 + $1)).0/24"; }
+ip6_of() { echo "fd00:10:244:64::$((10 + $1))"; }
+cidr6_of() { echo "fd00:10:244:$((64 + $1))::/64"; }
+# What the control plane, kubelet and kube-proxy are given (IPv4 first: the primary family).
+svc_cidrs() { if has6; then echo "$svc_cidr,$svc_cidr6"; else echo "$svc_cidr"; fi; }
 # The host end of node I's veth (an interface name has at most 15 bytes).
 veth_of() { echo "aeth-node$1"; }
 # in_node PID CMD...: CMD in node PID's network, mount and UTS namespaces. A daemon is started
@@ -71,9 +91,17 @@ in_node() { local h=$1; shift; nsenter -t "$h" -m -n -u -- "$@"; }
 preflight() {
   [ "$(id -u)" = 0 ] || die "needs root: it creates namespaces, a bridge, iptables chains and cgroups (run as root)"
   [[ $nodes =~ ^[2-8]$ ]] || die "AETHER_NODES=$nodes: several nodes means 2 to 8 (1 is node.sh's single node)"
+  case $family in
+    ipv4) ;;
+    dual) [ "$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null)" = 0 ] \
+            || die "AETHER_IP_FAMILY=dual needs IPv6: net.ipv6.conf.all.disable_ipv6 is not 0 (or the kernel has no IPv6)" ;;
+    ipv6) die "AETHER_IP_FAMILY=ipv6: several nodes take ipv4 or dual; an IPv6-only cluster is node.sh's single node (AETHER_NODES=1)" ;;
+    *) die "AETHER_IP_FAMILY=$family: use ipv4 or dual (ipv6: one node only)" ;;
+  esac
   "$repo/scripts/install-deps.sh" node || die "could not install the node's packages (scripts/install-deps.sh node)"
   local p
   for p in containerd ctr runc iptables ip unshare nsenter; do command -v "$p" >/dev/null || die "$p not found after scripts/install-deps.sh node"; done
+  ! has6 || command -v ip6tables >/dev/null || die "ip6tables not found after scripts/install-deps.sh node (AETHER_IP_FAMILY=dual)"
   [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge missing (package containernetworking-plugins)"
   for p in kube-apiserver etcd kubectl kubelet kube-controller-manager kube-scheduler kube-proxy coredns; do
     [ -x "$tools/bin/$p" ] || die "$tools/bin/$p missing: run tests/harness/build-tools.sh (make tools)"
@@ -100,6 +128,13 @@ network_up() {
   iptables -A "$guard" -i "$bridge" -o "$bridge" -j ACCEPT
   iptables -A "$guard" -s "$cluster_cidr" ! -o "$bridge" -j DROP
   iptables -I FORWARD 1 -j "$guard"
+  if has6; then
+    ip -6 addr add "$host_ip6/64" dev "$bridge" nodad
+    ip6tables -N "$guard"
+    ip6tables -A "$guard" -i "$bridge" -o "$bridge" -j ACCEPT
+    ip6tables -A "$guard" -s "$cluster_cidr6" ! -o "$bridge" -j DROP
+    ip6tables -I FORWARD 1 -j "$guard"
+  fi
 }
 
 # node_up DIR I: node I's namespaces, network and mounts, then containerd with the images.
@@ -125,6 +160,21 @@ node_up() {
   od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$nd/machine-id"; echo >>"$nd/machine-id"
   local routes=""
   for j in $(seq 1 "$nodes"); do [ "$j" = "$i" ] || routes+="ip route add $(cidr_of "$j") via $(ip_of "$j"); "; done
+  # dual: IPv6 on (a fresh netns may inherit disable_ipv6 from the host's default), forwarding on,
+  # no duplicate address detection for eth0 (nodad) nor for links made later (cni0, pod veths), so
+  # addresses are usable at once; then eth0's IPv6 and the IPv6 routes.
+  local v6=""
+  if has6; then
+    v6="echo 0 >/proc/sys/net/ipv6/conf/all/disable_ipv6; echo 0 >/proc/sys/net/ipv6/conf/default/disable_ipv6
+    echo 0 >/proc/sys/net/ipv6/conf/eth0/disable_ipv6; echo 0 >/proc/sys/net/ipv6/conf/lo/disable_ipv6
+    echo 0 >/proc/sys/net/ipv6/conf/default/accept_dad
+    echo 1 >/proc/sys/net/ipv6/conf/all/forwarding
+    [ ! -e /proc/sys/net/bridge/bridge-nf-call-ip6tables ] || echo 1 >/proc/sys/net/bridge/bridge-nf-call-ip6tables
+    ip -6 addr add $(ip6_of "$i")/64 dev eth0 nodad
+    ip -6 route add default via $host_ip6
+    "
+    for j in $(seq 1 "$nodes"); do [ "$j" = "$i" ] || v6+="ip -6 route add $(cidr6_of "$j") via $(ip6_of "$j"); "; done
+  fi
   in_node "$h" bash -euc "
     hostname $name
     ip link set lo up
@@ -134,6 +184,7 @@ node_up() {
     $routes
     echo 1 >/proc/sys/net/ipv4/ip_forward
     [ ! -e /proc/sys/net/bridge/bridge-nf-call-iptables ] || echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
+    $v6
     mount -t tmpfs -o mode=0755,size=256m tmpfs /run
     mount --bind $nd/varlib /var/lib
     mount --bind $nd/varlog /var/log
@@ -142,11 +193,18 @@ node_up() {
     mkdir -p /run/netns /run/containerd /var/lib/kubelet
   " || die "$name: setting up its namespaces failed"
   ip route add "$cidr" via "$ip" dev "$bridge"
+  # One host-local range per family (the bridge plugin gives each pod one address from each).
+  local ranges="[{\"subnet\": \"$cidr\", \"gateway\": \"${cidr%.0/24}.1\"}]" routes='{"dst": "0.0.0.0/0"}' cidr6
+  if has6; then
+    cidr6=$(cidr6_of "$i")
+    ip -6 route add "$cidr6" via "$(ip6_of "$i")" dev "$bridge"
+    ranges+=", [{\"subnet\": \"$cidr6\", \"gateway\": \"${cidr6%::/64}::1\"}]" routes+=', {"dst": "::/0"}'
+  fi
   cat >"$nd/cni/net.d/10-aether.conflist" <<CNI
 {"cniVersion": "1.0.0", "name": "$name", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "dataDir": "$nd/cni/ipam", "ranges": [[{"subnet": "$cidr", "gateway": "${cidr%.0/24}.1"}]],
-            "routes": [{"dst": "0.0.0.0/0"}]}},
+   "ipam": {"type": "host-local", "dataDir": "$nd/cni/ipam", "ranges": [$ranges],
+            "routes": [$routes]}},
   {"type": "loopback"}]}
 CNI
   containerd_config "$nd" /run/containerd/containerd.sock
@@ -157,7 +215,7 @@ CNI
   ctr -a "$sock" version >/dev/null 2>&1 || { tail -n 20 "$nd/logs/containerd.log" >&2; die "$name: containerd did not start"; }
   "$here/images.sh" import "$sock" >"$nd/logs/images.log" 2>&1 \
     || { tail -n 20 "$nd/logs/images.log" >&2; die "$name: importing the images failed"; }
-  log "$name: namespaces (holder pid $h), node IP $ip, pods $cidr, containerd up, images imported"
+  log "$name: namespaces (holder pid $h), node IP $ip$(has6 && echo ",$(ip6_of "$i")"), pods $cidr$(has6 && echo ",$(cidr6_of "$i")"), containerd up, images imported"
 }
 
 kubelet_up() {
@@ -193,7 +251,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 YAML
   nsenter -t "$h" -m -n -u -- "$tools/bin/kubelet" --config "$nd/kubelet.yaml" --kubeconfig "$d/kubelet-$name.kubeconfig" \
-    --root-dir /var/lib/kubelet --hostname-override "$name" --node-ip "$ip" --v 1 >"$nd/logs/kubelet.log" 2>&1 &
+    --root-dir /var/lib/kubelet --hostname-override "$name" --node-ip "$ip$(has6 && echo ",$(ip6_of "$i")")" --v 1 >"$nd/logs/kubelet.log" 2>&1 &
   echo $! >"$nd/kubelet.pid"
   cat >"$nd/kube-proxy.yaml" <<YAML
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -201,10 +259,10 @@ kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $d/kube-proxy.kubeconfig}
 mode: iptables
 hostnameOverride: $name
-clusterCIDR: $cluster_cidr
+clusterCIDR: $cluster_cidr$(has6 && echo ",$cluster_cidr6")
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
-nodePortAddresses: ["$ip/32"]
+nodePortAddresses: ["$ip/32"$(has6 && echo ", \"$(ip6_of "$i")/128\"")]
 iptables: {localhostNodePorts: false}
 conntrack: {maxPerCore: 0, min: 0}
 YAML
@@ -233,6 +291,7 @@ write_env() {
   local d=$1 i nd
   {
     echo "export AETHER_NODES=$nodes"
+    echo "export AETHER_IP_FAMILY=$family"
     for i in $(seq 1 "$nodes"); do
       nd=$d/nodes/$(name_of "$i")
       echo "export AETHER_NODE_${i}_NAME=$(name_of "$i")"
@@ -240,6 +299,8 @@ write_env() {
       echo "export AETHER_NODE_${i}_PID=$(cat "$nd/holder.pid")"
       echo "export AETHER_NODE_${i}_CONTAINERD_SOCK=/proc/$(cat "$nd/holder.pid")/root/run/containerd/containerd.sock"
       echo "export AETHER_NODE_${i}_POD_CIDR=$(cidr_of "$i")"
+      echo "export AETHER_NODE_${i}_IP6=$(has6 && ip6_of "$i")"
+      echo "export AETHER_NODE_${i}_POD_CIDR6=$(has6 && cidr6_of "$i")"
     done
     cat "$d/cp/env"
   } >"$d/env"
@@ -262,9 +323,9 @@ up() {
   AETHER_IMAGES_NO_CARGO=1 "$here/images.sh" build >&2
   for i in $(seq 1 "$nodes"); do node_up "$d" "$i"; done
   AETHER_TOOLS_DIR=$tools AETHER_APISERVER_ADDRESS=$host_ip AETHER_APISERVER_ENDPOINT_ROUTING=1 AETHER_APISERVER_RESTRICTED=1 \
-    "$here/controlplane.sh" start "$d/cp" 2>>"$d/logs/controlplane.log" \
+    AETHER_SERVICE_CIDR=$(svc_cidrs) "$here/controlplane.sh" start "$d/cp" 2>>"$d/logs/controlplane.log" \
     || { tail -n 20 "$d/logs/controlplane.log" >&2; die "control plane did not start"; }
-  controllers_up "$d" "$svc_cidr"
+  controllers_up "$d" "$(svc_cidrs)"
   client_cert "$d" kube-proxy system:kube-proxy system:node-proxier
   kubeconfig "$d" kube-proxy
   log "control plane up: kube-apiserver https://$host_ip, controller-manager, scheduler"
@@ -274,7 +335,7 @@ up() {
   AETHER_TOOLS_DIR=$tools "$here/dns.sh" up "$d/cp/kubeconfig" 2 >&2 || die "cluster DNS did not come up"
   write_env "$d"
   trap - EXIT INT TERM
-  log "up: $nodes nodes; . $d/env  (kubectl: $tools/bin/kubectl)"
+  log "up: $nodes nodes ($family); . $d/env  (kubectl: $tools/bin/kubectl)"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -361,5 +422,5 @@ cmd=${1:-}; dir=${2:-}
 case $cmd in
   up) [ -n "$dir" ] || die "usage: AETHER_NODES=N node.sh up DIR"; up "$dir" ;;
   down) [ -n "$dir" ] || die "usage: node.sh down DIR"; down "$dir" ;;
-  *) sed -n '2,37p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,52p' "$0" >&2; exit 2 ;;
 esac

@@ -48,8 +48,8 @@ set -euo pipefail
 # Several nodes (AETHER_NODES=N, N >= 2): multinode.sh brings them up, and takes down a DIR it
 # brought up (DIR/nodes/count).
 if { [ "${1:-}" = up ] && [ "${AETHER_NODES:-1}" != 1 ]; } || { [ "${1:-}" = down ] && [ -f "${2:-}/nodes/count" ]; }; then
-  if [ "${1:-}" = up ] && [ "${AETHER_IP_FAMILY:-ipv4}" != ipv4 ]; then
-    echo "node.sh: AETHER_IP_FAMILY=${AETHER_IP_FAMILY} brings up one node only (AETHER_NODES=1)" >&2; exit 1
+  if [ "${1:-}" = up ] && [ "${AETHER_IP_FAMILY:-ipv4}" = ipv6 ]; then
+    echo "node.sh: AETHER_IP_FAMILY=ipv6 brings up one node only (AETHER_NODES=1); several nodes take ipv4 or dual" >&2; exit 1
   fi
   exec "$(dirname "$0")/multinode.sh" "$@"
 fi
