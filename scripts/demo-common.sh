@@ -8,6 +8,11 @@
 #                  which the README's Quickstart installs
 #   images         `-f examples/quickstart/local-images.yaml`: the Quickstart's values pointing
 #                  the chart at the images `make images` built here (never pulled)
+#   url_host IP    IP as a URL writes it (IPv6 in brackets)
+#   dual_service NS NAME APP
+#                  applies Service NS/NAME (ipFamilyPolicy RequireDualStack, IPv4 then IPv6, port
+#                  8080 to the pods labelled app=APP) and prints its two ClusterIPs
+#   report_failed  with entries in the caller's `failed` array: lists them and exits 1
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 indent() { sed 's/^/    /'; }
@@ -25,3 +30,26 @@ images=(-f "$repo/examples/quickstart/local-images.yaml")
 # The images `make images` built: release binaries. node.sh imports .cache/images, rebuilding a
 # tarball only if its inputs changed, with this profile.
 export AETHER_IMAGE_PROFILE=release
+
+url_host() { case $1 in *:*) echo "[$1]" ;; *) echo "$1" ;; esac; }
+
+dual_service() {
+  kubectl apply -f - <<SVC | indent
+apiVersion: v1
+kind: Service
+metadata: {name: $2, namespace: $1}
+spec:
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  selector: {app: $3}
+  ports: [{port: 8080, targetPort: 8080}]
+SVC
+  kubectl -n "$1" get service "$2" -o custom-columns='NAME:.metadata.name,CLUSTER-IPS:.spec.clusterIPs' | indent
+}
+
+report_failed() {
+  [ ${#failed[@]} -gt 0 ] || return 0
+  step "the demo FAILED:"
+  printf '    %s\n' "${failed[@]}"
+  exit 1
+}

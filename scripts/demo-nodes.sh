@@ -144,17 +144,7 @@ kubectl uncordon "$last" | indent
 
 if [ "$family" = dual ]; then
   step "dual-stack: Service web-dual (ipFamilyPolicy: RequireDualStack) reaches web's socket over IPv4 and IPv6, from both nodes"
-  kubectl apply -f - <<'SVC' | indent
-apiVersion: v1
-kind: Service
-metadata: {name: web-dual, namespace: default}
-spec:
-  ipFamilyPolicy: RequireDualStack
-  ipFamilies: [IPv4, IPv6]
-  selector: {app: web}
-  ports: [{port: 8080, targetPort: 8080}]
-SVC
-  kubectl get service web-dual -o custom-columns='NAME:.metadata.name,CLUSTER-IPS:.spec.clusterIPs' | indent
+  dual_service default web-dual web
   kubectl get pods -l app=web -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,IPS:.status.podIPs[*].ip' | indent
   web_node=$(kubectl get pods -l app=web -o jsonpath='{.items[0].spec.nodeName}')
   # Both families' EndpointSlices name the pod before a client calls (kube-proxy follows within a second).
@@ -168,7 +158,7 @@ SVC
     node=$(eval echo "\$AETHER_NODE_${i}_NAME")
     where=$([ "$node" = "$web_node" ] && echo "web's node" || echo "another node than web's")
     for ip in $(kubectl get service web-dual -o jsonpath='{.spec.clusterIPs[*]}'); do
-      host=$ip fam=ipv4; case $ip in *:*) host="[$ip]" fam=ipv6 ;; esac
+      host=$(url_host "$ip") fam=ipv4; [ "$host" = "$ip" ] || fam=ipv6
       n=$((n + 1)) name=client-dual-$n
       echo "  \$ kubectl run $name on $node ($where) -- --get http://$host:8080/dual-$fam"
       out=$(client "$name" "$node" "http://$host:8080/dual-$fam" 2>&1 || true)
@@ -180,8 +170,4 @@ SVC
   kubectl delete service web-dual >/dev/null
 fi
 
-if [ ${#failed[@]} -gt 0 ]; then
-  step "FAILED"
-  printf '    %s\n' "${failed[@]}"
-  exit 1
-fi
+report_failed

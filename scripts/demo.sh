@@ -144,24 +144,15 @@ echo "  \$ kubectl apply -f examples/quickstart/client.yaml"
 kubectl apply -f "$repo/examples/quickstart/client.yaml" | indent
 kubectl -n shop wait --for=jsonpath='{.status.phase}'=Succeeded pod/client --timeout=60s >/dev/null || true
 echo "  \$ kubectl -n shop logs client"
-kubectl -n shop logs client | indent
-kubectl -n shop logs client | grep -q 'over unix:/uds/app.sock' || failed+=("the Quickstart's request was not served over the socket")
+out=$(kubectl -n shop logs client 2>&1) || true
+printf '%s\n' "$out" | indent
+grep -q 'over unix:/uds/app.sock' <<<"$out" || failed+=("the Quickstart's request was not served over the socket")
 
 if [ "${AETHER_IP_FAMILY:-ipv4}" = dual ]; then
   step "dual-stack: Service echo-dual (ipFamilyPolicy: RequireDualStack) reaches the socket over IPv4 and over IPv6"
-  kubectl -n shop apply -f - <<'SVC' | indent
-apiVersion: v1
-kind: Service
-metadata: {name: echo-dual, namespace: shop}
-spec:
-  ipFamilyPolicy: RequireDualStack
-  ipFamilies: [IPv4, IPv6]
-  selector: {app: echo}
-  ports: [{port: 8080, targetPort: 8080}]
-SVC
-  kubectl -n shop get service echo-dual -o custom-columns='NAME:.metadata.name,CLUSTER-IPS:.spec.clusterIPs' | indent
+  dual_service shop echo-dual echo
   for ip in $(kubectl -n shop get service echo-dual -o jsonpath='{.spec.clusterIPs[*]}'); do
-    host=$ip; case $host in *:*) host="[$host]" ;; esac
+    host=$(url_host "$ip")
     name=client-$(case $ip in *:*) echo ipv6 ;; *) echo ipv4 ;; esac)
     sed -e "s/^  name: client$/  name: $name/" -e "s|http://echo.shop.svc.cluster.local:8080/hello|http://$host:8080/hello|" \
       "$repo/examples/quickstart/client.yaml" | kubectl apply -f - >/dev/null
@@ -206,11 +197,9 @@ for target in "-n shop pod/$pod" "pod/long"; do
 done
 
 step "metrics: the agent (node IP :9091) and a controller replica (pod IP :9090)"
-node_url=$AETHER_NODE_IP; case $node_url in *:*) node_url="[$node_url]" ;; esac   # IPv6 in brackets
-curl -s "http://$node_url:9091/metrics" | grep -E '^aether_agent_(pods|tcp_fallbacks)\{.*\} [1-9]' | indent || true
+curl -s "http://$(url_host "$AETHER_NODE_IP"):9091/metrics" | grep -E '^aether_agent_(pods|tcp_fallbacks)\{.*\} [1-9]' | indent || true
 for cip in $(kubectl get pods -n $NS -l app.kubernetes.io/component=controller -o jsonpath='{.items[*].status.podIP}'); do
-  case $cip in *:*) cip="[$cip]" ;; esac
-  curl -s "http://$cip:9090/metrics" | grep -E '^aether_(admission_requests_total|status_leader)' | sed "s/^/$cip: /" | indent || true
+  curl -s "http://$(url_host "$cip"):9090/metrics" | grep -E '^aether_(admission_requests_total|status_leader)' | sed "s/^/$cip: /" | indent || true
 done
 
 step "helm uninstall aether: no release object, nothing of ours on the host"
@@ -221,8 +210,4 @@ helm uninstall aether -n $NS --wait | indent
 kubectl get all,secrets,leases -n $NS 2>&1 | indent
 echo "  namespace $NODE_NS: $(kubectl get namespace $NODE_NS -o name 2>&1)"
 echo "  /run/aether: $(ls -A /run/aether 2>/dev/null | wc -l) entries"
-if [ ${#failed[@]} -gt 0 ]; then
-  step "the demo FAILED:"
-  printf '    %s\n' "${failed[@]}"
-  exit 1
-fi
+report_failed
