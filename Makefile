@@ -92,7 +92,7 @@ bench-compare: ## The agent's criterion benches at BENCH_BASE and BENCH_HEAD (de
 	@[ -n "$(BENCH_BASE)" ] || { echo "make bench-compare: set BENCH_BASE to the commit to compare with, e.g. BENCH_BASE=main~3" >&2; exit 2; }
 	@scripts/bench-compare.py --rounds $${BENCH_ROUNDS:-2} $(BENCH_BASE) $${BENCH_HEAD:-HEAD}
 
-test-matrix: root ## The node shapes make test does not run, one make demo each (root; IPv6-only, dual-stack, Debian's containerd 1.6, two nodes IPv4 and dual-stack; LANES="ipv6 dual" for some): one line per lane (scripts/test-matrix.sh)
+test-matrix: root ## The node shapes make test does not run, one make demo each (root; IPv6-only, dual-stack IPv4 or IPv6 first, Debian's containerd 1.6, two nodes IPv4 and dual-stack, CRI-O; LANES="ipv6 dual" for some): one line per lane (scripts/test-matrix.sh)
 	scripts/test-matrix.sh $(LANES)
 
 fresh-check: ## Clone HEAD into a temporary folder and run the README's two commands there (make demo, make test), timed; reuses .cache/tools (AETHER_TOOLS_DIR), never a cargo target dir

@@ -6,6 +6,9 @@
 # kubelet's path, a policy switching a pod to its socket and back, a pod Event for a socket over
 # the budget, both binaries' metrics, and `helm uninstall`.
 #
+# AETHER_RUNTIME=crio runs the node on CRI-O instead of containerd (tests/harness/node.sh says
+# what that changes); the chart is then told CRI-O's socket (agent.criSocket).
+#
 # It needs root and changes the host while it runs (a bridge aether0 with 10.244.77.1/24, iptables
 # chains, net.ipv4.ip_forward and the sysctls kubelet sets, /run/netns as a shared mount,
 # /var/lib/kubelet); everything is restored on exit, Ctrl-C included. Run it with `make demo`.
@@ -39,17 +42,22 @@ teardown() {
 trap teardown EXIT
 trap 'exit 130' INT TERM
 
-step "bringing up a real node (containerd, kubelet, controller-manager, scheduler, kube-proxy, CoreDNS; images imported)"
+step "bringing up a real node (${AETHER_RUNTIME:-containerd}, kubelet, controller-manager, scheduler, kube-proxy, CoreDNS; images imported)"
 "$repo/tests/harness/node.sh" up "$work" 2>&1 | grep -E '^\[(node|dns)' | indent
 # shellcheck disable=SC1091
 . "$work/env"
 kubectl get nodes -o wide | indent
+# What the chart needs to know of this node beyond the README's install (node.sh's
+# AETHER_CHART_SETS: CRI-O's socket, no priority class where critical pods cannot start).
+node_values=()
+for s in $AETHER_CHART_SETS; do node_values+=(--set "$s"); done
+[ ${#node_values[@]} -eq 0 ] || echo "  (this node: ${node_values[*]})"
 
 step "helm install aether-crds; helm install aether -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs (the README's install: the packaged charts of make charts, the release images of make images)"
 helm install aether-crds "$crds_chart" --wait | grep -E '^(NAME|STATUS)' | indent
 echo "  \$ kubectl create namespace $NS    (the controller's; the chart makes $NODE_NS for the node pods, labelled privileged)"
 kubectl create namespace $NS | indent
-helm install aether "$aether_chart" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
+helm install aether "$aether_chart" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" "${node_values[@]}" \
   | grep -E '^(NAME|STATUS)' | indent
 kubectl get pods -A -o wide | indent
 echo "  \$ helm test aether -n $NS    (aether-controller verify-install: webhook denial, admission, every agent's /readyz)"
@@ -148,7 +156,7 @@ out=$(kubectl -n shop logs client 2>&1) || true
 printf '%s\n' "$out" | indent
 grep -q 'over unix:/uds/app.sock' <<<"$out" || failed+=("the Quickstart's request was not served over the socket")
 
-if [ "${AETHER_IP_FAMILY:-ipv4}" = dual ]; then
+if [ "${AETHER_IP_FAMILY:-ipv4}" = dual ] || [ "${AETHER_IP_FAMILY:-ipv4}" = dual6 ]; then
   step "dual-stack: Service echo-dual (ipFamilyPolicy: RequireDualStack) reaches the socket over IPv4 and over IPv6"
   dual_service shop echo-dual echo
   for ip in $(kubectl -n shop get service echo-dual -o jsonpath='{.spec.clusterIPs[*]}'); do

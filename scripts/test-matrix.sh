@@ -7,10 +7,12 @@
 # Usage: scripts/test-matrix.sh [LANE ...]   (make test-matrix; default: every lane)
 #   ipv6        AETHER_IP_FAMILY=ipv6: an IPv6-only node (API server, pods, Services, cluster DNS)
 #   dual        AETHER_IP_FAMILY=dual: a dual-stack node, IPv4 primary
+#   dual6       AETHER_IP_FAMILY=dual6: a dual-stack node, IPv6 primary
 #   containerd1 AETHER_CONTAINERD=1: Debian's containerd 1.6 and runc 1.1
 #   two-nodes   AETHER_NODES=2: two nodes, a cross-node call and a drain
 #   two-nodes-dual  AETHER_NODES=2 AETHER_IP_FAMILY=dual: the same, dual-stack, each ClusterIP
 #               family of a RequireDualStack Service called from both nodes
+#   crio        AETHER_RUNTIME=crio: CRI-O instead of containerd (built the first time: minutes)
 # Env: AETHER_MATRIX_LOGS (default .cache/matrix): where each lane's log goes.
 # Exit: 0 when every lane passed, 1 otherwise. Needs root, as `make demo`.
 set -uo pipefail
@@ -22,17 +24,19 @@ lane_env() {
   case $1 in
     ipv6) echo AETHER_IP_FAMILY=ipv6 ;;
     dual) echo AETHER_IP_FAMILY=dual ;;
+    dual6) echo AETHER_IP_FAMILY=dual6 ;;
     containerd1) echo AETHER_CONTAINERD=1 ;;
     two-nodes) echo AETHER_NODES=2 ;;
     two-nodes-dual) echo AETHER_NODES=2 AETHER_IP_FAMILY=dual ;;
+    crio) echo AETHER_RUNTIME=crio ;;
     *) return 1 ;;
   esac
 }
 
 lanes=("$@")
-[ ${#lanes[@]} -gt 0 ] || lanes=(ipv6 dual containerd1 two-nodes two-nodes-dual)
+[ ${#lanes[@]} -gt 0 ] || lanes=(ipv6 dual dual6 containerd1 two-nodes two-nodes-dual crio)
 for lane in "${lanes[@]}"; do
-  lane_env "$lane" >/dev/null || { echo "test-matrix: unknown lane '$lane' (known: ipv6 dual containerd1 two-nodes two-nodes-dual)" >&2; exit 2; }
+  lane_env "$lane" >/dev/null || { echo "test-matrix: unknown lane '$lane' (known: ipv6 dual dual6 containerd1 two-nodes two-nodes-dual crio)" >&2; exit 2; }
 done
 
 failed=0

@@ -28,7 +28,7 @@ use std::time::Duration;
 use aether_fixtures::policy;
 use aether_tests::continuity::{self, Load, Report};
 use aether_tests::node::{
-    Containerd, IpFamily, README_NODE_NAMESPACE, Shape, aether_chart_args, release_namespace_command,
+    IpFamily, README_NODE_NAMESPACE, Runtime, Shape, aether_chart_args, release_namespace_command,
 };
 use aether_tests::nodes::{ClusterNode, RESTRICTED_CONTAINER, RESTRICTED_POD, RealNodes, app};
 use aether_tests::{Kubectl, eventually};
@@ -773,7 +773,7 @@ fn node_down_restores_the_host(env: &Env) -> anyhow::Result<()> {
 
 fn setup() -> anyhow::Result<Env> {
     // containerd 2.x (config version 3; docs/compatibility.md, "Container runtimes").
-    let env = Env { nodes: RealNodes::up_with(2, Shape { family: IpFamily::Ipv4, containerd: Containerd::V2 })? };
+    let env = Env { nodes: RealNodes::up_with(2, Shape { family: IpFamily::Ipv4, runtime: Runtime::Containerd2 })? };
     let crds = aether_tests::node::packaged_chart("aether-crds")?;
     env.nodes.helm(&["install", "aether-crds", crds.to_str().context("path")?, "--wait"])?;
     // The README's install: only the release namespace by hand; the chart makes NODE_NS.

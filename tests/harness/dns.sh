@@ -20,6 +20,8 @@
 #      AETHER_DNS_TIMEOUT: seconds to wait for the pods (default 120).
 #      AETHER_DNS_IP: Service kube-dns's ClusterIP (default 10.96.0.10; node.sh sets an IPv6 one
 #        on an IPv6-only node).
+#      AETHER_DNS_PRIORITY_CLASS: the pods' priority class (default system-cluster-critical;
+#        empty: none, for a node where critical pods cannot start: node.sh's AETHER_CRITICAL_PODS).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,6 +32,7 @@ image=${AETHER_IMAGE_PREFIX:-localhost/aether}/coredns:${AETHER_IMAGE_TAG:-dev}
 # cluster domain. The kubelet's `clusterDNS` and `clusterDomain` (node.sh's KubeletConfiguration)
 # must match them: that is the nameserver and search path it writes into every pod's resolv.conf.
 dns_ip=${AETHER_DNS_IP:-10.96.0.10}
+priority_class=${AETHER_DNS_PRIORITY_CLASS-system-cluster-critical}
 domain=cluster.local
 ns=kube-system
 timeout=${AETHER_DNS_TIMEOUT:-120}
@@ -101,7 +104,7 @@ spec:
     metadata: {labels: {k8s-app: kube-dns}}
     spec:
       serviceAccountName: coredns
-      priorityClassName: system-cluster-critical
+      priorityClassName: "$priority_class"
       # CoreDNS itself resolves nothing through the cluster DNS (it talks to kube-apiserver by
       # the kubernetes Service's IP).
       dnsPolicy: Default

@@ -40,16 +40,31 @@
 #      kubelet's first --node-ip; every pod gets an IPv4 and an IPv6 address; Services are IPv4
 #      unless they ask for IPv6 in spec.ipFamilies); or ipv6 for an IPv6-only node (node IP and
 #      kube-apiserver at fd00:10:244:77::1, pods and Services only IPv6, the `kubernetes` Service
-#      fd00:10:96::1, cluster DNS fd00:10:96::a). One node only.
+#      fd00:10:96::1, cluster DNS fd00:10:96::a), one node only; or dual6, dual-stack with IPv6
+#      primary (node IP, kube-apiserver, `kubernetes` Service and cluster DNS as for ipv6; a
+#      Service is IPv6 unless its spec.ipFamilies asks IPv4; every pod gets an IPv6 and an IPv4
+#      address), one node only.
 #      AETHER_CONTAINERD (default 2): 2 runs the containerd 2.x and runc that `make tools` built
 #      (config version 3), 1 Debian's containerd 1.6 and runc 1.1 (node-lib.sh use_containerd).
+#      AETHER_RUNTIME (default containerd): crio runs CRI-O instead (crio-lib.sh: built by
+#      `tests/harness/build-tools.sh crio`, socket /run/crio/crio.sock, images loaded by copyimg).
+#      One node only. DIR/env then says AETHER_RUNTIME=crio and AETHER_CRI_SOCK, and no
+#      AETHER_CONTAINERD_SOCK. CRI-O sets the oom_score_adj kubelet asks for as it is (containerd
+#      clamps it: restrict_oom_score_adj); where root may not lower it (no CAP_SYS_RESOURCE, as
+#      here) a critical pod (-997) cannot start, so CoreDNS runs without its priority class and
+#      DIR/env says AETHER_CRITICAL_PODS=no. DIR/env's AETHER_CHART_SETS lists the --set values
+#      charts/aether needs on the node (agent.criSocket, daemonset.priorityClassName=): the demo
+#      and the real-node suite pass them.
 set -euo pipefail
 
 # Several nodes (AETHER_NODES=N, N >= 2): multinode.sh brings them up, and takes down a DIR it
 # brought up (DIR/nodes/count).
 if { [ "${1:-}" = up ] && [ "${AETHER_NODES:-1}" != 1 ]; } || { [ "${1:-}" = down ] && [ -f "${2:-}/nodes/count" ]; }; then
-  if [ "${1:-}" = up ] && [ "${AETHER_IP_FAMILY:-ipv4}" = ipv6 ]; then
-    echo "node.sh: AETHER_IP_FAMILY=ipv6 brings up one node only (AETHER_NODES=1); several nodes take ipv4 or dual" >&2; exit 1
+  if [ "${1:-}" = up ] && { [ "${AETHER_IP_FAMILY:-ipv4}" = ipv6 ] || [ "${AETHER_IP_FAMILY:-ipv4}" = dual6 ]; }; then
+    echo "node.sh: AETHER_IP_FAMILY=${AETHER_IP_FAMILY} brings up one node only (AETHER_NODES=1); several nodes take ipv4 or dual" >&2; exit 1
+  fi
+  if [ "${1:-}" = up ] && [ "${AETHER_RUNTIME:-containerd}" != containerd ]; then
+    echo "node.sh: AETHER_RUNTIME=${AETHER_RUNTIME} brings up one node only (AETHER_NODES=1); several nodes run containerd" >&2; exit 1
   fi
   exec "$(dirname "$0")/multinode.sh" "$@"
 fi
@@ -61,11 +76,13 @@ node=${AETHER_NODE_NAME:-aether-node}
 bridge=aether0 ip4=10.244.77.1 pod4=10.244.77.0/24 svc4=10.96.0.0/16
 ip6=fd00:10:244:77::1 pod6=fd00:10:244:77::/64 svc6=fd00:10:96::/112
 family=${AETHER_IP_FAMILY:-ipv4}
+runtime=${AETHER_RUNTIME:-containerd}
 # What kubelet, kube-proxy and the control plane are given (the primary family first), the
 # `kubernetes` Service's IP (the first in the primary Service range) and cluster DNS's.
 case $family in
   ipv6) node_ip=$ip6 node_ips=$ip6 pod_cidrs=$pod6 svc_cidrs=$svc6 api_svc_ip=fd00:10:96::1 dns_ip=fd00:10:96::a ;;
   dual) node_ip=$ip4 node_ips=$ip4,$ip6 pod_cidrs=$pod4,$pod6 svc_cidrs=$svc4,$svc6 api_svc_ip=10.96.0.1 dns_ip=10.96.0.10 ;;
+  dual6) node_ip=$ip6 node_ips=$ip6,$ip4 pod_cidrs=$pod6,$pod4 svc_cidrs=$svc6,$svc4 api_svc_ip=fd00:10:96::1 dns_ip=fd00:10:96::a ;;
   *) node_ip=$ip4 node_ips=$ip4 pod_cidrs=$pod4 svc_cidrs=$svc4 api_svc_ip=10.96.0.1 dns_ip=10.96.0.10 ;;
 esac
 has4() { [ "$family" != ipv6 ]; }
@@ -78,11 +95,18 @@ guard=AETHER-NODE
 owner_mark=/run/aether-test-node.dir
 # containerd's usual socket path, so the chart's default --cri-endpoint finds it.
 containerd_sock=/run/containerd/containerd.sock
+# shellcheck source=tests/harness/crio-lib.sh
+. "$here/crio-lib.sh"
+# The CRI socket kubelet and the agent use, and the PID file of the runtime's daemon.
+case $runtime in
+  crio) cri_sock=$crio_sock ;;
+  *) cri_sock=$containerd_sock ;;
+esac
 # Host paths this node may create (removed by `down` only if `up` created them; node-lib.sh).
 HOST_DIRS=("$kubelet_root" /var/lib/cni /var/log/pods /var/log/containers /run/containerd /run/netns
   /run/aether /run/aether-cni /run/aether-pins /var/lib/aether /var/lib/kube-proxy /etc/kubernetes
   # The chart's proxy.handOver.hostPath, and the one the restarts case moves it to.
-  /run/aether-proxy /run/aether-proxy-b)
+  /run/aether-proxy /run/aether-proxy-b "${CRIO_HOST_DIRS[@]}")
 log() { printf '[node %4ss] %s\n' "$SECONDS" "$*" >&2; }
 # shellcheck source=tests/harness/pids.sh
 . "$here/pids.sh"
@@ -97,10 +121,11 @@ preflight() {
   [ "$(id -u)" = 0 ] || die "needs root: it creates a bridge, iptables chains, mounts and sysctls (run as root)"
   case $family in
     ipv4) ;;
-    dual|ipv6) [ "$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null)" = 0 ] \
+    dual|dual6|ipv6) [ "$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null)" = 0 ] \
             || die "AETHER_IP_FAMILY=$family needs IPv6: net.ipv6.conf.all.disable_ipv6 is not 0 (or the kernel has no IPv6)" ;;
-    *) die "AETHER_IP_FAMILY=$family: use ipv4, dual or ipv6" ;;
+    *) die "AETHER_IP_FAMILY=$family: use ipv4, dual, dual6 or ipv6" ;;
   esac
+  case $runtime in containerd|crio) ;; *) die "AETHER_RUNTIME=$runtime: use containerd or crio" ;; esac
   # The Debian packages of the node: scripts/install-deps.sh is the one place that installs them.
   "$repo/scripts/install-deps.sh" node || die "could not install the node's packages (scripts/install-deps.sh node)"
   local p
@@ -120,6 +145,10 @@ preflight() {
   [ ! -e "$kubelet_root" ] || die "$kubelet_root exists: another kubelet, or a node that was not torn down (node.sh down DIR)"
   ip link show "$bridge" >/dev/null 2>&1 && die "bridge $bridge exists: a node already runs (node.sh down DIR)"
   [ ! -e "$containerd_sock" ] || die "$containerd_sock exists: another containerd runs on this host"
+  if [ "$runtime" = crio ]; then
+    "$repo/scripts/install-deps.sh" crio || die "could not install CRI-O's packages (scripts/install-deps.sh crio)"
+    crio_preflight
+  fi
   return 0
 }
 
@@ -179,9 +208,11 @@ network_up() {
   mount --make-shared /run/aether-pins
   mkdir -p "$d/cni/net.d" "$d/cni/ipam"
   # One host-local range per family (the bridge plugin gives the pod one address from each).
+  # The primary family's range first: the pod's first IP is of the node's primary family.
   local range=() route=() ranges routes
+  if has6 && [ "$family" = dual6 ]; then range+=("[{\"subnet\": \"$pod6\", \"gateway\": \"$ip6\"}]"); route+=('{"dst": "::/0"}'); fi
   if has4; then range+=("[{\"subnet\": \"$pod4\", \"gateway\": \"$ip4\"}]"); route+=('{"dst": "0.0.0.0/0"}'); fi
-  if has6; then range+=("[{\"subnet\": \"$pod6\", \"gateway\": \"$ip6\"}]"); route+=('{"dst": "::/0"}'); fi
+  if has6 && [ "$family" != dual6 ]; then range+=("[{\"subnet\": \"$pod6\", \"gateway\": \"$ip6\"}]"); route+=('{"dst": "::/0"}'); fi
   ranges=$(IFS=,; echo "${range[*]}") routes=$(IFS=,; echo "${route[*]}")
   cat >"$d/cni/net.d/10-aether.conflist" <<CNI
 {"cniVersion": "1.0.0", "name": "aether-node", "plugins": [
@@ -227,8 +258,8 @@ kubelet_up() {
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false            # this host is cgroup v1 (hybrid); kubelet 1.37 refuses v1 by default
-cgroupDriver: cgroupfs         # containerd 2.x also says so (SystemdCgroup = false); 1.6 cannot
-containerRuntimeEndpoint: unix://$containerd_sock
+cgroupDriver: cgroupfs         # containerd 2.x also says so (SystemdCgroup = false), CRI-O cgroup_manager; 1.6 cannot
+containerRuntimeEndpoint: unix://$cri_sock
 address: "$node_ip"            # kube-apiserver calls it here (logs, exec) with its client cert
 port: 10250
 readOnlyPort: 0
@@ -262,7 +293,7 @@ hostnameOverride: $node
 clusterCIDR: $pod_cidrs
 healthzBindAddress: 127.0.0.1:$(free_port)
 metricsBindAddress: 127.0.0.1:$(free_port)
-nodePortAddresses: [$(has4 && printf '"%s/32"' "$ip4")$([ "$family" = dual ] && printf ', ')$(has6 && printf '"%s/128"' "$ip6")]
+nodePortAddresses: [$(has4 && printf '"%s/32"' "$ip4")$(has4 && has6 && printf ', ')$(has6 && printf '"%s/128"' "$ip6")]
 iptables: {localhostNodePorts: false}   # leaves net.ipv4.conf.all.route_localnet alone
 conntrack: {maxPerCore: 0, min: 0}      # leaves nf_conntrack_max alone
 YAML
@@ -270,7 +301,7 @@ YAML
   local k=("$tools/bin/kubectl" --kubeconfig "$d/cp/kubeconfig")
   until [ "$("${k[@]}" get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; do
     local p
-    for p in kubelet kube-proxy kube-controller-manager kube-scheduler containerd; do
+    for p in kubelet kube-proxy kube-controller-manager kube-scheduler $(runtime_daemon); do
       kill -0 "$(cat "$d/$p.pid")" 2>/dev/null || { tail -n 30 "$d/logs/$p.log" >&2; die "$p exited (log: $d/logs/$p.log)"; }
     done
     [ $((SECONDS - t0)) -lt 120 ] || { tail -n 30 "$d/logs/kubelet.log" >&2; die "node $node not Ready after 120 s"; }
@@ -281,7 +312,7 @@ YAML
   # has programmed it, so the first pod (the chart's hook Job) does not start into a crash-loop
   # back-off.
   local ipt=iptables rule="-d $api_svc_ip/32"
-  has4 || ipt=ip6tables rule="-d $api_svc_ip/128"
+  case $api_svc_ip in *:*) ipt=ip6tables rule="-d $api_svc_ip/128" ;; esac
   until $ipt -w -t nat -S KUBE-SERVICES 2>/dev/null | grep -q -- "$rule"; do
     kill -0 "$(cat "$d/kube-proxy.pid")" 2>/dev/null || { tail -n 30 "$d/logs/kube-proxy.log" >&2; die "kube-proxy exited"; }
     [ $((SECONDS - t0)) -lt 120 ] || { tail -n 30 "$d/logs/kube-proxy.log" >&2; die "kube-proxy programmed no rule for Service $api_svc_ip in 120 s"; }
@@ -295,6 +326,27 @@ YAML
   done
 }
 
+# The runtime's daemon: its PID file is DIR/<name>.pid, its log DIR/logs/<name>.log.
+runtime_daemon() { if [ "$runtime" = crio ]; then echo crio; else echo containerd; fi; }
+
+# yes when pods kubelet gives oom_score_adj -997 (system-node-critical and
+# system-cluster-critical priority, Guaranteed QoS) can start: containerd clamps the score to its
+# own (restrict_oom_score_adj); CRI-O passes it to runc, which may lower it only with
+# CAP_SYS_RESOURCE (proc(5), /proc/pid/oom_score_adj). Probed by trying, in a child shell.
+critical_pods() {
+  if [ "$runtime" = containerd ] || sh -c 'echo -997 >/proc/self/oom_score_adj' 2>/dev/null; then echo yes; else echo no; fi
+}
+
+# What charts/aether needs to know of this node beyond the images, as --set values separated by
+# spaces: CRI-O's socket (agent.criSocket; its default is containerd's), and no priority class for
+# the node pods where critical pods cannot start.
+chart_sets() {
+  local sets=()
+  [ "$runtime" = containerd ] || sets+=("agent.criSocket=$cri_sock")
+  [ "$(critical_pods)" = yes ] || sets+=("daemonset.priorityClassName=")
+  echo "${sets[*]}"
+}
+
 write_env() {
   local d=$1
   cat >"$d/env" <<ENV
@@ -303,7 +355,11 @@ export AETHER_NODE_NAME=$node
 export AETHER_NODE_IP=$node_ip
 export AETHER_IP_FAMILY=$family
 export AETHER_NODE_IP6=$(has6 && echo "$ip6")
-export AETHER_CONTAINERD_SOCK=$containerd_sock
+export AETHER_RUNTIME=$runtime
+export AETHER_CRI_SOCK=$cri_sock
+$([ "$runtime" = containerd ] && echo "export AETHER_CONTAINERD_SOCK=$containerd_sock")
+export AETHER_CRITICAL_PODS=$(critical_pods)
+export AETHER_CHART_SETS="$(chart_sets)"
 export AETHER_KUBELET_ROOT=$kubelet_root
 export AETHER_NETNS_DIR=/run/netns
 ENV
@@ -317,18 +373,21 @@ up() {
   d=$(cd "$d" && pwd)
   [ ! -e "$d/cp" ] || die "$d/cp exists: run node.sh down $d first"
   mkdir -p "$d/logs"
-  use_containerd "$d"
+  [ "$runtime" = crio ] || use_containerd "$d"
+  echo "$runtime" >"$d/runtime"
   remember_host "$d"
+  [ "$runtime" != crio ] || crio_remember_ns "$d"
   echo "$d" >"$owner_mark"
   # From here on, any failure tears down what was started (node_dir: the trap runs outside `up`).
   node_dir=$d
   trap 'rc=$?; if [ $rc -ne 0 ]; then log "up failed (exit $rc): tearing down"; down "$node_dir"; fi' EXIT
   trap 'exit 130' INT TERM
   network_up "$d"
-  containerd_up "$d"
+  if [ "$runtime" = crio ]; then crio_up "$d"; else containerd_up "$d"; fi
   control_plane_up "$d"
   kubelet_up "$d"
-  AETHER_TOOLS_DIR=$tools AETHER_DNS_IP=$dns_ip "$here/dns.sh" up "$d/cp/kubeconfig" 1 >&2 || die "cluster DNS (dns.sh up) failed"
+  AETHER_TOOLS_DIR=$tools AETHER_DNS_IP=$dns_ip AETHER_DNS_PRIORITY_CLASS=$([ "$(critical_pods)" = yes ] && echo system-cluster-critical) \
+    "$here/dns.sh" up "$d/cp/kubeconfig" 1 >&2 || die "cluster DNS (dns.sh up) failed"
   write_env "$d"
   trap - EXIT INT TERM
   log "up: . $d/env  (kubectl: $tools/bin/kubectl)"
@@ -342,6 +401,7 @@ down() {
   [ -d "$d" ] || { log "nothing to tear down in $d"; return 0; }
   d=$(cd "$d" && pwd)
   [ ! -f "$d/containerd.bin" ] || use_containerd "$d"
+  runtime=$(cat "$d/runtime" 2>/dev/null || echo containerd)
   local sock=$containerd_sock k=("$tools/bin/kubectl" --kubeconfig "$d/cp/kubeconfig")
   set +e
   # 1. Pods first, so kubelet itself stops containers and unmounts volumes. DaemonSets and
@@ -354,7 +414,9 @@ down() {
   fi
   stop_pid "$d/kubelet.pid"
   stop_pid "$d/kube-proxy.pid"
-  # 2. Containers left, then containerd and the shims serving this socket.
+  # 2. Containers left, then containerd and the shims serving this socket (or CRI-O, its
+  #    conmons and its pinned namespaces).
+  [ "$runtime" != crio ] || crio_down "$d"
   if alive "$d/containerd.pid"; then
     local t c
     for t in $(ctr -a "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
@@ -392,12 +454,13 @@ down() {
   # 7. Empty cgroups kubelet (kubepods) and runc (k8s.io) made in the v1 hierarchies.
   remove_empty_cgroups kubepods
   remove_empty_cgroups k8s.io
+  [ "$runtime" != crio ] || crio_cgroups_down "$d"
   # 8. Host dirs that did not exist before `up`, and this node's state.
   local p
   if [ -f "$d/created-dirs.txt" ]; then
     while read -r p; do [ -n "$p" ] && ! mountpoint -q "$p" && rm -rf "$p"; done <"$d/created-dirs.txt"
   fi
-  rm -rf "$d/containerd/root" "$d/containerd/state" "$d/cni/ipam" "$d/cp"
+  rm -rf "$d/containerd/root" "$d/containerd/state" "$d/crio" "$d/cni/ipam" "$d/cp"
   [ "$(cat "$owner_mark" 2>/dev/null)" != "$d" ] || rm -f "$owner_mark"
   set -e
   log "down: $d"
@@ -408,5 +471,5 @@ case $cmd in
   up) [ -n "$dir" ] || die "usage: $0 up DIR"; up "$dir" ;;
   down) [ -n "$dir" ] || die "usage: $0 down DIR"; down "$dir" ;;
   env) [ -n "$dir" ] || die "usage: $0 env DIR"; cat "$dir/env" ;;
-  *) sed -n '2,42p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,57p' "$0" >&2; exit 2 ;;
 esac

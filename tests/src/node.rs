@@ -128,36 +128,56 @@ impl IpFamily {
     }
 }
 
-/// The containerd a node runs (`node.sh`'s `AETHER_CONTAINERD`).
+/// The container runtime a node runs (`node.sh`'s `AETHER_RUNTIME` and `AETHER_CONTAINERD`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Containerd {
+pub enum Runtime {
     /// Debian's packages: containerd 1.6 (end of life upstream) and runc 1.1, config version 2.
-    Debian,
+    ContainerdDebian,
     /// The containerd 2.x and runc `tests/harness/build-tools.sh containerd2 runc` built (`make
     /// tools`), config version 3: node.sh's default.
-    V2,
+    Containerd2,
+    /// CRI-O (`tests/harness/build-tools.sh crio`) with the runc of `make tools`; one node only.
+    Crio,
 }
 
-/// What `node.sh up` is asked for: the nodes' IP families and containerd.
+impl Runtime {
+    /// The runtime the real-node suite is asked for: `AETHER_RUNTIME=crio` is [`Runtime::Crio`],
+    /// `AETHER_CONTAINERD=1` [`Runtime::ContainerdDebian`], anything else (unset included)
+    /// [`Runtime::Containerd2`].
+    ///
+    /// # Errors
+    /// On an `AETHER_RUNTIME` other than `containerd` or `crio`.
+    pub fn from_env() -> anyhow::Result<Self> {
+        match std::env::var("AETHER_RUNTIME").unwrap_or_default().as_str() {
+            "crio" => Ok(Runtime::Crio),
+            "" | "containerd" if std::env::var("AETHER_CONTAINERD").as_deref() == Ok("1") => Ok(Runtime::ContainerdDebian),
+            "" | "containerd" => Ok(Runtime::Containerd2),
+            other => bail!("AETHER_RUNTIME={other}: use containerd (the default) or crio"),
+        }
+    }
+}
+
+/// What `node.sh up` is asked for: the nodes' IP families and container runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
     /// `AETHER_IP_FAMILY`.
     pub family: IpFamily,
-    /// `AETHER_CONTAINERD`.
-    pub containerd: Containerd,
+    /// `AETHER_RUNTIME` and `AETHER_CONTAINERD`.
+    pub runtime: Runtime,
 }
 
 impl Shape {
     /// IPv4 only, containerd 2.x: node.sh's defaults, what `make demo` runs.
-    pub const DEFAULT: Shape = Shape { family: IpFamily::Ipv4, containerd: Containerd::V2 };
+    pub const DEFAULT: Shape = Shape { family: IpFamily::Ipv4, runtime: Runtime::Containerd2 };
 
     /// The environment node.sh reads for this shape.
-    pub fn env(self) -> [(&'static str, &'static str); 2] {
-        let containerd = match self.containerd {
-            Containerd::Debian => "1",
-            Containerd::V2 => "2",
+    pub fn env(self) -> [(&'static str, &'static str); 3] {
+        let (runtime, containerd) = match self.runtime {
+            Runtime::ContainerdDebian => ("containerd", "1"),
+            Runtime::Containerd2 => ("containerd", "2"),
+            Runtime::Crio => ("crio", "2"),
         };
-        [("AETHER_IP_FAMILY", self.family.as_env()), ("AETHER_CONTAINERD", containerd)]
+        [("AETHER_IP_FAMILY", self.family.as_env()), ("AETHER_RUNTIME", runtime), ("AETHER_CONTAINERD", containerd)]
     }
 }
 
@@ -172,8 +192,14 @@ pub struct NodeFacts {
     pub node_ip: String,
     /// The node's IPv6 address on the pod bridge, on a dual-stack node.
     pub node_ip6: Option<String>,
-    /// containerd's socket (for `ctr`).
-    pub containerd_sock: PathBuf,
+    /// The runtime's name in `DIR/env` (`containerd` or `crio`).
+    pub runtime: String,
+    /// containerd's socket (for `ctr`); none on a CRI-O node.
+    pub containerd_sock: Option<PathBuf>,
+    /// `--set` values charts/aether needs on this node beyond the images (node.sh's
+    /// `AETHER_CHART_SETS`: CRI-O's socket as `agent.criSocket`, no priority class where critical
+    /// pods cannot start); empty on a containerd node.
+    pub chart_sets: Vec<String>,
     /// The kubelet's root dir (`<it>/pods` is the pods dir).
     pub kubelet_root: PathBuf,
 }
@@ -196,11 +222,11 @@ impl RealNode {
         Self::up_with(Shape::DEFAULT)
     }
 
-    /// As [`RealNode::up`], with the node's IP families and containerd.
+    /// As [`RealNode::up`], with the node's IP families and container runtime.
     ///
     /// # Errors
     /// As [`RealNode::up`]; with [`IpFamily::Dual`] also on a host without IPv6, with
-    /// [`Containerd::V2`] also when it was not built.
+    /// [`Runtime::Containerd2`] also when it was not built.
     pub fn up_with(shape: Shape) -> anyhow::Result<Self> {
         require_root("the real-node suite")?;
         let before = HostState::capture_before_up()?;
@@ -238,14 +264,47 @@ impl RealNode {
     /// # Errors
     /// On a non-zero exit, with ctr's stderr.
     pub fn ctr(&self, args: &[&str]) -> anyhow::Result<String> {
-        ctr(&self.facts.containerd_sock, args)
+        let sock = self.facts.containerd_sock.as_deref().context("ctr: this node runs CRI-O, not containerd")?;
+        ctr(sock, args)
     }
 
-    /// The last `lines` lines of each component log (kubelet, containerd, kube-proxy, ...), for
+    /// SIGKILLs a container below the API server, as a crash would: `id` is a pod status's
+    /// `containerID` (`containerd://<id>` through `ctr tasks kill`, `cri-o://<id>` through the
+    /// runc state dir node.sh gave CRI-O).
+    ///
+    /// # Errors
+    /// On an ID of another runtime than the node's, or when the kill fails.
+    pub fn kill_container(&self, id: &str) -> anyhow::Result<()> {
+        if let Some(id) = id.strip_prefix("containerd://") {
+            return self.ctr(&["tasks", "kill", "-s", "SIGKILL", id]).map(|_| ());
+        }
+        let id = id.strip_prefix("cri-o://").with_context(|| format!("container ID {id}: neither containerd:// nor cri-o://"))?;
+        let runc = tools_bin().with_file_name("runc").join("bin/runc");
+        let out = Command::new(&runc)
+            .arg("--root")
+            .arg(self.dir.join("crio/runc"))
+            .args(["kill", id, "KILL"])
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {}", runc.display()))?;
+        if !out.status.success() {
+            bail!("runc kill {id} KILL failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// How a pod network namespace's path from this node's runtime begins: containerd's
+    /// `/run/netns/cni-<uuid>`, CRI-O's (pinns) `/run/netns/<uuid>`.
+    pub fn netns_prefix(&self) -> &'static str {
+        if self.facts.runtime == "crio" { "/run/netns/" } else { "/run/netns/cni-" }
+    }
+
+    /// The last `lines` lines of each component log (kubelet, the runtime, kube-proxy, ...), for
     /// a failing test's message.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out = String::new();
-        for name in ["kubelet", "containerd", "kube-proxy", "kube-controller-manager", "kube-scheduler"] {
+        let runtime = if self.facts.runtime == "crio" { "crio" } else { "containerd" };
+        for name in ["kubelet", runtime, "kube-proxy", "kube-controller-manager", "kube-scheduler"] {
             let path = self.dir.join("logs").join(format!("{name}.log"));
             out.push_str(&format!("\n--- {} (last {lines} lines)\n{}", path.display(), tail(&path, lines)));
         }
@@ -306,6 +365,9 @@ const PATHS: &[&str] = &[
     "/var/log/pods",
     "/var/log/containers",
     "/run/containerd",
+    "/run/crio",
+    "/run/ipcns",
+    "/run/utsns",
     "/run/netns",
     "/run/aether",
     "/run/aether-cni",
@@ -506,7 +568,9 @@ fn read_env(path: &Path) -> anyhow::Result<NodeFacts> {
         node_name: get("AETHER_NODE_NAME")?,
         node_ip: get("AETHER_NODE_IP")?,
         node_ip6: vars.get("AETHER_NODE_IP6").filter(|v| !v.is_empty()).map(|v| v.to_string()),
-        containerd_sock: get("AETHER_CONTAINERD_SOCK")?.into(),
+        runtime: get("AETHER_RUNTIME")?,
+        containerd_sock: vars.get("AETHER_CONTAINERD_SOCK").map(PathBuf::from),
+        chart_sets: vars.get("AETHER_CHART_SETS").map(|v| v.trim_matches('"').split_whitespace().map(str::to_owned).collect()).unwrap_or_default(),
         kubelet_root: get("AETHER_KUBELET_ROOT")?.into(),
     })
 }

@@ -44,7 +44,7 @@ pub(crate) fn policy_switches_delivery_to_the_socket_and_delete_switches_back(en
     let tcp = "127.0.0.1:8080".to_owned();
     env.wait_healthy_at("app_default_both_8080", &tcp, |a| a == tcp)?;
     let netns = env.bind_netns("app_default_both_8080")?.context("no upstream_bind_config netns")?;
-    ensure!(netns.starts_with("/run/netns/cni-"), "netns path from the runtime: {netns}");
+    ensure!(netns.starts_with(env.node.netns_prefix()), "netns path from the runtime: {netns}");
     env.kube().apply(&policy("default", "both-uds").target("both").socket("s/app.sock").manifest())?;
     let path = env.socket_path(&uid(&pod)?, "s", "app.sock");
     env.wait_pinned("app_default_both_8080", &uid(&pod)?, &path)?;
@@ -79,7 +79,7 @@ pub(crate) fn a_client_pod_reaches_a_uds_only_app_through_its_service_ip(env: &E
     // Ready means kubelet's httpGet probe on pod IP:8080 passed: through the netns-bound listener.
     env.wait_pod_ready("default", "inb")?;
     let netns = wait_active_listener("inbound_default_inb_8080")?;
-    ensure!(netns.starts_with("/run/netns/cni-"), "listener bound in the pod's netns from the runtime: {netns}");
+    ensure!(netns.starts_with(env.node.netns_prefix()), "listener bound in the pod's netns from the runtime: {netns}");
     let ip = env.kube().ok(&["get", "service", "-n", "default", "inb", "-o", "jsonpath={.spec.clusterIP}"])?;
     let url = format!("http://{}:8080/hello", ip.trim());
     let (ok, body) = env.client_get("client-uds", &url)?;

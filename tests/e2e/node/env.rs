@@ -43,11 +43,17 @@ impl Env {
         self.node.kube()
     }
 
-    /// `helm install|upgrade` of charts/aether with the image sets plus `extra` sets, waiting
-    /// for every workload and hook Job.
+    /// `helm install|upgrade` of charts/aether with the image sets, the node's own sets
+    /// ([`aether_tests::node::NodeFacts::chart_sets`]) and `extra` sets, waiting for every
+    /// workload and hook Job.
     pub(crate) fn helm_aether(&self, verb: &str, extra: &[&str]) -> anyhow::Result<String> {
-        let args = aether_chart_args(verb, RELEASE, NS, extra)?;
+        let args = aether_chart_args(verb, RELEASE, NS, &self.chart_sets(extra))?;
         self.node.helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// The node's chart sets ([`aether_tests::node::NodeFacts::chart_sets`]), then `extra`.
+    pub(crate) fn chart_sets<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        self.node.facts().chart_sets.iter().map(String::as_str).chain(extra.iter().copied()).collect()
     }
 
     /// Health gateway answer for `cluster` on the host's socket.

@@ -1,5 +1,5 @@
 //! The real-node suite: a dual-stack kubelet + containerd node (`tests/harness/node.sh`,
-//! `AETHER_IP_FAMILY=dual`), the charts installed
+//! `AETHER_IP_FAMILY=dual`; CRI-O instead with `AETHER_RUNTIME=crio`), the charts installed
 //! with `helm install` from images built here (`tests/harness/images.sh`, no registry), and real
 //! pods whose app serves HTTP on a Unix socket in an emptyDir.
 //!
@@ -38,7 +38,7 @@ mod upgrade;
 
 use std::time::Instant;
 
-use aether_tests::node::{Containerd, IpFamily, RealNode, Shape, privileged_label_command, release_namespace_command};
+use aether_tests::node::{IpFamily, RealNode, Runtime, Shape, privileged_label_command, release_namespace_command};
 use anyhow::Context;
 
 use crate::env::{Env, NS};
@@ -49,8 +49,9 @@ fn setup() -> anyhow::Result<Env> {
     let t0 = Instant::now();
     // Dual-stack, IPv4 primary (docs/compatibility.md, "IP families"): every case runs with pods
     // holding both families; `make demo` and the two-node suite keep an IPv4-only node. containerd
-    // 2.x, as everywhere (docs/compatibility.md, "Container runtimes").
-    let node = RealNode::up_with(Shape { family: IpFamily::Dual, containerd: Containerd::V2 })?;
+    // 2.x, as everywhere, unless AETHER_RUNTIME=crio asks CRI-O (docs/compatibility.md,
+    // "Container runtimes").
+    let node = RealNode::up_with(Shape { family: IpFamily::Dual, runtime: Runtime::from_env()? })?;
     eprintln!("node up in {} s", t0.elapsed().as_secs());
     let env = Env { node, installed_at: Instant::now() };
     let crds = aether_tests::node::packaged_chart("aether-crds")?;

@@ -37,16 +37,12 @@ fn ctime(m: &std::fs::Metadata) -> std::time::SystemTime {
 pub(crate) fn app_container_restart_recovers_without_an_agent_restart(env: &Env) -> anyhow::Result<()> {
     let before = env.pod_json("default", "web")?;
     let node_before = env.node_pod()?;
-    let id = before["status"]["containerStatuses"][0]["containerID"]
-        .as_str()
-        .and_then(|c| c.strip_prefix("containerd://"))
-        .context("web's container id")?
-        .to_owned();
+    let id = before["status"]["containerStatuses"][0]["containerID"].as_str().context("web's container id")?.to_owned();
     let path = env.socket_path(&uid(&before)?, "s", "app.sock");
     // A re-created socket is a new file: its ctime is after the kill. (Its inode number may be
     // the old one: the file system reuses a freed inode number at once.)
     let killed_at = std::time::SystemTime::now();
-    env.node.ctr(&["tasks", "kill", "-s", "SIGKILL", &id])?;
+    env.node.kill_container(&id)?;
     eventually("web's app container restarted", WAIT, || {
         Ok(restarts(&env.pod_json("default", "web")?).iter().any(|(n, r)| n == "app" && *r >= 1))
     })?;
@@ -88,23 +84,18 @@ pub(crate) fn under_load(
     })
 }
 
-/// The container ID (containerd's) of container `name` in `pod`.
+/// The container ID of container `name` in `pod`, as its status gives it (`<runtime>://<id>`).
 fn container_id(pod: &Value, name: &str) -> anyhow::Result<String> {
     let statuses = pod["status"]["containerStatuses"].as_array().context("no containerStatuses")?;
     let c = statuses.iter().find(|c| c["name"] == name).with_context(|| format!("no container {name}"))?;
     let id = c["containerID"].as_str().context("no containerID")?;
-    Ok(id.trim_start_matches("containerd://").to_owned())
+    Ok(id.to_owned())
 }
 
 /// The agent's `process_start_time_seconds` on its admin port (host network): which process answers.
 fn agent_started_at() -> Option<String> {
     let (_, body) = http_get(AGENT_ADMIN, "/metrics", &[]).ok()?;
     body.lines().find(|l| l.starts_with("process_start_time_seconds ")).map(str::to_owned)
-}
-
-/// SIGKILLs container `id` through containerd (no API server involved), as a crash would.
-fn kill_container(env: &Env, id: &str) -> anyhow::Result<()> {
-    env.node.ctr(&["-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id]).map(|_| ())
 }
 
 /// Waits until an agent process other than the one that started at `before` answers `/readyz` 200
@@ -173,7 +164,7 @@ pub(crate) fn agent_restarts_under_load_fail_no_request(env: &Env) -> anyhow::Re
 
     let killed_agent = under_load(target, expect, || {
         let before = agent_started_at();
-        kill_container(env, &container_id(&env.node_pod()?, "aether-agent")?)?;
+        env.node.kill_container(&container_id(&env.node_pod()?, "aether-agent")?)?;
         wait_new_agent_ready(&before)
     })?;
     println!("agent container killed: {}", killed_agent.summary());
@@ -236,7 +227,7 @@ pub(crate) fn agent_restarts_under_load_fail_no_request(env: &Env) -> anyhow::Re
     );
 
     let killed_envoy = under_load(target, expect, || {
-        kill_container(env, &container_id(&env.proxy_pod()?, "envoy")?)?;
+        env.node.kill_container(&container_id(&env.proxy_pod()?, "envoy")?)?;
         eventually("Envoy back, with the inbound listener", WAIT, || {
             Ok(active_listener_netns("inbound_default_cont_8080").ok().flatten().is_some())
         })
@@ -249,7 +240,7 @@ pub(crate) fn agent_restarts_under_load_fail_no_request(env: &Env) -> anyhow::Re
         let frozen = FrozenApiServer::freeze(env)?;
         std::thread::sleep(Duration::from_secs(2));
         let before = agent_started_at();
-        kill_container(env, &agent_id)?;
+        env.node.kill_container(&agent_id)?;
         wait_new_agent_ready(&before)?;
         std::thread::sleep(Duration::from_secs(5));
         drop(frozen);

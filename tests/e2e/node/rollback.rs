@@ -25,7 +25,7 @@ use crate::restarts::{launcher_lines, proxy_rollout_done, served_echo_app, the_m
 type Event<'a> = (&'a str, &'a dyn Fn() -> anyhow::Result<()>, bool);
 
 fn gitops_apply(env: &Env) -> anyhow::Result<()> {
-    let mut args = aether_tests::node::aether_chart_args("install", RELEASE, NS, &[])?;
+    let mut args = aether_tests::node::aether_chart_args("install", RELEASE, NS, &env.chart_sets(&[]))?;
     args[0] = "template".to_owned();
     args.extend(
         ["--show-only", "templates/proxy-daemonset.yaml", "--show-only", "templates/proxy-bootstrap-configmap.yaml"]
