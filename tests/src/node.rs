@@ -150,7 +150,9 @@ impl Runtime {
     pub fn from_env() -> anyhow::Result<Self> {
         match std::env::var("AETHER_RUNTIME").unwrap_or_default().as_str() {
             "crio" => Ok(Runtime::Crio),
-            "" | "containerd" if std::env::var("AETHER_CONTAINERD").as_deref() == Ok("1") => Ok(Runtime::ContainerdDebian),
+            "" | "containerd" if std::env::var("AETHER_CONTAINERD").as_deref() == Ok("1") => {
+                Ok(Runtime::ContainerdDebian)
+            }
             "" | "containerd" => Ok(Runtime::Containerd2),
             other => bail!("AETHER_RUNTIME={other}: use containerd (the default) or crio"),
         }
@@ -278,7 +280,9 @@ impl RealNode {
         if let Some(id) = id.strip_prefix("containerd://") {
             return self.ctr(&["tasks", "kill", "-s", "SIGKILL", id]).map(|_| ());
         }
-        let id = id.strip_prefix("cri-o://").with_context(|| format!("container ID {id}: neither containerd:// nor cri-o://"))?;
+        let id = id
+            .strip_prefix("cri-o://")
+            .with_context(|| format!("container ID {id}: neither containerd:// nor cri-o://"))?;
         let runc = tools_bin().with_file_name("runc").join("bin/runc");
         let out = Command::new(&runc)
             .arg("--root")
@@ -570,7 +574,10 @@ fn read_env(path: &Path) -> anyhow::Result<NodeFacts> {
         node_ip6: vars.get("AETHER_NODE_IP6").filter(|v| !v.is_empty()).map(|v| v.to_string()),
         runtime: get("AETHER_RUNTIME")?,
         containerd_sock: vars.get("AETHER_CONTAINERD_SOCK").map(PathBuf::from),
-        chart_sets: vars.get("AETHER_CHART_SETS").map(|v| v.trim_matches('"').split_whitespace().map(str::to_owned).collect()).unwrap_or_default(),
+        chart_sets: vars
+            .get("AETHER_CHART_SETS")
+            .map(|v| v.trim_matches('"').split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default(),
         kubelet_root: get("AETHER_KUBELET_ROOT")?.into(),
     })
 }
