@@ -120,7 +120,10 @@ preflight() {
 
 network_up() {
   local d=$1
-  ip link add "$bridge" type bridge
+  # Fixed MACs for the host bridge and each node's cni0 (made below, before the CNI plugin, which
+  # then uses it): a bridge without one takes its lowest port MAC, which changes as ports come and
+  # go (node.sh's network_up says what that did).
+  ip link add "$bridge" address 02:ae:00:00:00:02 type bridge
   echo "$bridge" >"$d/bridge.created"
   ip addr add "$host_ip/24" dev "$bridge"
   ip link set "$bridge" up
@@ -191,6 +194,7 @@ node_up() {
     [ ! -e /etc/machine-id ] || mount --bind $nd/machine-id /etc/machine-id
     mount --make-rshared /
     mkdir -p /run/netns /run/containerd /var/lib/kubelet
+    ip link add cni0 address 02:ae:00:00:01:$(printf %02x "$i") type bridge
   " || die "$name: setting up its namespaces failed"
   ip route add "$cidr" via "$ip" dev "$bridge"
   # One host-local range per family (the bridge plugin gives each pod one address from each).

@@ -171,7 +171,11 @@ reclaim_killed_node() {
 
 network_up() {
   local d=$1
-  ip link add "$bridge" type bridge
+  # A fixed, locally administered MAC: a bridge without one takes the lowest MAC of its ports, so
+  # it changed whenever a pod's veth came or went, and pods that had the old one cached for the
+  # node IP (their gateway, kube-apiserver) sent to a MAC nobody had until their neighbour entry
+  # expired (seen here: the MAC changed as pods started).
+  ip link add "$bridge" address 02:ae:00:00:00:01 type bridge
   echo "$bridge" >"$d/bridge.created"
   # The bridge keeps its IPv4 address in every family (an IPv6-only node gives it no pod or Service).
   ip addr add "$ip4/24" dev "$bridge"
