@@ -29,9 +29,11 @@
 #     proxy mounts it with HostToContainer propagation), /run/aether-pins likewise (the agent's
 #     socket pins, mounted Bidirectional), the kubelet's mounts under
 #     /var/lib/kubelet, the host dirs that did not exist before (/var/lib/kubelet, /var/log/pods,
-#     /run/aether, /var/lib/aether, ...), and empty cgroups made by kubelet and runc.
+#     /run/aether, /var/lib/aether, ...), and empty cgroups made by kubelet and runc;
+#   - with AETHER_RUNTIME=crio also what crio-lib.sh lists: /run/crio, the IPC and UTS namespaces
+#     pinns pins under /run, and the hugetlb cgroup hierarchy where the kernel has it unmounted.
 # Only processes whose PIDs `up` recorded in DIR are stopped (and containerd shims whose
-# -address is this node's containerd socket).
+# -address is this node's containerd socket; with CRI-O, the conmons writing to its exit dir).
 #
 # Env: AETHER_TOOLS_DIR (default <repo>/.cache/tools), AETHER_NODE_NAME (default aether-node),
 #      AETHER_NODES (default 1): 2 to 8 brings up that many nodes instead (multinode.sh, whose
@@ -475,5 +477,5 @@ case $cmd in
   up) [ -n "$dir" ] || die "usage: $0 up DIR"; up "$dir" ;;
   down) [ -n "$dir" ] || die "usage: $0 down DIR"; down "$dir" ;;
   env) [ -n "$dir" ] || die "usage: $0 env DIR"; cat "$dir/env" ;;
-  *) sed -n '2,57p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,59p' "$0" >&2; exit 2 ;;
 esac
