@@ -99,7 +99,7 @@ owner_mark=/run/aether-test-node.dir
 containerd_sock=/run/containerd/containerd.sock
 # shellcheck source=tests/harness/crio-lib.sh
 . "$here/crio-lib.sh"
-# The CRI socket kubelet and the agent use, and the PID file of the runtime's daemon.
+# The CRI socket kubelet and the agent use.
 case $runtime in
   crio) cri_sock=$crio_sock ;;
   *) cri_sock=$containerd_sock ;;
@@ -213,12 +213,15 @@ network_up() {
   fi
   mount --make-shared /run/aether-pins
   mkdir -p "$d/cni/net.d" "$d/cni/ipam"
-  # One host-local range per family (the bridge plugin gives the pod one address from each).
-  # The primary family's range first: the pod's first IP is of the node's primary family.
-  local range=() route=() ranges routes
-  if has6 && [ "$family" = dual6 ]; then range+=("[{\"subnet\": \"$pod6\", \"gateway\": \"$ip6\"}]"); route+=('{"dst": "::/0"}'); fi
-  if has4; then range+=("[{\"subnet\": \"$pod4\", \"gateway\": \"$ip4\"}]"); route+=('{"dst": "0.0.0.0/0"}'); fi
-  if has6 && [ "$family" != dual6 ]; then range+=("[{\"subnet\": \"$pod6\", \"gateway\": \"$ip6\"}]"); route+=('{"dst": "::/0"}'); fi
+  # One host-local range per family (the bridge plugin gives the pod one address from each), the
+  # primary family's first: the pod's first IP is of the node's primary family.
+  local range=() route=() ranges routes cidr
+  for cidr in ${pod_cidrs//,/ }; do
+    case $cidr in
+      *:*) range+=("[{\"subnet\": \"$cidr\", \"gateway\": \"$ip6\"}]"); route+=('{"dst": "::/0"}') ;;
+      *) range+=("[{\"subnet\": \"$cidr\", \"gateway\": \"$ip4\"}]"); route+=('{"dst": "0.0.0.0/0"}') ;;
+    esac
+  done
   ranges=$(IFS=,; echo "${range[*]}") routes=$(IFS=,; echo "${route[*]}")
   cat >"$d/cni/net.d/10-aether.conflist" <<CNI
 {"cniVersion": "1.0.0", "name": "aether-node", "plugins": [
@@ -349,7 +352,7 @@ critical_pods() {
 chart_sets() {
   local sets=()
   [ "$runtime" = containerd ] || sets+=("agent.criSocket=$cri_sock")
-  [ "$(critical_pods)" = yes ] || sets+=("daemonset.priorityClassName=")
+  [ "$critical" = yes ] || sets+=("daemonset.priorityClassName=")
   echo "${sets[*]}"
 }
 
@@ -364,7 +367,7 @@ export AETHER_NODE_IP6=$(has6 && echo "$ip6")
 export AETHER_RUNTIME=$runtime
 export AETHER_CRI_SOCK=$cri_sock
 $([ "$runtime" = containerd ] && echo "export AETHER_CONTAINERD_SOCK=$containerd_sock")
-export AETHER_CRITICAL_PODS=$(critical_pods)
+export AETHER_CRITICAL_PODS=$critical
 export AETHER_CHART_SETS="$(chart_sets)"
 export AETHER_KUBELET_ROOT=$kubelet_root
 export AETHER_NETNS_DIR=/run/netns
@@ -392,7 +395,8 @@ up() {
   if [ "$runtime" = crio ]; then crio_up "$d"; else containerd_up "$d"; fi
   control_plane_up "$d"
   kubelet_up "$d"
-  AETHER_TOOLS_DIR=$tools AETHER_DNS_IP=$dns_ip AETHER_DNS_PRIORITY_CLASS=$([ "$(critical_pods)" = yes ] && echo system-cluster-critical) \
+  critical=$(critical_pods)
+  AETHER_TOOLS_DIR=$tools AETHER_DNS_IP=$dns_ip AETHER_DNS_PRIORITY_CLASS=$([ "$critical" = yes ] && echo system-cluster-critical) \
     "$here/dns.sh" up "$d/cp/kubeconfig" 1 >&2 || die "cluster DNS (dns.sh up) failed"
   write_env "$d"
   trap - EXIT INT TERM

@@ -37,7 +37,7 @@ fn ctime(m: &std::fs::Metadata) -> std::time::SystemTime {
 pub(crate) fn app_container_restart_recovers_without_an_agent_restart(env: &Env) -> anyhow::Result<()> {
     let before = env.pod_json("default", "web")?;
     let node_before = env.node_pod()?;
-    let id = before["status"]["containerStatuses"][0]["containerID"].as_str().context("web's container id")?.to_owned();
+    let id = container_id(&before, "app")?;
     let path = env.socket_path(&uid(&before)?, "s", "app.sock");
     // A re-created socket is a new file: its ctime is after the kill. (Its inode number may be
     // the old one: the file system reuses a freed inode number at once.)
