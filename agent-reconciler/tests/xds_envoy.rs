@@ -537,7 +537,73 @@ fn inbound_listener(name: &str, netns: &Netns, port: u16, cluster: &str) -> aeth
         port,
         ipv6: false,
         cluster: cluster.to_owned(),
+        http: false,
     }
+}
+
+/// One HTTP/1.1 keep-alive connection from inside `pod` to `127.0.0.1:<port>`, a `GET /ka` every
+/// 100 ms for at most `seconds`, never reopened. Prints one line: `announced <n>` when the n-th
+/// response said `Connection: close` (the server ended the connection between requests), `cut
+/// <n> <error>` when the n-th request failed (lost in flight), `lasted <n>` otherwise.
+fn keep_alive_in(pod: &Netns, port: u16, seconds: u32) -> std::process::Child {
+    let script = format!(
+        "import http.client, time\n\
+         c = http.client.HTTPConnection('127.0.0.1', {port}, timeout=2)\n\
+         n, end = 0, time.time() + {seconds}\n\
+         while time.time() < end:\n\
+         \x20   n += 1\n\
+         \x20   try:\n\
+         \x20       c.request('GET', '/ka'); r = c.getresponse(); r.read()\n\
+         \x20   except Exception as e:\n\
+         \x20       print('cut', n, type(e).__name__); raise SystemExit\n\
+         \x20   if r.status != 200: print('cut', n, r.status); raise SystemExit\n\
+         \x20   if (r.getheader('connection') or '').lower() == 'close': print('announced', n); raise SystemExit\n\
+         \x20   time.sleep(0.1)\n\
+         print('lasted', n)\n"
+    );
+    pod.exec(&["python3", "-c", &script]).stdout(Stdio::piped()).spawn().unwrap()
+}
+
+/// `endpoint.aether.io/inbound-proxy: http`: the inbound listener relays requests (Envoy's HTTP
+/// connection manager) instead of bytes. The app's answer arrives as it sent it (no `x-envoy-*`
+/// header, its own `server` header or none), and when the listener drains (here: LDS removes it;
+/// a replaced node Envoy drains every listener the same way) a keep-alive connection is told
+/// `Connection: close` on its next response: it ends between requests, none is lost in flight.
+/// The TCP relay beside it cannot tell the client anything: the connection serves until the
+/// drain time is up, then is closed under the client, which loses the request it sends next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_inbound_listener_relays_requests_and_ends_keep_alive_connections_between_them_when_drained() {
+    let pod = netns_with_lo("inh");
+    let f = sotw("node-inh").drain_time(2).snapshot(Snapshot::default()).await;
+    let socket = pod_socket(&f, "uid-inh", "app.sock");
+    let _echo = start_echo(&socket, "uds-http");
+    let mut http = inbound_listener("inbound_ns_inh_8080", &pod, 8080, "app_ns_inh_8080");
+    http.http = true;
+    let tcp = inbound_listener("inbound_ns_inh_8081", &pod, 8081, "app_ns_inh_8080");
+    let snapshot = Snapshot {
+        clusters: vec![pipe_cluster("app_ns_inh_8080", &socket, None)],
+        listeners: vec![http, tcp],
+        health_clusters: vec![],
+    };
+    f.push(snapshot.clone());
+    f.wait_acked().await;
+    assert_eq!(pod.get(8080, "/hello").as_deref(), Ok("uds-http HTTP/1.1 GET /hello"));
+    let head = pod.exec(&["curl", "-sS", "-D", "-", "-o", "/dev/null", "http://127.0.0.1:8080/h"]).output().unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(!head.contains("x-envoy") && !head.contains("server: envoy"), "Envoy added headers:\n{head}");
+    assert_eq!(pod.get(8081, "/tcp").as_deref(), Ok("uds-http HTTP/1.1 GET /tcp"));
+
+    let (over_http, over_tcp) = (keep_alive_in(&pod, 8080, 8), keep_alive_in(&pod, 8081, 8));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    f.push(Snapshot { listeners: vec![], ..snapshot });
+    f.wait_acked().await;
+    let said =
+        |c: std::process::Child| String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout).trim().to_owned();
+    let (http_said, tcp_said) = (said(over_http), said(over_tcp));
+    eprintln!("keep-alive over the HTTP relay: {http_said}; over the TCP relay: {tcp_said}");
+    assert!(http_said.starts_with("announced "), "the HTTP relay: {http_said}");
+    assert!(tcp_said.starts_with("cut "), "the TCP relay: {tcp_said}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

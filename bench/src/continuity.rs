@@ -192,8 +192,9 @@ fn under_load(port: u16, event: impl FnOnce() -> anyhow::Result<()>) -> anyhow::
 
 fn cell(r: &LoadReport) -> String {
     let cut = r.keepalive.iter().filter(|k| k.cut.is_some()).count();
+    let idle: u64 = r.keepalive.iter().map(|k| k.closed_idle).sum();
     format!(
-        "{} of {} failed; gap {:.2} s; keep-alive ended {cut} of {}",
+        "{} of {} failed; gap {:.2} s; keep-alive: a request lost on {cut} of {}, {idle} connections closed while idle",
         r.failed(),
         r.requests.len(),
         r.longest_gap().as_secs_f64(),

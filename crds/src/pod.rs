@@ -20,6 +20,11 @@ pub const PROTOCOL_ANNOTATION: &str = "endpoint.aether.io/protocol";
 /// The `service` a gRPC health check asks about (`grpc.health.v1.HealthCheckRequest.service`);
 /// unset or empty: the server's overall health. Only with a gRPC health check.
 pub const GRPC_HEALTH_SERVICE_ANNOTATION: &str = "endpoint.aether.io/grpc-health-service";
+/// How the node proxy relays the pod's inbound connections: `tcp` (the default: bytes as they
+/// come, Envoy's TCP proxy) or `http` (Envoy parses each request with the codec of the port's
+/// declared protocol and, when it is replaced, ends keep-alive connections between requests;
+/// docs/contracts.md, "Managed pods and their annotations").
+pub const INBOUND_PROXY_ANNOTATION: &str = "endpoint.aether.io/inbound-proxy";
 /// The port used when a managed pod declares none.
 pub const DEFAULT_PORT: u16 = 8080;
 /// kubelet's annotation on a static pod's mirror: the hash naming its directory on disk.

@@ -6,8 +6,11 @@
 //! request every `keepalive_every` for the whole run. The client never retries: a request counts
 //! as failed when the connection is refused or reset, when connect-plus-answer takes longer than
 //! `timeout`, when the status is not 200, or when the body does not contain `expect` (another
-//! responder answered). A keep-alive connection that fails is recorded as cut, with when, and is
-//! not reopened.
+//! responder answered). A keep-alive connection whose request fails is recorded as cut, with when,
+//! and is not reopened. A keep-alive connection the server ends *between* requests is not a lost
+//! request, and the client goes on over a new connection as any HTTP client does (RFC 9112,
+//! "Persistence"): when a response said `Connection: close` (counted as announced), or when the
+//! connection was closed before the next request was written (counted as closed while idle).
 //!
 //! Built on hyper's connection API (one `handshake` per connection), so nothing pools, reuses or
 //! retries behind the count.
@@ -81,13 +84,21 @@ pub struct Outcome {
     pub failure: Option<Failure>,
 }
 
-/// What happened to one keep-alive connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What happened to one keep-alive client (one connection at a time).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeepAlive {
     /// Requests it had served when it ended or the run stopped.
     pub served: u64,
-    /// When it failed (from the start of the run) and why; `None`: it lasted the whole run.
+    /// When a request failed (from the start of the run) and why, which ended the client; `None`:
+    /// none failed.
     pub cut: Option<(Duration, Failure)>,
+    /// Connections the server ended with `Connection: close` on a response (the client went on
+    /// over a new one).
+    pub announced: u64,
+    /// Connections the server closed between requests without saying so, seen before the next
+    /// request was written (the client went on over a new one). A close that crosses a request
+    /// being written fails that request instead (`cut`).
+    pub closed_idle: u64,
 }
 
 /// The run's record.
@@ -143,9 +154,12 @@ impl Report {
             None => String::new(),
         };
         let cut = self.keepalive.iter().filter(|k| k.cut.is_some()).count();
+        let announced: u64 = self.keepalive.iter().map(|k| k.announced).sum();
+        let idle: u64 = self.keepalive.iter().map(|k| k.closed_idle).sum();
         format!(
             "{} of {} new-connection requests failed{}{window}; longest gap without a success {:.2} s; \
-             keep-alive: {cut} of {} connections cut",
+             keep-alive: {cut} of {} clients cut, {announced} connections ended announced and {idle} closed \
+             while idle",
             self.failed(),
             self.requests.len(),
             if kinds.is_empty() { String::new() } else { format!(" ({})", kinds.join(", ")) },
@@ -194,7 +208,7 @@ pub async fn run(load: &Load, stop: impl Future<Output = ()>) -> Report {
     }
     let mut kept = Vec::new();
     for k in keepalive {
-        kept.push(k.await.unwrap_or(KeepAlive { served: 0, cut: Some((ran, Failure::Other)) }));
+        kept.push(k.await.unwrap_or(KeepAlive { cut: Some((ran, Failure::Other)), ..KeepAlive::default() }));
     }
     Report { ran, requests: requests.into_iter().flatten().collect(), keepalive: kept }
 }
@@ -202,23 +216,16 @@ pub async fn run(load: &Load, stop: impl Future<Output = ()>) -> Report {
 /// One request on a new connection.
 async fn one_request(load: &Load) -> Result<(), Failure> {
     tokio::time::timeout(load.timeout, async {
-        let stream = TcpStream::connect(load.target).await.map_err(|e| io_failure(e.kind()))?;
-        let _ = stream.set_nodelay(true);
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(hyper_failure)?;
-        tokio::spawn(conn);
-        send(&mut sender, load, true).await
+        let mut sender = connect(load).await?;
+        send(&mut sender, load, true).await.map(|_| ())
     })
     .await
     .unwrap_or(Err(Failure::Timeout))
 }
 
-/// One request on `sender`'s connection; `close` asks the server to close it afterwards.
-async fn send(
-    sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
-    load: &Load,
-    close: bool,
-) -> Result<(), Failure> {
+/// One request on `sender`'s connection; `close` asks the server to close it afterwards. `Ok`
+/// says whether the response announced the connection's end (`Connection: close`).
+async fn send(sender: &mut Sender, load: &Load, close: bool) -> Result<bool, Failure> {
     let mut req = hyper::Request::get(load.path.as_str()).header(hyper::header::HOST, load.target.to_string());
     if close {
         req = req.header(hyper::header::CONNECTION, "close");
@@ -227,6 +234,11 @@ async fn send(
     sender.ready().await.map_err(hyper_failure)?;
     let resp = sender.send_request(req).await.map_err(hyper_failure)?;
     let status = resp.status().as_u16();
+    let announced = resp
+        .headers()
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"))));
     let body = resp.into_body().collect().await.map_err(hyper_failure)?.to_bytes();
     if status != 200 {
         return Err(Failure::Status(status));
@@ -234,36 +246,62 @@ async fn send(
     if !String::from_utf8_lossy(&body).contains(&load.expect) {
         return Err(Failure::WrongResponder);
     }
-    Ok(())
+    Ok(announced)
 }
 
-/// One keep-alive connection until `halt`: a request every `keepalive_every`; the first failure
-/// ends it.
-async fn keep_alive(load: Load, started: Instant, mut halt: tokio::sync::watch::Receiver<bool>) -> KeepAlive {
-    let mut served = 0;
-    let connected = tokio::time::timeout(load.timeout, async {
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+/// A new HTTP/1.1 connection to `load.target`, within the load's timeout.
+async fn connect(load: &Load) -> Result<Sender, Failure> {
+    tokio::time::timeout(load.timeout, async {
         let stream = TcpStream::connect(load.target).await.map_err(|e| io_failure(e.kind()))?;
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(hyper_failure)
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(hyper_failure)?;
+        tokio::spawn(conn);
+        Ok(sender)
     })
     .await
-    .unwrap_or(Err(Failure::Timeout));
-    let mut sender = match connected {
-        Ok((sender, conn)) => {
-            tokio::spawn(conn);
-            sender
-        }
-        Err(f) => return KeepAlive { served, cut: Some((started.elapsed(), f)) },
-    };
+    .unwrap_or(Err(Failure::Timeout))
+}
+
+/// One keep-alive client until `halt`: a request every `keepalive_every` on one connection; the
+/// first failed request ends it. A connection the server ends between requests (announced, or
+/// closed before the next request is written) is replaced by a new one.
+async fn keep_alive(load: Load, started: Instant, mut halt: tokio::sync::watch::Receiver<bool>) -> KeepAlive {
+    let mut k = KeepAlive::default();
+    let mut sender: Option<Sender> = None;
     loop {
         let at = started.elapsed();
-        match tokio::time::timeout(load.timeout, send(&mut sender, &load, false)).await.unwrap_or(Err(Failure::Timeout))
+        if sender.as_ref().is_some_and(Sender::is_closed) {
+            k.closed_idle += 1;
+            sender = None;
+        }
+        let current = match sender.take() {
+            Some(s) => Ok(s),
+            None => connect(&load).await,
+        };
+        let mut current = match current {
+            Ok(s) => s,
+            Err(f) => return KeepAlive { cut: Some((at, f)), ..k },
+        };
+        match tokio::time::timeout(load.timeout, send(&mut current, &load, false))
+            .await
+            .unwrap_or(Err(Failure::Timeout))
         {
-            Ok(()) => served += 1,
-            Err(f) => return KeepAlive { served, cut: Some((at, f)) },
+            Ok(announced) => {
+                k.served += 1;
+                if announced {
+                    k.announced += 1;
+                } else {
+                    sender = Some(current);
+                }
+            }
+            Err(f) => return KeepAlive { cut: Some((at, f)), ..k },
         }
         tokio::select! {
             _ = tokio::time::sleep(load.keepalive_every) => {}
-            _ = halt.wait_for(|h| *h) => return KeepAlive { served, cut: None },
+            _ = halt.wait_for(|h| *h) => return k,
         }
     }
 }

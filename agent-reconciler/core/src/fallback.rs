@@ -193,7 +193,7 @@ vocabulary! {
         detail: Fold,
         remedy: "mount the pods dir at a shorter path: chart value `proxy.udsWorkloads.mountPath`",
     }
-    /// An `endpoint.aether.io/port`, `ports`, `protocol`, `health-path` or `grpc-health-service`
+    /// An `endpoint.aether.io/port`, `ports`, `protocol`, `health-path`, `grpc-health-service` or `inbound-proxy`
     /// annotation is unusable; the pod runs on the defaults over TCP.
     InvalidEndpointAnnotation {
         label: "invalid-endpoint-annotation",

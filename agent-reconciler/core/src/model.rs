@@ -211,8 +211,8 @@ impl ClusterSpec {
 /// One inbound listener (bound inside the pod's network namespace, so Services and endpoints
 /// keep `<pod IP>:<port>` and clients are unaffected; docs/design-notes.md, "Agent"): Envoy
 /// listens on `0.0.0.0:<port>` (and `[::]:<port>` when `ipv6`) in `netns`, without
-/// `SO_REUSEPORT`, and hands every connection to `cluster` (TCP proxy), which dials the app's
-/// socket. Plain data; [`ListenerSpec::validate`] says whether Envoy would accept it.
+/// `SO_REUSEPORT`, and hands every connection to `cluster` (TCP proxy; or, when `http`, an HTTP
+/// connection manager routing every request there), which dials the app's socket. Plain data; [`ListenerSpec::validate`] says whether Envoy would accept it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ListenerSpec {
     /// Envoy listener name, unique on the node: `inbound_<ns>_<pod>_<port>`
@@ -226,6 +226,10 @@ pub struct ListenerSpec {
     pub ipv6: bool,
     /// The delivery cluster connections go to: `app_<ns>_<pod>_<port>`.
     pub cluster: String,
+    /// Relay HTTP requests, not bytes (`endpoint.aether.io/inbound-proxy: http`): Envoy's HTTP
+    /// connection manager (codec auto: HTTP/1.1 or HTTP/2 as the client speaks) routes every
+    /// request to `cluster`, so a draining Envoy ends keep-alive connections between requests.
+    pub http: bool,
 }
 
 impl ListenerSpec {

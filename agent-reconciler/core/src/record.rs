@@ -27,8 +27,8 @@ use std::sync::Arc;
 
 use aether_crds::EndpointPolicy;
 use aether_crds::pod::{
-    DEFAULT_PORT, GRPC_HEALTH_SERVICE_ANNOTATION, HEALTH_PATH_ANNOTATION, MANAGED_LABEL, MANAGED_VALUE,
-    MIRROR_ANNOTATION, PORT_ANNOTATION, PORTS_ANNOTATION, PROTOCOL_ANNOTATION, UDS_SOCKET_ANNOTATION,
+    DEFAULT_PORT, GRPC_HEALTH_SERVICE_ANNOTATION, HEALTH_PATH_ANNOTATION, INBOUND_PROXY_ANNOTATION, MANAGED_LABEL,
+    MANAGED_VALUE, MIRROR_ANNOTATION, PORT_ANNOTATION, PORTS_ANNOTATION, PROTOCOL_ANNOTATION, UDS_SOCKET_ANNOTATION,
 };
 use aether_crds::tiebreak::ServiceKey;
 use aether_crds::udspath::is_dns1123_label;
@@ -194,6 +194,32 @@ pub struct PortSpec {
     pub protocol: AppProtocol,
 }
 
+/// How the node proxy relays a pod's inbound connections (`endpoint.aether.io/inbound-proxy`,
+/// docs/contracts.md, "Managed pods and their annotations").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InboundProxy {
+    /// Bytes as they come (Envoy's TCP proxy): any protocol; a replaced Envoy ends the
+    /// connections it still holds when it exits, whether or not a request is in flight.
+    #[default]
+    Tcp,
+    /// Envoy parses each request with the codec of the port's declared protocol (HTTP/1.1 for
+    /// `http1`, HTTP/2 for `h2` and `grpc`) and routes it to the port's cluster; a replaced Envoy
+    /// ends keep-alive connections between requests (`Connection: close` on a response, an
+    /// HTTP/2 GOAWAY), so no request in flight is lost.
+    Http,
+}
+
+impl InboundProxy {
+    /// The annotation spelling: `tcp` or `http`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InboundProxy::Tcp => "tcp",
+            InboundProxy::Http => "http",
+        }
+    }
+}
+
 /// The delegated health check of a pod's `health_` cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "kind")]
@@ -335,6 +361,10 @@ pub struct PodRecord {
     pub too_many_ports: Option<TooManyPorts>,
     /// The delegated health check.
     pub health: HealthCheck,
+    /// How the node proxy relays inbound connections (`endpoint.aether.io/inbound-proxy`);
+    /// records written before the annotation existed read as [`InboundProxy::Tcp`].
+    #[serde(default)]
+    pub inbound: InboundProxy,
     /// The raw `endpoint.aether.io/uds-socket` value; `None` when absent or empty. Not validated
     /// here: the fold decides (an invalid value still wins over a policy). At most
     /// [`MAX_SOCKET_VALUE_BYTES`] bytes are kept (see `capped_socket_value`).
@@ -484,6 +514,15 @@ impl PodRecord {
             ),
         }
 
+        let inbound = match annotation(INBOUND_PROXY_ANNOTATION) {
+            None | Some("tcp") => InboundProxy::Tcp,
+            Some("http") => InboundProxy::Http,
+            Some(other) => {
+                defect(INBOUND_PROXY_ANNOTATION, format!("{} is not \"tcp\" or \"http\"", shown(other)));
+                InboundProxy::Tcp
+            }
+        };
+
         let spec = pod.spec.as_ref();
         let service_account = spec
             .and_then(|s| s.service_account_name.clone())
@@ -525,6 +564,7 @@ impl PodRecord {
             ports,
             too_many_ports,
             health,
+            inbound,
             uds_socket: annotation(UDS_SOCKET_ANNOTATION).map(capped_socket_value),
             pod_ips,
             empty_dirs,
@@ -768,6 +808,26 @@ mod tests {
         // A grpc port that is not the primary one changes the codec of its cluster only.
         let r = with(&[(PORTS_ANNOTATION, "8080,9090=grpc")]);
         assert_eq!(r.health, HealthCheck::Http { path: "/".into() });
+    }
+
+    #[test]
+    fn inbound_proxy_is_tcp_unless_the_pod_says_http_and_a_bad_value_is_a_defect() {
+        assert_eq!(with(&[]).inbound, InboundProxy::Tcp);
+        assert_eq!(with(&[(INBOUND_PROXY_ANNOTATION, "tcp")]).inbound, InboundProxy::Tcp);
+        let r = with(&[(INBOUND_PROXY_ANNOTATION, "http")]);
+        assert_eq!((r.inbound, r.defects.len()), (InboundProxy::Http, 0));
+        for bad in ["HTTP", "h2", "http ", &"x".repeat(100_000)] {
+            let r = with(&[(INBOUND_PROXY_ANNOTATION, bad)]);
+            assert_eq!(r.inbound, InboundProxy::Tcp, "{bad:.20}: the default stays");
+            assert_eq!(r.defects.len(), 1);
+            assert_eq!(r.defects[0].annotation, INBOUND_PROXY_ANNOTATION);
+            assert!(r.defects[0].message.ends_with("is not \"tcp\" or \"http\""), "{}", r.defects[0]);
+            assert!(r.defects[0].message.len() < 200, "the value is shown shortened: {}", r.defects[0]);
+        }
+        // A record written before the annotation existed (the agent's state dir) reads as TCP.
+        let mut old = serde_json::to_value(with(&[(INBOUND_PROXY_ANNOTATION, "http")])).unwrap();
+        old.as_object_mut().unwrap().remove("inbound");
+        assert_eq!(serde_json::from_value::<PodRecord>(old).unwrap().inbound, InboundProxy::Tcp);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use crate::index::{DeliveryMap, PodDelivery};
 use crate::model::{self as xds, ClusterSpec, Endpoint, ListenerSpec, Snapshot};
 use crate::names;
-use crate::record::{HealthCheck, PodKey, PodRecord};
+use crate::record::{HealthCheck, InboundProxy, PodKey, PodRecord};
 use crate::refusal::Refusal;
 
 /// Where a rendered pod is actually delivered, after the on-disk check.
@@ -122,6 +122,7 @@ pub fn render_pod(entry: &PodDelivery, refused: Option<&Refusal>) -> PodRender {
                 port: p.port,
                 ipv6,
                 cluster: names::app_cluster(&pod.namespace, &pod.name, p.port),
+                http: pod.inbound == InboundProxy::Http,
             });
         }
     }
@@ -272,6 +273,11 @@ mod tests {
         assert!(!l.ipv6, "no [::] listener for a pod without an IPv6 address");
         let dual = map_in_netns(pod(Some("s/app.sock"), &["10.1.2.3", "fd00::3"]), Some("/run/netns/cni-1"));
         assert!(render(&dual, &HashMap::new()).snapshot.listeners.iter().all(|l| l.ipv6));
+        assert!(!l.http, "bytes are relayed unless the pod asks for HTTP");
+        let mut http = pod(Some("s/app.sock"), &["10.1.2.3"]);
+        http.inbound = InboundProxy::Http;
+        let r = render(&map_in_netns(http, Some("/run/netns/cni-1")), &HashMap::new());
+        assert!(r.snapshot.listeners.iter().all(|l| l.http), "every port of an inbound-proxy: http pod");
     }
 
     #[test]

@@ -34,5 +34,6 @@ pub(crate) fn inbound(name: &str, port: u16) -> ListenerSpec {
         port,
         ipv6: false,
         cluster: format!("app_ns_a_{port}"),
+        http: false,
     }
 }

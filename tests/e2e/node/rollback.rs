@@ -80,7 +80,7 @@ fn proxy_strategy(env: &Env, rev: u64) -> anyhow::Result<(String, bool)> {
 pub(crate) fn a_rollback_either_way_across_the_hand_over_costs_one_cold_start_and_nothing_after(
     env: &Env,
 ) -> anyhow::Result<()> {
-    let (target, expect) = served_echo_app(env, "rback")?;
+    let (target, expect) = served_echo_app(env, "rback", "tcp")?;
     let expect = expect.as_str();
     let surge = current_revision(env)?;
     ensure!(

@@ -67,7 +67,10 @@ async fn main() -> std::process::ExitCode {
             Some((at, why)) => {
                 println!("  keep-alive {i}: cut at +{:.3} s ({why:?}) after {} requests", at.as_secs_f64(), k.served)
             }
-            None => println!("  keep-alive {i}: kept, {} requests", k.served),
+            None => println!(
+                "  keep-alive {i}: no request lost, {} requests ({} connections ended announced, {} closed while idle)",
+                k.served, k.announced, k.closed_idle
+            ),
         }
     }
     if report.failed() == 0 && report.keepalive.iter().all(|k| k.cut.is_none()) {
