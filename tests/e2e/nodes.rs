@@ -500,11 +500,34 @@ fn one_roll(env: &Env, target: SocketAddr, values: &[&str]) -> anyhow::Result<Re
     let expect = "over unix:/s/app.sock";
     let before: Vec<(String, String)> =
         env.node_pods()?.iter().map(|p| (pod_name(p).to_owned(), node_name(p).to_owned())).collect();
+    let counters = || -> anyhow::Result<Vec<_>> { [NODE1, NODE2].iter().map(|n| env.node(n).tcp_counters()).collect() };
+    let tcp_before = counters()?;
     println!("load starts at {} (UTC)", chrono_now());
     let reports = under_load_from(env.node(NODE1), &[(target, expect)], || {
         env.helm_aether("upgrade", values)?;
         env.node_daemonsets_rolled_out()
     })?;
+    // What a lost request would be read against: the kernel's drops, retransmissions and resets
+    // in each node's netns over the roll (the client's SYNs and retransmissions are node 1's).
+    for ((node, before), after) in [NODE1, NODE2].iter().zip(&tcp_before).zip(&counters()?) {
+        const WATCHED: [&str; 10] = [
+            "TcpExtListenDrops",
+            "TcpExtListenOverflows",
+            "TcpExtTCPSynRetrans",
+            "TcpRetransSegs",
+            "TcpOutRsts",
+            "TcpEstabResets",
+            "TcpAttemptFails",
+            "TcpExtTCPAbortOnData",
+            "TcpExtTCPAbortOnClose",
+            "TcpExtTCPTimeouts",
+        ];
+        let deltas: Vec<String> = WATCHED
+            .iter()
+            .map(|k| format!("{k} +{}", after.get(*k).unwrap_or(&0).saturating_sub(*before.get(*k).unwrap_or(&0))))
+            .collect();
+        println!("{node}'s netns TCP counters over the roll: {}", deltas.join(", "));
+    }
     let after: Vec<(String, String)> =
         env.node_pods()?.iter().map(|p| (pod_name(p).to_owned(), node_name(p).to_owned())).collect();
     ensure!(before.iter().all(|b| !after.contains(b)), "every node pod replaced: before {before:?}, after {after:?}");

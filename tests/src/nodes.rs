@@ -66,6 +66,23 @@ impl ClusterNode {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// The kernel's TCP counters in the node's network namespace (`nstat -asz`: absolute values,
+    /// the history file left alone), by name (`TcpRetransSegs`, `TcpExtListenDrops`, ...).
+    ///
+    /// # Errors
+    /// When nstat fails to run there.
+    pub fn tcp_counters(&self) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+        let out = self.run(&["nstat", "-asz"])?;
+        Ok(out
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let name = f.next().filter(|n| n.starts_with("Tcp"))?;
+                Some((name.to_owned(), f.next()?.parse().ok()?))
+            })
+            .collect())
+    }
+
     /// Runs `f` on a thread that has joined the node's network namespace (`setns(2)`): every
     /// socket `f` opens, and every thread it starts (a tokio runtime's), is the node's. The
     /// caller's thread stays in its own.
