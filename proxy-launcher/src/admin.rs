@@ -132,6 +132,86 @@ pub fn prepare_socket_dir(socket: &Path) -> std::io::Result<()> {
     crate::state_dir::open_root_only(dir, "Envoy admin socket dir").map(drop)
 }
 
+/// A shared flock on the admin socket's directory, held by a launcher from just before it starts
+/// an Envoy until that Envoy has exited: while any launcher holds one, no launcher removes the
+/// directory ([`remove_unused_socket_dir`]). The kernel drops the lock with its holder.
+#[derive(Debug)]
+pub struct SocketDirHold(#[allow(dead_code)] std::fs::File);
+
+/// Prepares the socket's directory as [`prepare_socket_dir`] does and takes a shared flock on it,
+/// checking that the locked directory is still the one at that path (a last launcher elsewhere
+/// may have removed it in between; then it is made anew). Blocks only while a removal holds the
+/// lock (a few system calls). `None` for a socket path without a directory.
+///
+/// # Errors
+/// Those of [`prepare_socket_dir`]; I/O errors of flock(2) and stat(2), naming the directory.
+pub fn hold_socket_dir(socket: &Path) -> std::io::Result<Option<SocketDirHold>> {
+    let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Ok(None);
+    };
+    let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display()));
+    // Each turn follows a removal that won a race with this one; a handful is already unlikely.
+    for _ in 0..10 {
+        let f = std::fs::File::from(crate::state_dir::open_root_only(dir, "Envoy admin socket dir")?);
+        f.lock_shared().map_err(named)?;
+        if still_at(&f, dir).map_err(named)? {
+            return Ok(Some(SocketDirHold(f)));
+        }
+    }
+    Err(std::io::Error::other(format!("{}: removed again each time it was made", dir.display())))
+}
+
+/// After this launcher's Envoy stopped with no successor and no Envoy left on the node: removes
+/// the admin socket file and its directory, unless another launcher holds the directory
+/// ([`hold_socket_dir`]: its Envoy runs or is starting, maybe from another hand-over state dir)
+/// or the directory holds anything else. Returns whether the directory is gone.
+///
+/// # Errors
+/// I/O errors other than the file or directory being gone, held, or not empty.
+pub fn remove_unused_socket_dir(socket: &Path) -> std::io::Result<bool> {
+    use rustix::fs::{AtFlags, Mode, OFlags};
+    use std::io::ErrorKind;
+    let (Some(dir), Some(name)) = (socket.parent().filter(|d| !d.as_os_str().is_empty()), socket.file_name()) else {
+        return Ok(false);
+    };
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let f = match rustix::fs::open(dir, flags, Mode::empty()) {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(rustix::io::Errno::NOENT) => return Ok(true),
+        Err(e) => return Err(e.into()),
+    };
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
+        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+    }
+    if !still_at(&f, dir)? {
+        return Ok(false);
+    }
+    match rustix::fs::unlinkat(&f, name, AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // Removed while locked: a launcher that opened it meanwhile finds it gone once it gets the
+    // lock, and makes it anew.
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(true),
+        Err(e) if e.kind() == ErrorKind::DirectoryNotEmpty => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether the open directory `f` is still the one at `dir` (same device and inode).
+fn still_at(f: &std::fs::File, dir: &Path) -> std::io::Result<bool> {
+    let open = rustix::fs::fstat(f)?;
+    match rustix::fs::lstat(dir) {
+        Ok(now) => Ok(now.st_dev == open.st_dev && now.st_ino == open.st_ino),
+        Err(rustix::io::Errno::NOENT) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,5 +284,49 @@ mod tests {
         let link = tmp.path().join("link");
         std::os::unix::fs::symlink(&dir, &link).unwrap();
         assert!(prepare_socket_dir(&link.join("admin.sock")).is_err(), "a symlinked dir is refused");
+    }
+
+    #[test]
+    fn an_unused_socket_dir_goes_a_held_one_stays() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("envoy/admin.sock");
+        let hold = hold_socket_dir(&socket).unwrap().expect("a directory");
+        let _stale = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        // Another launcher's Envoy runs (or starts): nothing is removed.
+        assert!(!remove_unused_socket_dir(&socket).unwrap());
+        assert!(socket.exists());
+        drop(hold);
+        assert!(remove_unused_socket_dir(&socket).unwrap(), "the socket file and its dir go");
+        assert!(!socket.parent().unwrap().exists());
+        assert!(remove_unused_socket_dir(&socket).unwrap(), "gone already: nothing to do");
+        // A dir with anything else in it stays.
+        let _hold = hold_socket_dir(&socket).unwrap();
+        drop(_hold);
+        std::fs::write(socket.parent().unwrap().join("other"), "x").unwrap();
+        assert!(!remove_unused_socket_dir(&socket).unwrap());
+    }
+
+    #[test]
+    fn a_launcher_that_opened_the_dir_before_its_removal_makes_it_anew() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("envoy/admin.sock");
+        let dir = socket.parent().unwrap().to_owned();
+        prepare_socket_dir(&socket).unwrap();
+        // The removal holds the lock (as remove_unused_socket_dir does) and removes the dir
+        // while another launcher waits for its shared lock on the old one.
+        let old = std::fs::File::open(&dir).unwrap();
+        old.lock().unwrap();
+        let waiter = {
+            let socket = socket.clone();
+            std::thread::spawn(move || hold_socket_dir(&socket).unwrap().expect("a directory"))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        std::fs::remove_dir(&dir).unwrap();
+        drop(old);
+        let hold = waiter.join().unwrap();
+        let open = rustix::fs::fstat(&hold.0).unwrap();
+        let now = rustix::fs::lstat(&dir).expect("made anew");
+        assert_eq!((open.st_dev, open.st_ino), (now.st_dev, now.st_ino), "the hold is on the dir at the path");
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777, 0o700);
     }
 }

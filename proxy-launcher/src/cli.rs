@@ -72,6 +72,14 @@ pub struct RunArgs {
     /// once.
     #[arg(long, default_value_t = 30)]
     pub successor_wait_seconds: u64,
+    /// Which proxy DaemonSet this pod belongs to, as `<namespace>/<name>` (the chart passes its
+    /// own). Recorded with the serving epoch: a launcher never takes over an Envoy recorded with
+    /// another owner (a second release on the node, or this one before a namespace move, which
+    /// would leave that release's pod superseded); it stands by, Ready without serving, until that
+    /// Envoy exits, then starts cold. Unset, or a record without one (releases up to 0.11.0),
+    /// matches every owner.
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_owner)]
+    pub owner: Option<String>,
     /// Deprecated and ignored (accepted so that older command lines still parse). Beside an Envoy
     /// that takes no part in the hand-over (an older release's) the launcher now stands by without
     /// bound: the pod is Ready without serving until that Envoy exits, then Envoy starts cold at
@@ -115,6 +123,20 @@ pub struct RunArgs {
     pub envoy: Vec<OsString>,
 }
 
+/// `--owner`: `<namespace>/<name>`, each a Kubernetes object name (RFC 1123: at most 253
+/// lowercase alphanumerics, `-` and `.`).
+fn parse_owner(s: &str) -> Result<String, String> {
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.len() <= 253
+            && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    match s.split_once('/') {
+        Some((ns, name)) if name_ok(ns) && name_ok(name) => Ok(s.to_owned()),
+        _ => Err(format!("{s:?}: expected <namespace>/<name>, each lowercase alphanumerics, '-' or '.' (at most 253)")),
+    }
+}
+
 /// `probe`.
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {
@@ -124,4 +146,30 @@ pub struct ProbeArgs {
     /// The marker's greatest age, in seconds.
     #[arg(long, default_value_t = 5)]
     pub max_age_seconds: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let argv = ["aether-proxy-launcher", "run", "--marker=/m"].iter().chain(args).chain(&["--", "envoy"]);
+        Cli::try_parse_from(argv).map(|c| match c.command {
+            Command::Run(r) => r,
+            other => panic!("{other:?}"),
+        })
+    }
+
+    #[test]
+    fn the_owner_is_a_namespace_and_a_name() {
+        assert_eq!(
+            run(&["--owner=aether-system/aether-proxy"]).unwrap().owner.as_deref(),
+            Some("aether-system/aether-proxy")
+        );
+        assert_eq!(run(&[]).unwrap().owner, None);
+        for bad in ["aether-proxy", "/aether-proxy", "ns/", "Team/aether-proxy", "ns/a/b"] {
+            let e = run(&[&format!("--owner={bad}")]).unwrap_err().to_string();
+            assert!(e.contains("expected <namespace>/<name>"), "{bad}: {e}");
+        }
+    }
 }

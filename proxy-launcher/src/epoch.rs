@@ -58,6 +58,12 @@ pub struct LiveRecord {
     pub epoch: u32,
     /// Its binary.
     pub build: Build,
+    /// Which proxy DaemonSet's pod runs it (`--owner`, `<namespace>/<name>`); absent in records of
+    /// releases up to 0.11.0, and when the launcher was given none. Two owners are two Helm
+    /// releases (or a moved DaemonSet) sharing the node's hand-over state: one never takes the
+    /// other's sockets over (docs/install.md, "One release per cluster").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// What a starting launcher sees, under the node's start lock.
@@ -140,6 +146,15 @@ pub enum Plan {
     /// Stand by: an Envoy outside the hand-over holds the node's listeners, and a cold start beside
     /// it would fail every bind; start cold once it is gone (`crate::serving::Standby`).
     WaitForForeign,
+    /// Stand by: the serving Envoy belongs to another owner (another release's proxy DaemonSet,
+    /// or this one's before a namespace move). Taking its sockets over would leave that pod
+    /// superseded while its DaemonSet still counts on it; start cold once it is gone.
+    WaitForOtherOwner {
+        /// The serving epoch.
+        parent: u32,
+        /// Its owner.
+        owner: String,
+    },
     /// No epoch serves, but older ones still drain (their successor died): ask them to stop
     /// first. They serve no listener any more, and a cold start beside them would share their
     /// epoch numbers and hot restart socket names.
@@ -174,12 +189,21 @@ pub fn compatible(running: &Build, ours: &Build) -> Result<(), Incompatibility> 
     Ok(())
 }
 
-/// The decision. `ours` is this launcher's binary; `seen` what the state dir and the admin
-/// address show.
-pub fn plan(seen: &Observation, ours: &Build) -> Plan {
+/// The serving Envoy's owner when it is not `ours` (both known and different). A record without
+/// an owner (an older release's launcher) or a launcher without one matches any owner.
+pub fn other_owner<'a>(live: &'a LiveRecord, ours: Option<&str>) -> Option<&'a str> {
+    live.owner.as_deref().zip(ours).filter(|(theirs, ours)| theirs != ours).map(|(theirs, _)| theirs)
+}
+
+/// The decision. `ours` is this launcher's binary and `owner` its `--owner`; `seen` what the
+/// state dir and the admin address show.
+pub fn plan(seen: &Observation, ours: &Build, owner: Option<&str>) -> Plan {
     let serving = seen.live.as_ref().filter(|l| seen.alive.contains(&l.epoch));
     match serving {
         Some(live) => {
+            if let Some(theirs) = other_owner(live, owner) {
+                return Plan::WaitForOtherOwner { parent: live.epoch, owner: theirs.to_owned() };
+            }
             if let Err(why) = compatible(&live.build, ours) {
                 return Plan::Replace { parent: live.epoch, why };
             }
@@ -208,7 +232,7 @@ mod tests {
     }
     fn seen(live: Option<(u32, Build)>, alive: &[u32], foreign: bool) -> Observation {
         Observation {
-            live: live.map(|(epoch, build)| LiveRecord { epoch, build }),
+            live: live.map(|(epoch, build)| LiveRecord { epoch, build, owner: None }),
             alive: alive.iter().copied().collect(),
             foreign_admin: foreign,
         }
@@ -216,61 +240,64 @@ mod tests {
 
     #[test]
     fn a_fresh_node_starts_cold() {
-        assert_eq!(plan(&seen(None, &[], false), &b140()), Plan::Cold);
+        assert_eq!(plan(&seen(None, &[], false), &b140(), None), Plan::Cold);
     }
 
     #[test]
     fn a_live_compatible_epoch_is_succeeded() {
-        assert_eq!(plan(&seen(Some((4, b140())), &[4], false), &b140()), Plan::Successor { parent: 4, epoch: 5 });
+        assert_eq!(plan(&seen(Some((4, b140())), &[4], false), &b140(), None), Plan::Successor { parent: 4, epoch: 5 });
     }
 
     #[test]
     fn a_record_whose_envoy_is_gone_means_cold() {
         // The serving Envoy crashed (or the node rebooted and the record survived): no parent.
-        assert_eq!(plan(&seen(Some((4, b140())), &[], false), &b140()), Plan::Cold);
+        assert_eq!(plan(&seen(Some((4, b140())), &[], false), &b140(), None), Plan::Cold);
         // Only an older, draining epoch is left: it is stopped first.
-        assert_eq!(plan(&seen(Some((4, b140())), &[3], false), &b140()), Plan::StopDraining { draining: vec![3] });
+        assert_eq!(
+            plan(&seen(Some((4, b140())), &[3], false), &b140(), None),
+            Plan::StopDraining { draining: vec![3] }
+        );
     }
 
     #[test]
     fn a_draining_generation_is_waited_for() {
         assert_eq!(
-            plan(&seen(Some((4, b140())), &[3, 4], false), &b140()),
+            plan(&seen(Some((4, b140())), &[3, 4], false), &b140(), None),
             Plan::WaitForDraining { parent: 4, draining: vec![3] }
         );
     }
 
     #[test]
     fn an_envoy_outside_the_protocol_is_waited_for_not_bound_beside() {
-        assert_eq!(plan(&seen(None, &[], true), &b140()), Plan::WaitForForeign);
+        assert_eq!(plan(&seen(None, &[], true), &b140(), None), Plan::WaitForForeign);
         // Our own draining epoch answering admin is not foreign.
-        assert_eq!(plan(&seen(None, &[2], true), &b140()), Plan::StopDraining { draining: vec![2] });
+        assert_eq!(plan(&seen(None, &[2], true), &b140(), None), Plan::StopDraining { draining: vec![2] });
     }
 
     #[test]
     fn incompatible_binaries_are_replaced_cold_with_the_reason() {
         let live = |b: Build| seen(Some((2, b)), &[2], false);
         assert_eq!(
-            plan(&live(build((1, 40, 0), Some("11.120"), 7391)), &b140()),
+            plan(&live(build((1, 40, 0), Some("11.120"), 7391)), &b140(), None),
             Plan::Replace {
                 parent: 2,
                 why: Incompatibility::HotRestartVersion { running: "11.120".into(), ours: "11.104".into() }
             }
         );
         assert_eq!(
-            plan(&live(build((1, 37, 0), Some("11.104"), 7391)), &b140()),
+            plan(&live(build((1, 37, 0), Some("11.104"), 7391)), &b140(), None),
             Plan::Replace { parent: 2, why: Incompatibility::TooOldForNetns { version: Version(1, 37, 0) } }
         );
         assert_eq!(
-            plan(&live(b140()), &build((1, 37, 2), Some("11.104"), 7391)),
+            plan(&live(b140()), &build((1, 37, 2), Some("11.104"), 7391), None),
             Plan::Replace { parent: 2, why: Incompatibility::TooOldForNetns { version: Version(1, 37, 2) } }
         );
         assert_eq!(
-            plan(&live(b140()), &build((1, 40, 0), None, 7391)),
+            plan(&live(b140()), &build((1, 40, 0), None, 7391), None),
             Plan::Replace { parent: 2, why: Incompatibility::HotRestartDisabled }
         );
         assert_eq!(
-            plan(&live(b140()), &build((1, 40, 0), Some("11.104"), 1)),
+            plan(&live(b140()), &build((1, 40, 0), Some("11.104"), 1), None),
             Plan::Replace { parent: 2, why: Incompatibility::BaseId { running: 7391, ours: 1 } }
         );
     }
@@ -286,8 +313,36 @@ mod tests {
 
     #[test]
     fn the_live_record_round_trips_as_json() {
-        let r = LiveRecord { epoch: 3, build: b140() };
+        let r = LiveRecord { epoch: 3, build: b140(), owner: Some("aether-system/aether-proxy".into()) };
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<LiveRecord>(&s).unwrap(), r);
+        // A record of a release up to 0.11.0 has no owner, and one without an owner writes none
+        // (that release's launcher reads what this one writes).
+        let old = r#"{"epoch":3,"build":{"version":[1,40,0],"hot_restart_version":"11.104","base_id":7391}}"#;
+        assert_eq!(serde_json::from_str::<LiveRecord>(old).unwrap(), LiveRecord { owner: None, ..r.clone() });
+        assert_eq!(serde_json::to_string(&LiveRecord { owner: None, ..r }).unwrap(), old);
+    }
+
+    #[test]
+    fn another_owners_envoy_is_stood_beside_never_taken_over() {
+        let owned = |o: Option<&str>| Observation {
+            live: Some(LiveRecord { epoch: 2, build: b140(), owner: o.map(str::to_owned) }),
+            alive: [2].into(),
+            foreign_admin: false,
+        };
+        let ours = Some("aether-system/aether-proxy");
+        assert_eq!(
+            plan(&owned(Some("team-b/aether-proxy")), &b140(), ours),
+            Plan::WaitForOtherOwner { parent: 2, owner: "team-b/aether-proxy".into() }
+        );
+        // The same owner, an owner-less record (an older launcher's) or an owner-less launcher:
+        // the hand-over as before.
+        let successor = Plan::Successor { parent: 2, epoch: 3 };
+        assert_eq!(plan(&owned(ours), &b140(), ours), successor);
+        assert_eq!(plan(&owned(None), &b140(), ours), successor);
+        assert_eq!(plan(&owned(Some("team-b/aether-proxy")), &b140(), None), successor);
+        // Another owner's record whose Envoy is gone: nothing serves, start cold.
+        let gone = Observation { alive: BTreeSet::new(), ..owned(Some("team-b/aether-proxy")) };
+        assert_eq!(plan(&gone, &b140(), ours), Plan::Cold);
     }
 }

@@ -50,6 +50,7 @@ fn main() -> ExitCode {
                     base_id: r.base_id,
                     parent_shutdown_seconds: r.parent_shutdown_seconds,
                     successor_wait: Duration::from_secs(r.successor_wait_seconds),
+                    owner: r.owner,
                 }),
                 admin: r.admin,
                 foreign_admins: r.foreign_admin,

@@ -20,11 +20,9 @@ pub fn touch(path: &Path, epoch: u32) -> io::Result<()> {
 
 /// Writes (or refreshes) the marker of a pod that stands by beside an Envoy outside the hand-over
 /// answering on `admin` (`crate::serving::Standby`): Ready without serving.
-pub fn touch_standby(path: &Path, admin: &crate::admin::EnvoyAdmin) -> io::Result<()> {
-    std::fs::write(
-        path,
-        format!("standby: an Envoy outside the hand-over answers on {admin}; this pod's Envoy starts once it exits\n"),
-    )
+/// `beside` says which Envoy, e.g. "an Envoy outside the hand-over answers on ADDR".
+pub fn touch_standby(path: &Path, beside: &str) -> io::Result<()> {
+    std::fs::write(path, format!("standby: {beside}; this pod's Envoy starts once it exits\n"))
 }
 
 /// Removes the marker (absent is fine).

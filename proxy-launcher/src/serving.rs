@@ -5,7 +5,7 @@
 //! decision (which epoch) is [`crate::epoch::plan`].
 //!
 //! - [`Standby`]: an Envoy outside the hand-over still answers on the node's admin address and
-//!   no epoch of ours runs.
+//!   no epoch of ours runs, or the serving epoch belongs to another owner (`--owner`).
 //! - [`Serving`]: this launcher's Envoy is LIVE at its epoch, then maybe handed over and draining,
 //!   until it exits: superseded, asked to step down, SIGTERM (with the wait for a successor), and
 //!   how its exit is read.
@@ -23,6 +23,9 @@ pub struct StandbySeen {
     pub foreign_admin: bool,
     /// An epoch of ours runs (an `alive.<epoch>` lock is held): the admin that answers may be ours.
     pub ours_alive: bool,
+    /// The serving epoch's `live-epoch` record names another owner (another release's proxy
+    /// DaemonSet) and that epoch still runs: its admin answers, but it is not ours to take over.
+    pub other_owner: bool,
 }
 
 /// What to do while standing by.
@@ -32,16 +35,16 @@ pub enum StandbyAction {
     Announce,
     /// Keep the marker fresh and poll again.
     Wait,
-    /// The other Envoy is gone (or an epoch of ours runs): remove the marker and pick an epoch
-    /// now, which starts Envoy at once.
+    /// The other Envoy is gone (or an epoch of ours, same owner, runs): remove the marker and pick
+    /// an epoch now, which starts Envoy at once.
     Start,
     /// SIGTERM: remove the marker and exit 0.
     Stop,
 }
 
 /// Standing by beside an Envoy outside the hand-over (an older release's, or one with hot restart
-/// disabled), instead of binding a cold Envoy beside it: every inbound listener would fail to bind
-/// (EADDRINUSE). The pod is Ready meanwhile, so a surge-rolling DaemonSet deletes the old pod;
+/// disabled), or beside another owner's, instead of binding a cold Envoy beside it: every inbound
+/// listener would fail to bind (EADDRINUSE). The pod is Ready meanwhile, so a surge-rolling DaemonSet deletes the old pod;
 /// this is the one exception to "Ready means serving", and it lasts only while the other admin
 /// answers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,13 +57,18 @@ impl Standby {
     pub fn next(&mut self, seen: &StandbySeen) -> StandbyAction {
         if seen.term {
             StandbyAction::Stop
+        } else if seen.other_owner {
+            self.announce()
         } else if !seen.foreign_admin || seen.ours_alive {
             StandbyAction::Start
-        } else if !std::mem::replace(&mut self.announced, true) {
-            StandbyAction::Announce
         } else {
-            StandbyAction::Wait
+            self.announce()
         }
+    }
+
+    /// `Announce` the first time, `Wait` after.
+    fn announce(&mut self) -> StandbyAction {
+        if !std::mem::replace(&mut self.announced, true) { StandbyAction::Announce } else { StandbyAction::Wait }
     }
 }
 
@@ -247,7 +255,7 @@ mod tests {
     use super::*;
 
     fn standby(term: bool, foreign_admin: bool, ours_alive: bool) -> StandbySeen {
-        StandbySeen { term, foreign_admin, ours_alive }
+        StandbySeen { term, foreign_admin, ours_alive, other_owner: false }
     }
 
     #[test]
@@ -272,6 +280,18 @@ mod tests {
         let mut s = Standby::default();
         s.next(&standby(false, true, false));
         assert_eq!(s.next(&standby(false, true, true)), StandbyAction::Start);
+    }
+
+    #[test]
+    fn another_owners_epoch_is_stood_by_until_it_ends() {
+        // Its epoch is alive and its admin answers on the node's address: not ours to take over.
+        let theirs = StandbySeen { other_owner: true, ..standby(false, true, true) };
+        let mut s = Standby::default();
+        assert_eq!(s.next(&theirs), StandbyAction::Announce);
+        assert_eq!(s.next(&theirs), StandbyAction::Wait);
+        assert_eq!(s.next(&StandbySeen { term: true, ..theirs }), StandbyAction::Stop);
+        // Its Envoy exited: nothing runs, start.
+        assert_eq!(s.next(&standby(false, false, false)), StandbyAction::Start);
     }
 
     #[test]

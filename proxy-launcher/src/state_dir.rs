@@ -416,6 +416,7 @@ mod tests {
         dir.write_live(&LiveRecord {
             epoch: 1,
             build: Build { version: Version(1, 40, 0), hot_restart_version: None, base_id: 1 },
+            owner: None,
         })
         .unwrap();
         dir.request_step_down(2, "x").unwrap();
@@ -520,6 +521,7 @@ mod tests {
         let rec = LiveRecord {
             epoch: 7,
             build: Build { version: Version(1, 40, 0), hot_restart_version: Some("11.104".into()), base_id: 9 },
+            owner: Some("aether-system/aether-proxy".into()),
         };
         dir.write_live(&rec).unwrap();
         assert_eq!(dir.read_live().unwrap(), Some(rec));
@@ -541,8 +543,11 @@ mod tests {
         std::fs::write(&seg, b"x").unwrap();
         std::fs::write(tmp.path().join("hr_parent_10"), b"").unwrap();
         dir.request_step_down(3, "x").unwrap();
-        let rec =
-            LiveRecord { epoch: 1, build: Build { version: Version(1, 40, 0), hot_restart_version: None, base_id: 1 } };
+        let rec = LiveRecord {
+            epoch: 1,
+            build: Build { version: Version(1, 40, 0), hot_restart_version: None, base_id: 1 },
+            owner: None,
+        };
         dir.write_live(&rec).unwrap();
         // Another epoch still runs: nothing is removed.
         let other = dir.hold_alive(2).unwrap();

@@ -65,6 +65,10 @@ pub struct HandOver {
     /// On SIGTERM while this Envoy serves: how long to keep serving for a successor (a replaced
     /// pod's) to take over before stopping cold.
     pub successor_wait: Duration,
+    /// Which proxy DaemonSet this pod belongs to (`<namespace>/<name>`), recorded in `live-epoch`:
+    /// a launcher never takes over an Envoy recorded with another owner
+    /// ([`crate::epoch::Plan::WaitForOtherOwner`]). `None` matches every owner.
+    pub owner: Option<String>,
 }
 
 /// The window of [`Config::crash_restarts`].
@@ -105,7 +109,8 @@ enum Picked {
     Start(u32, Option<u32>, Held),
     /// SIGTERM while waiting.
     Stopped,
-    /// Stand by: an Envoy outside the hand-over answers on the admin address.
+    /// Stand by: an Envoy outside the hand-over answers on the admin address, or another owner's
+    /// Envoy serves.
     Standby,
 }
 
@@ -278,7 +283,8 @@ impl Node<'_> {
             });
             let alive = state.alive_epochs(None)?;
             let foreign_admin = alive.is_empty() && self.answering_admin().is_some();
-            let plan = crate::epoch::plan(&Observation { live, alive, foreign_admin }, &self.build);
+            let plan =
+                crate::epoch::plan(&Observation { live, alive, foreign_admin }, &self.build, hr.owner.as_deref());
             let first = logged.first(&plan);
             match plan {
                 Plan::Cold => {
@@ -322,7 +328,7 @@ impl Node<'_> {
                     }
                 }
                 // Outside the start lock: standing by has no bound.
-                Plan::WaitForForeign => return Ok(Picked::Standby),
+                Plan::WaitForForeign | Plan::WaitForOtherOwner { .. } => return Ok(Picked::Standby),
                 Plan::StopDraining { draining } => {
                     if since.elapsed() > STEP_DOWN_WAIT {
                         return Err(self.still_held(state, &draining));
@@ -388,37 +394,64 @@ impl Node<'_> {
     }
 
     /// Stands by while an Envoy outside the hand-over answers on the admin address and no epoch
-    /// of ours runs ([`Standby`]): the pod is Ready without serving, so that a surge roll deletes
-    /// the old pod; the admin is polled every 200 ms, and Envoy starts the moment it is gone.
+    /// of ours runs, or while another owner's epoch serves ([`Standby`]): the pod is Ready without
+    /// serving, so that a surge roll deletes the old pod; the state dir and the admin are polled
+    /// every 200 ms, and Envoy starts the moment the other one is gone.
     fn stand_by(&self, state: &StateDir) -> Outcome {
         let mut standby = Standby::default();
+        let owner = self.cfg.hot_restart.as_ref().and_then(|h| h.owner.as_deref());
         // The address the other Envoy answered on last (for the marker and the logs).
         let mut answered = self.cfg.admin.clone();
         loop {
             let answering = self.answering_admin().cloned();
+            let alive = state.alive_epochs(None);
+            // The serving epoch, when its record names another owner and it still runs.
+            let other = state
+                .read_live()
+                .ok()
+                .flatten()
+                .filter(|l| alive.as_ref().is_ok_and(|a| a.contains(&l.epoch)))
+                .and_then(|l| crate::epoch::other_owner(&l, owner).map(|o| (l.epoch, o.to_owned())));
             let seen = StandbySeen {
                 term: self.stopping(),
                 foreign_admin: answering.is_some(),
-                ours_alive: state.alive_epochs(None).is_ok_and(|a| !a.is_empty()),
+                ours_alive: alive.is_ok_and(|a| !a.is_empty()),
+                other_owner: other.is_some(),
             };
             if let Some(a) = answering {
                 answered = a;
             }
+            let beside = match &other {
+                Some((_, theirs)) => format!("the Envoy of {theirs} serves this node"),
+                None => format!("an Envoy outside the hand-over answers on {answered}"),
+            };
             let touch = || {
-                if let Err(e) = marker::touch_standby(&self.cfg.marker, &answered) {
+                if let Err(e) = marker::touch_standby(&self.cfg.marker, &beside) {
                     warn!(error = %e, marker = %self.cfg.marker.display(), "cannot write the readiness marker");
                 }
             };
             match standby.next(&seen) {
                 StandbyAction::Announce => {
-                    warn!(
-                        admin = %answered,
-                        "an Envoy that takes no part in the hand-over (an older release's, or hot restart disabled) \
-                         answers on the admin address: standing by instead of starting beside it (every listener \
-                         would fail to bind). This pod is Ready without serving until that Envoy exits, so that a \
-                         surge roll deletes the old pod; if nothing deletes it, delete the old proxy pod on this \
-                         node. Envoy starts cold the moment the other one is gone"
-                    );
+                    match &other {
+                        Some((epoch, theirs)) => warn!(
+                            epoch,
+                            owner = %theirs,
+                            ours = owner.unwrap_or_default(),
+                            "the Envoy serving this node belongs to another proxy DaemonSet ({theirs}): another \
+                             release on this node, or this one's before a namespace move. Standing by instead of \
+                             taking its sockets over; this pod is Ready without serving until that Envoy exits. \
+                             One release per node: uninstall the other, or give the two disjoint nodes \
+                             (daemonset.nodeSelector)"
+                        ),
+                        None => warn!(
+                            admin = %answered,
+                            "an Envoy that takes no part in the hand-over (an older release's, or hot restart \
+                             disabled) answers on the admin address: standing by instead of starting beside it \
+                             (every listener would fail to bind). This pod is Ready without serving until that \
+                             Envoy exits, so that a surge roll deletes the old pod; if nothing deletes it, delete \
+                             the old proxy pod on this node. Envoy starts cold the moment the other one is gone"
+                        ),
+                    }
                     touch();
                 }
                 StandbyAction::Wait => touch(),
@@ -488,6 +521,14 @@ impl Node<'_> {
             socket_path: s.socket_path(),
             parent_shutdown_seconds: h.parent_shutdown_seconds,
         });
+        // Held until this Envoy has exited: no last launcher removes the admin dir under it.
+        let admin_dir = match &self.cfg.admin {
+            EnvoyAdmin::Unix(socket) => match crate::admin::hold_socket_dir(socket) {
+                Ok(hold) => hold,
+                Err(e) => return Ok(Outcome::Failed(format!("cannot hold the admin socket's directory: {e}"))),
+            },
+            EnvoyAdmin::Tcp(_) => None,
+        };
         let mut child = match self.cfg.envoy.command(epoch, flags.as_ref()).spawn() {
             Ok(c) => c,
             Err(e) => return Ok(Outcome::Failed(format!("cannot start Envoy at epoch {epoch}: {e}"))),
@@ -521,7 +562,8 @@ impl Node<'_> {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
-        let record = LiveRecord { epoch, build: self.build.clone() };
+        let owner = self.cfg.hot_restart.as_ref().and_then(|h| h.owner.clone());
+        let record = LiveRecord { epoch, build: self.build.clone(), owner };
         let mut published = self.publish(&record, &mut warned);
         drop(start_lock);
         let took = started.elapsed().as_secs_f64();
@@ -625,10 +667,13 @@ impl Node<'_> {
                         let status = status.map(|s| s.to_string()).unwrap_or_default();
                         let _ = marker::remove(&self.cfg.marker);
                         drop(alive);
+                        drop(admin_dir);
                         return Ok(match end {
                             End::Stopped => {
                                 info!(epoch, %status, "Envoy stopped");
-                                self.clean_if_last();
+                                if self.clean_if_last() {
+                                    self.remove_admin_dir();
+                                }
                                 Outcome::Stopped
                             }
                             End::Superseded => {
@@ -687,13 +732,30 @@ impl Node<'_> {
     }
 
     /// After a stop with no successor: the node's hand-over state goes if no Envoy is left.
-    fn clean_if_last(&self) {
-        if let (Some(state), Some(hr)) = (&self.state, &self.cfg.hot_restart) {
-            match state.clean_if_last(&shm::segment(&hr.shm_dir, hr.base_id)) {
-                Ok(true) => info!("no Envoy left on the node: removed the hand-over state"),
-                Ok(false) => {}
-                Err(e) => warn!(error = %e, "cannot remove the hand-over state"),
+    /// Whether none is (always true with the hand-over off: this was the node's Envoy).
+    fn clean_if_last(&self) -> bool {
+        let (Some(state), Some(hr)) = (&self.state, &self.cfg.hot_restart) else { return true };
+        match state.clean_if_last(&shm::segment(&hr.shm_dir, hr.base_id)) {
+            Ok(true) => {
+                info!("no Envoy left on the node: removed the hand-over state");
+                true
             }
+            Ok(false) => false,
+            Err(e) => {
+                warn!(error = %e, "cannot remove the hand-over state");
+                false
+            }
+        }
+    }
+
+    /// After the node's last Envoy stopped: removes its admin socket and directory unless another
+    /// launcher holds that directory ([`crate::admin::remove_unused_socket_dir`]).
+    fn remove_admin_dir(&self) {
+        let EnvoyAdmin::Unix(socket) = &self.cfg.admin else { return };
+        match crate::admin::remove_unused_socket_dir(socket) {
+            Ok(true) => info!(socket = %socket.display(), "removed Envoy's admin socket and its directory"),
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, socket = %socket.display(), "cannot remove Envoy's admin socket directory"),
         }
     }
 
@@ -867,6 +929,7 @@ mod tests {
                 base_id: 1,
                 parent_shutdown_seconds: 1,
                 successor_wait: Duration::ZERO,
+                owner: None,
             }),
             admin: EnvoyAdmin::Tcp(admin),
             foreign_admins: Vec::new(),

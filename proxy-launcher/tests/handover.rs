@@ -90,12 +90,12 @@ impl Node {
     /// Starts a launcher named `name` running `envoy` with its admin on TCP (the bootstrap of
     /// releases up to 0.10.0); its output goes to `<dir>/<name>.log`.
     fn launch(&self, name: &str, envoy: &Path) -> Launcher {
-        self.launch_with(name, envoy, false)
+        self.launch_with(name, envoy, false, &[])
     }
 
     /// [`Node::launch`]; `piped`: Envoy's admin on [`Node::admin_socket`] (the chart's), the TCP
-    /// one passed as `--foreign-admin`.
-    fn launch_with(&self, name: &str, envoy: &Path, piped: bool) -> Launcher {
+    /// one passed as `--foreign-admin`; `extra`: more launcher flags.
+    fn launch_with(&self, name: &str, envoy: &Path, piped: bool, extra: &[&str]) -> Launcher {
         let (admin, config) = if piped {
             (self.admin_socket().display().to_string(), "envoy-pipe.json")
         } else {
@@ -112,6 +112,7 @@ impl Node {
             .arg(format!("--foreign-admin=127.0.0.1:{}", self.admin))
             .arg(format!("--marker={}", marker.display()))
             .args(["--parent-shutdown-seconds=2", "--successor-wait-seconds=5", "--foreign-wait-seconds=10"])
+            .args(extra)
             .arg("--")
             .arg(envoy)
             .arg("--config-path")
@@ -427,6 +428,48 @@ fn beside_an_envoy_outside_the_hand_over_it_stands_by_and_starts_the_moment_that
 }
 
 #[test]
+fn another_owners_envoy_is_never_taken_over_its_launcher_stands_by_then_starts_cold() {
+    let envoy = aether_fixtures::envoy::envoy_binary().unwrap();
+    let node = Node::new(6);
+    // Two releases' proxy pods on one node, sharing its hand-over state (as a GitOps render, which
+    // the chart's install-time check cannot see, would have them).
+    let mut a = node.launch_with("a", &envoy, true, &["--owner=team-a/aether-proxy"]);
+    a.wait_serving(0);
+    let b = node.launch_with("b", &envoy, true, &["--owner=team-b/aether-proxy"]);
+    b.wait_standby();
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        b.log().contains("belongs to another proxy DaemonSet (team-a/aether-proxy)"),
+        "the standby names the owner:\n{}",
+        b.log()
+    );
+    assert!(b.envoy_pid().is_none(), "B started an Envoy beside A's:\n{}", b.log());
+    let marker = std::fs::read_to_string(&b.marker).unwrap();
+    assert!(marker.contains("the Envoy of team-a/aether-proxy serves this node"), "{marker}");
+    // A still serves at its epoch: it was not handed over.
+    assert_eq!(std::fs::read_to_string(&a.marker).unwrap().trim(), "epoch 0 live");
+    assert!(serves(node.port));
+    // A's pod is deleted (its release uninstalled): with no successor of its own it stops after
+    // --successor-wait-seconds (5 s); B then starts cold, and a pod of B's own takes over hot.
+    a.signal("TERM");
+    assert_eq!(a.wait_exit(Duration::from_secs(15)), 0, "{}", a.log());
+    b.wait_serving(0);
+    assert!(serves(node.port), "B's Envoy did not bind the listener:\n{}", b.log());
+    let mut c = node.launch_with("c", &envoy, true, &["--owner=team-b/aether-proxy"]);
+    c.wait_serving(1);
+    assert!(c.log().contains("took the listening sockets over from epoch 0"), "{}", c.log());
+    // Uninstall: the node's last launcher removes Envoy's admin socket and its directory (B, whose
+    // Envoy handed over and exited, holds it no more).
+    let admin_dir = node.admin_socket().parent().unwrap().to_owned();
+    assert!(admin_dir.exists());
+    c.signal("TERM");
+    assert_eq!(c.wait_exit(Duration::from_secs(15)), 0, "{}", c.log());
+    assert!(c.log().contains("removed Envoy's admin socket and its directory"), "{}", c.log());
+    assert!(!admin_dir.exists(), "{} left", admin_dir.display());
+    drop(b);
+}
+
+#[test]
 fn a_superseded_launcher_starts_envoy_again_when_its_successor_dies() {
     let envoy = aether_fixtures::envoy::envoy_binary().unwrap();
     let node = Node::new(4);
@@ -476,7 +519,7 @@ fn a_tcp_admin_envoy_hands_over_to_one_whose_admin_is_a_root_only_unix_socket() 
     a.wait_serving(0);
     let load = Load::start(node.port);
     std::thread::sleep(Duration::from_millis(500));
-    let b = node.launch_with("b", &envoy, true);
+    let b = node.launch_with("b", &envoy, true, &[]);
     b.wait_serving(1);
     assert!(b.log().contains("took the listening sockets over from epoch 0"), "{}", b.log());
     a.signal("TERM");
@@ -509,7 +552,7 @@ fn beside_an_envoy_outside_the_hand_over_on_a_tcp_admin_a_unix_admin_launcher_st
         assert!(Instant::now() < deadline, "the foreign Envoy never served");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let b = node.launch_with("b", &envoy, true);
+    let b = node.launch_with("b", &envoy, true, &[]);
     b.wait_standby();
     let marker = std::fs::read_to_string(&b.marker).unwrap();
     assert!(marker.contains(&format!("127.0.0.1:{}", node.admin)), "{marker}");
@@ -527,7 +570,7 @@ fn beside_an_envoy_outside_the_hand_over_on_a_tcp_admin_a_unix_admin_launcher_st
 fn stopped_listeners_make_the_pod_not_ready() {
     let envoy = aether_fixtures::envoy::envoy_binary().unwrap();
     let node = Node::new(7);
-    let a = node.launch_with("a", &envoy, true);
+    let a = node.launch_with("a", &envoy, true, &[]);
     a.wait_serving(0);
     let probe = |max_age: u64| {
         Command::new(env!("CARGO_BIN_EXE_aether-proxy-launcher"))

@@ -344,6 +344,9 @@ fn check_node(case: &Case, docs: &[Value]) {
         serde_json::json!([launcher, "probe", "--marker", "/aether/ready"])
     );
     let proxy_ds = find(docs, "DaemonSet", "aether-proxy");
+    // Recorded with the serving epoch, so that another release's launcher never takes it over.
+    let ns = proxy_ds["metadata"]["namespace"].as_str().expect("namespace");
+    assert_eq!(flag(envoy, "--owner"), Some(format!("{ns}/aether-proxy")));
     assert_eq!(
         proxy_ds["spec"]["updateStrategy"]["rollingUpdate"],
         serde_json::json!({"maxSurge": 1, "maxUnavailable": 0})

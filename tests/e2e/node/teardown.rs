@@ -35,16 +35,10 @@ pub(crate) fn uninstall_leaves_no_release_object_and_nothing_on_the_host(env: &E
     ])?;
     ensure!(cluster.trim().is_empty(), "cluster-scoped objects left: {cluster}");
     env.kube().ok(&["get", "crd", "endpointpolicies.config.aether.io"]).context("the CRD is kept by design")?;
-    // The host: no sockets in the run dir, no pod dirs of the release's pods, no mounts of ours.
-    // One known leftover: Envoy's admin dir with its stale socket (Envoy unlinks a socket path only
-    // before it binds; no launcher removes it yet: docs/upgrade.md, "Uninstalling").
-    let admin_dir = std::path::Path::new("/run/aether/envoy");
-    let admin_left: Vec<_> =
-        std::fs::read_dir(admin_dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
-    ensure!(admin_left.iter().all(|p| p.ends_with("admin.sock")), "left in /run/aether/envoy: {admin_left:?}");
-    let run: Vec<_> = std::fs::read_dir("/run/aether")
-        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p != admin_dir).collect())
-        .unwrap_or_default();
+    // The host: nothing in the run dir, Envoy's admin dir included (the node's last launcher
+    // removes its socket and the dir once no launcher holds it: docs/upgrade.md, "Uninstalling").
+    let run: Vec<_> =
+        std::fs::read_dir("/run/aether").map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     ensure!(run.is_empty(), "left in /run/aether: {run:?}");
     // The proxy's hand-over dir: the last launcher removed the node's state; only the (empty) shm
     // directory the kubelet created for the hostPath stays, and `start.lock`, which the launcher
