@@ -98,6 +98,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         "the node's Envoy is given at most this many app_/health_ clusters"
     );
     let stop = stop_on_signal()?;
+    // Before the state dir is read or a pin touched: one agent per pin dir (another release's
+    // agent is refused here, having changed nothing on the node).
+    let pin_owner = match &args.pin_dir {
+        Some(dir) => Some(claim_pin_dir(dir, &args).await?),
+        None => None,
+    };
     let store =
         StateStore::open(&args.state_dir).with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
     // Only the pods a change re-rendered travel to the encoder task: a change costs work for the pods
@@ -296,11 +302,28 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         if host.remove {
             let n = pinner.retain(&std::collections::HashSet::new());
             tracing::info!(pin_dir = %pinner.dir().display(), removed = n, reason = host.why, "removed every socket pin");
+            if let Some(owner) = pin_owner
+                && let Err(e) = owner.remove()
+            {
+                tracing::warn!(pin_dir = %pinner.dir().display(), error = %e, "cannot remove the pin dir's claim file");
+            }
         } else {
             tracing::info!(pin_dir = %pinner.dir().display(), reason = host.why, "socket pins stay");
         }
     }
     Ok(())
+}
+
+/// Claims the pin dir for this agent's DaemonSet ([`crate::pin_owner`]), waiting for a previous
+/// agent of the same release up to `--shutdown-wait-seconds` + 30 s (its own exit wait, and then
+/// some for the kubelet to stop it).
+async fn claim_pin_dir(dir: &Path, args: &RunArgs) -> anyhow::Result<crate::pin_owner::PinOwner> {
+    std::fs::create_dir_all(dir).with_context(|| format!("--pin-dir {}", dir.display()))?;
+    let me = args.own_daemonset.as_ref().map(|(ns, name)| format!("{ns}/{name}")).unwrap_or_default();
+    let wait = Duration::from_secs(args.shutdown_wait_seconds + 30);
+    let owner = crate::pin_owner::claim(dir, &me, wait).await?;
+    tracing::info!(pin_dir = %dir.display(), owner = %me, claim = %owner.path().display(), "claimed the pin dir");
+    Ok(owner)
 }
 
 fn log_budget(settings: &Settings) {

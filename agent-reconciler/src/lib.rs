@@ -19,7 +19,8 @@
 //! ```
 //!
 //! I/O: [`fscheck`] (symlink refusal), [`pin`] (`--pin-dir`: the verified socket inode mounted
-//! on an agent-owned path Envoy dials), [`kernel`] (does this kernel have the calls pinning
+//! on an agent-owned path Envoy dials), [`pin_owner`] (one agent per pin dir: another release's
+//! agent is refused), [`kernel`] (does this kernel have the calls pinning
 //! needs), [`store`] (state dir), [`replay`] (what of it a restarted
 //! agent may replay: is a pod's netns still there), [`cni`] (netns records, read on a
 //! pod's events and the periodic re-check), [`runtime`] (pod netns from the container runtime over
@@ -50,6 +51,7 @@ pub mod kernel;
 pub mod logging;
 pub mod metrics;
 pub mod pin;
+pub mod pin_owner;
 pub mod plan;
 pub mod recorder;
 pub mod replay;

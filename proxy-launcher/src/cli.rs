@@ -56,7 +56,8 @@ pub struct RunArgs {
     #[arg(long, default_value = "/run/aether-proxy")]
     pub state_dir: PathBuf,
     /// The directory that is every proxy pod's /dev/shm (the same host directory in each), where
-    /// Envoy keeps its hot restart segment.
+    /// Envoy keeps its hot restart segment. Made root-only (0700; refused unless root owns it) at
+    /// start, unless it is sticky (a host's own shared /dev/shm, mode 1777), which is left alone.
     #[arg(long, default_value = "/dev/shm")]
     pub shm_dir: PathBuf,
     /// Envoy's --base-id: the same on every proxy pod of the node; names the shared memory

@@ -23,6 +23,22 @@ pub fn segment(shm_dir: &Path, base_id: u32) -> PathBuf {
     shm_dir.join(format!("envoy_shared_memory_{}", u64::from(base_id) * 10))
 }
 
+/// Makes the node's shared-memory directory `dir` root-only (mode 0700, refused unless root owns
+/// it: [`crate::state_dir`]'s rule for the hand-over state), so no other user of the node sees
+/// or touches Envoy's segment there. A sticky directory (mode `1777`: a host's own `/dev/shm`,
+/// shared by every process on it, as when the launcher runs outside the chart) is left as it is.
+/// Returns whether the directory is now root-only. Errors: I/O with the path, or
+/// `PermissionDenied` naming the owner.
+pub fn restrict_dir(dir: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta =
+        std::fs::symlink_metadata(dir).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+    if meta.is_dir() && meta.permissions().mode() & 0o1000 != 0 {
+        return Ok(false);
+    }
+    crate::state_dir::open_root_only(dir, "shared memory dir").map(|_| true)
+}
+
 /// What [`clear_initializing`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Flag {
@@ -103,5 +119,29 @@ mod tests {
         assert_eq!(std::fs::read(&p).unwrap(), b);
         std::fs::write(&p, [0u8; 10]).unwrap();
         assert!(clear_initializing(&p).is_err());
+    }
+
+    #[test]
+    fn the_chart_s_shm_dir_becomes_root_only_a_host_s_sticky_dev_shm_is_left_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let tmp = tempfile::tempdir().unwrap();
+        // What the kubelet makes for a DirectoryOrCreate hostPath: 0755.
+        let ours = tmp.path().join("shm");
+        std::fs::create_dir(&ours).unwrap();
+        std::fs::set_permissions(&ours, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(restrict_dir(&ours).unwrap());
+        assert_eq!(mode(&ours), 0o700);
+        let shared = tmp.path().join("dev-shm");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(!restrict_dir(&shared).unwrap());
+        assert_eq!(mode(&shared), 0o1777);
+        // A symlink in its place is refused, its target untouched.
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&ours, &link).unwrap();
+        std::fs::set_permissions(&ours, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(restrict_dir(&link).is_err());
+        assert_eq!(mode(&ours), 0o755);
     }
 }

@@ -141,6 +141,18 @@ pub fn run(cfg: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(h) = cfg.hot_restart.as_ref() {
+        match crate::shm::restrict_dir(&h.shm_dir) {
+            Ok(true) => {}
+            Ok(false) => {
+                info!(shm_dir = %h.shm_dir.display(), "the shared memory dir is a sticky, shared one: left as it is")
+            }
+            Err(e) => {
+                error!(error = %e, "cannot make the shared memory dir root-only");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     info!(
         envoy = %build.version,
         hot_restart_version = build.hot_restart_version.as_deref().unwrap_or("disabled"),

@@ -167,7 +167,11 @@ pub struct RunArgs {
     /// Envoy. Each verified socket inode (opened with openat2, no link followed) is bind-mounted
     /// on <DIR>/<pod uid>.sock and Envoy dials that, so a pod swapping its socket for a link
     /// between two checks reaches nothing but its own socket. Needs CAP_SYS_ADMIN and mount
-    /// propagation to Envoy. At most 65 bytes, absolute. Unset: the lstat check only.
+    /// propagation to Envoy. At most 65 bytes, absolute. Unset: the lstat check only. One agent
+    /// per directory: at start the agent locks <DIR>/.owner (flock, held while it runs) and
+    /// writes its --own-daemonset there; while another DaemonSet's agent holds it, the agent exits
+    /// at once with an error naming it, having changed nothing; while this DaemonSet's previous
+    /// agent holds it, it waits up to --shutdown-wait-seconds + 30 s.
     #[arg(long, env = "AETHER_PIN_DIR", value_parser = parse_pin_dir)]
     pub pin_dir: Option<PathBuf>,
     /// With --pin-dir: how many pods' volume dirs inotify watches, so a re-created socket is

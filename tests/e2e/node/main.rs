@@ -11,7 +11,8 @@
 //! (disk and `medium: Memory`), through the chart's read-only HostToContainer mount; a policy
 //! switches delivery to the socket and back; a client pod is served over the socket at a pod's IPv6
 //! address and through an IPv6 Service; an app restart (new socket inode), a replaced node
-//! pod and a deleted pod are followed; the `why` grant reaches no Envoy admin; a `helm rollback` either way across the hand-over costs one cold start; `helm upgrade` with other values runs (among them
+//! pod and a deleted pod are followed; the `why` grant reaches no Envoy admin; a `helm rollback` either way across the hand-over costs one cold start; a second
+//! release on the node changes nothing of the first; `helm upgrade` with other values runs (among them
 //! `socketLimit=filesystem` and every bounded value at its schema edges); `helm uninstall`
 //! leaves no release object and nothing of ours on the host; and `node.sh down` leaves the host as
 //! it found it.
@@ -136,6 +137,7 @@ fn main() {
             restarts::proxy_replacements_under_load_fail_no_request,
             restarts::a_changed_hand_over_dir_costs_one_cold_start_and_nothing_after,
             rollback::a_rollback_either_way_across_the_hand_over_costs_one_cold_start_and_nothing_after,
+            rollback::a_second_release_on_the_node_changes_nothing_of_the_first,
             restarts::replaced_node_pod_resumes_delivery,
             delivery::deleted_pod_clusters_are_withdrawn,
             observability::prometheus_scrapes_the_node_and_every_rule_and_panel_has_series,

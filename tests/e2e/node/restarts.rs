@@ -448,7 +448,7 @@ pub(crate) fn proxy_replacements_under_load_fail_no_request(env: &Env) -> anyhow
 }
 
 /// The socket pins on the host now (file names in the pin dir), sorted.
-fn pins() -> anyhow::Result<Vec<String>> {
+pub(crate) fn pins() -> anyhow::Result<Vec<String>> {
     let mut names: Vec<String> =
         std::fs::read_dir(PINS)?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     names.sort();

@@ -1,12 +1,16 @@
 //! Rollbacks and GitOps across the proxy hand-over:
-//! `a_rollback_either_way_across_the_hand_over_costs_one_cold_start_and_nothing_after`.
+//! `a_rollback_either_way_across_the_hand_over_costs_one_cold_start_and_nothing_after` and
+//! `a_second_release_on_the_node_changes_nothing_of_the_first`.
 //!
 //! What it proves: `helm rollback` replays a revision's stored manifest, update strategy
 //! included, and a GitOps tool applies what `helm template` renders without seeing the cluster,
 //! whatever the proxy running now can do. Turning the hand-over off, both ways between a revision
 //! with it (a surge roll) and one without it (`proxy.handOver.enabled=false`, a delete-first
 //! roll), and a GitOps apply over an Envoy without it, each cost at most one cold start's gap, and
-//! nothing fails in the minute after (docs/upgrade.md, "Rollback and GitOps").
+//! nothing fails in the minute after (docs/upgrade.md, "Rollback and GitOps"). A second release
+//! on the node, as a GitOps render installs it (no install check), changes nothing of the first:
+//! its agent exits naming the first release's, its proxy stands by, and its uninstall leaves the
+//! first release's pins and traffic alone (docs/install.md, "One release per cluster").
 
 use std::time::Duration;
 
@@ -14,8 +18,8 @@ use aether_tests::eventually;
 use anyhow::{Context, ensure};
 use serde_json::Value;
 
-use crate::env::{Env, NS, RELEASE, WAIT, active_listener_netns, check_release_settled, uid};
-use crate::restarts::{launcher_lines, proxy_rollout_done, served_echo_app, the_minute_after, under_load};
+use crate::env::{Env, NS, PINS, RELEASE, WAIT, active_listener_netns, check_release_settled, uid};
+use crate::restarts::{launcher_lines, pins, proxy_rollout_done, served_echo_app, the_minute_after, under_load};
 
 /// What a GitOps tool syncing the chart does to the node proxy: `helm template` (no cluster: its
 /// `lookup` finds nothing, so the proxy DaemonSet renders a surge whatever runs now) of the proxy
@@ -141,5 +145,93 @@ pub(crate) fn a_rollback_either_way_across_the_hand_over_costs_one_cold_start_an
     proxy_rollout_done(env)?;
     check_release_settled(env)?;
     env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "rback", "--wait=true"])?;
+    Ok(())
+}
+
+/// The second release of [`a_second_release_on_the_node_changes_nothing_of_the_first`].
+const SECOND: &str = "second";
+/// Its namespace (both its DaemonSets run there).
+const SECOND_NS: &str = "aether-second";
+
+/// Removes the second release and its namespace on every exit path.
+struct SecondRelease<'a>(&'a Env);
+
+impl Drop for SecondRelease<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.node.helm(&["uninstall", SECOND, "-n", SECOND_NS, "--wait", "--timeout", "180s"]);
+        let _ = self.0.kube().ok(&["delete", "namespace", SECOND_NS, "--wait=true", "--ignore-not-found"]);
+    }
+}
+
+/// The logs of the second release's `component` pods (`node` or `proxy`), the previous
+/// container's too (the refused agent exits and is restarted).
+fn second_logs(env: &Env, component: &str) -> String {
+    let selector = format!("app.kubernetes.io/instance={SECOND},app.kubernetes.io/component={component}");
+    let mut all = String::new();
+    for previous in ["--previous=false", "--previous=true"] {
+        if let Ok(out) =
+            env.kube().ok(&["logs", "-n", SECOND_NS, "-l", &selector, "--all-containers", "--tail=-1", previous])
+        {
+            all.push_str(&out);
+        }
+    }
+    all
+}
+
+/// A second release on the node, installed as a GitOps tool would (its values skip the chart's
+/// install check, `daemonset.allowOtherReleases=true`: `helm template` cannot run it), under the
+/// field load through Service `second` (a UDS-only pod of the first release):
+/// - its agent exits at once, naming the first release's agent as the pin dir's owner, before it
+///   has changed anything on the node (the kubelet restarts it in back-off);
+/// - its proxy launcher stands by, naming the first release's proxy DaemonSet, and never takes
+///   the first release's Envoy over;
+/// - `helm uninstall` of it removes none of the first release's pins (before, either uninstall
+///   removed the other's).
+///
+/// No request fails while it is there, nor in the 60 s after its uninstall, and the pins and the
+/// pin dir's owner are the first release's throughout.
+pub(crate) fn a_second_release_on_the_node_changes_nothing_of_the_first(env: &Env) -> anyhow::Result<()> {
+    let (target, expect) = served_echo_app(env, SECOND, "tcp")?;
+    let expect = expect.as_str();
+    let owner_file = std::path::Path::new(PINS).join(".owner");
+    let first_owner = format!("{NS}/aether-node");
+    let read_owner = || std::fs::read_to_string(&owner_file).unwrap_or_default();
+    ensure!(read_owner() == first_owner, "the pin dir's owner is {:?}, not {first_owner}", read_owner());
+    let pins_before = pins()?;
+    let _cleanup = SecondRelease(env);
+    let there = under_load(target, expect, || {
+        let sets = env.chart_sets(&["daemonset.allowOtherReleases=true", "verifyInstall.enabled=false"]);
+        let mut args = aether_tests::node::aether_chart_args("install", SECOND, SECOND_NS, &sets)?;
+        // Its agent is never Ready: no --wait (hook Jobs are waited for all the same).
+        args.retain(|a| a != "--wait" && a != "--wait-for-jobs");
+        args.push("--create-namespace".into());
+        env.node.helm(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+        eventually("the second release's agent refused, naming the first's", WAIT, || {
+            Ok(second_logs(env, "node").contains(&format!("belongs to the agent of {first_owner}")))
+        })?;
+        eventually("the second release's launcher standing by, naming the first's", WAIT, || {
+            Ok(second_logs(env, "proxy").contains(&format!("belongs to another proxy DaemonSet ({NS}/aether-proxy)")))
+        })?;
+        // A while longer: the agent's back-off restarts, the launcher's polling.
+        std::thread::sleep(Duration::from_secs(20));
+        Ok(())
+    })?;
+    println!("a second release on the node: {}", there.summary());
+    let agent_said: Vec<String> =
+        second_logs(env, "node").lines().filter(|l| l.contains("pin dir")).take(2).map(str::to_owned).collect();
+    println!("its agent said: {agent_said:#?}");
+    ensure!(there.failed() == 0, "requests failed while the second release was there: {}", there.summary());
+    ensure!(read_owner() == first_owner, "the pin dir's owner changed to {:?}", read_owner());
+    ensure!(pins()? == pins_before, "the pins changed: {:?} -> {:?}", pins_before, pins()?);
+    let gone = under_load(target, expect, || {
+        env.node.helm(&["uninstall", SECOND, "-n", SECOND_NS, "--wait", "--timeout", "180s"]).map(|_| ())
+    })?;
+    println!("helm uninstall of the second release: {}", gone.summary());
+    ensure!(gone.failed() == 0, "requests failed during the second release's uninstall: {}", gone.summary());
+    ensure!(pins()? == pins_before, "the second release's uninstall changed the pins: {:?}", pins()?);
+    ensure!(read_owner() == first_owner, "the pin dir's owner changed to {:?}", read_owner());
+    the_minute_after(target, expect, "the second release's uninstall", SECOND)?;
+    check_release_settled(env)?;
+    env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", SECOND, "--wait=true"])?;
     Ok(())
 }

@@ -12,6 +12,12 @@ use crate::env::{Env, NS, PINS, RELEASE, WAIT, uid};
 
 pub(crate) fn uninstall_leaves_no_release_object_and_nothing_on_the_host(env: &Env) -> anyhow::Result<()> {
     let uids: Vec<String> = env.release_pods()?.iter().map(uid).collect::<anyhow::Result<_>>()?;
+    // While the release runs, its hand-over state and the Envoys' shared memory are root-only.
+    for dir in ["/run/aether-proxy", "/run/aether-proxy/shm"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir).with_context(|| dir.to_owned())?.permissions().mode() & 0o7777;
+        ensure!(mode == 0o700, "{dir} is mode {mode:04o}, not 0700");
+    }
     env.kube().ok(&["delete", "pod,service,serviceaccount", "-n", "default", "web", "--wait=true"])?;
     env.node.helm(&["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "180s"])?;
     let kinds = "all,configmaps,secrets,serviceaccounts,roles,rolebindings,leases,poddisruptionbudgets,jobs";
