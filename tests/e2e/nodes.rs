@@ -510,23 +510,7 @@ fn one_roll(env: &Env, target: SocketAddr, values: &[&str]) -> anyhow::Result<Re
     // What a lost request would be read against: the kernel's drops, retransmissions and resets
     // in each node's netns over the roll (the client's SYNs and retransmissions are node 1's).
     for ((node, before), after) in [NODE1, NODE2].iter().zip(&tcp_before).zip(&counters()?) {
-        const WATCHED: [&str; 10] = [
-            "TcpExtListenDrops",
-            "TcpExtListenOverflows",
-            "TcpExtTCPSynRetrans",
-            "TcpRetransSegs",
-            "TcpOutRsts",
-            "TcpEstabResets",
-            "TcpAttemptFails",
-            "TcpExtTCPAbortOnData",
-            "TcpExtTCPAbortOnClose",
-            "TcpExtTCPTimeouts",
-        ];
-        let deltas: Vec<String> = WATCHED
-            .iter()
-            .map(|k| format!("{k} +{}", after.get(*k).unwrap_or(&0).saturating_sub(*before.get(*k).unwrap_or(&0))))
-            .collect();
-        println!("{node}'s netns TCP counters over the roll: {}", deltas.join(", "));
+        println!("{node}'s netns TCP counters over the roll: {}", aether_tests::tcp_counters::deltas(before, after));
     }
     let after: Vec<(String, String)> =
         env.node_pods()?.iter().map(|p| (pod_name(p).to_owned(), node_name(p).to_owned())).collect();

@@ -4,7 +4,8 @@
 //!   `tests/harness/build-tools.sh`), stopped on drop, with a `kubectl` of the same version.
 //! - [`Controller`]: the real `aether-controller run` binary on loopback with freshly minted
 //!   certificates, killed on drop.
-//! - [`continuity`]: steady load through the data plane and what an event did to it.
+//! - [`continuity`]: steady load through the data plane and what an event did to it;
+//!   [`tcp_counters`]: the kernel's side of it (`nstat`).
 //! - [`node::RealNode`]: a real single node (kubelet + containerd, controller-manager, scheduler,
 //!   kube-proxy) from `tests/harness/node.sh`, torn down on drop.
 //! - [`nodes::RealNodes`]: several real nodes (`AETHER_NODES=N node.sh up`), each in its own
@@ -28,6 +29,7 @@ pub mod continuity;
 pub mod node;
 pub mod nodes;
 pub mod prometheus;
+pub mod tcp_counters;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {

@@ -71,16 +71,8 @@ impl ClusterNode {
     ///
     /// # Errors
     /// When nstat fails to run there.
-    pub fn tcp_counters(&self) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
-        let out = self.run(&["nstat", "-asz"])?;
-        Ok(out
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                let name = f.next().filter(|n| n.starts_with("Tcp"))?;
-                Some((name.to_owned(), f.next()?.parse().ok()?))
-            })
-            .collect())
+    pub fn tcp_counters(&self) -> anyhow::Result<crate::tcp_counters::Counters> {
+        Ok(crate::tcp_counters::parse(&self.run(&["nstat", "-asz"])?))
     }
 
     /// Runs `f` on a thread that has joined the node's network namespace (`setns(2)`): every

@@ -496,10 +496,25 @@ pub(crate) fn the_minute_after(target: SocketAddr, expect: &str, event: &str, po
         Ok(body.lines().filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_owned(), v.to_owned())).collect())
     };
     let before = counters()?;
+    // The kernel's side, for a lone lost request: the client's netns (the host's) and the pod's,
+    // where Envoy's inbound listener accepts.
+    let pod_netns = active_listener_netns(&format!("inbound_default_{pod}_8080"))?;
+    let tcp = || -> anyhow::Result<[aether_tests::tcp_counters::Counters; 2]> {
+        Ok([
+            aether_tests::tcp_counters::read(None)?,
+            aether_tests::tcp_counters::read(pod_netns.as_deref().map(Path::new))?,
+        ])
+    };
+    let tcp_before = tcp()?;
     let after = under_load(target, expect, || {
         std::thread::sleep(Duration::from_secs(55));
         Ok(())
     })?;
+    let tcp_after = tcp()?;
+    for (i, ns) in ["the host's", &format!("{pod}'s")].iter().enumerate() {
+        let grew = aether_tests::tcp_counters::deltas(&tcp_before[i], &tcp_after[i]);
+        println!("the 60 s after {event}, {ns} netns TCP counters: {grew}");
+    }
     let changed: Vec<String> = counters()?
         .into_iter()
         // Counters only: a histogram's quantiles change with every window.

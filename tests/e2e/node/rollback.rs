@@ -179,7 +179,8 @@ fn second_logs(env: &Env, component: &str) -> String {
 }
 
 /// A second release on the node, installed as a GitOps tool would (its values skip the chart's
-/// install check, `daemonset.allowOtherReleases=true`: `helm template` cannot run it), under the
+/// install check, `daemonset.allowOtherReleases=true`: `helm template` cannot run it; its agent on
+/// another admin port, so that the scheduler places it beside the first's), under the
 /// field load through Service `second` (a UDS-only pod of the first release):
 /// - its agent exits at once, naming the first release's agent as the pin dir's owner, before it
 ///   has changed anything on the node (the kubelet restarts it in back-off);
@@ -200,18 +201,29 @@ pub(crate) fn a_second_release_on_the_node_changes_nothing_of_the_first(env: &En
     let pins_before = pins()?;
     let _cleanup = SecondRelease(env);
     let there = under_load(target, expect, || {
-        let sets = env.chart_sets(&["daemonset.allowOtherReleases=true", "verifyInstall.enabled=false"]);
+        // Another agent port: with the first's, the scheduler would not place its agent on the
+        // node at all (no free host port), and the pin dir's claim is what this case proves.
+        let sets = env.chart_sets(&[
+            "daemonset.allowOtherReleases=true",
+            "verifyInstall.enabled=false",
+            "agent.adminPort=9191",
+        ]);
         let mut args = aether_tests::node::aether_chart_args("install", SECOND, SECOND_NS, &sets)?;
         // Its agent is never Ready: no --wait (hook Jobs are waited for all the same).
         args.retain(|a| a != "--wait" && a != "--wait-for-jobs");
-        args.push("--create-namespace".into());
+        // As the suite's own release: one namespace, labelled for the node pods' Pod Security level.
+        env.kube().ok(&aether_tests::node::release_namespace_command(SECOND_NS))?;
+        env.kube().ok(&aether_tests::node::privileged_label_command(SECOND_NS))?;
         env.node.helm(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+        let state = || env.kube().ok(&["get", "ds,pods,events", "-n", SECOND_NS, "-o", "wide"]).unwrap_or_default();
         eventually("the second release's agent refused, naming the first's", WAIT, || {
             Ok(second_logs(env, "node").contains(&format!("belongs to the agent of {first_owner}")))
-        })?;
+        })
+        .with_context(|| format!("{}\n{}", second_logs(env, "node"), state()))?;
         eventually("the second release's launcher standing by, naming the first's", WAIT, || {
             Ok(second_logs(env, "proxy").contains(&format!("belongs to another proxy DaemonSet ({NS}/aether-proxy)")))
-        })?;
+        })
+        .with_context(|| format!("{}\n{}", second_logs(env, "proxy"), state()))?;
         // A while longer: the agent's back-off restarts, the launcher's polling.
         std::thread::sleep(Duration::from_secs(20));
         Ok(())
