@@ -446,8 +446,9 @@ const ROLLS_VAR: &str = "AETHER_ROLLS";
 /// A `helm upgrade` that rolls both node DaemonSets on both nodes, under the field load from node
 /// 1 through Service `spread` (relayed as HTTP): no request refused or wrongly answered, no second
 /// without a served one, no request lost on a keep-alive connection (each replaced Envoy ends
-/// its keep-alive connections between requests, announced). One roll (the default) counts a lone
-/// timeout or Reset with the tolerance of [`continuity::check_planned_with`]; several in a row
+/// its keep-alive connections between requests, announced). One roll (the default) is held to
+/// [`continuity::check_planned`] (no Reset: the lone Reset seen in about 1 of 6 rolls before the
+/// app was relayed as HTTP did not come back in 20 rolls in a row, docs/install.md); several in a row
 /// (`AETHER_ROLLS`, alternating two sets of values so that each is a roll) tolerate nothing: every
 /// request of every roll must be served.
 fn a_rolling_upgrade_of_every_node_daemonset_fails_no_request(env: &Env) -> anyhow::Result<()> {
@@ -479,11 +480,7 @@ fn a_rolling_upgrade_of_every_node_daemonset_fails_no_request(env: &Env) -> anyh
         reports.push(r);
     }
     if rolls == 1 {
-        // A lone Reset counts with the lone timeouts here (continuity::check_planned_with says why).
-        continuity::check_planned_with(
-            &[("the roll of both node DaemonSets", &reports[0])],
-            &[continuity::Failure::Reset],
-        )?;
+        continuity::check_planned(&[("the roll of both node DaemonSets", &reports[0])])?;
     } else {
         let requests: usize = reports.iter().map(|r| r.requests.len()).sum();
         let served: u64 = reports.iter().flat_map(|r| &r.keepalive).map(|k| k.served).sum();
