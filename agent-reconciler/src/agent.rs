@@ -101,7 +101,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Before the state dir is read or a pin touched: one agent per pin dir (another release's
     // agent is refused here, having changed nothing on the node).
     let pin_owner = match &args.pin_dir {
-        Some(dir) => Some(claim_pin_dir(dir, &args).await?),
+        Some(dir) => Some(claim_pin_dir(dir, &args, &stop).await?),
         None => None,
     };
     let store =
@@ -317,12 +317,27 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 /// Claims the pin dir for this agent's DaemonSet ([`crate::pin_owner`]), waiting for a previous
 /// agent of the same release up to `--shutdown-wait-seconds` + 30 s (its own exit wait, and then
 /// some for the kubelet to stop it).
-async fn claim_pin_dir(dir: &Path, args: &RunArgs) -> anyhow::Result<crate::pin_owner::PinOwner> {
+/// Renews the lease every [`crate::pin_owner::REFRESH`] for the process's life.
+async fn claim_pin_dir(
+    dir: &Path,
+    args: &RunArgs,
+    stop: &watch::Receiver<bool>,
+) -> anyhow::Result<Arc<crate::pin_owner::PinOwner>> {
     std::fs::create_dir_all(dir).with_context(|| format!("--pin-dir {}", dir.display()))?;
     let me = args.own_daemonset.as_ref().map(|(ns, name)| format!("{ns}/{name}")).unwrap_or_default();
     let wait = Duration::from_secs(args.shutdown_wait_seconds + 30);
-    let owner = crate::pin_owner::claim(dir, &me, wait).await?;
+    let owner = Arc::new(crate::pin_owner::claim(dir, &me, wait, stop).await?);
     tracing::info!(pin_dir = %dir.display(), owner = %me, claim = %owner.path().display(), "claimed the pin dir");
+    let lease = owner.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(crate::pin_owner::REFRESH);
+        loop {
+            every.tick().await;
+            if let Err(e) = lease.refresh() {
+                tracing::warn!(claim = %lease.path().display(), error = %e, "cannot renew the pin dir's claim");
+            }
+        }
+    });
     Ok(owner)
 }
 

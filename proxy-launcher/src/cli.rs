@@ -77,7 +77,7 @@ pub struct RunArgs {
     /// own). Recorded with the serving epoch: a launcher never takes over an Envoy recorded with
     /// another owner (a second release on the node, or this one before a namespace move, which
     /// would leave that release's pod superseded); it stands by, Ready without serving, until that
-    /// Envoy exits, then starts cold. Unset, or a record without one (releases up to 0.11.0),
+    /// Envoy exits, then starts cold. Unset, or a record without one (releases up to 0.10.0),
     /// matches every owner.
     #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_owner)]
     pub owner: Option<String>,

@@ -59,7 +59,7 @@ pub struct LiveRecord {
     /// Its binary.
     pub build: Build,
     /// Which proxy DaemonSet's pod runs it (`--owner`, `<namespace>/<name>`); absent in records of
-    /// releases up to 0.11.0, and when the launcher was given none. Two owners are two Helm
+    /// releases up to 0.10.0, and when the launcher was given none. Two owners are two Helm
     /// releases (or a moved DaemonSet) sharing the node's hand-over state: one never takes the
     /// other's sockets over (docs/install.md, "One release per cluster").
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -316,7 +316,7 @@ mod tests {
         let r = LiveRecord { epoch: 3, build: b140(), owner: Some("aether-system/aether-proxy".into()) };
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<LiveRecord>(&s).unwrap(), r);
-        // A record of a release up to 0.11.0 has no owner, and one without an owner writes none
+        // A record of a release up to 0.10.0 has no owner, and one without an owner writes none
         // (that release's launcher reads what this one writes).
         let old = r#"{"epoch":3,"build":{"version":[1,40,0],"hot_restart_version":"11.104","base_id":7391}}"#;
         assert_eq!(serde_json::from_str::<LiveRecord>(old).unwrap(), LiveRecord { owner: None, ..r.clone() });

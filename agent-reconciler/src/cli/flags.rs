@@ -168,10 +168,11 @@ pub struct RunArgs {
     /// on <DIR>/<pod uid>.sock and Envoy dials that, so a pod swapping its socket for a link
     /// between two checks reaches nothing but its own socket. Needs CAP_SYS_ADMIN and mount
     /// propagation to Envoy. At most 65 bytes, absolute. Unset: the lstat check only. One agent
-    /// per directory: at start the agent locks <DIR>/.owner (flock, held while it runs) and
-    /// writes its --own-daemonset there; while another DaemonSet's agent holds it, the agent exits
-    /// at once with an error naming it, having changed nothing; while this DaemonSet's previous
-    /// agent holds it, it waits up to --shutdown-wait-seconds + 30 s.
+    /// per directory: at start the agent locks <DIR>/.owner (flock, held while it runs, mtime
+    /// renewed every 30 s) and writes its --own-daemonset there; while another DaemonSet's agent
+    /// holds it, or left it less than 10 minutes ago, the agent exits at once with an error naming
+    /// it, having changed nothing; while this DaemonSet's previous agent holds it, it waits up to
+    /// --shutdown-wait-seconds + 30 s.
     #[arg(long, env = "AETHER_PIN_DIR", value_parser = parse_pin_dir)]
     pub pin_dir: Option<PathBuf>,
     /// With --pin-dir: how many pods' volume dirs inotify watches, so a re-created socket is
