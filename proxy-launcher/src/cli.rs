@@ -78,7 +78,7 @@ pub struct RunArgs {
     /// another owner (a second release on the node, or this one before a namespace move, which
     /// would leave that release's pod superseded); it stands by, Ready without serving, until that
     /// Envoy exits, then starts cold. Unset, or a record without one (releases up to 0.10.0),
-    /// matches every owner.
+    /// matches every owner. Ignored with --no-hot-restart (no record is kept).
     #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_owner)]
     pub owner: Option<String>,
     /// Deprecated and ignored (accepted so that older command lines still parse). Beside an Envoy
@@ -99,7 +99,8 @@ pub struct RunArgs {
     /// (admin.address.pipe; the chart's is /run/aether/envoy/admin.sock, mode 0600), else IP:PORT.
     /// A Unix socket keeps the admin, which can stop every listener of the node, out of reach of
     /// port-forwards (they dial TCP only) and of non-root processes: the launcher makes its
-    /// directory root's and mode 0700 before Envoy starts. The launcher waits there for its Envoy
+    /// directory root's and mode 0700 before Envoy starts, holds it (shared flock) while its Envoy
+    /// runs, and the node's last launcher removes the socket and the directory when it stops. The launcher waits there for its Envoy
     /// to be LIVE, and refreshes the readiness marker only while Envoy says there that it serves
     /// (LIVE, no listener stopped).
     #[arg(long, default_value = "/run/aether/envoy/admin.sock")]

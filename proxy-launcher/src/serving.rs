@@ -46,7 +46,8 @@ pub enum StandbyAction {
 /// disabled), or beside another owner's, instead of binding a cold Envoy beside it: every inbound
 /// listener would fail to bind (EADDRINUSE). The pod is Ready meanwhile, so a surge-rolling DaemonSet deletes the old pod;
 /// this is the one exception to "Ready means serving", and it lasts only while the other admin
-/// answers.
+/// answers (an Envoy outside the hand-over) or while another owner's serving epoch holds its
+/// `alive` lock (another owner's Envoy, whatever its admin does).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Standby {
     announced: bool,
