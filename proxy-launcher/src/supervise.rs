@@ -559,6 +559,12 @@ impl Node<'_> {
             if self.stopping() {
                 info!(epoch, "SIGTERM before Envoy served: stopping it");
                 stop(&mut child);
+                // As after a stop once serving: the node's state and admin dir go if it was the last.
+                drop(alive);
+                drop(admin_dir);
+                if self.clean_if_last() {
+                    self.remove_admin_dir();
+                }
                 return Ok(Outcome::Stopped);
             }
             if started.elapsed() > self.cfg.live_timeout {
