@@ -411,7 +411,7 @@ impl Node<'_> {
     /// every 200 ms, and Envoy starts the moment the other one is gone.
     fn stand_by(&self, state: &StateDir) -> Outcome {
         let mut standby = Standby::default();
-        let owner = self.cfg.hot_restart.as_ref().and_then(|h| h.owner.as_deref());
+        let owner = self.owner();
         // The address the other Envoy answered on last (for the marker and the logs).
         let mut answered = self.cfg.admin.clone();
         loop {
@@ -562,9 +562,7 @@ impl Node<'_> {
                 // As after a stop once serving: the node's state and admin dir go if it was the last.
                 drop(alive);
                 drop(admin_dir);
-                if self.clean_if_last() {
-                    self.remove_admin_dir();
-                }
+                self.clean_up_if_last();
                 return Ok(Outcome::Stopped);
             }
             if started.elapsed() > self.cfg.live_timeout {
@@ -580,8 +578,7 @@ impl Node<'_> {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
-        let owner = self.cfg.hot_restart.as_ref().and_then(|h| h.owner.clone());
-        let record = LiveRecord { epoch, build: self.build.clone(), owner };
+        let record = LiveRecord { epoch, build: self.build.clone(), owner: self.owner().map(str::to_owned) };
         let mut published = self.publish(&record, &mut warned);
         drop(start_lock);
         let took = started.elapsed().as_secs_f64();
@@ -689,9 +686,7 @@ impl Node<'_> {
                         return Ok(match end {
                             End::Stopped => {
                                 info!(epoch, %status, "Envoy stopped");
-                                if self.clean_if_last() {
-                                    self.remove_admin_dir();
-                                }
+                                self.clean_up_if_last();
                                 Outcome::Stopped
                             }
                             End::Superseded => {
@@ -764,6 +759,19 @@ impl Node<'_> {
                 false
             }
         }
+    }
+
+    /// After a stop with no successor: [`Self::clean_if_last`], then, when no Envoy is left,
+    /// [`Self::remove_admin_dir`].
+    fn clean_up_if_last(&self) {
+        if self.clean_if_last() {
+            self.remove_admin_dir();
+        }
+    }
+
+    /// This pod's proxy DaemonSet (`--owner`), with the hand-over on.
+    fn owner(&self) -> Option<&str> {
+        self.cfg.hot_restart.as_ref().and_then(|h| h.owner.as_deref())
     }
 
     /// After the node's last Envoy stopped: removes its admin socket and directory unless another
