@@ -99,7 +99,7 @@ pub enum ClaimError {
     StillHeld {
         /// The pin dir.
         dir: String,
-        /// Who: "this DaemonSet's previous agent (<ns>/<name>)" or "an agent that wrote no owner".
+        /// Who: "this DaemonSet's previous agent (`<ns>/<name>`)" or "an agent that wrote no owner".
         holder: String,
         /// Seconds waited.
         waited_s: u64,
