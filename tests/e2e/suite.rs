@@ -14,11 +14,21 @@ type Body<E> = Box<dyn Fn(&E) -> anyhow::Result<()> + Send + Sync>;
 pub struct Case<E> {
     name: String,
     body: Body<E>,
+    ignored: bool,
 }
 
 /// A trial named `name` running `body` against the shared environment.
 pub fn case<E>(name: impl Into<String>, body: impl Fn(&E) -> anyhow::Result<()> + Send + Sync + 'static) -> Case<E> {
-    Case { name: name.into(), body: Box::new(body) }
+    Case { name: name.into(), body: Box::new(body), ignored: false }
+}
+
+impl<E> Case<E> {
+    /// This trial runs only when asked for with `--ignored` (or `--include-ignored`): a long
+    /// scenario with a make target of its own, outside `make test`.
+    #[allow(dead_code)] // not every suite has one
+    pub fn ignored(self) -> Self {
+        Case { ignored: true, ..self }
+    }
 }
 
 /// The trials of a suite, in the order they run: `cases![f, module::g]` is
@@ -48,7 +58,8 @@ pub fn run<E: Send + Sync + 'static>(
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
     if args.list {
-        libtest_mimic::run(&args, cases.into_iter().map(|c| Trial::test(c.name, || Ok(()))).collect()).exit();
+        let listed = cases.into_iter().map(|c| Trial::test(c.name, || Ok(())).with_ignored_flag(c.ignored));
+        libtest_mimic::run(&args, listed.collect()).exit();
     }
     let env = match setup() {
         Ok(e) => Arc::new(e),
@@ -62,6 +73,7 @@ pub fn run<E: Send + Sync + 'static>(
         .map(|c| {
             let env = env.clone();
             Trial::test(c.name, move || (c.body)(&env).map_err(|e| Failed::from(format!("{e:#}{}", context(&env)))))
+                .with_ignored_flag(c.ignored)
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);

@@ -14,9 +14,15 @@
 //!
 //! Built on hyper's connection API (one `handshake` per connection), so nothing pools, reuses or
 //! retries behind the count.
+//!
+//! A new-connection request that times out is still followed for [`LATE_WAIT`] more (it stays
+//! counted as failed): its [`Late`] record says when its TCP connect completed, when the app got
+//! it (`uds-echo`'s `x-uds-echo-received-us` header, on the same host's clock) and when the whole
+//! answer came, so a lone timeout says whether the kernel, the proxy or the app held it.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -82,6 +88,50 @@ pub struct Outcome {
     pub at: Duration,
     /// `None`: served by the expected responder.
     pub failure: Option<Failure>,
+    /// For a request that timed out: what it did afterwards, within [`LATE_WAIT`].
+    pub late: Option<Late>,
+}
+
+/// How long a timed-out new-connection request is still followed after its timeout.
+pub const LATE_WAIT: Duration = Duration::from_secs(10);
+
+/// The response header in which `uds-echo` answers when it received the request: microseconds
+/// since the Unix epoch, by the wall clock (the load client's, on the same host).
+pub const RECEIVED_HEADER: &str = "x-uds-echo-received-us";
+
+/// A timed-out request's phases, each from when it was sent (`None`: not reached within the
+/// timeout plus [`LATE_WAIT`], or not known).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Late {
+    /// The TCP connect completed (the SYN-ACK came back): the kernel's side of the handshake.
+    pub connected: Option<Duration>,
+    /// The app took the request (its [`RECEIVED_HEADER`]); `None` also when the responder sends
+    /// no such header.
+    pub app_received: Option<Duration>,
+    /// The whole answer came.
+    pub answered: Option<Duration>,
+    /// How the request ended after all: `None` served (or still pending at the end of the
+    /// wait, when `answered` is `None` too), else why it failed.
+    pub ended: Option<Failure>,
+}
+
+impl Late {
+    /// `connected after 1 ms, app received after 2,003 ms, answered after 2,010 ms`.
+    pub fn describe(&self) -> String {
+        let phase = |name: &str, d: Option<Duration>| match d {
+            Some(d) => format!("{name} after {} ms", d.as_millis()),
+            None => format!("not {name} by the end of the wait"),
+        };
+        let mut parts = vec![phase("connected", self.connected)];
+        if self.connected.is_some() {
+            parts.push(phase("received by the app", self.app_received));
+            parts.push(phase("answered", self.answered));
+        }
+        if let Some(f) = self.ended {
+            parts.push(format!("then failed: {f:?}"));
+        }
+        parts.join(", ")
+    }
 }
 
 /// What happened to one keep-alive client (one connection at a time).
@@ -153,6 +203,18 @@ impl Report {
             Some((a, b)) => format!(" between +{:.2} s and +{:.2} s", a.as_secs_f64(), b.as_secs_f64()),
             None => String::new(),
         };
+        // The first few timed-out requests' phases (an outage times out many alike).
+        const SHOWN: usize = 5;
+        let timed_out: Vec<&Outcome> = self.requests.iter().filter(|o| o.late.is_some()).collect();
+        let mut late: String = timed_out
+            .iter()
+            .take(SHOWN)
+            .filter_map(|o| o.late.map(|l| format!(" [timed out at +{:.2} s: {}]", o.at.as_secs_f64(), l.describe())))
+            .collect();
+        if timed_out.len() > SHOWN {
+            late.push_str(&format!(" [and {} more timed out]", timed_out.len() - SHOWN));
+        }
+        let window = format!("{window}{late}");
         let cut = self.keepalive.iter().filter(|k| k.cut.is_some()).count();
         let announced: u64 = self.keepalive.iter().map(|k| k.announced).sum();
         let idle: u64 = self.keepalive.iter().map(|k| k.closed_idle).sum();
@@ -190,8 +252,11 @@ pub async fn run(load: &Load, stop: impl Future<Output = ()>) -> Report {
             sent += 1;
             tokio::spawn(async move {
                 let at = started.elapsed();
-                let failure = one_request(&load).await.err();
-                let _ = tx.send((n, Outcome { at, failure }));
+                let (failure, late) = match one_request(&load).await {
+                    Ok(()) => (None, None),
+                    Err((f, late)) => (Some(f), late),
+                };
+                let _ = tx.send((n, Outcome { at, failure, late }));
             });
         }
     };
@@ -213,19 +278,51 @@ pub async fn run(load: &Load, stop: impl Future<Output = ()>) -> Report {
     Report { ran, requests: requests.into_iter().flatten().collect(), keepalive: kept }
 }
 
-/// One request on a new connection.
-async fn one_request(load: &Load) -> Result<(), Failure> {
-    tokio::time::timeout(load.timeout, async {
-        let mut sender = connect(load).await?;
-        send(&mut sender, load, true).await.map(|_| ())
-    })
-    .await
-    .unwrap_or(Err(Failure::Timeout))
+/// One request on a new connection; a timed-out one comes with its [`Late`] record.
+async fn one_request(load: &Load) -> Result<(), (Failure, Option<Late>)> {
+    let phases = Arc::new(Mutex::new(Late::default()));
+    let mut request = tokio::spawn(traced_request(load.clone(), phases.clone()));
+    match tokio::time::timeout(load.timeout, &mut request).await {
+        Ok(done) => done.unwrap_or(Err(Failure::Other)).map_err(|f| (f, None)),
+        Err(_) => {
+            let ended = match tokio::time::timeout(LATE_WAIT, request).await {
+                Ok(done) => done.unwrap_or(Err(Failure::Other)).err(),
+                Err(_) => None,
+            };
+            let late = Late { ended, ..*phases.lock().unwrap_or_else(std::sync::PoisonError::into_inner) };
+            Err((Failure::Timeout, Some(late)))
+        }
+    }
+}
+
+/// One request on a new connection with no bound of its own, recording in `phases` when its
+/// connect completed, when the app received it and when the whole answer came.
+async fn traced_request(load: Load, phases: Arc<Mutex<Late>>) -> Result<(), Failure> {
+    let (sent, wall) = (Instant::now(), SystemTime::now());
+    let record = |f: &dyn Fn(&mut Late)| f(&mut phases.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    let stream = TcpStream::connect(load.target).await.map_err(|e| io_failure(e.kind()))?;
+    record(&|l| l.connected = Some(sent.elapsed()));
+    let mut sender = handshake(stream).await?;
+    let (_, received) = send_traced(&mut sender, &load, true).await?;
+    let app = received.and_then(|us| {
+        let at = UNIX_EPOCH + Duration::from_micros(us);
+        at.duration_since(wall).ok()
+    });
+    record(&|l| {
+        l.app_received = app;
+        l.answered = Some(sent.elapsed());
+    });
+    Ok(())
 }
 
 /// One request on `sender`'s connection; `close` asks the server to close it afterwards. `Ok`
 /// says whether the response announced the connection's end (`Connection: close`).
 async fn send(sender: &mut Sender, load: &Load, close: bool) -> Result<bool, Failure> {
+    send_traced(sender, load, close).await.map(|(announced, _)| announced)
+}
+
+/// [`send`], also returning the responder's [`RECEIVED_HEADER`] when it sent one.
+async fn send_traced(sender: &mut Sender, load: &Load, close: bool) -> Result<(bool, Option<u64>), Failure> {
     let mut req = hyper::Request::get(load.path.as_str()).header(hyper::header::HOST, load.target.to_string());
     if close {
         req = req.header(hyper::header::CONNECTION, "close");
@@ -239,6 +336,7 @@ async fn send(sender: &mut Sender, load: &Load, close: bool) -> Result<bool, Fai
         .get_all(hyper::header::CONNECTION)
         .iter()
         .any(|v| v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"))));
+    let received = resp.headers().get(RECEIVED_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
     let body = resp.into_body().collect().await.map_err(hyper_failure)?.to_bytes();
     if status != 200 {
         return Err(Failure::Status(status));
@@ -246,7 +344,7 @@ async fn send(sender: &mut Sender, load: &Load, close: bool) -> Result<bool, Fai
     if !String::from_utf8_lossy(&body).contains(&load.expect) {
         return Err(Failure::WrongResponder);
     }
-    Ok(announced)
+    Ok((announced, received))
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
@@ -255,14 +353,18 @@ type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 async fn connect(load: &Load) -> Result<Sender, Failure> {
     tokio::time::timeout(load.timeout, async {
         let stream = TcpStream::connect(load.target).await.map_err(|e| io_failure(e.kind()))?;
-        let _ = stream.set_nodelay(true);
-        let (sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(hyper_failure)?;
-        tokio::spawn(conn);
-        Ok(sender)
+        handshake(stream).await
     })
     .await
     .unwrap_or(Err(Failure::Timeout))
+}
+
+/// HTTP/1.1 over `stream` (no Nagle delay), its connection task spawned.
+async fn handshake(stream: TcpStream) -> Result<Sender, Failure> {
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(hyper_failure)?;
+    tokio::spawn(conn);
+    Ok(sender)
 }
 
 /// One keep-alive client until `halt`: a request every `keepalive_every` on one connection; the
@@ -405,6 +507,33 @@ mod tests {
         assert!(refused.unwrap_or(0) >= 20, "about 50 refused over 0.5 s: {}", report.summary());
         assert!(report.longest_gap() >= Duration::from_millis(400), "{}", report.summary());
         assert!(report.keepalive.iter().all(|k| k.cut.is_some()), "{:?}", report.keepalive);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_timed_out_request_is_followed_to_its_late_answer() {
+        // The app takes the request at once (its received header says so), the answer leaves
+        // 700 ms later: past the 300 ms timeout, the record shows the time went after the app.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().fallback(|| async {
+            let us = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros().to_string();
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            ([(RECEIVED_HEADER, us)], "slow\n")
+        });
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let load =
+            Load { rate: 5, keepalive: 0, timeout: Duration::from_millis(300), ..Load::field(addr, "/", "slow") };
+        let report = run(&load, tokio::time::sleep(Duration::from_millis(100))).await;
+        assert!(!report.requests.is_empty());
+        for o in &report.requests {
+            assert_eq!(o.failure, Some(Failure::Timeout), "{}", report.summary());
+            let late = o.late.unwrap_or_else(|| panic!("no late record: {}", report.summary()));
+            assert!(late.connected.is_some_and(|d| d < Duration::from_millis(300)), "{late:?}");
+            assert!(late.app_received.is_some_and(|d| d < Duration::from_millis(300)), "{late:?}");
+            assert!(late.answered.is_some_and(|d| d >= Duration::from_millis(700)), "{late:?}");
+            assert_eq!(late.ended, None, "{late:?}");
+        }
+        assert!(report.summary().contains("received by the app after"), "{}", report.summary());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -115,40 +115,42 @@ fn context(env: &Env) -> String {
 }
 
 fn main() {
-    suite::run(
-        suite::cases![
-            install::install_brings_every_release_pod_ready,
-            install::installed_webhook_denies_an_over_budget_policy_with_the_arithmetic,
-            install::helm_test_passes_and_fails_naming_the_webhook_when_its_service_is_broken,
-            delivery::annotated_pod_is_served_over_the_kubelets_emptydir_socket,
-            delivery::policy_switches_delivery_to_the_socket_and_delete_switches_back,
-            observability::kubectl_aether_why_reads_the_node_agents_live_decision,
-            access::the_why_grant_reaches_no_envoy_admin,
-            delivery::a_client_pod_reaches_a_uds_only_app_through_its_service_ip,
-            delivery::a_dual_stack_pod_is_served_over_its_socket_at_its_ipv6_address_and_service,
-            delivery::a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic,
-            delivery::memory_emptydir_socket_is_reached,
-            delivery::a_grpc_server_on_its_socket_is_promoted_and_answers_a_grpc_client_through_its_service,
-            observability::a_dotted_pod_name_keeps_envoys_metric_names,
-            delivery::a_pod_back_on_its_socket_is_served_at_once,
-            restarts::app_container_restart_recovers_without_an_agent_restart,
-            install::release_containers_have_no_restarts_two_minutes_after_install,
-            restarts::agent_restarts_under_load_fail_no_request,
-            restarts::proxy_replacements_under_load_fail_no_request,
-            restarts::a_changed_hand_over_dir_costs_one_cold_start_and_nothing_after,
-            rollback::a_rollback_either_way_across_the_hand_over_costs_one_cold_start_and_nothing_after,
-            rollback::a_second_release_on_the_node_changes_nothing_of_the_first,
-            restarts::replaced_node_pod_resumes_delivery,
-            delivery::deleted_pod_clusters_are_withdrawn,
-            observability::prometheus_scrapes_the_node_and_every_rule_and_panel_has_series,
-            upgrade::helm_upgrade_runs_every_chart_variant,
-            upgrade::upgrade_with_a_broken_webhook_fails_through_the_startup_check,
-            upgrade::socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin,
-            upgrade::chart_values_at_their_edges_run_on_the_real_node,
-            teardown::uninstall_leaves_no_release_object_and_nothing_on_the_host,
-            teardown::node_down_restores_the_host,
-        ],
-        setup,
-        context,
-    )
+    let mut cases = suite::cases![
+        install::install_brings_every_release_pod_ready,
+        install::installed_webhook_denies_an_over_budget_policy_with_the_arithmetic,
+        install::helm_test_passes_and_fails_naming_the_webhook_when_its_service_is_broken,
+        delivery::annotated_pod_is_served_over_the_kubelets_emptydir_socket,
+        delivery::policy_switches_delivery_to_the_socket_and_delete_switches_back,
+        observability::kubectl_aether_why_reads_the_node_agents_live_decision,
+        access::the_why_grant_reaches_no_envoy_admin,
+        delivery::a_client_pod_reaches_a_uds_only_app_through_its_service_ip,
+        delivery::a_dual_stack_pod_is_served_over_its_socket_at_its_ipv6_address_and_service,
+        delivery::a_pod_swapping_its_socket_for_a_link_never_gets_another_pods_traffic,
+        delivery::memory_emptydir_socket_is_reached,
+        delivery::a_grpc_server_on_its_socket_is_promoted_and_answers_a_grpc_client_through_its_service,
+        observability::a_dotted_pod_name_keeps_envoys_metric_names,
+        delivery::a_pod_back_on_its_socket_is_served_at_once,
+        restarts::app_container_restart_recovers_without_an_agent_restart,
+        install::release_containers_have_no_restarts_two_minutes_after_install,
+        restarts::agent_restarts_under_load_fail_no_request,
+        restarts::proxy_replacements_under_load_fail_no_request,
+        restarts::a_changed_hand_over_dir_costs_one_cold_start_and_nothing_after,
+        rollback::a_rollback_either_way_across_the_hand_over_costs_one_cold_start_and_nothing_after,
+        rollback::a_second_release_on_the_node_changes_nothing_of_the_first,
+        restarts::replaced_node_pod_resumes_delivery,
+        delivery::deleted_pod_clusters_are_withdrawn,
+        observability::prometheus_scrapes_the_node_and_every_rule_and_panel_has_series,
+        upgrade::helm_upgrade_runs_every_chart_variant,
+        upgrade::upgrade_with_a_broken_webhook_fails_through_the_startup_check,
+        upgrade::socket_limit_filesystem_serves_a_path_past_sun_path_through_its_pin,
+        upgrade::chart_values_at_their_edges_run_on_the_real_node,
+        teardown::uninstall_leaves_no_release_object_and_nothing_on_the_host,
+        teardown::node_down_restores_the_host,
+    ];
+    // `make soak` (--ignored): long, outside `make test`.
+    cases.push(
+        suite::case("a_quiet_soak_under_load_fails_no_request", restarts::a_quiet_soak_under_load_fails_no_request)
+            .ignored(),
+    );
+    suite::run(cases, setup, context)
 }

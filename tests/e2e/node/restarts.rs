@@ -489,6 +489,15 @@ fn under_load_quick(target: SocketAddr, expect: &str) -> anyhow::Result<Report> 
 /// # Errors
 /// Naming `event` when the rule is broken, or when Envoy's admin cannot be read.
 pub(crate) fn the_minute_after(target: SocketAddr, expect: &str, event: &str, pod: &str) -> anyhow::Result<()> {
+    quiet_load(target, expect, &format!("the 60 s after {event}"), pod, Duration::from_secs(55))
+}
+
+/// `what` (e.g. `the 60 s after <event>`): the field load to `target` with no event for `quiet` (plus
+/// the 5 s [`under_load`] adds), checked and printed as [`the_minute_after`] says.
+///
+/// # Errors
+/// Naming `what` when the rule is broken, or when Envoy's admin cannot be read.
+fn quiet_load(target: SocketAddr, expect: &str, what: &str, pod: &str, quiet: Duration) -> anyhow::Result<()> {
     // ^listener_manager\.|default_<pod>_, percent-encoded (Envoy decodes the query string).
     let filter = format!("/stats?filter=%5Elistener_manager%5C.%7Cdefault_{pod}_");
     let counters = || -> anyhow::Result<std::collections::BTreeMap<String, String>> {
@@ -507,13 +516,13 @@ pub(crate) fn the_minute_after(target: SocketAddr, expect: &str, event: &str, po
     };
     let tcp_before = tcp()?;
     let after = under_load(target, expect, || {
-        std::thread::sleep(Duration::from_secs(55));
+        std::thread::sleep(quiet);
         Ok(())
     })?;
     let tcp_after = tcp()?;
     for (i, ns) in ["the host's", &format!("{pod}'s")].iter().enumerate() {
         let grew = aether_tests::tcp_counters::deltas(&tcp_before[i], &tcp_after[i]);
-        println!("the 60 s after {event}, {ns} netns TCP counters: {grew}");
+        println!("{what}, {ns} netns TCP counters: {grew}");
     }
     let changed: Vec<String> = counters()?
         .into_iter()
@@ -521,9 +530,26 @@ pub(crate) fn the_minute_after(target: SocketAddr, expect: &str, event: &str, po
         .filter(|(k, v)| before.get(k) != Some(v) && !v.starts_with("P0("))
         .map(|(k, v)| format!("{k} {} -> {v}", before.get(&k).map_or("(none)", String::as_str)))
         .collect();
-    println!("the 60 s after {event}: {}; listener counters changed: {changed:?}", after.summary());
-    continuity::check_planned(&[(&format!("the 60 s after {event}"), &after)])?;
+    println!("{what}: {}; listener counters changed: {changed:?}", after.summary());
+    continuity::check_planned(&[(what, &after)])?;
     Ok(())
+}
+
+/// `make soak`, not in `make test`: the field load on a UDS-only pod for `AETHER_SOAK_SECS`
+/// (default 1200) with no event at all, checked as the minute after an event is (the
+/// planned-event rule of [`continuity::check_planned`]) and printed with the kernel's TCP
+/// counters and each timed-out request's phases (connected, received by the app, answered; see
+/// [`continuity::Late`]): the long quiet run in which a lone timeout shows where its time went.
+///
+/// # Errors
+/// When `AETHER_SOAK_SECS` is not a number of seconds, or as [`the_minute_after`].
+pub(crate) fn a_quiet_soak_under_load_fails_no_request(env: &Env) -> anyhow::Result<()> {
+    let secs: u64 = match std::env::var("AETHER_SOAK_SECS") {
+        Ok(v) => v.parse().with_context(|| format!("AETHER_SOAK_SECS={v:?}: a whole number of seconds"))?,
+        Err(_) => 1200,
+    };
+    let (target, expect) = served_echo_app(env, "soak", "tcp")?;
+    quiet_load(target, &expect, &format!("{secs} s with no event"), "soak", Duration::from_secs(secs))
 }
 
 /// The hand-over dir [`a_changed_hand_over_dir_costs_one_cold_start_and_nothing_after`] moves to.

@@ -60,7 +60,12 @@ async fn main() -> std::process::ExitCode {
     let report = run(&load, stop).await;
     println!("{}", report.summary());
     for o in report.requests.iter().filter(|o| o.failure.is_some()) {
-        println!("  +{:.3} s {:?}", o.at.as_secs_f64(), o.failure.unwrap_or(aether_tests::continuity::Failure::Other));
+        let late = o.late.map(|l| format!(": {}", l.describe())).unwrap_or_default();
+        println!(
+            "  +{:.3} s {:?}{late}",
+            o.at.as_secs_f64(),
+            o.failure.unwrap_or(aether_tests::continuity::Failure::Other)
+        );
     }
     for (i, k) in report.keepalive.iter().enumerate() {
         match k.cut {

@@ -1,7 +1,8 @@
 //! `uds-echo --socket PATH --name NAME`: the test and demo workload. An HTTP/1.1 echo server that
 //! listens only on a Unix socket (no TCP port), as a UDS-serving app in an emptyDir would: it
 //! unlinks a stale socket file before binding and makes the socket 0660 (docs: workload
-//! requirements). Every request gets `200 <name> over unix:<path>: <METHOD> <path>`.
+//! requirements). Every request gets `200 <name> over unix:<path>: <METHOD> <path>`, with the
+//! time it was taken in an `x-uds-echo-received-us` header (microseconds since the Unix epoch).
 //!
 //! `uds-echo --tcp ADDR [--name NAME]` serves the same router on a TCP address instead (the
 //! TCP-loopback side of `make bench`'s data-plane comparison: same server code, other socket).
@@ -34,8 +35,16 @@ use axum::extract::{Request, State};
 #[derive(Clone)]
 struct Who(String);
 
-async fn echo(State(who): State<Who>, req: Request) -> String {
-    format!("{} {} {}\n", who.0, req.method(), req.uri())
+/// The echo, with the time the request was taken in the `x-uds-echo-received-us` header
+/// (microseconds since the Unix epoch): the continuity client tells by it whether a slow answer
+/// was slow before or after the app.
+async fn echo(State(who): State<Who>, req: Request) -> impl axum::response::IntoResponse {
+    let received =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or_default();
+    (
+        [(aether_tests::continuity::RECEIVED_HEADER, received.to_string())],
+        format!("{} {} {}\n", who.0, req.method(), req.uri()),
+    )
 }
 
 /// GETs `url`; prints the body (or the error) and returns the exit code: 0 on 200, else 1.
