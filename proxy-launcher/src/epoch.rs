@@ -76,6 +76,10 @@ pub struct Observation {
     /// Whether an Envoy answers on the admin address although no epoch is alive: one that takes
     /// no part in the hand-over (an older chart's, started with `--disable-hot-restart`).
     pub foreign_admin: bool,
+    /// Whether the owner the `live-epoch` record names, when it is not ours, still holds the node
+    /// (its lease held, or left unheld by a crash not long ago: `crate::serving::LeaseWatch`):
+    /// its Envoy may be gone only for a restart.
+    pub other_owner_holds: bool,
 }
 
 /// Why the running Envoy cannot hand its sockets to ours.
@@ -147,10 +151,11 @@ pub enum Plan {
     /// it would fail every bind; start cold once it is gone (`crate::serving::Standby`).
     WaitForForeign,
     /// Stand by: the serving Envoy belongs to another owner (another release's proxy DaemonSet,
-    /// or this one's before a namespace move). Taking its sockets over would leave that pod
-    /// superseded while its DaemonSet still counts on it; start cold once it is gone.
+    /// or this one's before a namespace move), or its Envoy is gone but its launchers still hold
+    /// the node. Taking its sockets over would leave that pod superseded while its DaemonSet still
+    /// counts on it; start cold once it is gone and its lease released.
     WaitForOtherOwner {
-        /// The serving epoch.
+        /// The recorded epoch (running or not).
         parent: u32,
         /// Its owner.
         owner: String,
@@ -198,12 +203,17 @@ pub fn other_owner<'a>(live: &'a LiveRecord, ours: Option<&str>) -> Option<&'a s
 /// The decision. `ours` is this launcher's binary and `owner` its `--owner`; `seen` what the
 /// state dir and the admin address show.
 pub fn plan(seen: &Observation, ours: &Build, owner: Option<&str>) -> Plan {
+    // Another owner's node: its Envoy serves, or its launchers still run (a crashed Envoy being
+    // restarted, with its draining epochs): neither taken over, stopped nor started beside.
+    if let Some(live) = &seen.live
+        && let Some(theirs) = other_owner(live, owner)
+        && (seen.alive.contains(&live.epoch) || seen.other_owner_holds)
+    {
+        return Plan::WaitForOtherOwner { parent: live.epoch, owner: theirs.to_owned() };
+    }
     let serving = seen.live.as_ref().filter(|l| seen.alive.contains(&l.epoch));
     match serving {
         Some(live) => {
-            if let Some(theirs) = other_owner(live, owner) {
-                return Plan::WaitForOtherOwner { parent: live.epoch, owner: theirs.to_owned() };
-            }
             if let Err(why) = compatible(&live.build, ours) {
                 return Plan::Replace { parent: live.epoch, why };
             }
@@ -235,6 +245,7 @@ mod tests {
             live: live.map(|(epoch, build)| LiveRecord { epoch, build, owner: None }),
             alive: alive.iter().copied().collect(),
             foreign_admin: foreign,
+            other_owner_holds: false,
         }
     }
 
@@ -329,6 +340,7 @@ mod tests {
             live: Some(LiveRecord { epoch: 2, build: b140(), owner: o.map(str::to_owned) }),
             alive: [2].into(),
             foreign_admin: false,
+            other_owner_holds: false,
         };
         let ours = Some("aether-system/aether-proxy");
         assert_eq!(
@@ -341,8 +353,29 @@ mod tests {
         assert_eq!(plan(&owned(ours), &b140(), ours), successor);
         assert_eq!(plan(&owned(None), &b140(), ours), successor);
         assert_eq!(plan(&owned(Some("team-b/aether-proxy")), &b140(), None), successor);
-        // Another owner's record whose Envoy is gone: nothing serves, start cold.
+        // Another owner's record whose Envoy is gone and whose lease is released: start cold.
         let gone = Observation { alive: BTreeSet::new(), ..owned(Some("team-b/aether-proxy")) };
         assert_eq!(plan(&gone, &b140(), ours), Plan::Cold);
+        // ... and with only its draining epochs left, those are stopped first.
+        let draining = Observation { alive: [1].into(), ..gone.clone() };
+        assert_eq!(plan(&draining, &b140(), ours), Plan::StopDraining { draining: vec![1] });
+    }
+
+    #[test]
+    fn another_owner_still_holding_the_node_is_waited_for_even_between_its_envoys() {
+        // Its serving Envoy crashed and its launcher is starting the next one (or its container
+        // restarts): no cold start beside it, and its draining epochs are not ours to stop.
+        let theirs = |alive: &[u32]| Observation {
+            live: Some(LiveRecord { epoch: 2, build: b140(), owner: Some("team-b/aether-proxy".into()) }),
+            alive: alive.iter().copied().collect(),
+            foreign_admin: false,
+            other_owner_holds: true,
+        };
+        let ours = Some("aether-system/aether-proxy");
+        let wait = Plan::WaitForOtherOwner { parent: 2, owner: "team-b/aether-proxy".into() };
+        assert_eq!(plan(&theirs(&[]), &b140(), ours), wait);
+        assert_eq!(plan(&theirs(&[1]), &b140(), ours), wait);
+        // Its own launcher (same owner) restarts its Envoy cold as before.
+        assert_eq!(plan(&theirs(&[]), &b140(), Some("team-b/aether-proxy")), Plan::Cold);
     }
 }

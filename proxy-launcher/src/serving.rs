@@ -5,7 +5,8 @@
 //! decision (which epoch) is [`crate::epoch::plan`].
 //!
 //! - [`Standby`]: an Envoy outside the hand-over still answers on the node's admin address and
-//!   no epoch of ours runs, or the serving epoch belongs to another owner (`--owner`).
+//!   no epoch of ours runs, or the serving epoch belongs to another owner (`--owner`) whose
+//!   Envoy runs or whose launchers still hold the node ([`LeaseWatch`]).
 //! - [`Serving`]: this launcher's Envoy is LIVE at its epoch, then maybe handed over and draining,
 //!   until it exits: superseded, asked to step down, SIGTERM (with the wait for a successor), and
 //!   how its exit is read.
@@ -13,6 +14,8 @@
 //!   Envoy runs on the node any more (the successor died), and then it starts one again.
 
 use std::time::{Duration, Instant};
+
+use crate::state_dir::Lease;
 
 /// What the launcher sees while it stands by (polled every 200 ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,8 +26,9 @@ pub struct StandbySeen {
     pub foreign_admin: bool,
     /// An epoch of ours runs (an `alive.<epoch>` lock is held): the admin that answers may be ours.
     pub ours_alive: bool,
-    /// The serving epoch's `live-epoch` record names another owner (another release's proxy
-    /// DaemonSet) and that epoch still runs: its admin answers, but it is not ours to take over.
+    /// The `live-epoch` record names another owner (another release's proxy DaemonSet) and that
+    /// epoch still runs, or that owner's launchers still hold the node ([`LeaseWatch`]): its
+    /// Envoy is not ours to take over, nor to start cold beside while it restarts.
     pub other_owner: bool,
 }
 
@@ -196,6 +200,42 @@ impl Serving {
     }
 }
 
+/// How long another owner's lease left unheld (its launchers died without releasing it) still
+/// counts as held: past the kubelet's crash-loop back-off, which tops out at 5 minutes
+/// (Kubernetes documentation, "Pod Lifecycle", container restart policy), so an owner whose
+/// container is restarting is back within it.
+pub const LEASE_UNHELD_GRACE: Duration = Duration::from_secs(600);
+
+/// Whether another owner still holds the node, from its [`Lease`] as polled: held, or left unheld
+/// for less than [`LEASE_UNHELD_GRACE`] since this launcher first saw it so. Absent (released by
+/// its last launcher's clean exit) is gone at once.
+#[derive(Debug, Default)]
+pub struct LeaseWatch {
+    /// The owner watched, and when its lease was first seen unheld.
+    watched: Option<(String, Option<Instant>)>,
+}
+
+impl LeaseWatch {
+    /// `owner`'s lease is `lease` at `now`: whether that owner still holds the node.
+    pub fn present(&mut self, owner: &str, lease: Lease, now: Instant) -> bool {
+        if self.watched.as_ref().is_none_or(|(o, _)| o != owner) {
+            self.watched = Some((owner.to_owned(), None));
+        }
+        let unheld_since = self.watched.as_mut().map(|(_, since)| since).expect("set above");
+        match lease {
+            Lease::Absent => {
+                *unheld_since = None;
+                false
+            }
+            Lease::Held => {
+                *unheld_since = None;
+                true
+            }
+            Lease::Unheld => now.duration_since(*unheld_since.get_or_insert(now)) < LEASE_UNHELD_GRACE,
+        }
+    }
+}
+
 /// How long no Envoy must run on the node before a superseded launcher starts one again: longer
 /// than a crashed successor's launcher takes to start its next Envoy (it holds the next `alive`
 /// lock within milliseconds of the crash).
@@ -293,6 +333,27 @@ mod tests {
         assert_eq!(s.next(&StandbySeen { term: true, ..theirs }), StandbyAction::Stop);
         // Its Envoy exited: nothing runs, start.
         assert_eq!(s.next(&standby(false, false, false)), StandbyAction::Start);
+    }
+
+    #[test]
+    fn another_owners_lease_holds_the_node_until_released_or_long_unheld() {
+        let mut w = LeaseWatch::default();
+        let t0 = Instant::now();
+        let b = "team-b/aether-proxy";
+        assert!(w.present(b, Lease::Held, t0));
+        // Its launchers died without releasing it: still theirs through a crash-loop back-off.
+        assert!(w.present(b, Lease::Unheld, t0 + Duration::from_secs(1)));
+        assert!(w.present(b, Lease::Unheld, t0 + LEASE_UNHELD_GRACE));
+        assert!(!w.present(b, Lease::Unheld, t0 + LEASE_UNHELD_GRACE + Duration::from_secs(2)));
+        // Held again (its container came back): the count starts over.
+        assert!(w.present(b, Lease::Held, t0 + LEASE_UNHELD_GRACE + Duration::from_secs(3)));
+        assert!(w.present(b, Lease::Unheld, t0 + LEASE_UNHELD_GRACE + Duration::from_secs(4)));
+        // Released by a clean exit: gone at once.
+        assert!(!w.present(b, Lease::Absent, t0 + LEASE_UNHELD_GRACE + Duration::from_secs(5)));
+        // Another owner named in the record: watched afresh.
+        let mut w = LeaseWatch::default();
+        assert!(w.present(b, Lease::Unheld, t0));
+        assert!(w.present("team-c/aether-proxy", Lease::Unheld, t0 + LEASE_UNHELD_GRACE * 2));
     }
 
     #[test]

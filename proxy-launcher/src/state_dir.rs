@@ -10,6 +10,10 @@
 //! - `live-epoch`: the [`LiveRecord`] of the serving Envoy, replaced by rename;
 //! - `step-down.<epoch>`: a successor's request that epoch's Envoy exit without a hand-over
 //!   (incompatible binaries), with the reason;
+//! - `owner.<hash>`: the lease of one proxy DaemonSet (`--owner`), held (flock, shared) by every
+//!   launcher of it for as long as it runs and removed by the last one that exits cleanly; another
+//!   owner's launcher so tells "that release still runs here, its Envoy is only restarting" from
+//!   "that release is gone" ([`Lease`]);
 //! - `hr_*`: Envoy's own hot restart sockets (`--socket-path <dir>/hr`, mode 0600).
 //!
 //! Only root can touch it: the directory is made mode 0700 when opened (kubelet's
@@ -45,6 +49,18 @@ pub struct StateDir {
 /// A held flock; dropping it releases the lock.
 #[derive(Debug)]
 pub struct Held(#[allow(dead_code)] File);
+
+/// Where a proxy DaemonSet's lease (`owner.<hash>`) stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// No lease file: its last launcher released it on a clean exit, or it never ran here.
+    Absent,
+    /// A launcher of that owner runs.
+    Held,
+    /// The file is there but nobody holds it: its launchers died without releasing it (a crash, a
+    /// SIGKILL, a container restart), and may be back after the kubelet's back-off.
+    Unheld,
+}
 
 impl StateDir {
     /// Opens the directory (creating it if missing) and makes it mode 0700 if it was not.
@@ -265,6 +281,79 @@ impl StateDir {
         Ok(true)
     }
 
+    /// Takes `owner`'s lease (a shared flock on `owner.<hash>`, the file holding `owner`) for as
+    /// long as the returned [`Held`] lives: the launchers of one owner (a rolling pod and its
+    /// successor) hold it together. Others probe it with a brief exclusive lock, so a conflict is
+    /// retried for up to 1 s before it is an error.
+    pub fn hold_owner_lease(&self, owner: &str) -> io::Result<Held> {
+        let name = lease_name(owner);
+        let mut f = self.lock_file(&name)?;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            match f.try_lock_shared() {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(TryLockError::WouldBlock) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WouldBlock,
+                        format!(
+                            "{} is locked exclusively by {}",
+                            self.dir.join(&name).display(),
+                            self.lock_holder(&name)
+                        ),
+                    ));
+                }
+                Err(TryLockError::Error(e)) => return Err(e),
+            }
+        }
+        f.set_len(0)?;
+        f.write_all(owner.as_bytes())?;
+        Ok(Held(f))
+    }
+
+    /// Where `owner`'s lease stands (probed with a non-blocking exclusive lock, released at once).
+    pub fn owner_lease(&self, owner: &str) -> io::Result<Lease> {
+        let f = match self.open_at(&lease_name(owner), OFlags::RDONLY) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Lease::Absent),
+            Err(e) => return Err(e),
+        };
+        match f.try_lock() {
+            Ok(()) => Ok(Lease::Unheld),
+            Err(TryLockError::WouldBlock) => Ok(Lease::Held),
+            Err(TryLockError::Error(e)) => Err(e),
+        }
+    }
+
+    /// Gives `held` (this launcher's lease of `owner`) back, and removes the lease file when no
+    /// other launcher of `owner` holds it: the clean exit of that owner's last launcher on the
+    /// node. Returns whether it removed the file; errors are I/O.
+    pub fn release_owner_lease(&self, owner: &str, held: Held) -> io::Result<bool> {
+        let name = lease_name(owner);
+        let f = held.0;
+        // Shared to exclusive is not atomic with flock: another launcher of the owner may take
+        // its shared lock in between, and then the file stays, as it should. Another owner's
+        // probe holds it exclusively for a moment: retried for up to 1 s.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            match f.try_lock() {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(TryLockError::WouldBlock) => return Ok(false),
+                Err(TryLockError::Error(e)) => return Err(e),
+            }
+        }
+        match rustix::fs::unlinkat(self.fd.as_fd(), name.as_str(), rustix::fs::AtFlags::empty()) {
+            Ok(()) => Ok(true),
+            Err(rustix::io::Errno::NOENT) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Asks the launcher of `epoch` to stop its Envoy without a hand-over, saying why.
     pub fn request_step_down(&self, epoch: u32, why: &str) -> io::Result<()> {
         self.write(&format!("step-down.{epoch}"), why.as_bytes())
@@ -277,6 +366,16 @@ impl StateDir {
         rustix::fs::unlinkat(self.fd.as_fd(), name.as_str(), rustix::fs::AtFlags::empty())?;
         Ok(Some(why))
     }
+}
+
+/// `owner.<hex>`, the lease file of `owner` (`<namespace>/<name>`): the first 8 bytes of the
+/// owner's SHA-256, so that two object names (up to 253 bytes each) fit the 255-byte limit of a
+/// file name.
+fn lease_name(owner: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(owner.as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("owner.{hex}")
 }
 
 /// Opens `dir` (creating it, and its parents, if missing) without following a symlink, refuses
@@ -511,6 +610,38 @@ mod tests {
         assert_eq!(holders(locks, 0, 0x2a, 1234), "PID 4242");
         assert_eq!(holders(locks, 0xfd, 1, 1234), "unknown (a process in another PID namespace)");
         assert_eq!(holders(locks, 0, 0x2a, 5), "unknown");
+    }
+
+    #[test]
+    fn an_owners_lease_is_shared_by_its_launchers_and_removed_by_the_last_clean_exit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(tmp.path()).unwrap();
+        let owner = "team-b/aether-proxy";
+        assert_eq!(dir.owner_lease(owner).unwrap(), Lease::Absent);
+        // A rolling pod and its successor hold it together.
+        let old = dir.hold_owner_lease(owner).unwrap();
+        let new = dir.hold_owner_lease(owner).unwrap();
+        assert_eq!(dir.owner_lease(owner).unwrap(), Lease::Held);
+        assert_eq!(dir.owner_lease("aether-system/aether-proxy").unwrap(), Lease::Absent);
+        let file = tmp.path().join(lease_name(owner));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), owner);
+        assert_eq!(mode(&file), FILE_MODE);
+        // The old one exits cleanly: the successor still holds it.
+        assert!(!dir.release_owner_lease(owner, old).unwrap());
+        assert_eq!(dir.owner_lease(owner).unwrap(), Lease::Held);
+        // The successor dies without releasing it (a crash): unheld, still there.
+        drop(new);
+        assert_eq!(dir.owner_lease(owner).unwrap(), Lease::Unheld);
+        // Its restarted container takes it again, and at its clean exit, the last, removes it.
+        let again = dir.hold_owner_lease(owner).unwrap();
+        assert_eq!(dir.owner_lease(owner).unwrap(), Lease::Held);
+        assert!(dir.release_owner_lease(owner, again).unwrap());
+        assert_eq!(dir.owner_lease(owner).unwrap(), Lease::Absent);
+        // Two owners of the longest names still get a file each.
+        let long = format!("{}/{}", "n".repeat(253), "d".repeat(253));
+        let held = dir.hold_owner_lease(&long).unwrap();
+        assert_eq!(dir.owner_lease(&long).unwrap(), Lease::Held);
+        assert!(dir.release_owner_lease(&long, held).unwrap());
     }
 
     #[test]

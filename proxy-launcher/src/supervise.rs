@@ -172,18 +172,41 @@ pub fn run(cfg: Config) -> ExitCode {
         foreign: cfg.foreign_admins.iter().cloned().map(Admin::new).collect(),
         build,
         term,
+        lease_watch: Default::default(),
+    };
+    // This owner's lease, held for the whole run: another release's launcher on the node so
+    // knows this one still runs while its Envoy restarts. Given back at a clean exit.
+    let lease = match (node.state.as_ref(), node.owner()) {
+        (Some(state), Some(owner)) => match state.hold_owner_lease(owner) {
+            Ok(held) => Some(held),
+            Err(e) => {
+                error!(error = %e, owner, "cannot take this proxy DaemonSet's lease in the hand-over state dir");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
+    let exit_clean = |code: ExitCode| {
+        if let (Some(state), Some(owner), Some(held)) = (node.state.as_ref(), node.owner(), lease) {
+            match state.release_owner_lease(owner, held) {
+                Ok(true) => info!(owner, "the last launcher of this proxy DaemonSet on the node: lease released"),
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, owner, "cannot remove this proxy DaemonSet's lease"),
+            }
+        }
+        code
     };
     let mut crashes: VecDeque<Instant> = VecDeque::new();
     loop {
         match node.one_envoy() {
-            Ok(Outcome::Stopped) => return ExitCode::SUCCESS,
+            Ok(Outcome::Stopped) => return exit_clean(ExitCode::SUCCESS),
             Ok(Outcome::Again) => {}
             Ok(Outcome::Superseded) => {
                 // Exiting would make the kubelet restart this container, which would start yet
                 // another Envoy; the DaemonSet deletes this pod once its successor is Ready.
                 info!("this pod's Envoy has handed over and exited; waiting for the pod to be deleted");
                 if node.superseded() == SupersededAction::Exit {
-                    return ExitCode::SUCCESS;
+                    return exit_clean(ExitCode::SUCCESS);
                 }
                 warn!(
                     "no Envoy has run on this node for {} s (the one that took over is gone): starting Envoy again",
@@ -224,6 +247,8 @@ struct Node<'a> {
     foreign: Vec<Admin>,
     build: Build,
     term: Arc<AtomicBool>,
+    /// Another owner's lease, as polled.
+    lease_watch: std::sync::Mutex<crate::serving::LeaseWatch>,
 }
 
 /// Logs a waiting state once, not once per poll.
@@ -295,8 +320,9 @@ impl Node<'_> {
             });
             let alive = state.alive_epochs(None)?;
             let foreign_admin = alive.is_empty() && self.answering_admin().is_some();
-            let plan =
-                crate::epoch::plan(&Observation { live, alive, foreign_admin }, &self.build, hr.owner.as_deref());
+            let other_owner_holds = self.other_owner_holds(state, live.as_ref());
+            let seen = Observation { live, alive, foreign_admin, other_owner_holds };
+            let plan = crate::epoch::plan(&seen, &self.build, hr.owner.as_deref());
             let first = logged.first(&plan);
             match plan {
                 Plan::Cold => {
@@ -417,12 +443,15 @@ impl Node<'_> {
         loop {
             let answering = self.answering_admin().cloned();
             let alive = state.alive_epochs(None);
-            // The serving epoch, when its record names another owner and it still runs.
+            // The recorded epoch, when its record names another owner whose Envoy still runs or
+            // whose launchers still hold the node.
             let other = state
                 .read_live()
                 .ok()
                 .flatten()
-                .filter(|l| alive.as_ref().is_ok_and(|a| a.contains(&l.epoch)))
+                .filter(|l| {
+                    alive.as_ref().is_ok_and(|a| a.contains(&l.epoch)) || self.other_owner_holds(state, Some(l))
+                })
                 .and_then(|l| crate::epoch::other_owner(&l, owner).map(|o| (l.epoch, o.to_owned())));
             let seen = StandbySeen {
                 term: self.stopping(),
@@ -484,6 +513,22 @@ impl Node<'_> {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Whether the owner `live` names, when it is not ours, still holds the node: its lease
+    /// ([`crate::serving::LeaseWatch`]). A lease that cannot be read counts as held: never start
+    /// beside another release's Envoy on a guess.
+    fn other_owner_holds(&self, state: &StateDir, live: Option<&LiveRecord>) -> bool {
+        let Some(theirs) = live.and_then(|l| crate::epoch::other_owner(l, self.owner())) else { return false };
+        let lease = state.owner_lease(theirs).unwrap_or_else(|e| {
+            warn!(error = %e, owner = theirs, "cannot read another owner's lease: counting it as held");
+            crate::state_dir::Lease::Held
+        });
+        self.lease_watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner).present(
+            theirs,
+            lease,
+            Instant::now(),
+        )
     }
 
     /// The error of a step-down wait that timed out: which `alive.<epoch>` locks are still held,
@@ -971,6 +1016,7 @@ mod tests {
             foreign: Vec::new(),
             build: Build { version: crate::epoch::Version(1, 40, 0), hot_restart_version: None, base_id: 1 },
             term: Arc::clone(&term),
+            lease_watch: Default::default(),
         };
         let logs = Logs::default();
         let record = state_dir.join("live-epoch");

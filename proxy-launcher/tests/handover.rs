@@ -449,10 +449,26 @@ fn another_owners_envoy_is_never_taken_over_its_launcher_stands_by_then_starts_c
     // A still serves at its epoch: it was not handed over.
     assert_eq!(std::fs::read_to_string(&a.marker).unwrap().trim(), "epoch 0 live");
     assert!(serves(node.port));
+    // A's container restarts (its launcher and Envoy killed at once, as an OOM kill or a node
+    // agent's restart would): nothing of A runs for a while, but A's lease stays, unheld, so B
+    // does not start cold (its Envoy would have no agent of its own to serve it) and A's next
+    // container takes the node back.
+    let a_envoy = a.envoy_pid().expect("A's Envoy");
+    let killed = Command::new("kill").args(["-s", "KILL", &a.child.id().to_string(), &a_envoy]).status().unwrap();
+    assert!(killed.success());
+    a.wait_exit(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(b.envoy_pid().is_none(), "B started an Envoy while A's container restarted:\n{}", b.log());
+    let mut a = node.launch_with("a2", &envoy, true, &["--owner=team-a/aether-proxy"]);
+    a.wait_serving(0);
+    assert!(serves(node.port), "A's next Envoy did not bind the listener:\n{}", a.log());
+    assert!(b.envoy_pid().is_none(), "B started an Envoy beside A's next one:\n{}", b.log());
     // A's pod is deleted (its release uninstalled): with no successor of its own it stops after
-    // --successor-wait-seconds (5 s); B then starts cold, and a pod of B's own takes over hot.
+    // --successor-wait-seconds (5 s) and, the last of its owner, releases the lease; B then starts
+    // cold, and a pod of B's own takes over hot.
     a.signal("TERM");
     assert_eq!(a.wait_exit(Duration::from_secs(15)), 0, "{}", a.log());
+    assert!(a.log().contains("lease released"), "{}", a.log());
     b.wait_serving(0);
     assert!(serves(node.port), "B's Envoy did not bind the listener:\n{}", b.log());
     let mut c = node.launch_with("c", &envoy, true, &["--owner=team-b/aether-proxy"]);
