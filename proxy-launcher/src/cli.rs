@@ -77,8 +77,11 @@ pub struct RunArgs {
     /// own). Recorded with the serving epoch: a launcher never takes over an Envoy recorded with
     /// another owner (a second release on the node, or this one before a namespace move, which
     /// would leave that release's pod superseded); it stands by, Ready without serving, until that
-    /// Envoy exits, then starts cold. Unset, or a record without one (releases up to 0.10.0),
-    /// matches every owner. Ignored with --no-hot-restart (no record is kept).
+    /// Envoy exits and the other owner's launchers are gone, then starts cold. Each launcher holds
+    /// its owner's lease (`owner.<hash>` in the state dir) for its whole run, and the last one
+    /// removes it at a clean exit; a lease left unheld (a killed container) counts for 10
+    /// minutes. Unset, or a record without one (releases up to 0.10.0), matches every owner.
+    /// Ignored with --no-hot-restart (no record is kept).
     #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_owner)]
     pub owner: Option<String>,
     /// Deprecated and ignored (accepted so that older command lines still parse). Beside an Envoy
