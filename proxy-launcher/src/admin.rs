@@ -138,14 +138,24 @@ pub fn prepare_socket_dir(socket: &Path) -> std::io::Result<()> {
 #[derive(Debug)]
 pub struct SocketDirHold(#[allow(dead_code)] std::fs::File);
 
+/// How long [`hold_socket_dir`] waits for an exclusive holder of the admin socket's directory.
+pub const SOCKET_DIR_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Prepares the socket's directory as [`prepare_socket_dir`] does and takes a shared flock on it,
 /// checking that the locked directory is still the one at that path (a last launcher elsewhere
-/// may have removed it in between; then it is made anew). Blocks only while a removal holds the
-/// lock (a few system calls). `None` for a socket path without a directory.
+/// may have removed it in between; then it is made anew). Waits only while a removal holds the
+/// lock exclusively (a few system calls), at most [`SOCKET_DIR_LOCK_WAIT`]. `None` for a socket
+/// path without a directory.
 ///
 /// # Errors
-/// Those of [`prepare_socket_dir`]; I/O errors of flock(2) and stat(2), naming the directory.
+/// Those of [`prepare_socket_dir`]; I/O errors of flock(2) and stat(2), naming the directory;
+/// `TimedOut` naming the directory and the holder's PID when it stays locked exclusively.
 pub fn hold_socket_dir(socket: &Path) -> std::io::Result<Option<SocketDirHold>> {
+    hold_socket_dir_within(socket, SOCKET_DIR_LOCK_WAIT)
+}
+
+/// [`hold_socket_dir`] with the wait for an exclusive holder bounded by `wait`.
+fn hold_socket_dir_within(socket: &Path, wait: std::time::Duration) -> std::io::Result<Option<SocketDirHold>> {
     let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) else {
         return Ok(None);
     };
@@ -153,7 +163,27 @@ pub fn hold_socket_dir(socket: &Path) -> std::io::Result<Option<SocketDirHold>> 
     // Each turn follows a removal that won a race with this one; a handful is already unlikely.
     for _ in 0..10 {
         let f = std::fs::File::from(crate::state_dir::open_root_only(dir, "Envoy admin socket dir")?);
-        f.lock_shared().map_err(named)?;
+        let since = std::time::Instant::now();
+        loop {
+            match f.try_lock_shared() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if since.elapsed() < wait => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "{}: locked exclusively for {:.1} s by {} (a removal takes a few system calls)",
+                            dir.display(),
+                            wait.as_secs_f64(),
+                            crate::state_dir::holder_of(&f)
+                        ),
+                    ));
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(named(e)),
+            }
+        }
         if still_at(&f, dir).map_err(named)? {
             return Ok(Some(SocketDirHold(f)));
         }
@@ -304,6 +334,26 @@ mod tests {
         drop(_hold);
         std::fs::write(socket.parent().unwrap().join("other"), "x").unwrap();
         assert!(!remove_unused_socket_dir(&socket).unwrap());
+    }
+
+    #[test]
+    fn a_socket_dir_held_exclusively_is_waited_for_within_a_bound_naming_the_holder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("envoy/admin.sock");
+        prepare_socket_dir(&socket).unwrap();
+        let holder = std::fs::File::open(socket.parent().unwrap()).unwrap();
+        holder.lock().unwrap();
+        let err = hold_socket_dir_within(&socket, std::time::Duration::from_millis(300)).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+        let me = format!("PID {}", std::process::id());
+        assert!(err.to_string().contains("locked exclusively for 0.3 s by") && err.to_string().contains(&me), "{err}");
+        // Released within the bound: held.
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            drop(holder);
+        });
+        assert!(hold_socket_dir_within(&socket, std::time::Duration::from_secs(5)).unwrap().is_some());
+        release.join().unwrap();
     }
 
     #[test]

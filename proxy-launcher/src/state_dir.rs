@@ -114,9 +114,7 @@ impl StateDir {
     /// entry, or holders in another PID namespace, which the kernel shows as PID 0).
     pub fn lock_holder(&self, name: &str) -> String {
         let Ok(f) = self.open_at(name, OFlags::RDONLY) else { return "unknown".into() };
-        let Ok(st) = rustix::fs::fstat(&f) else { return "unknown".into() };
-        let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-        holders(&locks, rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev), st.st_ino)
+        holder_of(&f)
     }
 
     /// Envoy's `--socket-path`: its hot restart sockets are `<this>_parent_<n>`, `<this>_child_<n>`.
@@ -366,6 +364,13 @@ impl StateDir {
         rustix::fs::unlinkat(self.fd.as_fd(), name.as_str(), rustix::fs::AtFlags::empty())?;
         Ok(Some(why))
     }
+}
+
+/// Who holds a lock on the file or directory `f` is open on, as [`StateDir::lock_holder`] says.
+pub(crate) fn holder_of(f: &impl AsFd) -> String {
+    let Ok(st) = rustix::fs::fstat(f) else { return "unknown".into() };
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    holders(&locks, rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev), st.st_ino)
 }
 
 /// `owner.<hex>`, the lease file of `owner` (`<namespace>/<name>`): the first 8 bytes of the
