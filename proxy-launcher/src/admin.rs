@@ -163,26 +163,16 @@ fn hold_socket_dir_within(socket: &Path, wait: std::time::Duration) -> std::io::
     // Each turn follows a removal that won a race with this one; a handful is already unlikely.
     for _ in 0..10 {
         let f = std::fs::File::from(crate::state_dir::open_root_only(dir, "Envoy admin socket dir")?);
-        let since = std::time::Instant::now();
-        loop {
-            match f.try_lock_shared() {
-                Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock) if since.elapsed() < wait => {
-                    std::thread::sleep(std::time::Duration::from_millis(20))
-                }
-                Err(std::fs::TryLockError::WouldBlock) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                            "{}: locked exclusively for {:.1} s by {} (a removal takes a few system calls)",
-                            dir.display(),
-                            wait.as_secs_f64(),
-                            crate::state_dir::holder_of(&f)
-                        ),
-                    ));
-                }
-                Err(std::fs::TryLockError::Error(e)) => return Err(named(e)),
-            }
+        if !crate::state_dir::try_lock_within(&f, crate::state_dir::LockKind::Shared, wait).map_err(named)? {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "{}: locked exclusively for {:.1} s by {} (a removal takes a few system calls)",
+                    dir.display(),
+                    wait.as_secs_f64(),
+                    crate::state_dir::holder_of(&f)
+                ),
+            ));
         }
         if still_at(&f, dir).map_err(named)? {
             return Ok(Some(SocketDirHold(f)));

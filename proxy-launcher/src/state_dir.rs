@@ -174,22 +174,13 @@ impl StateDir {
     /// so a conflict is retried for up to 1 s before it is an error.
     pub fn hold_alive(&self, epoch: u32) -> io::Result<Held> {
         let f = self.lock_file(&format!("alive.{epoch}"))?;
-        let deadline = Instant::now() + Duration::from_secs(1);
-        loop {
-            match f.try_lock() {
-                Ok(()) => return Ok(Held(f)),
-                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Err(TryLockError::WouldBlock) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::AddrInUse,
-                        format!("epoch {epoch} is already running (alive.{epoch} is locked)"),
-                    ));
-                }
-                Err(TryLockError::Error(e)) => return Err(e),
-            }
+        if !try_lock_within(&f, Exclusive, PROBE_WAIT)? {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("epoch {epoch} is already running (alive.{epoch} is locked)"),
+            ));
         }
+        Ok(Held(f))
     }
 
     /// Whether `alive.<epoch>` is held by a running Envoy's launcher (not by `mine`).
@@ -286,25 +277,11 @@ impl StateDir {
     pub fn hold_owner_lease(&self, owner: &str) -> io::Result<Held> {
         let name = lease_name(owner);
         let mut f = self.lock_file(&name)?;
-        let deadline = Instant::now() + Duration::from_secs(1);
-        loop {
-            match f.try_lock_shared() {
-                Ok(()) => break,
-                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Err(TryLockError::WouldBlock) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::WouldBlock,
-                        format!(
-                            "{} is locked exclusively by {}",
-                            self.dir.join(&name).display(),
-                            self.lock_holder(&name)
-                        ),
-                    ));
-                }
-                Err(TryLockError::Error(e)) => return Err(e),
-            }
+        if !try_lock_within(&f, Shared, PROBE_WAIT)? {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{} is locked exclusively by {}", self.dir.join(&name).display(), self.lock_holder(&name)),
+            ));
         }
         f.set_len(0)?;
         f.write_all(owner.as_bytes())?;
@@ -334,16 +311,8 @@ impl StateDir {
         // Shared to exclusive is not atomic with flock: another launcher of the owner may take
         // its shared lock in between, and then the file stays, as it should. Another owner's
         // probe holds it exclusively for a moment: retried for up to 1 s.
-        let deadline = Instant::now() + Duration::from_secs(1);
-        loop {
-            match f.try_lock() {
-                Ok(()) => break,
-                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Err(TryLockError::WouldBlock) => return Ok(false),
-                Err(TryLockError::Error(e)) => return Err(e),
-            }
+        if !try_lock_within(&f, Exclusive, PROBE_WAIT)? {
+            return Ok(false);
         }
         match rustix::fs::unlinkat(self.fd.as_fd(), name.as_str(), rustix::fs::AtFlags::empty()) {
             Ok(()) => Ok(true),
@@ -363,6 +332,35 @@ impl StateDir {
         let Some(why) = self.read(&name)? else { return Ok(None) };
         rustix::fs::unlinkat(self.fd.as_fd(), name.as_str(), rustix::fs::AtFlags::empty())?;
         Ok(Some(why))
+    }
+}
+
+/// How long a lock that others only probe (a brief lock of the other kind, released at once) is
+/// retried before its holder counts as a real one.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
+
+/// Which flock.
+#[derive(Clone, Copy)]
+pub(crate) enum LockKind {
+    Shared,
+    Exclusive,
+}
+use LockKind::{Exclusive, Shared};
+
+/// Tries `kind` of flock on `f` every 20 ms for up to `within`: whether it was taken.
+pub(crate) fn try_lock_within(f: &File, kind: LockKind, within: Duration) -> io::Result<bool> {
+    let deadline = Instant::now() + within;
+    loop {
+        let tried = match kind {
+            Shared => f.try_lock_shared(),
+            Exclusive => f.try_lock(),
+        };
+        match tried {
+            Ok(()) => return Ok(true),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(TryLockError::WouldBlock) => return Ok(false),
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
     }
 }
 

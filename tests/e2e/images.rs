@@ -152,13 +152,20 @@ fn inspect(name: &str) -> anyhow::Result<Value> {
     Ok(image)
 }
 
-/// `path` is an executable regular file of the image whose interpreter and libraries are all there.
-fn assert_runnable(image: &Value, path: &str) -> anyhow::Result<()> {
+/// `path` is a regular file of the image that everyone may execute.
+fn assert_executable_file(image: &Value, path: &str) -> anyhow::Result<()> {
     let tag = &image["repo_tags"][0];
     let file = &image["files"][path];
     ensure!(file["type"] == "file", "{tag}: {path} is not a regular file in the layer: {file}");
     let mode = file["mode"].as_u64().context("mode")?;
     ensure!(mode & 0o111 == 0o111, "{tag}: {path} has mode {mode:o}, not executable by everyone");
+    Ok(())
+}
+
+/// `path` is an executable regular file of the image whose interpreter and libraries are all there.
+fn assert_runnable(image: &Value, path: &str) -> anyhow::Result<()> {
+    let tag = &image["repo_tags"][0];
+    assert_executable_file(image, path)?;
     let exe = &image["executables"][path];
     ensure!(exe.is_object(), "{tag}: {path} is not a dynamically linked ELF executable");
     ensure!(exe["interpreter"].is_string(), "{tag}: {path} names no ELF interpreter");
@@ -175,10 +182,7 @@ const STATIC: [&str; 1] = ["/usr/local/bin/aether-proxy-launcher"];
 /// shared library: it runs in any image it is copied into.
 fn assert_static(image: &Value, path: &str) -> anyhow::Result<()> {
     let tag = &image["repo_tags"][0];
-    let file = &image["files"][path];
-    ensure!(file["type"] == "file", "{tag}: {path} is not a regular file in the layer: {file}");
-    let mode = file["mode"].as_u64().context("mode")?;
-    ensure!(mode & 0o111 == 0o111, "{tag}: {path} has mode {mode:o}, not executable by everyone");
+    assert_executable_file(image, path)?;
     ensure!(
         image["executables"].get(path).is_none(),
         "{tag}: {path} is dynamically linked: {}",
@@ -282,17 +286,8 @@ fn coredns_image_has_its_static_binary_run_as_root() -> anyhow::Result<()> {
     ensure!(config["Entrypoint"] == serde_json::json!([path]), "coredns: Entrypoint is {}", config["Entrypoint"]);
     // It binds port 53 (dns.sh's pod keeps only NET_BIND_SERVICE of root's capabilities).
     ensure!(config["User"] == "0:0", "coredns: User is {}, not 0:0", config["User"]);
-    let file = &image["files"][path];
-    ensure!(file["type"] == "file", "coredns: {path} is not a regular file in the layer: {file}");
-    let mode = file["mode"].as_u64().context("mode")?;
-    ensure!(mode & 0o111 == 0o111, "coredns: {path} has mode {mode:o}, not executable by everyone");
     // A static binary (CGO_ENABLED=0): no interpreter, so no library to carry.
-    ensure!(
-        image["executables"].get(path).is_none(),
-        "coredns: {path} is dynamically linked: {}",
-        image["executables"][path]
-    );
-    Ok(())
+    assert_static(&image, path)
 }
 
 /// The images of aether's own binaries carry the OCI annotation keys as config labels: the
