@@ -175,7 +175,8 @@ pub fn run(cfg: Config) -> ExitCode {
         lease_watch: Default::default(),
     };
     // This owner's lease, held for the whole run: another release's launcher on the node so
-    // knows this one still runs while its Envoy restarts. Given back at a clean exit.
+    // knows this one still runs while its Envoy restarts. Given back when the launcher exits
+    // because it was told to (SIGTERM), not when it gives up (the kubelet restarts it).
     let lease = match (node.state.as_ref(), node.owner()) {
         (Some(state), Some(owner)) => match state.hold_owner_lease(owner) {
             Ok(held) => Some(held),
@@ -215,8 +216,9 @@ pub fn run(cfg: Config) -> ExitCode {
             }
             Ok(Outcome::Failed(why)) => {
                 if node.stopping() {
+                    // Deleted while failing: gone on purpose, so the lease goes too.
                     error!("{why}");
-                    return ExitCode::FAILURE;
+                    return exit_clean(ExitCode::FAILURE);
                 }
                 let now = Instant::now();
                 crashes.retain(|t| now.duration_since(*t) < CRASH_WINDOW);
