@@ -5,7 +5,8 @@
 //! - [`Controller`]: the real `aether-controller run` binary on loopback with freshly minted
 //!   certificates, killed on drop.
 //! - [`continuity`]: steady load through the data plane and what an event did to it;
-//!   [`tcp_counters`]: the kernel's side of it (`nstat`).
+//!   [`tcp_counters`]: the kernel's side of it (`nstat`); [`service_rules`]: no traffic to a
+//!   ClusterIP before kube-proxy has programmed it.
 //! - [`node::RealNode`]: a real single node (kubelet + containerd, controller-manager, scheduler,
 //!   kube-proxy) from `tests/harness/node.sh`, torn down on drop.
 //! - [`nodes::RealNodes`]: several real nodes (`AETHER_NODES=N node.sh up`), each in its own
@@ -29,6 +30,7 @@ pub mod continuity;
 pub mod node;
 pub mod nodes;
 pub mod prometheus;
+pub mod service_rules;
 pub mod tcp_counters;
 
 /// The repository root.
