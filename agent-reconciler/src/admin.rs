@@ -1,5 +1,5 @@
 //! The agent's plain-HTTP admin port (`/healthz`, `/readyz` and `/metrics`: [`router`]) and its
-//! loopback-only debug port (`/debug/pods`: [`debug_router`]).
+//! loopback-only debug port (`/debug/pods`, `/debug/envoy`: [`debug_router`]).
 //!
 //! `/readyz` is 200 once the xDS listener is bound: the node's Envoy can be served (from the state
 //! dir if need be). Its body states what is degraded, e.g. "EndpointPolicy CRD not installed", so
@@ -7,7 +7,9 @@
 //! node is served all the same), and ends with one line on the node's Envoy (see
 //! [`crate::xds::readiness`]), e.g.
 //! `envoy: 1 stream(s) connected (node n1); CDS version <v> acked; LDS version <v> acked`,
-//! `envoy: not connected`, or `... CDS version <v> not acked yet (acked <old>) ...`.
+//! `envoy: not connected`, or `... CDS version <v> not acked yet (acked <old>) ...`. A NACKed
+//! current version shows as `... NACKed (acked <old>): Envoy's message: GET /debug/envoy on the
+//! debug port`: Envoy's message names pods, listeners and paths, so it is served only there.
 //!
 //! With `--pin-dir` on a kernel without the calls socket pinning needs ([`crate::kernel`]),
 //! `/readyz` is 503 for good, its first line naming the calls, the Linux release that has them
@@ -164,12 +166,25 @@ pub fn router(state: AdminState) -> Router {
 }
 
 /// The debug router: `/debug/pods` and `/debug/pods/{namespace}/{name}` (the reconcile loop's
-/// per-pod decisions), for the loopback-only `--debug-addr`.
+/// per-pod decisions) and `/debug/envoy` (the `/readyz` line about Envoy with Envoy's NACK
+/// messages), for the loopback-only `--debug-addr`.
 pub fn debug_router(state: AdminState) -> Router {
     Router::new()
         .route("/debug/pods", get(list_decisions))
         .route("/debug/pods/{namespace}/{name}", get(decision))
+        .route("/debug/envoy", get(envoy_detail))
         .with_state(state)
+}
+
+/// `GET /debug/envoy`: where the node's Envoy stands, as on `/readyz`, with the message of each
+/// current version Envoy NACKed (it names pods, listeners and paths, so `/readyz`, on every node
+/// IP, leaves it out); text, one line. 404 when this agent serves no Envoy.
+async fn envoy_detail(State(s): State<AdminState>) -> Response {
+    let Some(envoy) = &s.envoy else {
+        return (StatusCode::NOT_FOUND, "this agent serves no Envoy\n").into_response();
+    };
+    let reoffering = s.status.borrow().reoffer_grace_until.is_some_and(|until| Instant::now() < until);
+    format!("{:#}\n", envoy.readiness(reoffering)).into_response()
 }
 
 impl AdminPort for AdminState {
@@ -352,6 +367,27 @@ mod tests {
             (Some("node-a"), Some(1), Some(false))
         );
         assert_eq!(body["pods"][0]["name"], "cart-1");
+    }
+
+    #[tokio::test]
+    async fn debug_envoy_reports_the_node_envoy_or_a_404() {
+        let get = |state: AdminState| async move {
+            let response = debug_router(state)
+                .oneshot(Request::builder().uri("/debug/envoy").body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            let code = response.status();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+            (code, String::from_utf8(body.to_vec()).unwrap())
+        };
+        let (_tx, status) = watch::channel(Status::default());
+        let bare = AdminState::new(Arc::new(AtomicBool::new(true)), status);
+        let (code, body) = get(bare.clone()).await;
+        assert_eq!((code, body.as_str()), (StatusCode::NOT_FOUND, "this agent serves no Envoy\n"));
+        let (_resources_tx, resources) = watch::channel(Arc::new(ResourceSet::default()));
+        let envoy = EnvoyView { tracker: AckTracker::new(), resources, required: false };
+        let (code, body) = get(bare.with_envoy(envoy)).await;
+        assert_eq!((code, body.as_str()), (StatusCode::OK, "envoy: not connected\n"));
     }
 
     #[tokio::test]

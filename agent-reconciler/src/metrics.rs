@@ -16,7 +16,7 @@
 //! | `aether_agent_watch_errors_total` | counter | `resource` = `pods`/`endpointpolicies`, `reason` = a [`WatchErrorReason::label`](aether_agent_core::status::WatchErrorReason::label) (every one listed, also at zero) | errors of the agent's watches (failed list, watch start or watch stream); see [`crate::watch::health`] |
 //! | `aether_agent_watches_failing` | gauge | | watches failing now (every attempt failed since the outage began), grace period or not |
 //! | `aether_xds_pushes_total`, `aether_xds_acks_total`, `aether_xds_nacks_total` | counter | `type` = `cluster`/`listener`/`extension-config` | see [`XdsMetrics`] |
-//! | `aether_xds_last_nack_timestamp_seconds` | gauge (seconds since the epoch) | `type` | when Envoy last NACKed that type (0: never); Envoy's message is in `/readyz` and the log, never a label ([`crate::xds::metrics::NackMetrics`]) |
+//! | `aether_xds_last_nack_timestamp_seconds` | gauge (seconds since the epoch) | `type` | when Envoy last NACKed that type (0: never); Envoy's message is on the debug port's `/debug/envoy` and in the log, never a label ([`crate::xds::metrics::NackMetrics`]) |
 //! | `aether_xds_change_to_ack_seconds` | histogram (seconds) | | from a watch event to Envoy's ACK of the version it produced |
 //! | `aether_xds_connected_streams` | gauge | | ADS streams from Envoy open now (from the first request that names a node to the stream's end) |
 //! | `aether_build_info` | info | `version`, `git_sha` | the build ([`aether_process`]) |

@@ -9,7 +9,8 @@
 //! [`assess`] takes the open streams from
 //! [`AckTracker::streams`](super::acks::AckTracker::streams) and the current versions from the
 //! encoder task's `watch` channel; the result prints as the one `envoy: ...` line of the `/readyz`
-//! body.
+//! body, without Envoy's NACK messages (they name pods, and `/readyz` answers on every node IP),
+//! and with them on the loopback debug port's `/debug/envoy`.
 
 use std::fmt;
 
@@ -52,6 +53,12 @@ impl TypeProgress {
     }
 }
 
+/// Where the `/readyz` line sends a reader for Envoy's NACK message.
+pub const NACK_MESSAGE_AT: &str = "Envoy's message: GET /debug/envoy on the debug port";
+
+/// `{}`: type and versions only, for `/readyz` on every node IP (Envoy's NACK message names pods
+/// and paths; [`NACK_MESSAGE_AT`] says where it is). `{:#}`: with that message, on one line, for
+/// the loopback debug port.
 impl fmt::Display for TypeProgress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (label, current) = (self.label, &self.current);
@@ -59,15 +66,18 @@ impl fmt::Display for TypeProgress {
         if self.acked.as_deref() == Some(current.as_str()) {
             return write!(f, "{label} version {current} acked");
         }
-        match &self.rejected {
-            Some(message) if self.reoffer => write!(
+        let Some(message) = &self.rejected else {
+            return write!(f, "{label} version {current} not acked yet (acked {acked})");
+        };
+        let why = if f.alternate() { one_line(message) } else { NACK_MESSAGE_AT.to_owned() };
+        if self.reoffer {
+            write!(
                 f,
                 "{label} version {current} NACKed while withdrawn inbound listeners are offered again (acked \
-                 {acked}): {}",
-                one_line(message)
-            ),
-            Some(message) => write!(f, "{label} version {current} NACKed (acked {acked}): {}", one_line(message)),
-            None => write!(f, "{label} version {current} not acked yet (acked {acked})"),
+                 {acked}): {why}"
+            )
+        } else {
+            write!(f, "{label} version {current} NACKed (acked {acked}): {why}")
         }
     }
 }
@@ -93,7 +103,8 @@ impl Connected {
     }
 }
 
-/// Where the node's Envoy stands; its `Display` is the `/readyz` line (no newline).
+/// Where the node's Envoy stands; its `Display` is the `/readyz` line (no newline), `{:#}` the
+/// same with Envoy's NACK messages (see [`TypeProgress`]'s `Display`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EnvoyReadiness {
     /// No ADS stream is open.
@@ -119,10 +130,13 @@ impl fmt::Display for EnvoyReadiness {
             EnvoyReadiness::Connected(c) => {
                 let Connected { streams, nodes, cds, lds, ecds } = &**c;
                 let noun = if nodes.len() == 1 { "node" } else { "nodes" };
-                write!(f, "envoy: {streams} stream(s) connected ({noun} {}); {cds}; {lds}", nodes.join(", "))?;
-                match ecds {
-                    Some(ecds) => write!(f, "; {ecds}"),
-                    None => Ok(()),
+                let nodes = nodes.join(", ");
+                if f.alternate() {
+                    write!(f, "envoy: {streams} stream(s) connected ({noun} {nodes}); {cds:#}; {lds:#}")?;
+                    ecds.as_ref().map_or(Ok(()), |e| write!(f, "; {e:#}"))
+                } else {
+                    write!(f, "envoy: {streams} stream(s) connected ({noun} {nodes}); {cds}; {lds}")?;
+                    ecds.as_ref().map_or(Ok(()), |e| write!(f, "; {e}"))
                 }
             }
         }
@@ -255,8 +269,16 @@ mod tests {
         s.nacked.insert(CLUSTER_TYPE_URL.to_owned(), nack("c2"));
         let r = assess(std::slice::from_ref(&s), "c2", "l1", None, false);
         assert!(!r.caught_up());
+        // /readyz (every node IP): type and versions, and where the message is.
         assert_eq!(
             r.to_string(),
+            format!(
+                "envoy: 1 stream(s) connected (node n1); CDS version c2 NACKed (acked c1): {NACK_MESSAGE_AT}; LDS version l1 acked"
+            )
+        );
+        // The debug port (loopback): Envoy's message, on one line.
+        assert_eq!(
+            format!("{r:#}"),
             "envoy: 1 stream(s) connected (node n1); CDS version c2 NACKed (acked c1): duplicate cluster a and more; \
              LDS version l1 acked"
         );
@@ -279,12 +301,13 @@ mod tests {
         let r = assess(std::slice::from_ref(&s), "c1", "l2", None, true);
         assert!(r.caught_up());
         assert!(
-            r.to_string().ends_with(
+            format!("{r:#}").ends_with(
                 "LDS version l2 NACKed while withdrawn inbound listeners are offered again (acked l1): \
                  Error adding/updating listener(s) inbound_shop_cart-1_8080: cannot bind"
             ),
-            "{r}"
+            "{r:#}"
         );
+        assert!(!r.to_string().contains("inbound_shop_cart-1"), "no pod's name on /readyz: {r}");
         // Only LDS: a CDS NACK in the grace still fails readiness.
         s.nacked.insert(CLUSTER_TYPE_URL.to_owned(), Nack { version: "c2".to_owned(), ..busy });
         assert!(!assess(std::slice::from_ref(&s), "c2", "l2", None, true).caught_up());
