@@ -1,6 +1,6 @@
-//! Whether kube-proxy (iptables mode) has programmed a Service's ClusterIP and port on a node,
-//! read from `iptables-save` / `ip6tables-save`, so that a test sends no traffic to a ClusterIP
-//! before then.
+//! Whether kube-proxy (iptables mode) has programmed a Service's ClusterIP and port on a node
+//! (its DNAT to the endpoints), read from `iptables-save` / `ip6tables-save`, so that a test sends
+//! no traffic to a ClusterIP before then.
 //!
 //! Why it matters: a TCP SYN sent to a ClusterIP that has no rule yet leaves without DNAT, and the
 //! kernel keeps the conntrack entry it made for it (state SYN_SENT, untranslated) for
@@ -10,8 +10,8 @@
 //! on the test node (where the Service CIDR is on-link) it waits for an ARP answer nobody gives
 //! and fails after about 3 s (EHOSTUNREACH), elsewhere it is lost and times out. With 50 new
 //! connections a second, Linux reuses a source port within seconds to a minute (it picks ports
-//! with a random stride), so a one-second load sent before the rule leaves tens of such entries
-//! and a later minute of load loses requests to them. Kubernetes knows this as
+//! with a random stride), so one SYN sent before the rule (or as kube-proxy replaces a Service's
+//! REJECT by its DNAT, see [`programs`]) is enough for a later minute of load to lose requests. Kubernetes knows this as
 //! kubernetes/kubernetes#48719 and #101607 (kube-proxy does not delete stale TCP conntrack
 //! entries); docs/install.md, "Checked on a real node", has the capture.
 
@@ -26,18 +26,25 @@ use anyhow::{Context, bail};
 pub const WAIT: Duration = Duration::from_secs(120);
 
 /// True when `rules` (the output of `iptables-save`, or `ip6tables-save` for an IPv6 `target`)
-/// holds a rule of kube-proxy's `KUBE-SERVICES` chain for `target`'s address and port, in any
-/// table: the nat table's jump to the Service's chain (it has endpoints) or the filter table's
-/// REJECT (it has none, so a SYN is refused at once and leaves no conntrack entry behind).
-/// Addresses are matched as the tools print them (`-d <address>/32`, `-d <address>/128`, IPv6 in
-/// its compressed form, as Rust prints it too).
+/// holds kube-proxy's nat-table rule for `target`'s address and port (`-A KUBE-SERVICES -d
+/// <address>/<32|128> ... --dport <port> -j KUBE-SVC-...`): the Service has endpoints and its
+/// connections are translated. The filter table's REJECT for a Service without endpoints does not
+/// count: kube-proxy replaces it with the nat rule once endpoints come, and a SYN sent as it does
+/// can pass neither (seen on the test node: one untranslated SYN between the refused ones and the
+/// first translated one, 20 ms later). Addresses are matched as the tools print them (IPv6 in its
+/// compressed form, as Rust prints it too).
 pub fn programs(rules: &str, target: SocketAddr) -> bool {
     let prefix = if target.is_ipv4() { 32 } else { 128 };
     let dst = format!(" -d {}/{prefix} ", target.ip());
     let dport = format!(" --dport {} ", target.port());
+    let mut table = "";
     rules.lines().any(|l| {
+        if let Some(name) = l.strip_prefix('*') {
+            table = name.trim();
+            return false;
+        }
         let l = format!("{l} ");
-        l.starts_with("-A KUBE-SERVICES ") && l.contains(&dst) && l.contains(&dport)
+        table == "nat" && l.starts_with("-A KUBE-SERVICES ") && l.contains(&dst) && l.contains(&dport)
     })
 }
 
@@ -125,10 +132,10 @@ COMMIT
 ";
 
     #[test]
-    fn a_service_with_endpoints_or_without_is_programmed() {
+    fn a_service_with_endpoints_is_programmed_one_without_is_not() {
         assert!(programs(SAVED, "10.96.200.53:8080".parse().unwrap()));
-        assert!(programs(SAVED, "10.96.7.9:80".parse().unwrap()), "the filter table's REJECT counts");
         assert!(programs(SAVED, "[fd00:10:96::2a]:8080".parse().unwrap()));
+        assert!(!programs(SAVED, "10.96.7.9:80".parse().unwrap()), "the filter table's REJECT does not count");
     }
 
     #[test]
