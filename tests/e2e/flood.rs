@@ -10,7 +10,8 @@
 //! within a bounded wait: a valid EndpointPolicy is admitted through the webhook, `/metrics`
 //! scrapes, and Envoy gets its clusters over xDS while the agent's admin port is still at its
 //! cap. The refused/evicted counters moved by exactly the flood's numbers, no accept failed with
-//! `EMFILE`, and the processes are alive.
+//! `EMFILE`, and the processes are alive. Envoy's own `readiness` listener (the chart's bootstrap)
+//! holds its cap of such connections, closes the rest at once and counts them.
 //!
 //! Trials run one at a time in the order listed, against one control plane, controller and agent.
 
@@ -438,6 +439,38 @@ fn envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded(env: &
     agent.no_emfile()
 }
 
+/// Envoy's `readiness` listener (the chart's bootstrap, LIVE here): twice its cap of silent
+/// connections; the cap's worth is held, the rest is closed at once and counted by its
+/// `connection_limit` filter, and `/ready` answers 200 again once the flood ends.
+fn envoys_readiness_listener_holds_its_cap_and_closes_the_rest(env: &Env) -> anyhow::Result<()> {
+    let cap = aether_fixtures::envoy::READINESS_MAX_CONNECTIONS;
+    let (port, stat) = {
+        let guard = env.envoy.lock().unwrap();
+        let envoy = guard.as_ref().context("Envoy (started by the previous trial)")?;
+        let port = envoy.listener_port("readiness")?;
+        (port, move |name: &str| -> anyhow::Result<u64> {
+            let guard = env.envoy.lock().unwrap();
+            guard.as_ref().context("envoy")?.stat(name)
+        })
+    };
+    ensure!(http_get_status(port, "/ready") == Some(200), "/ready before the flood");
+    let limited_before = stat("connection_limit.readiness.limited_connections")?;
+    let mut flood = silent_tcp(port, 2 * cap)?;
+    eventually("the connections over the readiness cap counted", WAIT, || {
+        Ok(stat("connection_limit.readiness.limited_connections")? == limited_before + cap as u64)
+    })?;
+    let mut open = 0;
+    for s in &mut flood {
+        if !closed_now(s)? {
+            open += 1;
+        }
+    }
+    ensure!(open == cap, "{open} readiness flood connections open (want the cap, {cap})");
+    ensure!(stat("connection_limit.readiness.active_connections")? == cap as u64, "active connections at the cap");
+    drop(flood);
+    eventually("/ready answering 200 after the flood", WAIT, || Ok(http_get_status(port, "/ready") == Some(200)))
+}
+
 fn main() {
     suite::run(
         suite::cases![
@@ -445,6 +478,7 @@ fn main() {
             webhook_flood_is_refused_over_the_cap_and_evicted_then_a_review_is_admitted,
             controller_admin_flood_is_evicted_then_metrics_scrape,
             envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded,
+            envoys_readiness_listener_holds_its_cap_and_closes_the_rest,
         ],
         setup,
         |env| {
