@@ -26,9 +26,9 @@ use anyhow::{Context, bail};
 pub const WAIT: Duration = Duration::from_secs(120);
 
 /// True when `rules` (the output of `iptables-save`, or `ip6tables-save` for an IPv6 `target`)
-/// holds kube-proxy's nat-table rule for `target`'s address and port (`-A KUBE-SERVICES -d
-/// <address>/<32|128> ... --dport <port> -j KUBE-SVC-...`): the Service has endpoints and its
-/// connections are translated. The filter table's REJECT for a Service without endpoints does not
+/// holds kube-proxy's nat-table rule for `target`'s address and port, such as
+/// `-A KUBE-SERVICES -d 10.96.0.1/32 ... --dport 443 -j KUBE-SVC-...` (`/128` for IPv6): the
+/// Service has endpoints and its connections are translated. The filter table's REJECT for a Service without endpoints does not
 /// count: kube-proxy replaces it with the nat rule once endpoints come, and a SYN sent as it does
 /// can pass neither (seen on the test node: one untranslated SYN between the refused ones and the
 /// first translated one, 20 ms later). Addresses are matched as the tools print them (IPv6 in its
