@@ -454,6 +454,7 @@ fn envoys_readiness_listener_holds_its_cap_and_closes_the_rest(env: &Env) -> any
         })
     };
     ensure!(http_get_status(port, "/ready") == Some(200), "/ready before the flood");
+    wait_quiet(port)?;
     let limited_before = stat("connection_limit.readiness.limited_connections")?;
     let mut flood = silent_tcp(port, 2 * cap)?;
     eventually("the connections over the readiness cap counted", WAIT, || {

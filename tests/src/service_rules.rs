@@ -88,7 +88,7 @@ pub fn untranslated_here(target: SocketAddr) -> anyhow::Result<usize> {
 /// or a node's namespaces) [`programs`] `target`, checking every 200 ms up to [`WAIT`].
 ///
 /// # Errors
-/// When `run` fails, or when no rule comes within [`WAIT`] (naming `target`).
+/// When no rule comes within [`WAIT`] (naming `target`, with `run`'s last error if it failed).
 pub fn wait_programmed(run: impl Fn(&[&str]) -> anyhow::Result<String>, target: SocketAddr) -> anyhow::Result<()> {
     crate::eventually(&format!("kube-proxy's rule for Service {target}"), WAIT, || {
         Ok(programs(&run(&[save_command(target)])?, target))

@@ -81,6 +81,7 @@ pub(crate) fn a_client_pod_reaches_a_uds_only_app_through_its_service_ip(env: &E
     let netns = wait_active_listener("inbound_default_inb_8080")?;
     ensure!(netns.starts_with(env.node.netns_prefix()), "listener bound in the pod's netns from the runtime: {netns}");
     let ip = env.kube().ok(&["get", "service", "-n", "default", "inb", "-o", "jsonpath={.spec.clusterIP}"])?;
+    aether_tests::service_rules::wait_programmed_here(format!("{}:8080", ip.trim()).parse()?)?;
     let url = format!("http://{}:8080/hello", ip.trim());
     let (ok, body) = env.client_get("client-uds", &url)?;
     println!("client pod: uds-echo --get {url}\n{body}");
@@ -145,6 +146,7 @@ pub(crate) fn a_dual_stack_pod_is_served_over_its_socket_at_its_ipv6_address_and
     env.kube().apply(&svc.json().to_string())?;
     let ip = env.kube().ok(&["get", "service", "-n", "default", "dual-v6", "-o", "jsonpath={.spec.clusterIP}"])?;
     ensure!(ip.contains(':'), "an IPv6-only Service has an IPv6 ClusterIP: {ip}");
+    aether_tests::service_rules::wait_programmed_here(format!("[{}]:8080", ip.trim()).parse()?)?;
     let url = format!("http://[{}]:8080/hello", ip.trim());
     let (ok, body) = env.client_get("client-v6-svc", &url)?;
     println!("client pod: uds-echo --get {url}\n{body}");
@@ -241,6 +243,8 @@ pub(crate) fn a_grpc_server_on_its_socket_is_promoted_and_answers_a_grpc_client_
     eventually("health gateway 200 when SERVING again", WAIT, || Ok(env.health("health_default_grpc")? == 200))?;
     println!("SERVING again: gateway 200 after {:.1} s", flipped.elapsed().as_secs_f64());
     eventually("pod grpc Ready again", WAIT, ready)?;
+    // Its endpoint back in kube-proxy's DNAT (the REJECT it had while NOT_SERVING is gone).
+    aether_tests::service_rules::wait_programmed_here(format!("{}:9090", ip.trim()).parse()?)?;
     let (ok, out) = env.client_run("grpc-client", &["--grpc-check", &url, "--service", "grpc"])?;
     println!("client pod: uds-echo --grpc-check {url} --service grpc\n{out}");
     ensure!(ok && out.contains("SERVING"), "a gRPC client through the Service: {out}");

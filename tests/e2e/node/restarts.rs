@@ -512,6 +512,10 @@ fn quiet_load(target: SocketAddr, expect: &str, what: &str, pod: &str, quiet: Du
     // (aether_tests::service_rules): there must be none when the load starts.
     let stale = aether_tests::service_rules::untranslated_here(target)?;
     println!("{what}: {stale} untranslated conntrack entries to {target} before the load");
+    ensure!(
+        stale == 0,
+        "{what}: {stale} conntrack entries to {target} without DNAT before the load (a connection sent before kube-proxy's rule)"
+    );
     let after = under_load(target, expect, || {
         std::thread::sleep(quiet);
         Ok(())
