@@ -72,8 +72,8 @@ impl PerType for Family<TypeLabel, Counter> {
 /// The NACK metrics, moved together by one `XdsMetrics::inc` (state-of-the-world and delta
 /// streams alike): `aether_xds_nacks_total{type}` and
 /// `aether_xds_last_nack_timestamp_seconds{type}` (seconds since the Unix epoch; 0 until the
-/// first NACK of that type). Envoy's message is not a label (unbounded text): `/readyz` and the
-/// agent's WARN log show it. Alert on, e.g., `increase(aether_xds_nacks_total[10m]) > 0` or
+/// first NACK of that type). Envoy's message is not a label (unbounded text): the debug port's
+/// `/debug/envoy` and the agent's WARN log show it. Alert on, e.g., `increase(aether_xds_nacks_total[10m]) > 0` or
 /// `time() - aether_xds_last_nack_timestamp_seconds < 600`.
 #[derive(Clone, Debug, Default)]
 pub struct NackMetrics {
