@@ -252,7 +252,7 @@ impl Env {
         let target: SocketAddr = format!("{}:8080", self.service_ip(name)?).parse()?;
         for node in [NODE1, NODE2] {
             let on = self.node(node);
-            aether_tests::service_rules::wait_programmed(|cmd| on.run(cmd), target)?;
+            aether_tests::service_rules::wait_programmed(|cmd| on.run(&[cmd]), target)?;
         }
         Ok(target)
     }

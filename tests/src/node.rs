@@ -460,7 +460,11 @@ impl HostState {
     }
 }
 
-fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
+/// Runs `cmd` with `args` in this process's namespaces: its stdout.
+///
+/// # Errors
+/// When it cannot start or exits non-zero (with its stderr).
+pub(crate) fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new(cmd).args(args).output().with_context(|| format!("running {cmd}"))?;
     if !out.status.success() {
         bail!("{cmd} {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));

@@ -16,10 +16,9 @@
 //! entries); docs/install.md, "Checked on a real node", has the capture.
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use crate::node::run;
 
 /// How long [`wait_programmed`] waits: kube-proxy syncs within a second of an EndpointSlice
 /// change (its `minSyncPeriod`) on an idle node, and much later on a busy 2-core one.
@@ -35,16 +34,17 @@ pub const WAIT: Duration = Duration::from_secs(120);
 /// compressed form, as Rust prints it too).
 pub fn programs(rules: &str, target: SocketAddr) -> bool {
     let prefix = if target.is_ipv4() { 32 } else { 128 };
-    let dst = format!(" -d {}/{prefix} ", target.ip());
-    let dport = format!(" --dport {} ", target.port());
+    let dst = format!("{}/{prefix}", target.ip());
+    let dport = target.port().to_string();
     let mut table = "";
     rules.lines().any(|l| {
         if let Some(name) = l.strip_prefix('*') {
             table = name.trim();
             return false;
         }
-        let l = format!("{l} ");
-        table == "nat" && l.starts_with("-A KUBE-SERVICES ") && l.contains(&dst) && l.contains(&dport)
+        let words: Vec<&str> = l.split_whitespace().collect();
+        let has = |flag: &str, value: &str| words.windows(2).any(|w| w == [flag, value]);
+        table == "nat" && words.starts_with(&["-A", "KUBE-SERVICES"]) && has("-d", &dst) && has("--dport", &dport)
     })
 }
 
@@ -81,17 +81,18 @@ pub fn untranslated(listed: &str, target: SocketAddr) -> usize {
 /// When conntrack fails to run.
 pub fn untranslated_here(target: SocketAddr) -> anyhow::Result<usize> {
     let family = if target.is_ipv4() { "ipv4" } else { "ipv6" };
-    Ok(untranslated(&run_here(&["conntrack", "-L", "-f", family, "-p", "tcp"])?, target))
+    Ok(untranslated(&run("conntrack", &["-L", "-f", family, "-p", "tcp"])?, target))
 }
 
-/// Waits until the rules that `run` prints (it runs a command where the client will run: the host,
-/// or a node's namespaces) [`programs`] `target`, checking every 200 ms up to [`WAIT`].
+/// Waits until the rules that `save` prints [`programs`] `target`, checking every 200 ms up to
+/// [`WAIT`]. `save` runs the command it is given ([`save_command`], no arguments) where the client
+/// will run: the host, or a node's namespaces.
 ///
 /// # Errors
-/// When no rule comes within [`WAIT`] (naming `target`, with `run`'s last error if it failed).
-pub fn wait_programmed(run: impl Fn(&[&str]) -> anyhow::Result<String>, target: SocketAddr) -> anyhow::Result<()> {
+/// When no rule comes within [`WAIT`] (naming `target`, with `save`'s last error if it failed).
+pub fn wait_programmed(save: impl Fn(&str) -> anyhow::Result<String>, target: SocketAddr) -> anyhow::Result<()> {
     crate::eventually(&format!("kube-proxy's rule for Service {target}"), WAIT, || {
-        Ok(programs(&run(&[save_command(target)])?, target))
+        Ok(programs(&save(save_command(target))?, target))
     })
 }
 
@@ -101,17 +102,7 @@ pub fn wait_programmed(run: impl Fn(&[&str]) -> anyhow::Result<String>, target: 
 /// # Errors
 /// As [`wait_programmed`].
 pub fn wait_programmed_here(target: SocketAddr) -> anyhow::Result<()> {
-    wait_programmed(run_here, target)
-}
-
-/// Runs `cmd` in this process's namespaces: its stdout.
-fn run_here(cmd: &[&str]) -> anyhow::Result<String> {
-    let (name, args) = cmd.split_first().context("an empty command")?;
-    let out = Command::new(name).args(args).stdin(Stdio::null()).output().with_context(|| format!("running {name}"))?;
-    if !out.status.success() {
-        bail!("{}: {}", cmd.join(" "), String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    wait_programmed(|cmd| run(cmd, &[]), target)
 }
 
 #[cfg(test)]

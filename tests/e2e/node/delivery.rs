@@ -80,9 +80,7 @@ pub(crate) fn a_client_pod_reaches_a_uds_only_app_through_its_service_ip(env: &E
     env.wait_pod_ready("default", "inb")?;
     let netns = wait_active_listener("inbound_default_inb_8080")?;
     ensure!(netns.starts_with(env.node.netns_prefix()), "listener bound in the pod's netns from the runtime: {netns}");
-    let ip = env.kube().ok(&["get", "service", "-n", "default", "inb", "-o", "jsonpath={.spec.clusterIP}"])?;
-    aether_tests::service_rules::wait_programmed_here(format!("{}:8080", ip.trim()).parse()?)?;
-    let url = format!("http://{}:8080/hello", ip.trim());
+    let url = format!("http://{}/hello", env.service_target("inb", 8080)?);
     let (ok, body) = env.client_get("client-uds", &url)?;
     println!("client pod: uds-echo --get {url}\n{body}");
     ensure!(ok && body.contains("inb over unix:/s/app.sock: GET /hello"), "through the Service: {body}");
@@ -144,10 +142,9 @@ pub(crate) fn a_dual_stack_pod_is_served_over_its_socket_at_its_ipv6_address_and
     ensure!(ok && body.contains(expect), "at the pod's IPv6 address: {body}");
     let svc = service("default", "dual-v6").select("app", "dual").port(8080, 8080).ip_families(&["IPv6"]);
     env.kube().apply(&svc.json().to_string())?;
-    let ip = env.kube().ok(&["get", "service", "-n", "default", "dual-v6", "-o", "jsonpath={.spec.clusterIP}"])?;
-    ensure!(ip.contains(':'), "an IPv6-only Service has an IPv6 ClusterIP: {ip}");
-    aether_tests::service_rules::wait_programmed_here(format!("[{}]:8080", ip.trim()).parse()?)?;
-    let url = format!("http://[{}]:8080/hello", ip.trim());
+    let target = env.service_target("dual-v6", 8080)?;
+    ensure!(target.is_ipv6(), "an IPv6-only Service has an IPv6 ClusterIP: {target}");
+    let url = format!("http://{target}/hello");
     let (ok, body) = env.client_get("client-v6-svc", &url)?;
     println!("client pod: uds-echo --get {url}\n{body}");
     ensure!(ok && body.contains(expect), "through the IPv6 Service: {body}");

@@ -56,6 +56,17 @@ impl Env {
         self.node.facts().chart_sets.iter().map(String::as_str).chain(extra.iter().copied()).collect()
     }
 
+    /// Service `default/<name>`'s ClusterIP with `port`, once the node's kube-proxy translates it
+    /// (its nat rule, [`aether_tests::service_rules`]): no connection of a test may go there
+    /// before, or a later one that reuses its source port meets its untranslated conntrack entry.
+    pub(crate) fn service_target(&self, name: &str, port: u16) -> anyhow::Result<std::net::SocketAddr> {
+        let ip = self.kube().ok(&["get", "service", "-n", "default", name, "-o", "jsonpath={.spec.clusterIP}"])?;
+        let ip: std::net::IpAddr = ip.trim().parse().with_context(|| format!("Service {name}'s ClusterIP {ip:?}"))?;
+        let target = std::net::SocketAddr::new(ip, port);
+        aether_tests::service_rules::wait_programmed_here(target)?;
+        Ok(target)
+    }
+
     /// Health gateway answer for `cluster` on the host's socket.
     pub(crate) fn health(&self, cluster: &str) -> anyhow::Result<u16> {
         unix_get_status(Path::new(HEALTH_SOCKET), &format!("/healthz/{cluster}"))

@@ -151,9 +151,7 @@ pub(crate) fn agent_restarts_under_load_fail_no_request(env: &Env) -> anyhow::Re
     eventually("Envoy's inbound_default_cont_8080 listener is active", WAIT, || {
         Ok(active_listener_netns("inbound_default_cont_8080")?.is_some())
     })?;
-    let ip = env.kube().ok(&["get", "service", "-n", "default", "cont", "-o", "jsonpath={.spec.clusterIP}"])?;
-    let target: SocketAddr = format!("{}:8080", ip.trim()).parse().context("ClusterIP")?;
-    aether_tests::service_rules::wait_programmed_here(target)?;
+    let target = env.service_target("cont", 8080)?;
     let expect = "cont over unix:/s/app.sock";
     eventually("the Service answers from the host", WAIT, || {
         let report = under_load_quick(target, expect)?;
@@ -453,11 +451,7 @@ pub(crate) fn served_echo_app(env: &Env, name: &str, inbound: &str) -> anyhow::R
     let app = echo_app(name).annotated().annotation(aether_crds::pod::INBOUND_PROXY_ANNOTATION, inbound);
     env.kube().apply(&app.manifest())?;
     env.wait_pod_ready("default", name)?;
-    let ip = env.kube().ok(&["get", "service", "-n", "default", name, "-o", "jsonpath={.spec.clusterIP}"])?;
-    let target: SocketAddr = format!("{}:8080", ip.trim()).parse().context("ClusterIP")?;
-    // No connection before kube-proxy's rule: one sent before it leaves an untranslated conntrack
-    // entry that a later connection of the load can meet (aether_tests::service_rules).
-    aether_tests::service_rules::wait_programmed_here(target)?;
+    let target = env.service_target(name, 8080)?;
     let expect = format!("{name} over unix:/s/app.sock");
     eventually("the Service answers from the host", WAIT, || Ok(under_load_quick(target, &expect)?.failed() == 0))?;
     Ok((target, expect))
