@@ -130,14 +130,16 @@ impl fmt::Display for EnvoyReadiness {
             EnvoyReadiness::Connected(c) => {
                 let Connected { streams, nodes, cds, lds, ecds } = &**c;
                 let noun = if nodes.len() == 1 { "node" } else { "nodes" };
-                let nodes = nodes.join(", ");
-                if f.alternate() {
-                    write!(f, "envoy: {streams} stream(s) connected ({noun} {nodes}); {cds:#}; {lds:#}")?;
-                    ecds.as_ref().map_or(Ok(()), |e| write!(f, "; {e:#}"))
-                } else {
-                    write!(f, "envoy: {streams} stream(s) connected ({noun} {nodes}); {cds}; {lds}")?;
-                    ecds.as_ref().map_or(Ok(()), |e| write!(f, "; {e}"))
+                write!(f, "envoy: {streams} stream(s) connected ({noun} {}); ", nodes.join(", "))?;
+                // Each part gets this formatter, so `{:#}` reaches them.
+                fmt::Display::fmt(cds, f)?;
+                f.write_str("; ")?;
+                fmt::Display::fmt(lds, f)?;
+                if let Some(ecds) = ecds {
+                    f.write_str("; ")?;
+                    fmt::Display::fmt(ecds, f)?;
                 }
+                Ok(())
             }
         }
     }
