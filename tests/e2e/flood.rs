@@ -11,7 +11,9 @@
 //! scrapes, and Envoy gets its clusters over xDS while the agent's admin port is still at its
 //! cap. The refused/evicted counters moved by exactly the flood's numbers, no accept failed with
 //! `EMFILE`, and the processes are alive. Envoy's own `readiness` listener (the chart's bootstrap)
-//! holds its cap of such connections, closes the rest at once and counts them.
+//! holds its cap of such connections, closes the rest at once and counts them; its `stats`
+//! listener, on an Envoy holding the chart's most clusters, rate-limits a flood of scrapes while
+//! the admin keeps answering.
 //!
 //! Trials run one at a time in the order listed, against one control plane, controller and agent.
 
@@ -472,6 +474,134 @@ fn envoys_readiness_listener_holds_its_cap_and_closes_the_rest(env: &Env) -> any
     eventually("/ready answering 200 after the flood", WAIT, || Ok(http_get_status(port, "/ready") == Some(200)))
 }
 
+/// The chart's `agent.maxClusters` (values.yaml): the most clusters the node Envoy holds.
+fn chart_max_clusters() -> anyhow::Result<usize> {
+    let values: serde_json::Value =
+        yaml_serde::from_str(&std::fs::read_to_string(aether_tests::repo_root().join("charts/aether/values.yaml"))?)?;
+    let n = values["agent"]["maxClusters"].as_u64().context("agent.maxClusters in the chart's values")?;
+    Ok(usize::try_from(n)?)
+}
+
+/// A static cluster named `name` to a closed loopback port: its stats are what a pod's are.
+fn idle_cluster(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": {
+                "address": { "socket_address": { "address": "127.0.0.1", "port_value": 9 } }
+            }}]}]
+        }
+    })
+}
+
+/// How long the stats flood lasts, and how often the admin is probed meanwhile.
+const STATS_FLOOD: Duration = Duration::from_secs(20);
+const ADMIN_PROBE_EVERY: Duration = Duration::from_millis(250);
+
+/// Envoy's `stats` listener (the chart's bootstrap: HTTP/1.1 only, `local_ratelimit`, one admin
+/// scrape at a time) on an Envoy holding the chart's `agent.maxClusters` clusters: as many
+/// keep-alive clients as the listener's connection cap scrape back to back for
+/// [`STATS_FLOOD`] while the admin is asked `/ready` every [`ADMIN_PROBE_EVERY`]. Every probe is
+/// answered 200 (within the fixture's 10 s request timeout); the scrapes that reached the admin
+/// are at most the bucket plus one per refill over the flood; each refusal the clients saw is
+/// counted by Envoy (429: `rate_limited`; 503: the admin cluster's `upstream_rq_pending_overflow`)
+/// and no request failed otherwise; an HTTP/2 client is refused; once the bucket refilled a
+/// scrape is served again.
+fn envoys_stats_listener_limits_a_scrape_flood_and_the_admin_answers_throughout(env: &Env) -> anyhow::Result<()> {
+    use aether_fixtures::envoy::{CHART_STATS_SCRAPES_PER_MINUTE, STATS_BURST};
+    let clusters = chart_max_clusters()?;
+    let mut builder = Envoy::builder(env.xds_socket(), NODE, env.path("envoy-stats"))
+        .binary(envoy_bin()?)
+        .log_level("warning")
+        .stats_listener()?;
+    for i in 0..clusters {
+        builder = builder.cluster(idle_cluster(&format!("flood_{i}")));
+    }
+    let mut envoy = builder.start()?;
+    envoy.wait_ready()?;
+    let port = envoy.listener_port("stats")?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // Its connection is closed with the client (it would hold one of the flood's places).
+    let (code, body) = {
+        let first = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build()?;
+        let resp = first.get(format!("http://127.0.0.1:{port}/stats/prometheus")).send()?;
+        (resp.status().as_u16(), resp.text()?)
+    };
+    ensure!(
+        code == 200 && body.contains("envoy_cluster_upstream_cx_total{envoy_cluster_name=\"flood_0\"}"),
+        "a scrape before the flood: {code}"
+    );
+    println!("one scrape of {clusters} clusters: {} bytes", body.len());
+    // HTTP/1.1 only: an HTTP/2 client (prior knowledge, as over h2c) gets no scrape.
+    let h2 = reqwest::blocking::Client::builder().http2_prior_knowledge().timeout(WAIT).build()?;
+    let refused = h2.get(format!("http://127.0.0.1:{port}/stats/prometheus")).send();
+    ensure!(!refused.as_ref().is_ok_and(|r| r.status() == 200), "HTTP/2 got a scrape: {refused:?}");
+
+    let stat = |name: &str| envoy.stat(name);
+    let limited = "stats.http_local_rate_limit.rate_limited";
+    let (admin_before, limited_before, overflow_before) = (
+        stat("cluster.envoy_admin.upstream_rq_total")?,
+        stat(limited)?,
+        stat("cluster.envoy_admin.upstream_rq_pending_overflow")?,
+    );
+    let started = Instant::now();
+    let (tally, probes) = aether_tests::scrape_flood::flood(
+        "127.0.0.1",
+        port,
+        aether_fixtures::envoy::STATS_MAX_CONNECTIONS,
+        STATS_FLOOD,
+        ADMIN_PROBE_EVERY,
+        || {
+            let asked = Instant::now();
+            envoy.admin_get("/ready").map(|(code, _)| (code, asked.elapsed()))
+        },
+    )?;
+    let elapsed = started.elapsed();
+    let reached = stat("cluster.envoy_admin.upstream_rq_total")? - admin_before;
+    let (limited, overflowed) =
+        (stat(limited)? - limited_before, stat("cluster.envoy_admin.upstream_rq_pending_overflow")? - overflow_before);
+    println!(
+        "{:.1} s of flood: {} requests; {} served, {} rate-limited (Envoy: {limited}), {} overflowed (Envoy: \
+         {overflowed}), {} other {:?}; {reached} reached the admin; {} admin probes",
+        elapsed.as_secs_f64(),
+        tally.total(),
+        tally.served,
+        tally.rate_limited,
+        tally.overflowed,
+        tally.other,
+        tally.other_examples,
+        probes.len()
+    );
+    let slowest = probes.iter().filter_map(|p| p.as_ref().ok()).map(|(_, took)| *took).max();
+    println!("the slowest admin /ready meanwhile: {slowest:?} (make bench reports the figures)");
+    let failed: Vec<_> = probes.iter().filter(|p| !matches!(p, Ok((200, _)))).collect();
+    ensure!(
+        failed.is_empty(),
+        "admin /ready during the flood: {} of {} not 200: {failed:?}",
+        failed.len(),
+        probes.len()
+    );
+    ensure!(tally.other == 0, "requests that failed otherwise: {:?}", tally.other_examples);
+    ensure!(
+        tally.rate_limited > 0 && tally.rate_limited == limited,
+        "429s seen {} vs counted {limited}",
+        tally.rate_limited
+    );
+    ensure!(tally.overflowed == overflowed, "503s seen {} vs counted {overflowed}", tally.overflowed);
+    let fill_ms = 60_000 / u64::from(CHART_STATS_SCRAPES_PER_MINUTE);
+    let bound = u64::from(STATS_BURST) + elapsed.as_millis() as u64 / fill_ms + 1;
+    ensure!(reached <= bound, "{reached} scrapes reached the admin in {elapsed:?} (the bucket allows {bound})");
+    ensure!(tally.served <= reached, "{} scrapes served, {reached} reached the admin", tally.served);
+    ensure!(envoy.try_wait()?.is_none(), "Envoy exited during the flood:\n{}", envoy.log_tail());
+    eventually("a scrape served again after the flood", WAIT, || {
+        let resp = reqwest::blocking::get(format!("http://127.0.0.1:{port}/stats/prometheus"))?;
+        Ok(resp.status() == 200)
+    })
+}
+
 fn main() {
     suite::run(
         suite::cases![
@@ -480,6 +610,7 @@ fn main() {
             controller_admin_flood_is_evicted_then_metrics_scrape,
             envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded,
             envoys_readiness_listener_holds_its_cap_and_closes_the_rest,
+            envoys_stats_listener_limits_a_scrape_flood_and_the_admin_answers_throughout,
         ],
         setup,
         |env| {

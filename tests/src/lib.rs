@@ -6,7 +6,8 @@
 //!   certificates, killed on drop.
 //! - [`continuity`]: steady load through the data plane and what an event did to it;
 //!   [`tcp_counters`]: the kernel's side of it (`nstat`); [`service_rules`]: no traffic to a
-//!   ClusterIP before kube-proxy has programmed it.
+//!   ClusterIP before kube-proxy has programmed it; [`scrape_flood`]: a flood of scrapes at
+//!   Envoy's stats listener.
 //! - [`node::RealNode`]: a real single node (kubelet + containerd, controller-manager, scheduler,
 //!   kube-proxy) from `tests/harness/node.sh`, torn down on drop.
 //! - [`nodes::RealNodes`]: several real nodes (`AETHER_NODES=N node.sh up`), each in its own
@@ -30,6 +31,7 @@ pub mod continuity;
 pub mod node;
 pub mod nodes;
 pub mod prometheus;
+pub mod scrape_flood;
 pub mod service_rules;
 pub mod tcp_counters;
 

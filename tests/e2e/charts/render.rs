@@ -449,15 +449,24 @@ pub(crate) fn rendered_objects_follow_the_values_matrix() {
 /// ephemeral) and passes the DaemonSet's Envoy flags.
 pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
     use aether_fixtures::envoy::{
-        CHART_ADMIN_SOCKET, CHART_STATS_PORT, CHART_XDS_SOCKET, ChartBootstrap, EnvoyAdmin, chart_flags,
+        CHART_ADMIN_SOCKET, CHART_STATS_PORT, CHART_STATS_SCRAPES_PER_MINUTE, CHART_XDS_SOCKET, ChartBootstrap,
+        EnvoyAdmin, chart_flags,
     };
-    let cases: [(&[&str], u16, Option<u16>, bool); 4] = [
-        (&[], 9902, Some(CHART_STATS_PORT), true),
-        (&["proxy.adminPort=19901", "proxy.readinessPort=19902", "proxy.stats.port=19090"], 19902, Some(19090), true),
-        (&["proxy.stats.port=0"], 9902, None, true),
-        (&["proxy.listenIPv6=false"], 9902, Some(CHART_STATS_PORT), false),
+    let cases: [(&[&str], u16, Option<u16>, bool, u32); 5] = [
+        (&[], 9902, Some(CHART_STATS_PORT), true, CHART_STATS_SCRAPES_PER_MINUTE),
+        (
+            &["proxy.adminPort=19901", "proxy.readinessPort=19902", "proxy.stats.port=19090"],
+            19902,
+            Some(19090),
+            true,
+            CHART_STATS_SCRAPES_PER_MINUTE,
+        ),
+        (&["proxy.stats.port=0"], 9902, None, true, CHART_STATS_SCRAPES_PER_MINUTE),
+        (&["proxy.listenIPv6=false"], 9902, Some(CHART_STATS_PORT), false, CHART_STATS_SCRAPES_PER_MINUTE),
+        // 60 / 7 is not whole: the fill interval is rounded to the millisecond (8.571s), as in the chart.
+        (&["proxy.stats.maxScrapesPerMinute=7"], 9902, Some(CHART_STATS_PORT), true, 7),
     ];
-    for (sets, readiness_port, stats_port, listen_ipv6) in cases {
+    for (sets, readiness_port, stats_port, listen_ipv6, stats_scrapes_per_minute) in cases {
         let docs = render(sets);
         let text =
             find(&docs, "ConfigMap", "aether-node-envoy-bootstrap")["data"]["envoy.yaml"].as_str().expect("envoy.yaml");
@@ -468,6 +477,7 @@ pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
             readiness_port,
             listen_ipv6,
             stats_port,
+            stats_scrapes_per_minute,
         }
         .render();
         assert_eq!(
@@ -498,6 +508,7 @@ pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
         readiness_port: 0,
         listen_ipv6: true,
         stats_port: None,
+        ..ChartBootstrap::default()
     };
     assert_eq!(launcher.bootstrap(), overridden.render());
     let launcher_args = launcher.args().join(" ");

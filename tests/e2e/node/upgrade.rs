@@ -238,6 +238,7 @@ pub(crate) fn chart_values_at_their_edges_run_on_the_real_node(env: &Env) -> any
         "agent.watchGraceSeconds=86400",
         "proxy.readinessPort=1024",
         "proxy.stats.port=65534",
+        "proxy.stats.maxScrapesPerMinute=1200",
         "proxy.concurrency=64",
         "proxy.handOver.baseId=400000000",
         "verifyInstall.timeoutSeconds=1800",
