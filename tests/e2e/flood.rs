@@ -13,7 +13,8 @@
 //! `EMFILE`, and the processes are alive. Envoy's own `readiness` listener (the chart's bootstrap)
 //! holds its cap of such connections, closes the rest at once and counts them; its `stats`
 //! listener, on an Envoy holding the chart's most clusters, rate-limits a flood of scrapes while
-//! the admin keeps answering.
+//! the admin keeps answering; its overload manager holds the chart's global connection cap
+//! against tens of thousands of idle connections and refuses new ones under heap pressure.
 //!
 //! Trials run one at a time in the order listed, against one control plane, controller and agent.
 
@@ -602,6 +603,128 @@ fn envoys_stats_listener_limits_a_scrape_flood_and_the_admin_answers_throughout(
     })
 }
 
+/// Raises this process's open-files limit to `want`, or as far as the machine lets it (root
+/// without `CAP_SYS_RESOURCE`, as in a container, cannot pass the hard limit), and returns the
+/// limit it has: Envoys started after it inherit it.
+fn raise_nofile(want: usize) -> anyhow::Result<usize> {
+    let pid = std::process::id().to_string();
+    let hard = || -> anyhow::Result<usize> {
+        let out =
+            Command::new("prlimit").args(["--pid", &pid, "--nofile", "--output=HARD", "--noheadings"]).output()?;
+        String::from_utf8_lossy(&out.stdout).trim().parse().context("prlimit --output=HARD")
+    };
+    let raised = Command::new("prlimit").args(["--pid", &pid, &format!("--nofile={want}:{want}")]).output()?;
+    let n = if raised.status.success() { want } else { hard()? };
+    if !raised.status.success() {
+        let soft = Command::new("prlimit").args(["--pid", &pid, &format!("--nofile={n}:{n}")]).output()?;
+        ensure!(soft.status.success(), "prlimit --nofile={n}: {}", String::from_utf8_lossy(&soft.stderr));
+    }
+    Ok(n)
+}
+
+/// The sum of one listener counter over every listener (`listener.<address>.<name>`).
+fn listeners_sum(envoy: &Envoy, name: &str) -> anyhow::Result<u64> {
+    let (_, text) = envoy.admin_get(&format!("/stats?filter=^listener\\..*\\.{name}$"))?;
+    Ok(text.lines().filter_map(|l| l.rsplit_once(": ")?.1.trim().parse::<u64>().ok()).sum())
+}
+
+/// Connections over the overload manager's cap in [`envoys_overload_manager_caps_connections_and_sheds_on_heap`].
+const OVER_THE_CAP: usize = 500;
+
+/// Descriptors a process keeps besides the flood's sockets (its own files, Envoy's listeners and
+/// upstream connections, the test's clients).
+const NOFILE_RESERVE: usize = 1024;
+
+/// Envoy's overload manager (the chart's bootstrap and defaults): the chart's
+/// `proxy.overload.maxConnections` (20,000) idle connections plus [`OVER_THE_CAP`] to an inbound
+/// listener, or on a machine whose open-files hard limit cannot hold that many (20,000 in these
+/// containers), a cap lowered to fit it: the cap's worth is held, the rest is closed at once and counted
+/// (`downstream_global_cx_overflow`); a keep-alive connection to the pod made before the flood is
+/// still served; the readiness listener, outside the global cap, still answers; Envoy is alive.
+/// Then an Envoy whose heap limit is below the heap it starts with: its heap monitor's pressure is
+/// over 1, `reject_incoming_connections` is active, a new connection is refused and counted
+/// (`downstream_cx_overload_reject`), and Envoy is alive.
+fn envoys_overload_manager_caps_connections_and_sheds_on_heap(env: &Env) -> anyhow::Result<()> {
+    use aether_fixtures::envoy::{CHART_OVERLOAD_MAX_CONNECTIONS, ROUTE_HEADER};
+    let chart_cap = CHART_OVERLOAD_MAX_CONNECTIONS as usize;
+    let nofile = raise_nofile(chart_cap + OVER_THE_CAP + NOFILE_RESERVE)?;
+    let cap = chart_cap.min(nofile - OVER_THE_CAP - NOFILE_RESERVE);
+    if cap < chart_cap {
+        println!("open-files limit {nofile}: the global cap lowered from the chart's {chart_cap} to {cap}");
+    }
+    let app = format!("app_{NS}_web_8080");
+    let mut envoy = Envoy::builder(env.xds_socket(), NODE, env.path("envoy-overload"))
+        .binary(envoy_bin()?)
+        .inbound()
+        .max_connections(u32::try_from(cap)?)
+        .start()?;
+    envoy.wait_ready()?;
+    eventually(&format!("Envoy holding cluster {app}"), WAIT, || Ok(envoy.clusters()?.contains_key(&app)))?;
+    let port = envoy.inbound_port()?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let kept = reqwest::blocking::Client::builder().pool_max_idle_per_host(1).timeout(WAIT).build()?;
+    let hello = || -> anyhow::Result<(u16, String)> {
+        let resp = kept.get(format!("http://127.0.0.1:{port}/hello")).header(ROUTE_HEADER, &app).send()?;
+        Ok((resp.status().as_u16(), resp.text()?))
+    };
+    let (code, body) = hello()?;
+    ensure!(code == 200, "the pod through the inbound listener before the flood: {code} {body}");
+    let overflow_before = listeners_sum(&envoy, "downstream_global_cx_overflow")?;
+
+    let started = Instant::now();
+    // One at a time, so that the cap's worth is exactly the first `cap - 1` (the kept one holds a
+    // place) and the rest are over it.
+    let mut flood = silent_tcp(port, cap + OVER_THE_CAP)?;
+    eventually("the connections over the global cap counted", WAIT, || {
+        Ok(listeners_sum(&envoy, "downstream_global_cx_overflow")? >= overflow_before + OVER_THE_CAP as u64 + 1)
+    })?;
+    let mut open = 0;
+    for s in &mut flood {
+        if !closed_now(s)? {
+            open += 1;
+        }
+    }
+    let overflow = listeners_sum(&envoy, "downstream_global_cx_overflow")? - overflow_before;
+    let memory = envoy.admin_json("/memory")?;
+    println!(
+        "{} connections in {:.1} s: {open} held, {overflow} closed over the cap of {cap}; Envoy's heap {} MiB",
+        flood.len(),
+        started.elapsed().as_secs_f64(),
+        memory["allocated"].as_str().and_then(|a| a.parse::<u64>().ok()).unwrap_or(0) >> 20
+    );
+    ensure!(open == cap - 1, "{open} flood connections held (want the cap {cap} less the kept one)");
+    ensure!(overflow == (OVER_THE_CAP + 1) as u64, "{overflow} connections counted over the cap");
+    let (code, body) = hello()?;
+    ensure!(code == 200 && body.contains("web"), "the kept connection during the flood: {code} {body}");
+    let readiness = envoy.listener_port("readiness")?;
+    ensure!(http_get_status(readiness, "/ready") == Some(200), "the readiness listener during the flood");
+    ensure!(envoy.try_wait()?.is_none(), "Envoy exited under the flood:\n{}", envoy.log_tail());
+    drop(flood);
+    drop(envoy);
+
+    // Heap: a limit below what Envoy starts with.
+    let mut envoy = Envoy::builder(env.xds_socket(), NODE, env.path("envoy-heap"))
+        .binary(envoy_bin()?)
+        .inbound()
+        .max_heap_bytes(1 << 20)
+        .start()?;
+    envoy.wait_ready()?;
+    let port = envoy.inbound_port()?;
+    eventually("the heap monitor's actions active", WAIT, || {
+        Ok(envoy.stat("overload.envoy.overload_actions.reject_incoming_connections.active")? == 1
+            && envoy.stat("overload.envoy.overload_actions.stop_accepting_requests.active")? == 1)
+    })?;
+    let pressure = envoy.admin_get("/stats?filter=^overload\\.envoy\\.resource_monitors\\.fixed_heap\\.pressure$")?.1;
+    println!("heap monitor: {}", pressure.trim());
+    let rejected_before = listeners_sum(&envoy, "downstream_cx_overload_reject")?;
+    let mut refused = silent_tcp(port, 1)?;
+    eventually("a new connection refused under heap pressure and counted", WAIT, || {
+        Ok(listeners_sum(&envoy, "downstream_cx_overload_reject")? > rejected_before && closed_now(&mut refused[0])?)
+    })?;
+    ensure!(envoy.try_wait()?.is_none(), "Envoy exited under heap pressure:\n{}", envoy.log_tail());
+    Ok(())
+}
+
 fn main() {
     suite::run(
         suite::cases![
@@ -611,6 +734,7 @@ fn main() {
             envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded,
             envoys_readiness_listener_holds_its_cap_and_closes_the_rest,
             envoys_stats_listener_limits_a_scrape_flood_and_the_admin_answers_throughout,
+            envoys_overload_manager_caps_connections_and_sheds_on_heap,
         ],
         setup,
         |env| {

@@ -82,6 +82,32 @@ The kubelet pods dir as the proxy and the agent see it: the one value both binar
 {{- end -}}
 
 {{/*
+The heap Envoy's overload manager measures against, in bytes (proxy.overload.maxHeapBytes): the
+value, or when it is 0, 85 % of proxy.resources.limits.memory (a whole number with a unit of k,
+M, G, Ki, Mi, Gi or Ti, or none: bytes); 0 with no memory limit (no heap monitor). The rest of the
+limit is Envoy's code, thread stacks and the allocator's free pages, which the heap does not count.
+*/}}
+{{- define "aether.proxy.maxHeapBytes" -}}
+{{- $set := .Values.proxy.overload.maxHeapBytes | int64 -}}
+{{- if $set -}}
+{{- $set -}}
+{{- else -}}
+{{- $limit := toString (dig "limits" "memory" "" .Values.proxy.resources) -}}
+{{- $number := regexFind "^[0-9]+" $limit -}}
+{{- if $number -}}
+{{- $units := dict "" 1 "k" 1000 "M" 1000000 "G" 1000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 -}}
+{{- $unit := trimPrefix $number $limit -}}
+{{- if not (hasKey $units $unit) -}}
+{{- fail (printf "proxy.resources.limits.memory %q: the chart derives Envoy's heap limit from it and reads only a whole number with a unit of k, M, G, Ki, Mi, Gi or Ti; write it so, or set proxy.overload.maxHeapBytes" $limit) -}}
+{{- end -}}
+{{- div (mul ($number | int64) (get $units $unit | int64) 85) 100 -}}
+{{- else -}}
+0
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 Metadata of one object of an aether-webhook-certs hook (selfSigned mode): name, namespace (unless
 cluster-scoped), labels and the hook annotations. Arguments (dict): root, name, hook, weight,
 clusterScoped.

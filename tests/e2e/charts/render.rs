@@ -449,8 +449,8 @@ pub(crate) fn rendered_objects_follow_the_values_matrix() {
 /// ephemeral) and passes the DaemonSet's Envoy flags.
 pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
     use aether_fixtures::envoy::{
-        CHART_ADMIN_SOCKET, CHART_STATS_PORT, CHART_STATS_SCRAPES_PER_MINUTE, CHART_XDS_SOCKET, ChartBootstrap,
-        EnvoyAdmin, chart_flags,
+        CHART_ADMIN_SOCKET, CHART_MAX_HEAP_BYTES, CHART_OVERLOAD_MAX_CONNECTIONS, CHART_STATS_PORT,
+        CHART_STATS_SCRAPES_PER_MINUTE, CHART_XDS_SOCKET, ChartBootstrap, EnvoyAdmin, chart_flags,
     };
     let cases: [(&[&str], u16, Option<u16>, bool, u32); 5] = [
         (&[], 9902, Some(CHART_STATS_PORT), true, CHART_STATS_SCRAPES_PER_MINUTE),
@@ -478,6 +478,7 @@ pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
             listen_ipv6,
             stats_port,
             stats_scrapes_per_minute,
+            ..ChartBootstrap::default()
         }
         .render();
         assert_eq!(
@@ -501,6 +502,30 @@ pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
         }
         assert_eq!(rest, chart_flags("$(NODE_NAME)"), "{sets:?}: the chart's Envoy args {chart_args:?}");
     }
+    // The overload manager's bounds follow proxy.overload and the proxy's memory limit.
+    let overload: [(&[&str], u32, u64); 5] = [
+        (&["proxy.overload.maxConnections=5"], 5, CHART_MAX_HEAP_BYTES),
+        (&["proxy.resources.limits.memory=1Gi"], CHART_OVERLOAD_MAX_CONNECTIONS, (1 << 30) * 85 / 100),
+        (&["proxy.resources.limits.memory=2000M"], CHART_OVERLOAD_MAX_CONNECTIONS, 2_000_000_000 * 85 / 100),
+        (&["proxy.overload.maxHeapBytes=1000000"], CHART_OVERLOAD_MAX_CONNECTIONS, 1_000_000),
+        // No memory limit: no heap monitor, the connection cap alone.
+        (&["proxy.resources.limits=null"], CHART_OVERLOAD_MAX_CONNECTIONS, 0),
+    ];
+    for (sets, overload_max_connections, max_heap_bytes) in overload {
+        let docs = render(sets);
+        let text =
+            find(&docs, "ConfigMap", "aether-node-envoy-bootstrap")["data"]["envoy.yaml"].as_str().expect("envoy.yaml");
+        let chart: Value = yaml_serde::from_str(text).expect("the bootstrap is YAML");
+        let ours = ChartBootstrap { overload_max_connections, max_heap_bytes, ..ChartBootstrap::default() }.render();
+        assert_eq!(chart, ours, "{sets:?}: the overload manager");
+    }
+    // A memory limit the chart cannot read: helm fails naming the value and the way out.
+    let err = try_render(&["proxy.resources.limits.memory=0.5Gi"]).expect_err("0.5Gi rendered");
+    assert!(
+        err.contains(r#"proxy.resources.limits.memory "0.5Gi""#) && err.contains("proxy.overload.maxHeapBytes"),
+        "{err}"
+    );
+
     let launcher = aether_fixtures::Envoy::builder("/tmp/t/xds.sock", "node-a", "/tmp/t");
     let overridden = ChartBootstrap {
         xds_socket: "/tmp/t/xds.sock".to_owned(),
