@@ -36,6 +36,7 @@ mod profile;
 mod proxy_memory;
 mod repin;
 mod rss;
+mod scrape_flood;
 mod stats;
 mod webhook;
 

@@ -11,7 +11,8 @@
 //! `/memory`), and derives the cost of one cluster from the largest size against an empty CDS.
 //!
 //! The sizes include the agent's `--max-clusters` default, read from `aether-agent run --help`,
-//! so the table shows what the chart's Envoy holds at the cap.
+//! so the table shows what the chart's Envoy holds at the cap. At the cap and the chart's worker
+//! count the Envoy also has the chart's stats listener, and [`crate::scrape_flood`] floods it.
 
 use std::path::Path;
 use std::process::Command;
@@ -43,7 +44,13 @@ struct Sample {
     allocated_mib: f64,
     /// From Envoy's start to every cluster active.
     load_secs: f64,
+    /// The admin under a scrape flood ([`FLOOD_WORKERS`] workers at the cap only).
+    flood: Option<crate::scrape_flood::Figures>,
 }
+
+/// The worker count of the cell at the cap whose Envoy is also flooded with scrapes: the chart's
+/// `proxy.concurrency`.
+const FLOOD_WORKERS: usize = 2;
 
 /// Runs the section and adds its table and goal to `r`.
 pub fn section(r: &mut Report) -> anyhow::Result<()> {
@@ -58,8 +65,9 @@ pub fn section(r: &mut Report) -> anyhow::Result<()> {
             if concurrency > 2 && clusters != 0 && clusters != cap {
                 continue;
             }
+            let flood = concurrency == FLOOD_WORKERS && clusters == cap;
             samples.push(
-                measure(&agent, concurrency, clusters)
+                measure(&agent, concurrency, clusters, flood)
                     .with_context(|| format!("Envoy at --concurrency {concurrency} with {clusters} clusters"))?,
             );
         }
@@ -108,6 +116,9 @@ pub fn section(r: &mut Report) -> anyhow::Result<()> {
         ));
     }
     r.line("");
+    if let Some((s, f)) = samples.iter().find_map(|s| Some((s, s.flood.as_ref()?))) {
+        r.line(&crate::scrape_flood::report(f, s.clusters, s.concurrency));
+    }
     let worst = samples
         .iter()
         .filter(|s| s.clusters == cap && s.concurrency <= GOAL_WORKERS)
@@ -171,7 +182,7 @@ fn uid(i: usize) -> String {
     format!("{i:08x}-0000-4000-8000-{i:012x}")
 }
 
-fn measure(agent: &Path, concurrency: usize, clusters: usize) -> anyhow::Result<Sample> {
+fn measure(agent: &Path, concurrency: usize, clusters: usize, flood: bool) -> anyhow::Result<Sample> {
     let work = tempfile::Builder::new().prefix("aebm").tempdir_in("/tmp")?;
     let (state, pods, run) = (work.path().join("state"), work.path().join("pods"), work.path().join("run"));
     for d in [&state.join("pods"), &pods, &run] {
@@ -205,7 +216,10 @@ fn measure(agent: &Path, concurrency: usize, clusters: usize) -> anyhow::Result<
     agent.wait_until("aether-agent", || http_get_status(admin, "/healthz") == Some(200) && xds.exists())?;
 
     let envoy_dir = work.path().join("envoy");
-    let builder = Envoy::builder(&xds, NODE, &envoy_dir).binary(envoy_bin()?).log_level("warning");
+    let mut builder = Envoy::builder(&xds, NODE, &envoy_dir).binary(envoy_bin()?).log_level("warning");
+    if flood {
+        builder = builder.stats_listener()?;
+    }
     std::fs::create_dir_all(&envoy_dir)?;
     std::fs::write(envoy_dir.join("envoy.json"), serde_json::to_vec_pretty(&builder.bootstrap())?)?;
     let mut args = builder.args();
@@ -268,9 +282,23 @@ fn measure(agent: &Path, concurrency: usize, clusters: usize) -> anyhow::Result<
         allocated.push(allocated_mib(&get("/memory")?)?);
         std::thread::sleep(Duration::from_millis(400));
     }
+    let flood = if flood {
+        let listeners: serde_json::Value = serde_json::from_str(&get("/listeners?format=json")?)?;
+        let stats_port = listeners["listener_statuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["name"] == "stats")
+            .and_then(|l| l["local_address"]["socket_address"]["port_value"].as_u64())
+            .context("the stats listener's port")?;
+        Some(crate::scrape_flood::measure(admin_port, u16::try_from(stats_port)?)?)
+    } else {
+        None
+    };
     drop(envoy);
     drop(agent);
     Ok(Sample {
+        flood,
         concurrency,
         clusters,
         rss_mib: crate::stats::percentile(&rss, 50.0).unwrap_or(f64::NAN),

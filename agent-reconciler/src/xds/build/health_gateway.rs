@@ -6,7 +6,8 @@
 //! Two xDS resources, so that pod churn never touches the listener:
 //!
 //! - the listener [`HEALTH_LISTENER_NAME`] (LDS, [`build_health_listener`]): the pipe, Envoy's
-//!   `envoy.filters.network.connection_limit` (cap [`BuildOptions::health_max_connections`]),
+//!   `envoy.filters.network.connection_limit` (cap [`BuildOptions::health_max_connections`];
+//!   outside the overload manager's global cap),
 //!   and an HTTP connection manager whose filters are one filter discovered over ECDS
 //!   ([`HEALTH_CHECKS_NAME`]) and the router (every request the filter does not answer gets the
 //!   route's 404). It depends on the node's settings only: built once, never replaced.
@@ -144,6 +145,10 @@ pub fn build_health_listener(opts: &BuildOptions) -> Result<Option<Listener>, Re
             "envoy.filters.network.http_connection_manager",
             pack_any(hcm),
         )],
+        // Outside the overload manager's global connection cap (the chart's bootstrap,
+        // docs/listeners.md): capped on its own, so a flood of a pod's inbound listener cannot
+        // refuse the health checks of every pod.
+        ignore_global_conn_limit: true,
         ..Default::default()
     }))
 }
