@@ -23,6 +23,13 @@ use crate::webhook::{self, WebhookState};
 /// How long a client may take to send a request's headers (HTTP/1.1).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Concurrent HTTP/2 streams the webhook allows per connection (hyper's default is 200).
+pub const WEBHOOK_MAX_STREAMS: u32 = 32;
+
+/// The webhook's HTTP/2 flow-control windows, per stream and per connection, in bytes: 64 KiB
+/// (HTTP/2's own default; hyper's server sets 1 MiB).
+pub const WEBHOOK_H2_WINDOW_BYTES: u32 = 64 * 1024;
+
 /// The connection policies of the two listeners (docs/listeners.md): caps, the webhook's TLS
 /// handshake / first-byte timeout, the idle timeouts. From the `run` flags
 /// (`--webhook-max-connections`, `--admin-max-connections`, ...); the defaults otherwise.
@@ -174,6 +181,20 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     // (408) within webhook::REQUEST_TIMEOUT.
     let mut server = axum_server::from_tcp(listener)?.acceptor(webhook_gate.tls_acceptor(tls)).handle(handle.clone());
     server.http_builder().http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    // HTTP/2 streams per connection: the API server opens another connection past it rather than
+    // queue (Go's transport), so a client cannot multiply one connection slot into hundreds of
+    // requests; the reviews in flight are bounded by their parse memory in any case
+    // (webhook::inflight_budget_bytes).
+    // Flow-control windows bound what a connection's unread bodies buffer: a review's body is
+    // read only once its share of the budget is free, and meanwhile each connection holds at most
+    // WEBHOOK_H2_WINDOW_BYTES of it (hyper's defaults, 1 MiB per connection, let 256 connections
+    // buffer 256 MiB). Reviews are KiB: the window costs them nothing.
+    server
+        .http_builder()
+        .http2()
+        .max_concurrent_streams(WEBHOOK_MAX_STREAMS)
+        .initial_stream_window_size(WEBHOOK_H2_WINDOW_BYTES)
+        .initial_connection_window_size(WEBHOOK_H2_WINDOW_BYTES);
     let server = server.serve(app.into_make_service());
     ready.store(true, Ordering::Release);
     tracing::info!(addr = %cfg.webhook_addr, "admission webhook (POST /validate) listening over TLS");

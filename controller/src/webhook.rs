@@ -1,8 +1,13 @@
 //! The admission webhook's HTTP surface: `POST /validate` (AdmissionReview v1 JSON in and out).
 //!
 //! - Bodies are capped at [`DEFAULT_MAX_BODY_BYTES`] (configurable): an UPDATE review carries the
-//!   object and the old object, each up to the API server's ~3 MiB request limit. Larger bodies are
-//!   answered 413 as soon as their Content-Length is seen, or once the cap is read.
+//!   object and the old object. Larger bodies are answered 413 as soon as their Content-Length is
+//!   seen, or once the cap is read.
+//! - Reviews in flight are bounded together, not only one by one: each holds, from before its
+//!   body is read until it is answered, a share of [`inflight_budget_bytes`] sized for the memory
+//!   its parse may take ([`PARSE_BYTES_PER_BODY_BYTE`] per body byte); a review that does not fit
+//!   waits for one to finish (within [`REQUEST_TIMEOUT`], else 408). Many connections of
+//!   worst-case bodies therefore cost at most the budget, whatever their number.
 //! - A body that is not JSON, not an AdmissionReview, has no `request`, or is not sent as
 //!   `application/json` is answered 400 with the reason in plain text (`result="malformed"`).
 //! - A review whose envelope is not `apiVersion: admission.k8s.io/v1`, `kind: AdmissionReview`
@@ -16,9 +21,10 @@ use std::time::Instant;
 
 use aether_crds::Rules;
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Bytes, HttpBody};
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use tower_http::limit::RequestBodyLimitLayer;
@@ -31,8 +37,67 @@ use crate::status_writer::ClusterView;
 /// webhook timeout is at most 30 s and the chart sets at most 10 s, so nothing useful is lost.
 pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// Default cap on a review body: 7 MiB, room for two ~3 MiB objects (UPDATE) plus the envelope.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+/// Default cap on a review body: 1 MiB. An EndpointPolicy review is a few KiB (its spec is a
+/// Service name and a socket path); what a user can grow is the metadata, and the API server
+/// caps an object's annotations at 256 KiB in all. An UPDATE carries the object and the old
+/// object: two objects at that limit, with their labels and `managedFields`, stay well under
+/// 1 MiB. A larger policy object is refused (413, `result="too-large"`), and a bigger cap costs
+/// memory ([`inflight_budget_bytes`]).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// The most memory a review's parse takes per body byte, as this webhook bounds it: the
+/// worst body is a long array of one-digit numbers (`[1,1,...]`, two bytes per element), each
+/// parsed into a 32-byte JSON value in a vector that may hold twice its length, and copied once
+/// for the decision (`tests/e2e/flood.rs` runs such bodies under the chart's memory limit).
+pub const PARSE_BYTES_PER_BODY_BYTE: usize = 48;
+
+/// The smallest budget of reviews in flight: 64 MiB of parse memory, which the chart's 128Mi
+/// controller limit holds beside the process itself (~20 MiB) and its connections' TLS buffers.
+pub const MIN_INFLIGHT_BUDGET_BYTES: usize = 64 * 1024 * 1024;
+
+/// The budget of reviews in flight, in bytes of parse memory: [`MIN_INFLIGHT_BUDGET_BYTES`], or
+/// one review at the cap (`max_body_bytes` × [`PARSE_BYTES_PER_BODY_BYTE`]) when that is more, so
+/// that any review the cap admits can run. At the default cap: 64 MiB, one review at the cap
+/// (48 MiB) at a time beside ordinary ones (a 4 KiB review takes 192 KiB: ~85 of them beside it,
+/// ~340 alone).
+pub fn inflight_budget_bytes(max_body_bytes: usize) -> usize {
+    MIN_INFLIGHT_BUDGET_BYTES.max(max_body_bytes.saturating_mul(PARSE_BYTES_PER_BODY_BYTE))
+}
+
+/// Reviews in flight, by the parse memory each may take (permits are KiB).
+#[derive(Clone)]
+struct Inflight {
+    kib: Arc<tokio::sync::Semaphore>,
+    max_body_bytes: usize,
+}
+
+impl Inflight {
+    fn new(max_body_bytes: usize) -> Self {
+        let kib = inflight_budget_bytes(max_body_bytes).div_ceil(1024);
+        Inflight { kib: Arc::new(tokio::sync::Semaphore::new(kib)), max_body_bytes }
+    }
+
+    /// The KiB a request whose body has this exact length holds (unknown: the cap's).
+    fn share(&self, content_length: Option<usize>) -> u32 {
+        let body = content_length.unwrap_or(self.max_body_bytes).min(self.max_body_bytes);
+        u32::try_from(body.saturating_mul(PARSE_BYTES_PER_BODY_BYTE).div_ceil(1024).max(1)).unwrap_or(u32::MAX)
+    }
+}
+
+/// Holds the request's share of the budget while the rest of the stack reads, parses and answers
+/// it. Inside the body limit (a body over the cap was answered 413 from its Content-Length
+/// without waiting) and the request timeout (a wait past it is answered 408).
+async fn hold_share(State(inflight): State<Inflight>, request: Request, next: Next) -> Response {
+    // The body's exact length: hyper's from Content-Length (the API server always sends one);
+    // none for a chunked body, which then takes the cap's share.
+    let length = request.body().size_hint().exact().and_then(|n| usize::try_from(n).ok());
+    let share = inflight.share(length);
+    // The semaphore is never closed.
+    let Ok(_held) = inflight.kib.acquire_many(share).await else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    next.run(request).await
+}
 
 /// Smallest cap `run --max-body-bytes` accepts: 64 KiB. A smaller cap would answer 413 to
 /// ordinary reviews (an UPDATE carries the object and the old object, each with its
@@ -65,6 +130,7 @@ pub fn router(state: WebhookState, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/validate", post(validate))
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(Inflight::new(max_body_bytes), hold_share))
         .layer(RequestBodyLimitLayer::new(max_body_bytes))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT))
         // Outside the limit layer, so that a 413 it answers from Content-Length alone (the usual
@@ -146,4 +212,32 @@ async fn validate(State(state): State<Arc<WebhookState>>, request: Request) -> R
         decided!(tracing::Level::INFO);
     }
     axum::Json(admission::Answer::from(&decision.response)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_holds_one_review_at_the_cap_and_never_less_than_the_minimum() {
+        assert_eq!(inflight_budget_bytes(DEFAULT_MAX_BODY_BYTES), MIN_INFLIGHT_BUDGET_BYTES);
+        assert_eq!(inflight_budget_bytes(MIN_MAX_BODY_BYTES), MIN_INFLIGHT_BUDGET_BYTES);
+        let seven_mib = 7 * 1024 * 1024;
+        assert_eq!(inflight_budget_bytes(seven_mib), seven_mib * PARSE_BYTES_PER_BODY_BYTE);
+        assert_eq!(inflight_budget_bytes(usize::MAX), usize::MAX);
+    }
+
+    #[test]
+    fn a_request_holds_its_bodys_parse_memory_capped_at_the_bodys_cap() {
+        let inflight = Inflight::new(DEFAULT_MAX_BODY_BYTES);
+        // 4 KiB of body: 192 KiB of parse memory.
+        assert_eq!(inflight.share(Some(4096)), 192);
+        assert_eq!(inflight.share(Some(0)), 1);
+        // No Content-Length, or one over the cap (answered 413 before it waits): the cap's share,
+        // 48 MiB of the 64 MiB budget at the default cap.
+        let cap = u32::try_from(DEFAULT_MAX_BODY_BYTES * PARSE_BYTES_PER_BODY_BYTE / 1024).unwrap();
+        assert_eq!(inflight.share(None), cap);
+        assert_eq!(inflight.share(Some(usize::MAX)), cap);
+        assert_eq!(inflight.kib.available_permits(), MIN_INFLIGHT_BUDGET_BYTES / 1024);
+    }
 }

@@ -479,15 +479,15 @@ async fn request_with_an_unknown_operation_is_400() {
 }
 
 #[tokio::test]
-async fn valid_update_of_2_5_mib_is_decided_normally() {
-    // The API server sends objects up to ~3 MiB; an UPDATE carries two. axum's default 2 MB
-    // limit would refuse this review.
-    let allowed = padded(review("update-valid.json"), 5 * MIB / 4);
+async fn valid_update_near_the_body_cap_is_decided_normally() {
+    // An UPDATE carries two objects; each here has 448 KiB of annotations (the API server allows
+    // 256 KiB): the review is just under the default 1 MiB cap.
+    let allowed = padded(review("update-valid.json"), 7 * MIB / 16);
     let size = serde_json::to_vec(&allowed).expect("JSON").len();
-    assert!(size > 5 * MIB / 2 && size < 3 * MIB, "review is {size} bytes");
+    assert!(size > 7 * MIB / 8 && size < MIB, "review is {size} bytes");
     assert_allowed(&decide(default_state(), &allowed).await);
 
-    let denied = padded(review("update-over-budget.json"), 5 * MIB / 4);
+    let denied = padded(review("update-over-budget.json"), 7 * MIB / 16);
     let message = denial(&decide(default_state(), &denied).await);
     assert!(message.contains("spec.udsSocket"), "{message}");
 }
@@ -584,6 +584,41 @@ async fn oversized_chunked_body_is_not_read_much_past_the_cap() {
     producer.await.expect("producer stops once the body is dropped");
     let read = sent.load(Ordering::SeqCst);
     assert!(read <= DEFAULT_MAX_BODY_BYTES + 2 * MIB, "read {read} bytes of an endless body");
+}
+
+#[tokio::test]
+async fn reviews_in_flight_wait_for_their_share_of_the_budget() {
+    // A request declaring a body at the cap holds its share of the budget (48 of 64 MiB at the
+    // default cap) from before its body is read until it is answered: a small review still fits
+    // beside it and is decided; a second review near the cap does not fit and waits until the
+    // first is answered, then is decided.
+    let app = app(default_state());
+    let (tx, rx) = http_body_util::channel::Channel::<Bytes>::new(1);
+    let big = Request::builder()
+        .method(Method::POST)
+        .uri("/validate")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, DEFAULT_MAX_BODY_BYTES)
+        .body(Body::new(rx))
+        .expect("request builds");
+    let holder = tokio::spawn(send(app.clone(), big));
+    // One thread: the holder runs while this task sleeps, takes its share at once (the budget is
+    // free) and waits for its body.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!holder.is_finished(), "the big request is waiting for its body");
+    let small = send(app.clone(), post(Some("application/json"), review_bytes("create-valid.json")));
+    let small = tokio::time::timeout(Duration::from_secs(10), small).await.expect("a small review fits beside it");
+    assert_eq!(small.status, StatusCode::OK, "{}", small.text());
+    let near = serde_json::to_vec(&padded(review("update-valid.json"), 7 * MIB / 16)).expect("JSON");
+    let waiting = tokio::spawn(send(app, post(Some("application/json"), near)));
+    // Not decided while the first holds its share (waiting longer only makes this surer).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiting.is_finished(), "a review near the cap was decided beside another at the cap");
+    drop(tx); // the first body ends short of its length: 400, and its share is released
+    let big = holder.await.expect("the big request");
+    assert_eq!(big.status, StatusCode::BAD_REQUEST, "{}", big.text());
+    let near = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("answered").expect("task");
+    assert_eq!(near.status, StatusCode::OK, "{}", near.text());
 }
 
 #[tokio::test]

@@ -105,9 +105,12 @@ pub struct RunArgs {
     /// The kubelet pods dir (see --kubelet-pods-dir).
     #[command(flatten)]
     pub pods_dir: PodsDirArg,
-    /// Largest AdmissionReview body decided, in bytes; larger ones get 413. The default (7 MiB)
-    /// holds an UPDATE of a ~3 MiB object (the API server's request limit) and its old object.
-    /// At least 65536 (64 KiB, `webhook::MIN_MAX_BODY_BYTES`); no upper bound.
+    /// Largest AdmissionReview body decided, in bytes; larger ones get 413. The default (1 MiB)
+    /// holds an UPDATE of two EndpointPolicy objects at the API server's 256 KiB limit on
+    /// annotations; a review is a few KiB. Reviews in flight share a budget of parse memory of
+    /// 48 bytes per body byte, at least 64 MiB (one review at this cap fits): raising the cap
+    /// past 1.33 MiB raises the memory the webhook may take. At least 65536 (64 KiB,
+    /// `webhook::MIN_MAX_BODY_BYTES`).
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES, env = "AETHER_MAX_BODY_BYTES", value_parser = clap::value_parser!(u64).range(MIN_MAX_BODY_BYTES as u64..).map(|v| v as usize))]
     pub max_body_bytes: usize,
     /// Write EndpointPolicy status (condition Accepted: Accepted, AcceptedWithoutService, Invalid

@@ -452,7 +452,9 @@ pub(crate) fn the_test_envoy_runs_the_charts_bootstrap_and_flags() {
         CHART_ADMIN_SOCKET, CHART_MAX_HEAP_BYTES, CHART_OVERLOAD_MAX_CONNECTIONS, CHART_STATS_PORT,
         CHART_STATS_SCRAPES_PER_MINUTE, CHART_XDS_SOCKET, ChartBootstrap, EnvoyAdmin, chart_flags,
     };
-    let cases: [(&[&str], u16, Option<u16>, bool, u32); 5] = [
+    // --set values, then the bootstrap's readiness port, stats port, listenIPv6, scrapes a minute.
+    type Case<'a> = (&'a [&'a str], u16, Option<u16>, bool, u32);
+    let cases: [Case; 5] = [
         (&[], 9902, Some(CHART_STATS_PORT), true, CHART_STATS_SCRAPES_PER_MINUTE),
         (
             &["proxy.adminPort=19901", "proxy.readinessPort=19902", "proxy.stats.port=19090"],
