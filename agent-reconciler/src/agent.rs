@@ -154,7 +154,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     driver.boot();
 
-    let opts = BuildOptions { health_socket: Some(args.health_socket.clone()), ..BuildOptions::default() };
+    let opts = BuildOptions {
+        health_socket: Some(args.health_socket.clone()),
+        inbound_max_connections: args.inbound_max_connections,
+        inbound_idle_timeout: Duration::from_secs(args.inbound_idle_timeout_seconds),
+        ..BuildOptions::default()
+    };
     let (resources, _encode_task) = spawn_encoder_with_clock(
         snap_rx.clone(),
         Encoder::new(opts),

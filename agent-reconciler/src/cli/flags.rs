@@ -197,6 +197,28 @@ pub struct RunArgs {
         env = "AETHER_MAX_CLUSTERS"
     )]
     pub max_clusters: usize,
+    /// Connections each pod's inbound listener holds at once (Envoy's connection_limit filter;
+    /// one more is closed at once and counted in connection_limit.<listener>.limited_connections).
+    /// All of Envoy's listeners together are also capped by its overload manager (the chart's
+    /// proxy.overload.maxConnections, 20,000): below that, this keeps one pod's clients from
+    /// taking every connection the node has. 1..=1000000.
+    #[arg(
+        long,
+        default_value_t = crate::xds::DEFAULT_INBOUND_MAX_CONNECTIONS,
+        value_parser = clap::value_parser!(u64).range(1..=1_000_000),
+        env = "AETHER_INBOUND_MAX_CONNECTIONS"
+    )]
+    pub inbound_max_connections: u64,
+    /// Seconds an inbound connection may carry no byte either way before Envoy closes it (the
+    /// TCP relay's idle timeout; the HTTP relay's connection and stream idle timeouts). Long-lived
+    /// quiet connections (streams, long polls) need it long. 1..=86400.
+    #[arg(
+        long,
+        default_value_t = crate::xds::DEFAULT_INBOUND_IDLE_TIMEOUT.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=86_400),
+        env = "AETHER_INBOUND_IDLE_TIMEOUT_SECONDS"
+    )]
+    pub inbound_idle_timeout_seconds: u64,
     /// Seconds between re-checks, with lstat, that no pod's socket path has become a symlink.
     /// The re-check also reads CNI records and retries failed container-runtime lookups whose
     /// per-pod delay (10 s doubling to 5 min) is past.
@@ -482,6 +504,27 @@ mod tests {
         for bad in ["0", "1", "200001", "-5", "lots"] {
             let args = ["aether-agent", "run", "--node-name", "n1", "--max-clusters", bad];
             assert!(Cli::try_parse_from(args).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn inbound_listener_flags_default_to_the_builders_and_are_bounded() {
+        let defaults = run_args(&[]);
+        assert_eq!(defaults.inbound_max_connections, crate::xds::BuildOptions::default().inbound_max_connections);
+        assert_eq!(
+            std::time::Duration::from_secs(defaults.inbound_idle_timeout_seconds),
+            crate::xds::BuildOptions::default().inbound_idle_timeout
+        );
+        let set = run_args(&["--inbound-max-connections", "4096", "--inbound-idle-timeout-seconds", "600"]);
+        assert_eq!((set.inbound_max_connections, set.inbound_idle_timeout_seconds), (4096, 600));
+        for (flag, bad) in [
+            ("--inbound-max-connections", "0"),
+            ("--inbound-max-connections", "1000001"),
+            ("--inbound-idle-timeout-seconds", "0"),
+            ("--inbound-idle-timeout-seconds", "86401"),
+        ] {
+            let args = ["aether-agent", "run", "--node-name", "n1", flag, bad];
+            assert!(Cli::try_parse_from(args).is_err(), "{flag} {bad}");
         }
     }
 

@@ -79,7 +79,10 @@ pub use build::{
 pub use encoder::{Encoder, SpecChange, encode};
 pub use listen::{ServeError, XdsAddr, XdsListener};
 pub use metrics::{ChangeClock, MODE_DELTA, MODE_SOTW, XdsMetrics};
-pub use options::{BuildOptions, DEFAULT_HEALTH_MAX_CONNECTIONS, DEFAULT_INBOUND_MAX_CONNECTIONS, HealthTiming};
+pub use options::{
+    BuildOptions, DEFAULT_HEALTH_MAX_CONNECTIONS, DEFAULT_INBOUND_IDLE_TIMEOUT, DEFAULT_INBOUND_MAX_CONNECTIONS,
+    HealthTiming,
+};
 pub use publish::{DEFAULT_DEBOUNCE, spawn_encoder, spawn_encoder_with_clock};
 pub use readiness::{Connected, EnvoyReadiness, TypeProgress, assess};
 pub use resource_set::{

@@ -3,8 +3,14 @@
 
 use std::time::Duration;
 
-/// Default cap on concurrent connections per inbound listener (one pod port).
+/// Default cap on concurrent connections per inbound listener (one pod port): `--inbound-max-connections`.
+/// Kept at its first value: a change re-renders every pod's inbound listener, and Envoy closes
+/// a replaced listener's TCP-relayed connections after its drain time, on every node at once.
 pub const DEFAULT_INBOUND_MAX_CONNECTIONS: u64 = 16_384;
+
+/// Default idle timeout of inbound connections (`--inbound-idle-timeout-seconds`): 1 h, Envoy's
+/// own default for the TCP relay, kept explicitly.
+pub const DEFAULT_INBOUND_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Default cap on concurrent connections to the health gateway. Its callers are the node's
 /// health prober(s) and operators (a handful of keep-alive connections); 1,024 leaves them ample
@@ -85,7 +91,7 @@ impl Default for BuildOptions {
             health_socket_mode: 0o666,
             health_max_connections: DEFAULT_HEALTH_MAX_CONNECTIONS,
             inbound_max_connections: DEFAULT_INBOUND_MAX_CONNECTIONS,
-            inbound_idle_timeout: Duration::from_secs(3600),
+            inbound_idle_timeout: DEFAULT_INBOUND_IDLE_TIMEOUT,
         }
     }
 }

@@ -253,6 +253,10 @@ fn check_node(case: &Case, docs: &[Value]) {
     let envoy = container(proxy, "envoy");
     // helm uninstall (this DaemonSet gone) is when the agent removes the pins and health.sock.
     assert_eq!(flag(agent, "--own-daemonset").as_deref(), Some("$(POD_NAMESPACE)/aether-node"));
+    // Each pod's inbound listeners: the chart's defaults are the agent's own.
+    let opts = aether_agent_reconciler::xds::BuildOptions::default();
+    assert_eq!(flag(agent, "--inbound-max-connections"), Some(opts.inbound_max_connections.to_string()));
+    assert_eq!(flag(agent, "--inbound-idle-timeout-seconds"), Some(opts.inbound_idle_timeout.as_secs().to_string()));
     assert!(
         agent["env"]
             .as_array()
