@@ -112,6 +112,11 @@ fn packaged_charts_lint_render_and_name_the_release() {
         if name == "aether" {
             assert!(chart["keywords"].as_array().is_some_and(|k| !k.is_empty()), "{name}: keywords");
         }
+        // The repository's bookkeeping stays out of the package (each chart's .helmignore).
+        let listing = std::process::Command::new("tar").args(["tzf", tgz]).output().expect("tar");
+        let files = String::from_utf8_lossy(&listing.stdout);
+        assert!(listing.status.success() && files.contains("Chart.yaml"), "{name}: tar tzf {tgz}");
+        assert!(!files.contains(".chart-digests"), "{name}: the package carries .chart-digests:\n{files}");
     }
     let crd: Value = yaml_serde::from_str(&helm_ok(&["template", "aether-crds", tgz("aether-crds")])).expect("one CRD");
     let labels = &crd["metadata"]["labels"];
