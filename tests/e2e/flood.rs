@@ -536,6 +536,15 @@ fn envoys_stats_listener_limits_a_scrape_flood_and_the_admin_answers_throughout(
         "a scrape before the flood: {code}"
     );
     println!("one scrape of {clusters} clusters: {} bytes", body.len());
+    // The default filter serves the refusals of this listener and of the overload manager (per
+    // listener with a stat prefix: here the admin's; on a node each pod's inbound listener).
+    for series in [
+        "envoy_http_local_rate_limit_rate_limited{envoy_local_http_ratelimit_prefix=\"stats\"}",
+        "envoy_listener_admin_downstream_global_cx_overflow",
+        "envoy_listener_admin_downstream_cx_overload_reject",
+    ] {
+        ensure!(body.contains(series), "a scrape lacks {series}");
+    }
     // HTTP/1.1 only: an HTTP/2 client (prior knowledge, as over h2c) gets no scrape.
     let h2 = reqwest::blocking::Client::builder().http2_prior_knowledge().timeout(WAIT).build()?;
     let refused = h2.get(format!("http://127.0.0.1:{port}/stats/prometheus")).send();
