@@ -337,14 +337,41 @@ async fn send_traced(sender: &mut Sender, load: &Load, close: bool) -> Result<(b
         .iter()
         .any(|v| v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"))));
     let received = resp.headers().get(RECEIVED_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+    let headers = resp.headers().clone();
     let body = resp.into_body().collect().await.map_err(hyper_failure)?.to_bytes();
     if status != 200 {
+        print_unexpected_answer(status, &headers, &body);
         return Err(Failure::Status(status));
     }
     if !String::from_utf8_lossy(&body).contains(&load.expect) {
         return Err(Failure::WrongResponder);
     }
     Ok((announced, received))
+}
+
+/// How many answers other than 200 a test process prints whole ([`print_unexpected_answer`]).
+const UNEXPECTED_ANSWERS_PRINTED: usize = 5;
+
+/// Prints the first [`UNEXPECTED_ANSWERS_PRINTED`] answers other than 200 of this process, with
+/// their headers and up to 512 bytes of body: who answered (Envoy's local replies say why in
+/// the body, e.g. `no healthy upstream`, `upstream connect error ...`, `envoy overloaded`).
+fn print_unexpected_answer(status: u16, headers: &hyper::HeaderMap, body: &[u8]) {
+    static PRINTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    if PRINTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= UNEXPECTED_ANSWERS_PRINTED {
+        return;
+    }
+    let headers: Vec<String> =
+        headers.iter().map(|(k, v)| format!("{k}: {}", String::from_utf8_lossy(v.as_bytes()))).collect();
+    let body = String::from_utf8_lossy(&body[..body.len().min(512)]);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let (secs, ms) = (now.as_secs() % 86_400, now.subsec_millis());
+    println!(
+        "answer {status} at {:02}:{:02}:{:02}.{ms:03} (UTC): [{}] {body:?}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        headers.join("; ")
+    );
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
