@@ -60,13 +60,17 @@ fn the_policy_table_states_each_listeners_defaults() {
         assert!(!mine.is_empty(), "no row for {label} in docs/listeners.md");
         for row in mine {
             assert_eq!(row[3], policy.max_connections.to_string(), "{label}: the cap column");
+            match policy.max_connections_per_source {
+                Some(share) => assert_eq!(row[4], share.to_string(), "{label}: the per-source share column"),
+                None => assert!(row[4].starts_with("none"), "{label}: the per-source share column {:?}", row[4]),
+            }
             assert!(
-                row[4].starts_with(&secs(policy.first_byte_timeout)),
+                row[5].starts_with(&secs(policy.first_byte_timeout)),
                 "{label}: the first-byte column {:?} (want {})",
-                row[4],
+                row[5],
                 secs(policy.first_byte_timeout)
             );
-            let after = &row[5];
+            let after = &row[6];
             match policy.quiet {
                 Quiet::IdleTimeout(idle) => {
                     assert!(after.contains(&format!("idle timeout {}", secs(idle))), "{label}: {after:?}")

@@ -210,10 +210,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let debug_app = admin::debug_router(admin_state.clone());
     let admin_app = admin::router(admin_state);
     let debug_stop = stop.clone();
-    tokio::spawn(
-        async move { axum::serve(debug_listener, debug_app).with_graceful_shutdown(stopped(debug_stop)).await },
-    );
-    tokio::spawn(async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(stopped(stop)).await });
+    tokio::spawn(async move {
+        axum::serve(debug_listener, aether_serve_policy::CountedRouter::new(debug_app))
+            .with_graceful_shutdown(stopped(debug_stop))
+            .await
+    });
+    tokio::spawn(async move {
+        axum::serve(admin_listener, aether_serve_policy::CountedRouter::new(admin_app))
+            .with_graceful_shutdown(stopped(stop))
+            .await
+    });
 
     let (tx, rx) = mpsc::channel::<Event>(1024);
     if let Some(mut updates) = netns_updates {

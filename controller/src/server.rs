@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aether_crds::Rules;
-use aether_serve_policy::{ConnectionPolicy, Gate, GatedListener, ListenerKind};
+use aether_serve_policy::{ConnectionPolicy, CountedRouter, Gate, GatedListener, ListenerKind};
 use aether_webhook_certs::ReloadingCertResolver;
 use anyhow::Context;
 use axum_server::tls_rustls::RustlsConfig;
@@ -163,10 +163,9 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     let admin_app =
         admin::router(AdminState { ready: ready.clone(), metrics: metrics.clone(), cluster: cluster.clone() });
     tracing::info!(addr = %cfg.admin_addr, "admin endpoints (/healthz, /readyz, /metrics) listening");
-    let admin_task =
-        tokio::spawn(
-            async move { axum::serve(admin_listener, admin_app).with_graceful_shutdown(shutdown_signal()).await },
-        );
+    let admin_task = tokio::spawn(async move {
+        axum::serve(admin_listener, CountedRouter::new(admin_app)).with_graceful_shutdown(shutdown_signal()).await
+    });
 
     let tls = load_tls(&cfg.tls, reload, &metrics).await?;
     let listener = aether_serve_policy::bind_tcp("--webhook-addr", cfg.webhook_addr)?;

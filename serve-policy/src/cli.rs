@@ -15,9 +15,10 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::policy::{
-    ADMIN_FIRST_BYTE_TIMEOUT, ADMIN_IDLE_TIMEOUT, ADMIN_MAX_CONNECTIONS, ConnectionPolicy, KeepAlive, ListenerKind,
-    Quiet, WEBHOOK_HANDSHAKE_TIMEOUT, WEBHOOK_IDLE_TIMEOUT, WEBHOOK_MAX_CONNECTIONS, XDS_FIRST_BYTE_TIMEOUT,
-    XDS_KEEPALIVE_INTERVAL, XDS_KEEPALIVE_TIMEOUT, XDS_MAX_CONNECTIONS,
+    ADMIN_FIRST_BYTE_TIMEOUT, ADMIN_IDLE_TIMEOUT, ADMIN_MAX_CONNECTIONS, ADMIN_MAX_CONNECTIONS_PER_SOURCE,
+    ConnectionPolicy, KeepAlive, ListenerKind, Quiet, WEBHOOK_HANDSHAKE_TIMEOUT, WEBHOOK_IDLE_TIMEOUT,
+    WEBHOOK_MAX_CONNECTIONS, XDS_FIRST_BYTE_TIMEOUT, XDS_KEEPALIVE_INTERVAL, XDS_KEEPALIVE_TIMEOUT,
+    XDS_MAX_CONNECTIONS,
 };
 
 /// The largest cap a flag accepts (connections).
@@ -44,8 +45,9 @@ pub struct WebhookListenerArgs {
     /// handshake-timeout or first-byte-timeout.
     #[arg(long, default_value_t = WEBHOOK_HANDSHAKE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS), env = "AETHER_WEBHOOK_HANDSHAKE_TIMEOUT_SECONDS")]
     pub webhook_handshake_timeout_seconds: u64,
-    /// Seconds a webhook connection may pass with no byte in either direction before it is
-    /// closed (reason idle-timeout). Keep it above the API server's 90 s idle-connection timeout
+    /// Seconds a webhook connection may pass with no review in flight, or with no byte in
+    /// either direction, before it is closed (reason idle-timeout; an HTTP/2 PING is not a
+    /// review). Keep it above the API server's 90 s idle-connection timeout
     /// (it then closes first, and no review races our close) and above the 15 s request timeout.
     #[arg(long, default_value_t = WEBHOOK_IDLE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS), env = "AETHER_WEBHOOK_IDLE_TIMEOUT_SECONDS")]
     pub webhook_idle_timeout_seconds: u64,
@@ -57,6 +59,7 @@ impl WebhookListenerArgs {
         ConnectionPolicy {
             listener: ListenerKind::Webhook,
             max_connections: self.webhook_max_connections as usize,
+            max_connections_per_source: None,
             first_byte_timeout: Duration::from_secs(self.webhook_handshake_timeout_seconds),
             quiet: Quiet::IdleTimeout(Duration::from_secs(self.webhook_idle_timeout_seconds)),
         }
@@ -73,14 +76,23 @@ pub struct AdminListenerArgs {
     /// probes and a Prometheus scraper or two.
     #[arg(long, default_value_t = ADMIN_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_CAP as i64), env = "AETHER_ADMIN_MAX_CONNECTIONS")]
     pub admin_max_connections: u32,
+    /// Most connections one source IP address holds open on the admin port at once (its share
+    /// of --admin-max-connections). One more from that address is accepted and closed at once,
+    /// and counted in aether_listener_connections_over_source_share_total{listener="admin"} (and
+    /// in ..._refused_total). A scraper holds one or two, the kubelet's probes a few; at or
+    /// above --admin-max-connections it changes nothing. The kubelet shares its address with
+    /// every process on the node's network, so keep its probes in mind when lowering it.
+    #[arg(long, default_value_t = ADMIN_MAX_CONNECTIONS_PER_SOURCE as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_CAP as i64), env = "AETHER_ADMIN_MAX_CONNECTIONS_PER_SOURCE")]
+    pub admin_max_connections_per_source: u32,
     /// Seconds from accept within which an admin connection must send its first request byte;
     /// else it is closed and counted in
     /// aether_listener_connections_evicted_total{listener="admin",reason="first-byte-timeout"}.
     #[arg(long, default_value_t = ADMIN_FIRST_BYTE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS), env = "AETHER_ADMIN_FIRST_BYTE_TIMEOUT_SECONDS")]
     pub admin_first_byte_timeout_seconds: u64,
-    /// Seconds an admin connection may pass with no byte in either direction before it is
-    /// closed (reason idle-timeout). Keep it above the scrape interval, so a scraper's
-    /// keep-alive connection lasts from one scrape to the next.
+    /// Seconds an admin connection may pass with no request in flight, or with no byte in
+    /// either direction, before it is closed (reason idle-timeout; an HTTP/2 PING is not a
+    /// request). Keep it above the scrape interval, so a scraper's keep-alive connection lasts
+    /// from one scrape to the next.
     #[arg(long, default_value_t = ADMIN_IDLE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS), env = "AETHER_ADMIN_IDLE_TIMEOUT_SECONDS")]
     pub admin_idle_timeout_seconds: u64,
 }
@@ -91,6 +103,7 @@ impl AdminListenerArgs {
         ConnectionPolicy {
             listener: ListenerKind::Admin,
             max_connections: self.admin_max_connections as usize,
+            max_connections_per_source: Some(self.admin_max_connections_per_source as usize),
             first_byte_timeout: Duration::from_secs(self.admin_first_byte_timeout_seconds),
             quiet: Quiet::IdleTimeout(Duration::from_secs(self.admin_idle_timeout_seconds)),
         }
@@ -127,6 +140,7 @@ impl XdsListenerArgs {
         ConnectionPolicy {
             listener: ListenerKind::Xds,
             max_connections: self.xds_max_connections as usize,
+            max_connections_per_source: None,
             first_byte_timeout: Duration::from_secs(self.xds_first_byte_timeout_seconds),
             quiet: Quiet::KeepAlive(KeepAlive {
                 interval: Duration::from_secs(self.xds_keepalive_interval_seconds),
@@ -171,6 +185,7 @@ mod tests {
             "--webhook-handshake-timeout-seconds=2",
             "--webhook-idle-timeout-seconds=30",
             "--admin-max-connections=4",
+            "--admin-max-connections-per-source=2",
             "--admin-first-byte-timeout-seconds=3",
             "--admin-idle-timeout-seconds=40",
             "--xds-max-connections=2",
@@ -189,6 +204,7 @@ mod tests {
             (a.max_connections, a.first_byte_timeout, a.idle_timeout()),
             (4, Duration::from_secs(3), Some(Duration::from_secs(40)))
         );
+        assert_eq!(a.max_connections_per_source, Some(2));
         let x = cli.xds.policy();
         assert_eq!((x.max_connections, x.first_byte_timeout), (2, Duration::from_secs(1)));
         assert_eq!(
@@ -202,6 +218,7 @@ mod tests {
         for bad in [
             "--webhook-max-connections=0",
             "--admin-max-connections=65537",
+            "--admin-max-connections-per-source=0",
             "--xds-first-byte-timeout-seconds=0",
             "--admin-idle-timeout-seconds=3601",
         ] {

@@ -16,11 +16,13 @@ use tokio::time::{Instant, Sleep};
 
 use crate::gate::Slot;
 use crate::policy::{Eviction, Liveness};
+use crate::requests::Requests;
 
 /// An admitted connection: the stream `S`, its [`Slot`] under the cap, and its timers.
 ///
 /// Reads and writes pass through unchanged. A byte read counts as the client speaking; a byte
-/// either way is activity for the idle timeout. Built by [`GatedIo::new`] from a slot
+/// either way is activity for the idle timeout, and so is a request in flight when the
+/// connection's service counts them ([`GatedIo::requests`]). Built by [`GatedIo::new`] from a slot
 /// [`crate::Gate::admit`] gave (or by a [`crate::GatedListener`] / `GatedAcceptor`).
 #[derive(Debug)]
 pub struct GatedIo<S> {
@@ -29,6 +31,7 @@ pub struct GatedIo<S> {
     slot: Slot,
     io: S,
     live: Liveness,
+    requests: Requests,
     timer: Pin<Box<Sleep>>,
     evicted: Option<Eviction>,
 }
@@ -38,8 +41,16 @@ impl<S> GatedIo<S> {
     /// timeouts of the policy of the slot's gate.
     pub fn new(io: S, slot: Slot, accepted: Instant) -> Self {
         let live = Liveness::new(accepted);
-        let first = live.deadline(slot.gate().policy()).map_or(accepted, |(at, _)| at);
-        GatedIo { slot, io, live, timer: Box::pin(tokio::time::sleep_until(first)), evicted: None }
+        let first = live.deadline(slot.gate().policy(), None).map_or(accepted, |(at, _)| at);
+        let requests = Requests::default();
+        GatedIo { slot, io, live, requests, timer: Box::pin(tokio::time::sleep_until(first)), evicted: None }
+    }
+
+    /// This connection's requests: wrap its HTTP service with [`Requests::count`] so that its
+    /// idle timeout counts from the last request ([`crate::CountedRouter`] and
+    /// [`crate::GatedAcceptor`] do).
+    pub fn requests(&self) -> &Requests {
+        &self.requests
     }
 
     /// The wrapped stream.
@@ -56,7 +67,7 @@ impl<S> GatedIo<S> {
     /// eviction (once) and gives the error every later call returns too.
     fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         loop {
-            let Some((at, why)) = self.live.deadline(self.slot.gate().policy()) else {
+            let Some((at, why)) = self.live.deadline(self.slot.gate().policy(), self.requests.state()) else {
                 return Poll::Pending;
             };
             if Instant::now() >= at {
@@ -184,6 +195,7 @@ mod tests {
         let policy = ConnectionPolicy {
             listener: ListenerKind::Admin,
             max_connections: 4,
+            max_connections_per_source: None,
             first_byte_timeout: 2 * SECOND,
             quiet,
         };
@@ -192,7 +204,7 @@ mod tests {
 
     fn connect(gate: &Gate) -> (GatedIo<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
         let (server, client) = tokio::io::duplex(1024);
-        let slot = gate.admit().expect("under the cap");
+        let slot = gate.admit(None).expect("under the cap");
         (GatedIo::new(server, slot, Instant::now()), client)
     }
 

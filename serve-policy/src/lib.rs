@@ -3,19 +3,21 @@
 //! speak cannot exhaust the process's file descriptors (docs/listeners.md).
 //!
 //! A listener's [`ConnectionPolicy`] has
-//! - a cap on concurrent connections ([`Gate`]): over it a connection is accepted and closed at
-//!   once, and counted;
+//! - a cap on concurrent connections ([`Gate`]), and on request/response ports a share of it per
+//!   source address: over either a connection is accepted and closed at once, and counted;
 //! - a first-byte timeout, from accept to the client's first byte (on the webhook: the TLS
 //!   handshake and the first request byte), that evicts connections that never speak;
-//! - after that, an idle timeout on request/response ports, or HTTP/2 keepalive (PINGs, no idle
-//!   timeout) on the xDS port, whose stream is legitimately quiet between pushes;
+//! - after that, an idle timeout on request/response ports, counted from the last byte and from
+//!   the last request ([`CountRequests`]: an HTTP/2 PING opens no request), or HTTP/2 keepalive
+//!   (PINGs, no idle timeout) on the xDS port, whose stream is legitimately quiet between pushes;
 //! - metrics ([`ListenerMetrics`]): `aether_listener_connections{listener}`,
 //!   `aether_listener_max_connections{listener}`,
 //!   `aether_listener_connections_refused_total{listener}`,
+//!   `aether_listener_connections_over_source_share_total{listener}`,
 //!   `aether_listener_connections_evicted_total{listener,reason}`.
 //!
 //! Serving through it:
-//! - plain HTTP (axum): `axum::serve(GatedListener::new(tcp, gate), router)`;
+//! - plain HTTP (axum): `axum::serve(GatedListener::new(tcp, gate), CountedRouter::new(router))`;
 //! - TLS (axum-server, feature `tls`): `axum_server::from_tcp(l)?.acceptor(gate.tls_acceptor(cfg))`;
 //! - gRPC (tonic, feature `grpc`): `serve_with_incoming_shutdown(GatedListener::new(l, gate).incoming(), ..)`
 //!   with the tonic builder's `http2_keepalive_*` from [`ConnectionPolicy::keepalive`].
@@ -44,18 +46,21 @@ mod listener;
 mod metrics;
 pub mod open_files;
 mod policy;
+mod requests;
 #[cfg(feature = "tls")]
 mod tls;
 
 pub use bind::bind_tcp;
 pub use gate::{Gate, REFUSAL_LOG_INTERVAL, Slot};
 pub use io::GatedIo;
-pub use listener::GatedListener;
+pub use listener::{CountedRouter, GatedListener, PeerSource};
 pub use metrics::{EvictionLabels, ListenerLabel, ListenerMetrics};
 pub use policy::{
-    ADMIN_FIRST_BYTE_TIMEOUT, ADMIN_IDLE_TIMEOUT, ADMIN_MAX_CONNECTIONS, ConnectionPolicy, Eviction, KeepAlive,
-    ListenerKind, Liveness, Quiet, WEBHOOK_HANDSHAKE_TIMEOUT, WEBHOOK_IDLE_TIMEOUT, WEBHOOK_MAX_CONNECTIONS,
-    XDS_FIRST_BYTE_TIMEOUT, XDS_KEEPALIVE_INTERVAL, XDS_KEEPALIVE_TIMEOUT, XDS_MAX_CONNECTIONS,
+    ADMIN_FIRST_BYTE_TIMEOUT, ADMIN_IDLE_TIMEOUT, ADMIN_MAX_CONNECTIONS, ADMIN_MAX_CONNECTIONS_PER_SOURCE,
+    ConnectionPolicy, Eviction, KeepAlive, ListenerKind, Liveness, Quiet, RequestsState, WEBHOOK_HANDSHAKE_TIMEOUT,
+    WEBHOOK_IDLE_TIMEOUT, WEBHOOK_MAX_CONNECTIONS, XDS_FIRST_BYTE_TIMEOUT, XDS_KEEPALIVE_INTERVAL,
+    XDS_KEEPALIVE_TIMEOUT, XDS_MAX_CONNECTIONS,
 };
+pub use requests::{CountRequests, Requests};
 #[cfg(feature = "tls")]
 pub use tls::GatedAcceptor;

@@ -7,14 +7,18 @@
 //! listener is any axum `Listener` (tokio's `TcpListener` and `UnixListener` are), which also
 //! retries failed accepts (`EMFILE`: axum waits 1 s and tries again).
 
+use std::convert::Infallible;
 use std::io;
+use std::net::IpAddr;
+use std::task::{Context, Poll};
 
-use axum::serve::Listener;
+use axum::serve::{IncomingStream, Listener};
 use futures::Stream;
 use tokio::time::Instant;
 
 use crate::gate::Gate;
 use crate::io::GatedIo;
+use crate::requests::CountRequests;
 
 /// A listener behind a [`Gate`].
 #[derive(Debug)]
@@ -40,13 +44,42 @@ impl<L> GatedListener<L> {
     }
 }
 
-impl<L: Listener> GatedListener<L> {
-    /// The next admitted connection; connections over the cap are closed (and counted) on the way.
+/// The source address of a peer, for its share of a listener's cap
+/// ([`crate::ConnectionPolicy::max_connections_per_source`]).
+pub trait PeerSource {
+    /// The peer's IP address; `None` when it has none (a Unix socket peer).
+    fn source(&self) -> Option<IpAddr>;
+}
+
+impl PeerSource for std::net::SocketAddr {
+    fn source(&self) -> Option<IpAddr> {
+        Some(self.ip())
+    }
+}
+
+impl PeerSource for tokio::net::unix::SocketAddr {
+    fn source(&self) -> Option<IpAddr> {
+        None
+    }
+}
+
+impl PeerSource for tokio::net::TcpStream {
+    fn source(&self) -> Option<IpAddr> {
+        self.peer_addr().ok().map(|a| a.ip())
+    }
+}
+
+impl<L: Listener> GatedListener<L>
+where
+    L::Addr: PeerSource,
+{
+    /// The next admitted connection; connections over the cap or over their source's share are
+    /// closed (and counted) on the way.
     pub async fn accept_admitted(&mut self) -> (GatedIo<L::Io>, L::Addr) {
         loop {
             let (io, addr) = self.inner.accept().await;
             let accepted = Instant::now();
-            match self.gate.admit() {
+            match self.gate.admit(addr.source()) {
                 Some(slot) => return (GatedIo::new(io, slot, accepted), addr),
                 None => drop(io),
             }
@@ -63,7 +96,10 @@ impl<L: Listener> GatedListener<L> {
     }
 }
 
-impl<L: Listener> Listener for GatedListener<L> {
+impl<L: Listener> Listener for GatedListener<L>
+where
+    L::Addr: PeerSource,
+{
     type Io = GatedIo<L::Io>;
     type Addr = L::Addr;
 
@@ -73,6 +109,36 @@ impl<L: Listener> Listener for GatedListener<L> {
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
         self.inner.local_addr()
+    }
+}
+
+/// The make-service for `axum::serve` over a [`GatedListener`]: every connection gets the
+/// router wrapped in [`CountRequests`], so its idle timeout counts from its last request.
+#[derive(Clone, Debug)]
+pub struct CountedRouter(axum::Router);
+
+impl CountedRouter {
+    /// `router`, served with its requests counted per connection.
+    pub fn new(router: axum::Router) -> Self {
+        CountedRouter(router)
+    }
+}
+
+impl<L> tower::Service<IncomingStream<'_, GatedListener<L>>> for CountedRouter
+where
+    L: Listener,
+    L::Addr: PeerSource,
+{
+    type Response = CountRequests<axum::Router>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, stream: IncomingStream<'_, GatedListener<L>>) -> Self::Future {
+        std::future::ready(Ok(stream.io().requests().count(self.0.clone())))
     }
 }
 
@@ -99,6 +165,7 @@ mod tests {
         let policy = ConnectionPolicy {
             listener: ListenerKind::Admin,
             max_connections: 3,
+            max_connections_per_source: None,
             first_byte_timeout: Duration::from_secs(2),
             quiet: Quiet::IdleTimeout(Duration::from_secs(5)),
         };
@@ -106,7 +173,7 @@ mod tests {
         let addr = tcp.local_addr().unwrap();
         let gated = GatedListener::new(tcp, Gate::new(policy, &metrics));
         let app = axum::Router::new().route("/metrics", axum::routing::get(|| async { "up" }));
-        tokio::spawn(async move { axum::serve(gated, app).await });
+        tokio::spawn(async move { axum::serve(gated, crate::CountedRouter::new(app)).await });
 
         let mut held = Vec::new();
         for _ in 0..3 {

@@ -5,7 +5,8 @@
 //! |---|---|---|---|
 //! | `aether_listener_connections` | gauge | `listener` | connections open now (admitted, not yet closed) |
 //! | `aether_listener_max_connections` | gauge | `listener` | the cap ([`crate::ConnectionPolicy::max_connections`]) |
-//! | `aether_listener_connections_refused_total` | counter | `listener` | connections over the cap: accepted and closed at once |
+//! | `aether_listener_connections_refused_total` | counter | `listener` | connections over the cap or over their source's share: accepted and closed at once |
+//! | `aether_listener_connections_over_source_share_total` | counter | `listener` | of those, the ones refused because their source address already held its share ([`crate::ConnectionPolicy::max_connections_per_source`]) |
 //! | `aether_listener_connections_evicted_total` | counter | `listener`, `reason` | connections closed by the policy: `handshake-timeout`, `first-byte-timeout`, `idle-timeout` |
 //!
 //! `listener` is a [`ListenerKind::label`]: `webhook`, `admin` or `xds`. Every series of a
@@ -41,6 +42,7 @@ pub struct ListenerMetrics {
     connections: Family<ListenerLabel, Gauge>,
     max_connections: Family<ListenerLabel, Gauge>,
     refused: Family<ListenerLabel, Counter>,
+    over_share: Family<ListenerLabel, Counter>,
     evicted: Family<EvictionLabels, Counter>,
 }
 
@@ -50,7 +52,7 @@ impl ListenerMetrics {
         Self::default()
     }
 
-    /// Registers the four families into `registry` (call once per registry).
+    /// Registers the five families into `registry` (call once per registry).
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "aether_listener_connections",
@@ -64,8 +66,13 @@ impl ListenerMetrics {
         );
         registry.register(
             "aether_listener_connections_refused",
-            "Connections accepted over a listener's cap and closed at once",
+            "Connections accepted over a listener's cap, or over their source address's share of it, and closed at once",
             self.refused.clone(),
+        );
+        registry.register(
+            "aether_listener_connections_over_source_share",
+            "Connections refused because their source address already held its share of a listener's cap (also in aether_listener_connections_refused_total)",
+            self.over_share.clone(),
         );
         registry.register(
             "aether_listener_connections_evicted",
@@ -82,6 +89,7 @@ impl ListenerMetrics {
         let _ = self.connections.get_or_create(&l);
         self.max_connections.get_or_create(&l).set(i64::try_from(max_connections).unwrap_or(i64::MAX));
         let _ = self.refused.get_or_create(&l);
+        let _ = self.over_share.get_or_create(&l);
         for reason in Eviction::ALL.into_iter().filter(|r| *r != Eviction::HandshakeTimeout) {
             let _ = self.evicted.get_or_create(&EvictionLabels { listener: listener.label(), reason: reason.label() });
         }
@@ -108,6 +116,13 @@ impl ListenerMetrics {
         c.inc() + 1
     }
 
+    /// Counts one refusal for a source's share (also a refusal); returns the listener's
+    /// refusals so far.
+    pub(crate) fn refused_over_share(&self, listener: ListenerKind) -> u64 {
+        self.over_share.get_or_create(&ListenerLabel { listener: listener.label() }).inc();
+        self.refused(listener)
+    }
+
     pub(crate) fn evicted(&self, listener: ListenerKind, reason: Eviction) {
         self.evicted.get_or_create(&EvictionLabels { listener: listener.label(), reason: reason.label() }).inc();
     }
@@ -120,6 +135,11 @@ impl ListenerMetrics {
     /// Refusals of `listener` so far.
     pub fn refusals(&self, listener: ListenerKind) -> u64 {
         self.refused.get_or_create(&ListenerLabel { listener: listener.label() }).get()
+    }
+
+    /// Refusals of `listener` for a source's share so far.
+    pub fn over_share(&self, listener: ListenerKind) -> u64 {
+        self.over_share.get_or_create(&ListenerLabel { listener: listener.label() }).get()
     }
 
     /// Evictions of `listener` for `reason` so far.
@@ -146,6 +166,7 @@ mod tests {
             "aether_listener_connections{listener=\"admin\"} 0",
             "aether_listener_max_connections{listener=\"admin\"} 32",
             "aether_listener_connections_refused_total{listener=\"admin\"} 1",
+            "aether_listener_connections_over_source_share_total{listener=\"admin\"} 0",
             "aether_listener_connections_evicted_total{listener=\"admin\",reason=\"idle-timeout\"} 1",
             "aether_listener_connections_evicted_total{listener=\"admin\",reason=\"first-byte-timeout\"} 0",
         ] {

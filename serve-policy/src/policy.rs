@@ -40,18 +40,21 @@ impl ListenerKind {
             ListenerKind::Webhook => ConnectionPolicy {
                 listener: self,
                 max_connections: WEBHOOK_MAX_CONNECTIONS,
+                max_connections_per_source: None,
                 first_byte_timeout: WEBHOOK_HANDSHAKE_TIMEOUT,
                 quiet: Quiet::IdleTimeout(WEBHOOK_IDLE_TIMEOUT),
             },
             ListenerKind::Admin => ConnectionPolicy {
                 listener: self,
                 max_connections: ADMIN_MAX_CONNECTIONS,
+                max_connections_per_source: Some(ADMIN_MAX_CONNECTIONS_PER_SOURCE),
                 first_byte_timeout: ADMIN_FIRST_BYTE_TIMEOUT,
                 quiet: Quiet::IdleTimeout(ADMIN_IDLE_TIMEOUT),
             },
             ListenerKind::Xds => ConnectionPolicy {
                 listener: self,
                 max_connections: XDS_MAX_CONNECTIONS,
+                max_connections_per_source: None,
                 first_byte_timeout: XDS_FIRST_BYTE_TIMEOUT,
                 quiet: Quiet::KeepAlive(KeepAlive { interval: XDS_KEEPALIVE_INTERVAL, timeout: XDS_KEEPALIVE_TIMEOUT }),
             },
@@ -81,6 +84,11 @@ pub const WEBHOOK_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Admin port: most connections open at once. Its users are the kubelet's probes (a new
 /// connection per probe) and one or two Prometheus scrapers.
 pub const ADMIN_MAX_CONNECTIONS: usize = 32;
+/// Admin port: most connections from one source address at once (its share of
+/// [`ADMIN_MAX_CONNECTIONS`]). A scraper holds one or two and the kubelet's probes a few, so one
+/// client holding its share leaves three quarters of the port to the others. The kubelet's own
+/// source is shared with every process on the host network, so the probes cannot count on it.
+pub const ADMIN_MAX_CONNECTIONS_PER_SOURCE: usize = 8;
 /// Admin port: from accept to the first request byte. Probes and scrapers send their request
 /// at once; a probe's own timeout is 1 s by default.
 pub const ADMIN_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -108,6 +116,13 @@ pub struct ConnectionPolicy {
     /// Most connections open at once (at least 1). One more is accepted and closed at once,
     /// and counted as refused.
     pub max_connections: usize,
+    /// Most connections from one source IP address at once (IPv4-mapped IPv6 addresses count as
+    /// their IPv4 address); one more from that source is accepted and closed at once, and
+    /// counted as refused and as over its share. `None`: no share (the webhook, whose one client,
+    /// the API server, may arrive from one address through konnectivity or NAT; the xDS port,
+    /// whose one client is the node's Envoy). Connections without an IP address (Unix sockets)
+    /// have no share.
+    pub max_connections_per_source: Option<usize>,
     /// From accept to the first byte the client sends; on the TLS webhook also the bound on the
     /// TLS handshake (the handshake and the first request byte must both arrive within it).
     pub first_byte_timeout: Duration,
@@ -118,8 +133,10 @@ pub struct ConnectionPolicy {
 /// What happens to a connection after its first byte, while nothing is sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Quiet {
-    /// Request/response ports: closed after this long with no byte in either direction (the
-    /// longest request must be shorter).
+    /// Request/response ports: closed after this long with no byte in either direction, or with
+    /// no request in flight when the connection's requests are counted
+    /// ([`crate::CountRequests`]): an HTTP/2 PING, or any frame outside a stream, does not keep
+    /// a connection open. The longest request must be shorter.
     IdleTimeout(Duration),
     /// Streaming ports (xDS): never closed for being quiet; HTTP/2 PINGs find a dead peer.
     KeepAlive(KeepAlive),
@@ -160,7 +177,8 @@ pub enum Eviction {
     HandshakeTimeout,
     /// No byte from the client within the first-byte timeout of accept.
     FirstByteTimeout,
-    /// No byte in either direction for the idle timeout (request/response listeners only).
+    /// No byte in either direction, or no request in flight, for the idle timeout
+    /// (request/response listeners only).
     IdleTimeout,
 }
 
@@ -178,24 +196,38 @@ impl Eviction {
     }
 }
 
-/// What a connection has done so far: when it was accepted, whether the client has sent a byte,
-/// and when a byte last moved in either direction. Pure: the caller passes the clock.
+/// What a connection's requests have done: how many are in flight now, and when the last one
+/// ended (its response head was ready). Pure data for [`crate::Liveness::deadline`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestsState {
+    /// Requests whose response is not ready yet.
+    pub in_flight: usize,
+    /// When the last request ended; `None` before the first.
+    pub last_end: Option<Instant>,
+}
+
+/// What a connection has done so far: when it was accepted, when the client sent its first
+/// byte, and when a byte last moved in either direction. Pure: the caller passes the clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Liveness {
     accepted: Instant,
     heard: bool,
+    first_heard: Instant,
     last_io: Instant,
 }
 
 impl Liveness {
     /// A connection accepted at `accepted` that has sent nothing yet.
     pub fn new(accepted: Instant) -> Self {
-        Liveness { accepted, heard: false, last_io: accepted }
+        Liveness { accepted, heard: false, first_heard: accepted, last_io: accepted }
     }
 
     /// `n` bytes were read from the client at `now` (0: nothing, e.g. end of stream).
     pub fn read(&mut self, now: Instant, n: usize) {
         if n > 0 {
+            if !self.heard {
+                self.first_heard = now;
+            }
             self.heard = true;
             self.last_io = now;
         }
@@ -215,16 +247,24 @@ impl Liveness {
     }
 
     /// When the connection is to be evicted if nothing more happens, and why; `None` when it
-    /// may stay quiet forever (a streaming listener's connection that has spoken).
+    /// may stay quiet forever (a streaming listener's connection that has spoken). `requests`
+    /// is the connection's [`RequestsState`] when its requests are counted.
     ///
     /// Before the first byte: accept + `first_byte_timeout` ([`Eviction::FirstByteTimeout`]).
-    /// After it: the last byte in either direction + the idle timeout
-    /// ([`Eviction::IdleTimeout`]), or never under [`Quiet::KeepAlive`].
-    pub fn deadline(&self, policy: &ConnectionPolicy) -> Option<(Instant, Eviction)> {
+    /// After it, under [`Quiet::IdleTimeout`] ([`Eviction::IdleTimeout`]), the earlier of the last
+    /// byte in either direction + the idle timeout and, while no request is in flight, the end
+    /// of the last request (or the first byte, before any request) + the idle timeout: bytes
+    /// that open no request (HTTP/2 PINGs) do not postpone it. Never under [`Quiet::KeepAlive`].
+    pub fn deadline(&self, policy: &ConnectionPolicy, requests: Option<RequestsState>) -> Option<(Instant, Eviction)> {
         if !self.heard {
             return Some((self.accepted + policy.first_byte_timeout, Eviction::FirstByteTimeout));
         }
-        policy.idle_timeout().map(|idle| (self.last_io + idle, Eviction::IdleTimeout))
+        let idle = policy.idle_timeout()?;
+        let by_bytes = self.last_io + idle;
+        let by_requests = requests
+            .filter(|r| r.in_flight == 0)
+            .map(|r| r.last_end.map_or(self.first_heard, |end| end.max(self.first_heard)) + idle);
+        Some((by_requests.map_or(by_bytes, |r| r.min(by_bytes)), Eviction::IdleTimeout))
     }
 }
 
@@ -242,10 +282,10 @@ mod tests {
         let p = ListenerKind::Admin.default_policy();
         let mut l = Liveness::new(t0);
         l.wrote(t0 + secs(1), 100);
-        assert_eq!(l.deadline(&p), Some((t0 + ADMIN_FIRST_BYTE_TIMEOUT, Eviction::FirstByteTimeout)));
+        assert_eq!(l.deadline(&p, None), Some((t0 + ADMIN_FIRST_BYTE_TIMEOUT, Eviction::FirstByteTimeout)));
         l.read(t0 + secs(2), 0);
         assert!(!l.heard(), "end of stream is not a byte");
-        assert_eq!(l.deadline(&p), Some((t0 + ADMIN_FIRST_BYTE_TIMEOUT, Eviction::FirstByteTimeout)));
+        assert_eq!(l.deadline(&p, None), Some((t0 + ADMIN_FIRST_BYTE_TIMEOUT, Eviction::FirstByteTimeout)));
     }
 
     #[test]
@@ -254,11 +294,39 @@ mod tests {
         let p = ListenerKind::Webhook.default_policy();
         let mut l = Liveness::new(t0);
         l.read(t0 + secs(1), 1);
-        assert_eq!(l.deadline(&p), Some((t0 + secs(1) + WEBHOOK_IDLE_TIMEOUT, Eviction::IdleTimeout)));
+        assert_eq!(l.deadline(&p, None), Some((t0 + secs(1) + WEBHOOK_IDLE_TIMEOUT, Eviction::IdleTimeout)));
         l.wrote(t0 + secs(3), 10);
-        assert_eq!(l.deadline(&p), Some((t0 + secs(3) + WEBHOOK_IDLE_TIMEOUT, Eviction::IdleTimeout)));
+        assert_eq!(l.deadline(&p, None), Some((t0 + secs(3) + WEBHOOK_IDLE_TIMEOUT, Eviction::IdleTimeout)));
         l.wrote(t0 + secs(4), 0);
-        assert_eq!(l.deadline(&p), Some((t0 + secs(3) + WEBHOOK_IDLE_TIMEOUT, Eviction::IdleTimeout)));
+        assert_eq!(l.deadline(&p, None), Some((t0 + secs(3) + WEBHOOK_IDLE_TIMEOUT, Eviction::IdleTimeout)));
+    }
+
+    #[test]
+    fn with_counted_requests_only_a_request_postpones_a_request_ports_idle_timeout() {
+        let t0 = Instant::now();
+        let p = ListenerKind::Admin.default_policy();
+        let idle = ADMIN_IDLE_TIMEOUT;
+        let mut l = Liveness::new(t0);
+        l.read(t0 + secs(1), 24); // an HTTP/2 preface, no request yet
+        let none = RequestsState { in_flight: 0, last_end: None };
+        assert_eq!(l.deadline(&p, Some(none)), Some((t0 + secs(1) + idle, Eviction::IdleTimeout)));
+        // PINGs every 10 s (bytes both ways) do not move it.
+        for n in 1..=5 {
+            l.read(t0 + secs(1 + 10 * n), 17);
+            l.wrote(t0 + secs(1 + 10 * n), 17);
+        }
+        assert_eq!(l.deadline(&p, Some(none)), Some((t0 + secs(1) + idle, Eviction::IdleTimeout)));
+        // A request in flight: only the byte rule holds.
+        let busy = RequestsState { in_flight: 1, last_end: None };
+        assert_eq!(l.deadline(&p, Some(busy)), Some((t0 + secs(51) + idle, Eviction::IdleTimeout)));
+        // It ended at 60 s: idle from then.
+        let ended = RequestsState { in_flight: 0, last_end: Some(t0 + secs(60)) };
+        l.wrote(t0 + secs(60), 200);
+        assert_eq!(l.deadline(&p, Some(ended)), Some((t0 + secs(60) + idle, Eviction::IdleTimeout)));
+        // Not counted (no CountRequests): the byte rule alone, as before.
+        assert_eq!(l.deadline(&p, None), Some((t0 + secs(60) + idle, Eviction::IdleTimeout)));
+        // A streaming port ignores requests.
+        assert_eq!(l.deadline(&ListenerKind::Xds.default_policy(), Some(none)), None);
     }
 
     #[test]
@@ -266,9 +334,9 @@ mod tests {
         let t0 = Instant::now();
         let p = ListenerKind::Xds.default_policy();
         let mut l = Liveness::new(t0);
-        assert_eq!(l.deadline(&p), Some((t0 + XDS_FIRST_BYTE_TIMEOUT, Eviction::FirstByteTimeout)));
+        assert_eq!(l.deadline(&p, None), Some((t0 + XDS_FIRST_BYTE_TIMEOUT, Eviction::FirstByteTimeout)));
         l.read(t0 + secs(1), 24);
-        assert_eq!(l.deadline(&p), None);
+        assert_eq!(l.deadline(&p, None), None);
         assert_eq!(p.keepalive(), Some(KeepAlive { interval: XDS_KEEPALIVE_INTERVAL, timeout: XDS_KEEPALIVE_TIMEOUT }));
         assert_eq!(p.idle_timeout(), None);
     }

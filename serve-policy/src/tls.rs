@@ -5,7 +5,8 @@
 //! once: closed and counted as refused), then runs the TLS handshake under the policy's
 //! first-byte timeout (axum-server's `RustlsAcceptor::handshake_timeout`; a handshake that does
 //! not finish is counted as `handshake-timeout`), and hands the TLS stream on as a
-//! [`GatedIo`] whose first-byte deadline still counts from the TCP accept.
+//! [`GatedIo`] whose first-byte deadline still counts from the TCP accept, with the connection's
+//! service wrapped in [`CountRequests`] (its idle timeout counts from its last request).
 
 use std::io;
 use std::pin::Pin;
@@ -17,7 +18,9 @@ use tokio::time::Instant;
 
 use crate::gate::Gate;
 use crate::io::GatedIo;
+use crate::listener::PeerSource;
 use crate::policy::Eviction;
+use crate::requests::CountRequests;
 
 /// An axum-server acceptor behind a [`Gate`]; `A` is the TLS acceptor.
 #[derive(Clone, Debug)]
@@ -43,18 +46,19 @@ impl Gate {
 
 impl<A, I, S> Accept<I, S> for GatedAcceptor<A>
 where
+    I: PeerSource,
     A: Accept<I, S>,
     A::Future: Send + 'static,
     A::Stream: Send + 'static,
     A::Service: Send + 'static,
 {
     type Stream = GatedIo<A::Stream>;
-    type Service = A::Service;
+    type Service = CountRequests<A::Service>;
     type Future = Pin<Box<dyn Future<Output = io::Result<(Self::Stream, Self::Service)>> + Send>>;
 
     fn accept(&self, stream: I, service: S) -> Self::Future {
         let accepted = Instant::now();
-        let Some(slot) = self.gate.admit() else {
+        let Some(slot) = self.gate.admit(stream.source()) else {
             drop(stream);
             return refused(&self.gate);
         };
@@ -62,7 +66,11 @@ where
         let gate = self.gate.clone();
         Box::pin(async move {
             match handshake.await {
-                Ok((tls, service)) => Ok((GatedIo::new(tls, slot, accepted), service)),
+                Ok((tls, service)) => {
+                    let io = GatedIo::new(tls, slot, accepted);
+                    let service = io.requests().count(service);
+                    Ok((io, service))
+                }
                 Err(e) => {
                     if e.kind() == io::ErrorKind::TimedOut {
                         gate.count_eviction(Eviction::HandshakeTimeout);

@@ -35,6 +35,7 @@ async fn start(max_connections: usize, first_byte_timeout: Duration) -> Server {
     let policy = ConnectionPolicy {
         listener: ListenerKind::Webhook,
         max_connections,
+        max_connections_per_source: None,
         first_byte_timeout,
         quiet: Quiet::IdleTimeout(Duration::from_secs(30)),
     };

@@ -56,6 +56,14 @@ const XDS_FIRST_BYTE_SECS: u64 = 3;
 /// clusters (the bounded wait for that is shorter), then evicted.
 const AGENT_ADMIN_FIRST_BYTE_SECS: u64 = 15;
 const AGENT_ADMIN_WAIT: Duration = Duration::from_secs(12);
+/// The agent's admin share per source address: the binary's default (two sources fill the cap).
+const AGENT_ADMIN_SHARE: usize = aether_serve_policy::ADMIN_MAX_CONNECTIONS_PER_SOURCE;
+/// The agent's admin idle timeout (seconds), short so that the PING trial ends soon.
+const AGENT_ADMIN_IDLE_SECS: u64 = 5;
+/// Loopback addresses the flood's clients bind to: each is a source of its own for the shares.
+const FLOOD_SOURCES: [&str; 2] = ["127.0.0.1", "127.0.0.2"];
+/// How often a PING client pings.
+const PING_EVERY: Duration = Duration::from_millis(500);
 
 /// A binary started under `prlimit --nofile=N:N`, killed on drop.
 struct Limited {
@@ -194,6 +202,55 @@ fn wait_quiet(port: u16) -> anyhow::Result<()> {
 /// Connections that never send a byte.
 fn silent_tcp(port: u16, n: usize) -> anyhow::Result<Vec<TcpStream>> {
     (0..n).map(|_| TcpStream::connect(("127.0.0.1", port)).context("connecting")).collect()
+}
+
+/// A connection to 127.0.0.1:`port` from the loopback address `source` (any of 127.0.0.0/8).
+fn connect_from(source: &str, port: u16) -> anyhow::Result<TcpStream> {
+    use std::net::{Ipv4Addr, SocketAddr};
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    s.bind(&SocketAddr::new(source.parse()?, 0).into()).with_context(|| format!("binding to {source}"))?;
+    s.connect(&SocketAddr::from((Ipv4Addr::LOCALHOST, port)).into())
+        .with_context(|| format!("connecting from {source}"))?;
+    Ok(s.into())
+}
+
+/// `n` silent connections from each of [`FLOOD_SOURCES`], in that order.
+fn silent_tcp_from_sources(port: u16, n: usize) -> anyhow::Result<Vec<TcpStream>> {
+    let mut out = Vec::new();
+    for source in FLOOD_SOURCES {
+        for _ in 0..n {
+            out.push(connect_from(source, port)?);
+        }
+    }
+    Ok(out)
+}
+
+/// An HTTP/2 client (prior knowledge) from `source` to 127.0.0.1:`port` that opens no stream
+/// and sends a PING every [`PING_EVERY`] until the server closes the connection; returns the
+/// PINGs answered. `held` is told once the connection is up.
+async fn ping_until_closed(
+    source: &'static str,
+    port: u16,
+    held: tokio::sync::mpsc::Sender<()>,
+) -> anyhow::Result<u32> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(source.parse()?, 0))?;
+    let tcp = socket.connect(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let (_requests, mut conn) = h2::client::handshake(tcp).await.context("HTTP/2 handshake")?;
+    let mut pings = conn.ping_pong().context("the connection's PING handle")?;
+    let driver = tokio::spawn(conn);
+    let _ = held.send(()).await;
+    let mut answered = 0;
+    // The server's close ends the PING in flight (an error) or the connection's driver.
+    while !driver.is_finished() {
+        match tokio::time::timeout(WAIT, pings.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_pong)) => answered += 1,
+            Ok(Err(_)) => break,
+            Err(_) => bail!("a PING from {source} neither answered nor failed within {WAIT:?}"),
+        }
+        tokio::time::sleep(PING_EVERY).await;
+    }
+    Ok(answered)
 }
 
 /// A TLS handshake that never finishes: a handshake record header announcing 512 bytes of
@@ -406,9 +463,11 @@ fn envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded(env: &
         (0..2 * XDS_CAP).map(|_| UnixStream::connect(env.xds_socket())).collect::<Result<_, _>>()?;
     wait_all_closed("xDS flood", &mut xds_flood, WAIT)?;
 
-    // The admin port: twice its cap, held while Envoy starts.
+    // The admin port: twice its cap, from two sources (each holds its share, the cap between
+    // them; the rest is refused as over its source's share), held while Envoy starts.
+    ensure!(FLOOD_SOURCES.len() * AGENT_ADMIN_SHARE == AGENT_ADMIN_CAP, "the sources' shares make the cap");
     wait_quiet(env.agent_admin)?;
-    let mut admin_flood = silent_tcp(env.agent_admin, 2 * AGENT_ADMIN_CAP)?;
+    let mut admin_flood = silent_tcp_from_sources(env.agent_admin, 2 * AGENT_ADMIN_SHARE)?;
     let dir = env.path("envoy");
     let envoy = Envoy::builder(env.xds_socket(), NODE, &dir).binary(envoy_bin()?).start()?;
     *env.envoy.lock().unwrap() = Some(envoy);
@@ -433,10 +492,81 @@ fn envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded(env: &
     let admin = listener_counts(&scrape, "admin");
     let a = AGENT_ADMIN_CAP as i64;
     ensure!(admin == (1, a, 0, a, 0), "agent admin (open, refused, handshake, first-byte, idle): {admin:?}");
+    let over_share = metric(&scrape, "aether_listener_connections_over_source_share_total", &[("listener", "admin")]);
+    ensure!(over_share == a, "agent admin: {over_share} refused over their source's share (want all {a} refused)");
     let xds = listener_counts(&scrape, "xds");
     let x = XDS_CAP as i64;
     ensure!(xds == (1, x, 0, x, 0), "xDS (open: Envoy's, refused, handshake, first-byte, idle): {xds:?}");
     ensure!(metric(&scrape, "aether_xds_connected_streams", &[]) == 1, "Envoy's ADS stream");
+    let mut agent = env.agent.lock().unwrap();
+    agent.alive()?;
+    agent.no_emfile()
+}
+
+/// HTTP/2 clients from one source that open no stream and PING every half second hold that
+/// source's share of the agent's admin port, no more: one more connection from it is refused
+/// (counted as over its share) while a client from another source is served `/healthz`; the
+/// PINGs, answered throughout, do not keep the connections open past the idle timeout (no
+/// request in flight), and they are evicted and counted as idle.
+fn a_source_pinging_with_its_share_of_the_admin_port_is_refused_more_and_evicted_while_another_is_served(
+    env: &Env,
+) -> anyhow::Result<()> {
+    let port = env.agent_admin;
+    wait_quiet(port)?;
+    let before = Scrape::get(port)?;
+    let counts = |s: &Scrape| {
+        let l = [("listener", "admin")];
+        (
+            metric(s, "aether_listener_connections_over_source_share_total", &l),
+            metric(
+                s,
+                "aether_listener_connections_evicted_total",
+                &[("listener", "admin"), ("reason", "idle-timeout")],
+            ),
+        )
+    };
+    wait_quiet(port)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let source = FLOOD_SOURCES[1];
+    let (held_tx, mut held_rx) = tokio::sync::mpsc::channel(AGENT_ADMIN_SHARE);
+    let pingers: Vec<_> =
+        (0..AGENT_ADMIN_SHARE).map(|_| rt.spawn(ping_until_closed(source, port, held_tx.clone()))).collect();
+    rt.block_on(async {
+        for _ in 0..AGENT_ADMIN_SHARE {
+            tokio::time::timeout(WAIT, held_rx.recv()).await.context("a PING client's connection")?;
+        }
+        anyhow::Ok(())
+    })?;
+    // Its share held: one more from that source is closed at once, before its first-byte timeout.
+    let mut over = connect_from(source, port)?;
+    wait_all_closed("a connection over its source's share", std::slice::from_mut(&mut over), WAIT)?;
+    // The scrapes and /healthz come from FLOOD_SOURCES[0], another source.
+    let mid = Scrape::get(port)?;
+    ensure!(
+        counts(&mid).0 == counts(&before).0 + 1,
+        "over-share refusals {} -> {} (want one more)",
+        counts(&before).0,
+        counts(&mid).0
+    );
+    let healthz = http_get_status(port, "/healthz");
+    ensure!(healthz == Some(200), "/healthz from 127.0.0.1 while {source} holds its share: {healthz:?}");
+    let idle = Duration::from_secs(AGENT_ADMIN_IDLE_SECS);
+    let answered: Vec<u32> = rt.block_on(async {
+        let mut out = Vec::new();
+        for p in pingers {
+            out.push(tokio::time::timeout(idle + WAIT, p).await.context("a PING client still open")???);
+        }
+        anyhow::Ok(out)
+    })?;
+    let after = Scrape::get(port)?;
+    eprintln!("PING clients: PINGs answered before the idle eviction {answered:?}");
+    ensure!(answered.iter().all(|n| *n >= 2), "every PING client pinged while its connection was held: {answered:?}");
+    ensure!(
+        counts(&after).1 == counts(&before).1 + AGENT_ADMIN_SHARE as i64,
+        "idle evictions {} -> {} (want {AGENT_ADMIN_SHARE} more: the PING clients)",
+        counts(&before).1,
+        counts(&after).1
+    );
     let mut agent = env.agent.lock().unwrap();
     agent.alive()?;
     agent.no_emfile()
@@ -741,6 +871,7 @@ fn main() {
             webhook_flood_is_refused_over_the_cap_and_evicted_then_a_review_is_admitted,
             controller_admin_flood_is_evicted_then_metrics_scrape,
             envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded,
+            a_source_pinging_with_its_share_of_the_admin_port_is_refused_more_and_evicted_while_another_is_served,
             envoys_readiness_listener_holds_its_cap_and_closes_the_rest,
             envoys_stats_listener_limits_a_scrape_flood_and_the_admin_answers_throughout,
             envoys_overload_manager_caps_connections_and_sheds_on_heap,
@@ -851,6 +982,8 @@ fn setup() -> anyhow::Result<Env> {
         AGENT_ADMIN_CAP.to_string(),
         "--admin-first-byte-timeout-seconds".into(),
         AGENT_ADMIN_FIRST_BYTE_SECS.to_string(),
+        "--admin-idle-timeout-seconds".into(),
+        AGENT_ADMIN_IDLE_SECS.to_string(),
         "--xds-max-connections".into(),
         XDS_CAP.to_string(),
         "--xds-first-byte-timeout-seconds".into(),
