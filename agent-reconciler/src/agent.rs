@@ -169,7 +169,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // The admin port first: a failure there must not leave an xDS socket behind.
     let (admin_policy, xds_policy) = (args.admin_listener.policy(), args.xds_listener.policy());
     // Logs a warning when the caps and the process's own files do not fit under `ulimit -n`.
-    let _ = aether_serve_policy::open_files::check(&[admin_policy, xds_policy]);
+    let probe_policy =
+        args.probe.probe_socket.as_ref().map(|_| aether_serve_policy::ListenerKind::Probe.default_policy());
+    let _ =
+        aether_serve_policy::open_files::check(&[&[admin_policy, xds_policy][..], probe_policy.as_slice()].concat());
     // [::] is one dual-stack socket (IPv4 and IPv6 clients); IPv4 only on a kernel without IPv6.
     let admin_listener =
         tokio::net::TcpListener::from_std(aether_serve_policy::bind_tcp("--admin-addr", args.admin_addr)?)?;
@@ -179,6 +182,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let admin_gate = aether_serve_policy::Gate::new(admin_policy, &metrics.listeners);
     let debug_listener = aether_serve_policy::GatedListener::new(debug_listener, admin_gate.clone());
     let admin_listener = aether_serve_policy::GatedListener::new(admin_listener, admin_gate);
+    // The kubelet's exec probes ask here, out of reach of the clients that can fill the admin port.
+    let probe_listener = match &args.probe.probe_socket {
+        None => None,
+        Some(path) => {
+            let probe_gate = aether_serve_policy::Gate::new(
+                aether_serve_policy::ListenerKind::Probe.default_policy(),
+                &metrics.listeners,
+            );
+            tracing::info!(socket = %path.display(), "probe endpoints (/healthz, /readyz) listening");
+            Some(aether_serve_policy::GatedListener::new(aether_serve_policy::probe::bind(path)?, probe_gate))
+        }
+    };
     let addr = XdsAddr::from_str(&args.xds_address).with_context(|| "--xds-address")?;
     let listener = XdsListener::bind(&addr).await.with_context(|| format!("--xds-address {addr}"))?;
     let xds_bound = Arc::new(AtomicBool::new(true));
@@ -209,6 +224,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_kernel_gaps(kernel_gaps.clone());
     let debug_app = admin::debug_router(admin_state.clone());
     let admin_app = admin::router(admin_state);
+    if let Some(probe_listener) = probe_listener {
+        let (probe_app, probe_stop) = (admin_app.clone(), stop.clone());
+        tokio::spawn(async move {
+            axum::serve(probe_listener, aether_serve_policy::CountedRouter::new(probe_app))
+                .with_graceful_shutdown(stopped(probe_stop))
+                .await
+        });
+    }
     let debug_stop = stop.clone();
     tokio::spawn(async move {
         axum::serve(debug_listener, aether_serve_policy::CountedRouter::new(debug_app))

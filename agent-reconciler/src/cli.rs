@@ -11,10 +11,12 @@ pub use flags::{AgentSocketHelp, Cli, Command, DeliveryArgs, MAX_CLUSTERS_RANGE,
 pub use crate::logging::{LogFormat, LogLevel};
 
 /// Runs a subcommand to its end: `run` in [`crate::startup::run`], `plan` in
-/// [`crate::plan::command`]. Returns the process exit code.
+/// [`crate::plan::command`], `probe` in [`aether_serve_policy::probe::command`]. Returns the
+/// process exit code.
 pub fn dispatch(command: Command) -> ExitCode {
     match command {
         Command::Run(args) => crate::startup::run(*args),
         Command::Plan(args) => crate::plan::command(&args),
+        Command::Probe(args) => aether_serve_policy::probe::command(&args),
     }
 }

@@ -13,7 +13,8 @@ pub use flags::{
 pub use crate::logging::{LogFormat, LogLevel};
 
 /// Runs a subcommand to its end: `crd` here, `validate` in [`crate::offline::validate`], `run`
-/// in [`crate::startup::run`], `verify-install` in [`crate::verify::run`]. Returns the process
+/// in [`crate::startup::run`], `verify-install` in [`crate::verify::run`], `probe` in
+/// [`aether_serve_policy::probe::command`]. Returns the process
 /// exit code.
 pub fn dispatch(command: Command) -> ExitCode {
     match command {
@@ -24,5 +25,6 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Validate(args) => crate::offline::validate(&args),
         Command::Run(args) => crate::startup::run(*args),
         Command::VerifyInstall(args) => crate::verify::run(&args),
+        Command::Probe(args) => aether_serve_policy::probe::command(&args),
     }
 }

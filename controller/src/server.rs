@@ -75,6 +75,9 @@ pub struct RunConfig {
     /// The status writer (and the caches behind the webhook's warnings); `None` serves the
     /// webhook alone, with no Kubernetes client.
     pub status_writer: Option<StatusWriterConfig>,
+    /// `--probe-socket`: also serve the admin routes on this pod-local Unix socket, for the
+    /// kubelet's exec probes ([`aether_serve_policy::probe`]); `None`: no probe socket.
+    pub probe_socket: Option<std::path::PathBuf>,
 }
 
 /// Binds both listeners and serves until a shutdown signal, with the certificate loaded once.
@@ -155,7 +158,10 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
 
     let listeners = cfg.listeners;
     // Logs a warning when the caps and the process's own files do not fit under `ulimit -n`.
-    let _ = aether_serve_policy::open_files::check(&[listeners.webhook, listeners.admin]);
+    let probe_policy = cfg.probe_socket.as_ref().map(|_| ListenerKind::Probe.default_policy());
+    let _ = aether_serve_policy::open_files::check(
+        &[&[listeners.webhook, listeners.admin][..], probe_policy.as_slice()].concat(),
+    );
     // [::] is one dual-stack socket (IPv4 and IPv6 clients); IPv4 only on a kernel without IPv6.
     let admin_listener =
         tokio::net::TcpListener::from_std(aether_serve_policy::bind_tcp("--admin-addr", cfg.admin_addr)?)?;
@@ -163,6 +169,16 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     let admin_app =
         admin::router(AdminState { ready: ready.clone(), metrics: metrics.clone(), cluster: cluster.clone() });
     tracing::info!(addr = %cfg.admin_addr, "admin endpoints (/healthz, /readyz, /metrics) listening");
+    if let Some(path) = &cfg.probe_socket {
+        let probe_listener = aether_serve_policy::probe::bind(path)?;
+        let probe_listener =
+            GatedListener::new(probe_listener, Gate::new(ListenerKind::Probe.default_policy(), &metrics.listeners));
+        let probe_app = admin_app.clone();
+        tracing::info!(socket = %path.display(), "probe endpoints (/healthz, /readyz) listening");
+        tokio::spawn(async move {
+            axum::serve(probe_listener, CountedRouter::new(probe_app)).with_graceful_shutdown(shutdown_signal()).await
+        });
+    }
     let admin_task = tokio::spawn(async move {
         axum::serve(admin_listener, CountedRouter::new(admin_app)).with_graceful_shutdown(shutdown_signal()).await
     });

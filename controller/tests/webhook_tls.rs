@@ -61,6 +61,7 @@ impl Server {
                 listeners: Listeners::default(),
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
                 status_writer: None,
+                probe_socket: None,
             };
             let (webhook, admin) = (cfg.webhook_addr, cfg.admin_addr);
             let task = tokio::spawn(server::run(cfg));
@@ -472,6 +473,7 @@ async fn run_fails_naming_the_missing_certificate_file() {
         listeners: Listeners::default(),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         status_writer: None,
+        probe_socket: None,
     };
     let err = tokio::time::timeout(Duration::from_secs(10), server::run(cfg))
         .await
@@ -497,6 +499,7 @@ async fn run_fails_naming_the_webhook_address_in_use() {
         listeners: Listeners::default(),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         status_writer: None,
+        probe_socket: None,
     };
     let err = tokio::time::timeout(Duration::from_secs(10), server::run(cfg))
         .await

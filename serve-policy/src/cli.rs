@@ -79,9 +79,10 @@ pub struct AdminListenerArgs {
     /// Most connections one source IP address holds open on the admin port at once (its share
     /// of --admin-max-connections). One more from that address is accepted and closed at once,
     /// and counted in aether_listener_connections_over_source_share_total{listener="admin"} (and
-    /// in ..._refused_total). A scraper holds one or two, the kubelet's probes a few; at or
-    /// above --admin-max-connections it changes nothing. The kubelet shares its address with
-    /// every process on the node's network, so keep its probes in mind when lowering it.
+    /// in ..._refused_total). A scraper holds one or two; at or above --admin-max-connections
+    /// it changes nothing. The kubelet shares its address with every process on the node's
+    /// network: probe through --probe-socket (the chart does), not this port, so no share or
+    /// cap here can fail a probe.
     #[arg(long, default_value_t = ADMIN_MAX_CONNECTIONS_PER_SOURCE as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_CAP as i64), env = "AETHER_ADMIN_MAX_CONNECTIONS_PER_SOURCE")]
     pub admin_max_connections_per_source: u32,
     /// Seconds from accept within which an admin connection must send its first request byte;

@@ -28,6 +28,9 @@
 //! [`cli`]. The written policy: `docs/listeners.md`. The routes both binaries' admin ports serve
 //! alike (`/healthz`, `/readyz`, `/metrics`): [`admin`].
 //!
+//! [`probe`]: the pod-local Unix socket the kubelet's exec probes ask (`<binary> probe`), so a
+//! client filling the admin port cannot fail a liveness or readiness probe.
+//!
 //! [`bind::bind_tcp`] binds a listener's socket: `[::]:<port>` as one dual-stack socket, so every
 //! listener serves IPv4 and IPv6 clients.
 //!
@@ -46,6 +49,7 @@ mod listener;
 mod metrics;
 pub mod open_files;
 mod policy;
+pub mod probe;
 mod requests;
 #[cfg(feature = "tls")]
 mod tls;
@@ -57,9 +61,10 @@ pub use listener::{CountedRouter, GatedListener, PeerSource};
 pub use metrics::{EvictionLabels, ListenerLabel, ListenerMetrics};
 pub use policy::{
     ADMIN_FIRST_BYTE_TIMEOUT, ADMIN_IDLE_TIMEOUT, ADMIN_MAX_CONNECTIONS, ADMIN_MAX_CONNECTIONS_PER_SOURCE,
-    ConnectionPolicy, Eviction, KeepAlive, ListenerKind, Liveness, Quiet, RequestsState, WEBHOOK_HANDSHAKE_TIMEOUT,
-    WEBHOOK_IDLE_TIMEOUT, WEBHOOK_MAX_CONNECTIONS, XDS_FIRST_BYTE_TIMEOUT, XDS_KEEPALIVE_INTERVAL,
-    XDS_KEEPALIVE_TIMEOUT, XDS_MAX_CONNECTIONS,
+    ConnectionPolicy, Eviction, KeepAlive, ListenerKind, Liveness, PROBE_FIRST_BYTE_TIMEOUT, PROBE_IDLE_TIMEOUT,
+    PROBE_MAX_CONNECTIONS, Quiet, RequestsState, WEBHOOK_HANDSHAKE_TIMEOUT, WEBHOOK_IDLE_TIMEOUT,
+    WEBHOOK_MAX_CONNECTIONS, XDS_FIRST_BYTE_TIMEOUT, XDS_KEEPALIVE_INTERVAL, XDS_KEEPALIVE_TIMEOUT,
+    XDS_MAX_CONNECTIONS,
 };
 pub use requests::{CountRequests, Requests};
 #[cfg(feature = "tls")]

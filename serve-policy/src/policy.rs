@@ -19,18 +19,24 @@ pub enum ListenerKind {
     Admin,
     /// The agent's ADS gRPC server (the node's Envoy holds one long-lived HTTP/2 connection).
     Xds,
+    /// The pod-local probe socket of both binaries (`--probe-socket`, a Unix socket in an
+    /// emptyDir): the kubelet's exec probes (`<binary> probe`) ask `/healthz` and `/readyz`
+    /// there, out of reach of the clients that can fill the admin port ([`crate::probe`]).
+    Probe,
 }
 
 impl ListenerKind {
     /// Every kind, in the order of `docs/listeners.md`.
-    pub const ALL: [ListenerKind; 3] = [ListenerKind::Webhook, ListenerKind::Admin, ListenerKind::Xds];
+    pub const ALL: [ListenerKind; 4] =
+        [ListenerKind::Webhook, ListenerKind::Admin, ListenerKind::Xds, ListenerKind::Probe];
 
-    /// The metric label: `webhook`, `admin` or `xds`.
+    /// The metric label: `webhook`, `admin`, `xds` or `probe`.
     pub fn label(self) -> &'static str {
         match self {
             ListenerKind::Webhook => "webhook",
             ListenerKind::Admin => "admin",
             ListenerKind::Xds => "xds",
+            ListenerKind::Probe => "probe",
         }
     }
 
@@ -58,6 +64,13 @@ impl ListenerKind {
                 first_byte_timeout: XDS_FIRST_BYTE_TIMEOUT,
                 quiet: Quiet::KeepAlive(KeepAlive { interval: XDS_KEEPALIVE_INTERVAL, timeout: XDS_KEEPALIVE_TIMEOUT }),
             },
+            ListenerKind::Probe => ConnectionPolicy {
+                listener: self,
+                max_connections: PROBE_MAX_CONNECTIONS,
+                max_connections_per_source: None,
+                first_byte_timeout: PROBE_FIRST_BYTE_TIMEOUT,
+                quiet: Quiet::IdleTimeout(PROBE_IDLE_TIMEOUT),
+            },
         }
     }
 }
@@ -81,13 +94,15 @@ pub const WEBHOOK_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// an idle keep-alive connection first (no request races our close), and longer than the
 /// webhook's 15 s request timeout (`webhook::REQUEST_TIMEOUT` in the controller), so no request in flight is cut.
 pub const WEBHOOK_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
-/// Admin port: most connections open at once. Its users are the kubelet's probes (a new
-/// connection per probe) and one or two Prometheus scrapers.
+/// Admin port: most connections open at once. Its users are one or two Prometheus scrapers,
+/// `kubectl aether why`, and the kubelet's probes where they are httpGet probes (the chart's
+/// are exec probes over the probe socket, [`crate::probe`]).
 pub const ADMIN_MAX_CONNECTIONS: usize = 32;
 /// Admin port: most connections from one source address at once (its share of
-/// [`ADMIN_MAX_CONNECTIONS`]). A scraper holds one or two and the kubelet's probes a few, so one
-/// client holding its share leaves three quarters of the port to the others. The kubelet's own
-/// source is shared with every process on the host network, so the probes cannot count on it.
+/// [`ADMIN_MAX_CONNECTIONS`]). A scraper holds one or two, so one client holding its share
+/// leaves three quarters of the port to the others. The kubelet's own source is shared with
+/// every process on the host network, so the probes cannot count on it: they go through the
+/// probe socket ([`crate::probe`]).
 pub const ADMIN_MAX_CONNECTIONS_PER_SOURCE: usize = 8;
 /// Admin port: from accept to the first request byte. Probes and scrapers send their request
 /// at once; a probe's own timeout is 1 s by default.
@@ -106,6 +121,16 @@ pub const XDS_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const XDS_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// xDS: a PING unanswered for this long closes the connection (a dead or hung peer).
 pub const XDS_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Probe socket: most connections open at once. Its only clients are the kubelet's exec probes
+/// (one liveness and one readiness probe, each a new connection that closes after its answer),
+/// run inside the container; 4 leaves room for a slow one overlapping the next.
+pub const PROBE_MAX_CONNECTIONS: usize = 4;
+/// Probe socket: from accept to the first request byte (the probe writes its request at once).
+pub const PROBE_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Probe socket: a connection with no byte either way for this long is closed (a probe closes
+/// its connection after one answer; this only bounds a hung one).
+pub const PROBE_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What one listener allows. Build it from [`ListenerKind::default_policy`] or from the flags
 /// ([`crate::cli`]).

@@ -441,6 +441,13 @@ fn webhook_flood_is_refused_over_the_cap_and_evicted_then_a_review_is_admitted(e
 fn controller_admin_flood_is_evicted_then_metrics_scrape(env: &Env) -> anyhow::Result<()> {
     wait_quiet(env.controller_admin)?;
     let mut flood = silent_tcp(env.controller_admin, 2 * CONTROLLER_ADMIN_CAP)?;
+    // The kubelet's exec probes ask over the probe socket, not the full admin port.
+    eventually("the flood holding the controller's admin cap", WAIT, || {
+        Ok(server_connections(env.controller_admin)? >= CONTROLLER_ADMIN_CAP)
+    })?;
+    for path in ["/healthz", "/readyz"] {
+        exec_probe("aether-controller", &env.path("run/controller-probe.sock"), path)?;
+    }
     wait_all_closed("controller admin flood", &mut flood, WAIT)?;
     let scrape = Scrape::get(env.controller_admin)?;
     let (open, refused, _, first_byte, idle) = listener_counts(&scrape, "admin");
@@ -486,6 +493,13 @@ fn envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded(env: &
         open == AGENT_ADMIN_CAP,
         "{open} admin flood connections open while Envoy got its clusters (want the cap, {AGENT_ADMIN_CAP})"
     );
+    // No connection to the admin port is possible now, yet the kubelet's exec probes are
+    // answered: they ask over the probe socket.
+    let probe_socket = env.path("run/agent-probe.sock");
+    exec_probe("aether-agent", &probe_socket, "/healthz")?;
+    eventually("the agent's /readyz over its probe socket", AGENT_ADMIN_WAIT, || {
+        Ok(exec_probe("aether-agent", &probe_socket, "/readyz").is_ok())
+    })?;
 
     wait_all_closed("agent admin flood", &mut admin_flood, Duration::from_secs(AGENT_ADMIN_FIRST_BYTE_SECS) + WAIT)?;
     let scrape = Scrape::get(env.agent_admin)?;
@@ -494,6 +508,8 @@ fn envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded(env: &
     ensure!(admin == (1, a, 0, a, 0), "agent admin (open, refused, handshake, first-byte, idle): {admin:?}");
     let over_share = metric(&scrape, "aether_listener_connections_over_source_share_total", &[("listener", "admin")]);
     ensure!(over_share == a, "agent admin: {over_share} refused over their source's share (want all {a} refused)");
+    let probe = listener_counts(&scrape, "probe");
+    ensure!(probe.1 == 0 && probe.3 == 0, "the probe socket refused or evicted a probe: {probe:?}");
     let xds = listener_counts(&scrape, "xds");
     let x = XDS_CAP as i64;
     ensure!(xds == (1, x, 0, x, 0), "xDS (open: Envoy's, refused, handshake, first-byte, idle): {xds:?}");
@@ -501,6 +517,19 @@ fn envoy_gets_its_clusters_over_xds_while_the_agent_admin_port_is_flooded(env: &
     let mut agent = env.agent.lock().unwrap();
     agent.alive()?;
     agent.no_emfile()
+}
+
+/// Runs `<binary> probe --socket <socket> --path <path>` as the kubelet's exec probe does: Ok
+/// with its stdout on exit 0, else an error with its exit status and output.
+fn exec_probe(binary: &str, socket: &Path, path: &str) -> anyhow::Result<String> {
+    let out = Command::new(workspace_bin(binary)?)
+        .args(["probe", "--path", path, "--socket"])
+        .arg(socket)
+        .stdin(Stdio::null())
+        .output()?;
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    ensure!(out.status.success(), "{binary} probe --path {path}: {}: {stdout}{stderr}", out.status);
+    Ok(stdout.into_owned())
 }
 
 /// HTTP/2 clients from one source that open no stream and PING every half second hold that
@@ -928,6 +957,8 @@ fn setup() -> anyhow::Result<Env> {
         CONTROLLER_ADMIN_CAP.to_string(),
         "--admin-first-byte-timeout-seconds".into(),
         CONTROLLER_TIMEOUT_SECS.to_string(),
+        "--probe-socket".into(),
+        work.path().join("run/controller-probe.sock").to_string_lossy().into_owned(),
     ];
     let mut controller = Limited::spawn(
         "aether-controller",
@@ -988,6 +1019,8 @@ fn setup() -> anyhow::Result<Env> {
         XDS_CAP.to_string(),
         "--xds-first-byte-timeout-seconds".into(),
         XDS_FIRST_BYTE_SECS.to_string(),
+        "--probe-socket".into(),
+        path("run/agent-probe.sock"),
     ];
     let mut agent = Limited::spawn(
         "aether-agent",

@@ -57,6 +57,10 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Offline: what each managed pod in a Pod manifest file would get, and why.
     Plan(PlanArgs),
+    /// The kubelet's exec probe: GET /healthz or /readyz from a running `run --probe-socket`
+    /// over its Unix socket. Exit 0 on a 2xx answer (its body on stdout); 1 otherwise, with the
+    /// reason on stderr (shown in the pod's events).
+    Probe(aether_serve_policy::probe::ProbeArgs),
 }
 
 /// Settings shared by `run` and `plan`.
@@ -284,6 +288,9 @@ pub struct RunArgs {
     /// The xDS server's connection policy (docs/listeners.md).
     #[command(flatten)]
     pub xds_listener: aether_serve_policy::cli::XdsListenerArgs,
+    /// `--probe-socket`: the admin routes on a pod-local Unix socket for exec probes.
+    #[command(flatten)]
+    pub probe: aether_serve_policy::probe::ProbeSocketArgs,
 }
 
 impl RunArgs {
@@ -393,8 +400,21 @@ mod tests {
         let args = ["aether-agent", "run", "--node-name", "n1"].iter().chain(extra);
         match Cli::try_parse_from(args).unwrap().command {
             Command::Run(r) => *r,
-            Command::Plan(_) => unreachable!(),
+            other => unreachable!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_probe_socket_is_off_unless_set_and_a_probe_asks_healthz_or_readyz_only() {
+        assert_eq!(run_args(&[]).probe.probe_socket, None);
+        let set = run_args(&["--probe-socket", "/run/aether-probe/probe.sock"]);
+        assert_eq!(set.probe.probe_socket, Some("/run/aether-probe/probe.sock".into()));
+        let probe =
+            |extra: &[&str]| Cli::try_parse_from(["aether-agent", "probe", "--socket", "/s"].iter().chain(extra));
+        assert!(matches!(probe(&[]).unwrap().command, Command::Probe(p) if p.path == "/healthz"));
+        assert!(matches!(probe(&["--path", "/readyz"]).unwrap().command, Command::Probe(p) if p.path == "/readyz"));
+        let wrong = probe(&["--path", "/metrics"]).unwrap_err().to_string();
+        assert!(wrong.contains("--path"), "{wrong}");
     }
 
     #[test]

@@ -69,6 +69,10 @@ pub enum Command {
     /// --agent-access api-server-proxy). Exit 0: every check passed; 1: any failed; 2: no
     /// Kubernetes client or a bad --kubelet-pods-dir.
     VerifyInstall(VerifyArgs),
+    /// The kubelet's exec probe: GET /healthz or /readyz from a running `run --probe-socket`
+    /// over its Unix socket. Exit 0 on a 2xx answer (its body on stdout); 1 otherwise, with the
+    /// reason on stderr (shown in the pod's events).
+    Probe(aether_serve_policy::probe::ProbeArgs),
 }
 
 /// Flags of `run`.
@@ -142,6 +146,9 @@ pub struct RunArgs {
     /// The admin port's connection policy (docs/listeners.md).
     #[command(flatten)]
     pub admin_listener: aether_serve_policy::cli::AdminListenerArgs,
+    /// `--probe-socket`: the admin routes on a pod-local Unix socket for exec probes.
+    #[command(flatten)]
+    pub probe: aether_serve_policy::probe::ProbeSocketArgs,
 }
 
 impl RunArgs {

@@ -138,6 +138,29 @@ pub(crate) fn helm_lint_passes_for_both_charts() {
     }
 }
 
+/// The container's liveness and readiness probes are exec probes of `binary probe` over the
+/// probe socket `run --probe-socket` opens, in an emptyDir mounted at its directory.
+fn check_exec_probes(pod: &Value, c: &Value, binary: &str) {
+    // The path is the released image's: its Dockerfile's ENTRYPOINT (the e2e images are built
+    // from the same Dockerfile and run these probes on a real kubelet).
+    let dockerfile =
+        if binary.ends_with("aether-agent") { "agent-reconciler/Dockerfile" } else { "controller/Dockerfile" };
+    let text = std::fs::read_to_string(aether_tests::repo_root().join(dockerfile)).expect(dockerfile);
+    assert!(text.contains(&format!("ENTRYPOINT [\"{binary}\"]")), "{dockerfile} does not run {binary}");
+    let socket = flag(c, "--probe-socket").expect("--probe-socket");
+    assert_eq!(socket, "/run/aether-probe/probe.sock");
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let want = vec![binary.to_owned(), "probe".into(), format!("--socket={socket}"), format!("--path={path}")];
+        assert_eq!(c[probe]["exec"]["command"], Value::from(want), "{binary}: {probe}");
+        assert!(c[probe]["timeoutSeconds"].as_u64().unwrap_or(1) > 2, "{binary}: {probe} outlasts --timeout-seconds 2");
+    }
+    let mount =
+        c["volumeMounts"].as_array().expect("volumeMounts").iter().find(|m| m["mountPath"] == "/run/aether-probe");
+    let volume = &mount.expect("a mount at the probe socket's directory")["name"];
+    let vol = pod["volumes"].as_array().expect("volumes").iter().find(|v| &v["name"] == volume).expect("its volume");
+    assert!(vol.get("emptyDir").is_some(), "{binary}: the probe socket's volume is pod-local: {vol}");
+}
+
 fn check_controller(case: &Case, docs: &[Value]) {
     let dep = find(docs, "Deployment", "aether-controller");
     assert_eq!(dep["spec"]["replicas"], 2, "{}", case.name);
@@ -149,10 +172,7 @@ fn check_controller(case: &Case, docs: &[Value]) {
     assert_eq!(c["securityContext"]["runAsNonRoot"], true);
     assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
     assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
-    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
-        assert_eq!(c[probe]["httpGet"]["path"], path);
-        assert_eq!(c[probe]["httpGet"]["port"], "admin");
-    }
+    check_exec_probes(pod, c, "/usr/local/bin/aether-controller");
     let ports = c["ports"].as_array().expect("ports");
     let port_of = |n: &str| ports.iter().find(|p| p["name"] == n).map(|p| p["containerPort"].clone());
     assert_eq!(port_of("admin"), Some(Value::from(9090)));
@@ -251,6 +271,7 @@ fn check_node(case: &Case, docs: &[Value]) {
     assert_eq!(proxy["automountServiceAccountToken"], false, "Envoy's pod has no API credentials");
     let agent = container(pod, "aether-agent");
     let envoy = container(proxy, "envoy");
+    check_exec_probes(pod, agent, "/usr/local/bin/aether-agent");
     // helm uninstall (this DaemonSet gone) is when the agent removes the pins and health.sock.
     assert_eq!(flag(agent, "--own-daemonset").as_deref(), Some("$(POD_NAMESPACE)/aether-node"));
     // Each pod's inbound listeners: the chart's defaults are the agent's own.
