@@ -1,5 +1,6 @@
 //! `docs/listeners.md` says what the code does: each row of its policy table (the cap, the
-//! handshake or first-byte timeout, the idle timeout or keepalive) against the production
+//! handshake or first-byte timeout, the idle timeout or keepalive, the HTTP limits that bound a
+//! connection's memory) against the production
 //! defaults in `aether-serve-policy`, and its figures for Envoy's listeners (the chart's
 //! bootstrap: readiness and stats caps, the stats rate limit, the overload manager's cap and heap
 //! share; the agent's inbound listener and health gateway defaults) against the constants the
@@ -111,6 +112,48 @@ fn the_envoy_listener_figures_are_the_bootstraps_and_the_agents() {
     }
     // The heap share the page states is the one the fixture's default derives.
     assert_eq!(aether_fixtures::envoy::CHART_MAX_HEAP_BYTES, 512 * 1024 * 1024 * 85 / 100);
+}
+
+/// `16 KiB`, `64 MiB`: how the page writes a size.
+fn kib(bytes: u64) -> String {
+    format!("{} KiB", bytes / 1024)
+}
+
+#[test]
+fn the_memory_column_states_the_http_limits_of_the_code() {
+    use aether_controller::server::{WEBHOOK_H2_WINDOW_BYTES, WEBHOOK_MAX_STREAMS};
+    use aether_controller::webhook::MIN_INFLIGHT_BUDGET_BYTES;
+    use aether_serve_policy::http::{
+        HTTP1_MAX_BUF_BYTES, HTTP2_MAX_SEND_BUF_BYTES, HTTP2_MAX_STREAMS, HTTP2_WINDOW_BYTES,
+    };
+    let rows = policy_rows(&page());
+    let memory = |label: &str| -> String {
+        let row = rows.iter().find(|r| r[0] == label).unwrap_or_else(|| panic!("no row for {label}"));
+        row.get(8).cloned().unwrap_or_else(|| panic!("{label}: no memory column"))
+    };
+    let admin = memory("`admin`");
+    for want in [
+        format!("HTTP/1: {} of request head", kib(HTTP1_MAX_BUF_BYTES as u64)),
+        format!(
+            "HTTP/2: {HTTP2_MAX_STREAMS} streams, {} windows, {} queued per stream",
+            kib(u64::from(HTTP2_WINDOW_BYTES)),
+            kib(HTTP2_MAX_SEND_BUF_BYTES as u64)
+        ),
+        format!("at most {HTTP2_MAX_STREAMS} responses"),
+    ] {
+        assert!(admin.contains(&want), "the admin row's memory column {admin:?} does not say {want:?}");
+    }
+    let webhook = memory("`webhook`");
+    for want in [
+        format!("{} of unread request data", kib(u64::from(WEBHOOK_H2_WINDOW_BYTES))),
+        format!("at most {WEBHOOK_MAX_STREAMS} reviews"),
+        format!("the {} MiB parse budget", MIN_INFLIGHT_BUDGET_BYTES / (1024 * 1024)),
+    ] {
+        assert!(webhook.contains(&want), "the webhook row's memory column {webhook:?} does not say {want:?}");
+    }
+    for label in ["`xds`", "`probe`"] {
+        assert!(!memory(label).is_empty(), "{label}: an empty memory column");
+    }
 }
 
 #[test]

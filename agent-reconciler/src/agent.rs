@@ -226,23 +226,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let admin_app = admin::router(admin_state);
     if let Some(probe_listener) = probe_listener {
         let (probe_app, probe_stop) = (admin_app.clone(), stop.clone());
-        tokio::spawn(async move {
-            axum::serve(probe_listener, aether_serve_policy::CountedRouter::new(probe_app))
-                .with_graceful_shutdown(stopped(probe_stop))
-                .await
-        });
+        tokio::spawn(
+            async move { aether_serve_policy::http::serve(probe_listener, probe_app, stopped(probe_stop)).await },
+        );
     }
     let debug_stop = stop.clone();
-    tokio::spawn(async move {
-        axum::serve(debug_listener, aether_serve_policy::CountedRouter::new(debug_app))
-            .with_graceful_shutdown(stopped(debug_stop))
-            .await
-    });
-    tokio::spawn(async move {
-        axum::serve(admin_listener, aether_serve_policy::CountedRouter::new(admin_app))
-            .with_graceful_shutdown(stopped(stop))
-            .await
-    });
+    tokio::spawn(async move { aether_serve_policy::http::serve(debug_listener, debug_app, stopped(debug_stop)).await });
+    tokio::spawn(async move { aether_serve_policy::http::serve(admin_listener, admin_app, stopped(stop)).await });
 
     let (tx, rx) = mpsc::channel::<Event>(1024);
     if let Some(mut updates) = netns_updates {

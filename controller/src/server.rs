@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aether_crds::Rules;
-use aether_serve_policy::{ConnectionPolicy, CountedRouter, Gate, GatedListener, ListenerKind};
+use aether_serve_policy::{ConnectionPolicy, Gate, GatedListener, ListenerKind};
 use aether_webhook_certs::ReloadingCertResolver;
 use anyhow::Context;
 use axum_server::tls_rustls::RustlsConfig;
@@ -175,12 +175,13 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
             GatedListener::new(probe_listener, Gate::new(ListenerKind::Probe.default_policy(), &metrics.listeners));
         let probe_app = admin_app.clone();
         tracing::info!(socket = %path.display(), "probe endpoints (/healthz, /readyz) listening");
-        tokio::spawn(async move {
-            axum::serve(probe_listener, CountedRouter::new(probe_app)).with_graceful_shutdown(shutdown_signal()).await
-        });
+        tokio::spawn(
+            async move { aether_serve_policy::http::serve(probe_listener, probe_app, shutdown_signal()).await },
+        );
     }
     let admin_task = tokio::spawn(async move {
-        axum::serve(admin_listener, CountedRouter::new(admin_app)).with_graceful_shutdown(shutdown_signal()).await
+        aether_serve_policy::http::serve(admin_listener, admin_app, shutdown_signal()).await;
+        anyhow::Ok(())
     });
 
     let tls = load_tls(&cfg.tls, reload, &metrics).await?;

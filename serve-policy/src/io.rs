@@ -47,7 +47,7 @@ impl<S> GatedIo<S> {
     }
 
     /// This connection's requests: wrap its HTTP service with [`Requests::count`] so that its
-    /// idle timeout counts from the last request ([`crate::CountedRouter`] and
+    /// idle timeout counts from the last request ([`crate::http::serve`] and
     /// [`crate::GatedAcceptor`] do).
     pub fn requests(&self) -> &Requests {
         &self.requests

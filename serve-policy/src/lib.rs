@@ -17,7 +17,8 @@
 //!   `aether_listener_connections_evicted_total{listener,reason}`.
 //!
 //! Serving through it:
-//! - plain HTTP (axum): `axum::serve(GatedListener::new(tcp, gate), CountedRouter::new(router))`;
+//! - plain HTTP (an axum router): `http::serve(GatedListener::new(tcp, gate), router, shutdown)`
+//!   ([`http`]: also the HTTP/1 and HTTP/2 limits that bound a connection's memory);
 //! - TLS (axum-server, feature `tls`): `axum_server::from_tcp(l)?.acceptor(gate.tls_acceptor(cfg))`;
 //! - gRPC (tonic, feature `grpc`): `serve_with_incoming_shutdown(GatedListener::new(l, gate).incoming(), ..)`
 //!   with the tonic builder's `http2_keepalive_*` from [`ConnectionPolicy::keepalive`].
@@ -44,6 +45,7 @@ pub mod cli;
 mod gate;
 #[cfg(feature = "grpc")]
 mod grpc;
+pub mod http;
 mod io;
 mod listener;
 mod metrics;
@@ -57,7 +59,7 @@ mod tls;
 pub use bind::bind_tcp;
 pub use gate::{Gate, REFUSAL_LOG_INTERVAL, Slot};
 pub use io::GatedIo;
-pub use listener::{CountedRouter, GatedListener, PeerSource};
+pub use listener::{GatedListener, PeerSource};
 pub use metrics::{EvictionLabels, ListenerLabel, ListenerMetrics};
 pub use policy::{
     ADMIN_FIRST_BYTE_TIMEOUT, ADMIN_IDLE_TIMEOUT, ADMIN_MAX_CONNECTIONS, ADMIN_MAX_CONNECTIONS_PER_SOURCE,

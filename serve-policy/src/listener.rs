@@ -1,24 +1,21 @@
 //! [`GatedListener`]: a bound listener whose accepted connections pass its [`Gate`]: over the
 //! cap they are closed at once; admitted ones come out as [`GatedIo`] with the policy's timers.
 //!
-//! It is an [`axum::serve::Listener`] (the admin ports: `axum::serve(gated, router)`), and
+//! It is an [`axum::serve::Listener`] (the admin ports: [`crate::http::serve`]), and
 //! [`GatedListener::incoming`] turns it into the connection stream tonic's
 //! `serve_with_incoming_shutdown` takes (the xDS server, with the `grpc` feature). The inner
 //! listener is any axum `Listener` (tokio's `TcpListener` and `UnixListener` are), which also
 //! retries failed accepts (`EMFILE`: axum waits 1 s and tries again).
 
-use std::convert::Infallible;
 use std::io;
 use std::net::IpAddr;
-use std::task::{Context, Poll};
 
-use axum::serve::{IncomingStream, Listener};
+use axum::serve::Listener;
 use futures::Stream;
 use tokio::time::Instant;
 
 use crate::gate::Gate;
 use crate::io::GatedIo;
-use crate::requests::CountRequests;
 
 /// A listener behind a [`Gate`].
 #[derive(Debug)]
@@ -112,36 +109,6 @@ where
     }
 }
 
-/// The make-service for `axum::serve` over a [`GatedListener`]: every connection gets the
-/// router wrapped in [`CountRequests`], so its idle timeout counts from its last request.
-#[derive(Clone, Debug)]
-pub struct CountedRouter(axum::Router);
-
-impl CountedRouter {
-    /// `router`, served with its requests counted per connection.
-    pub fn new(router: axum::Router) -> Self {
-        CountedRouter(router)
-    }
-}
-
-impl<L> tower::Service<IncomingStream<'_, GatedListener<L>>> for CountedRouter
-where
-    L: Listener,
-    L::Addr: PeerSource,
-{
-    type Response = CountRequests<axum::Router>;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, stream: IncomingStream<'_, GatedListener<L>>) -> Self::Future {
-        std::future::ready(Ok(stream.io().requests().count(self.0.clone())))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -173,7 +140,7 @@ mod tests {
         let addr = tcp.local_addr().unwrap();
         let gated = GatedListener::new(tcp, Gate::new(policy, &metrics));
         let app = axum::Router::new().route("/metrics", axum::routing::get(|| async { "up" }));
-        tokio::spawn(async move { axum::serve(gated, crate::CountedRouter::new(app)).await });
+        tokio::spawn(crate::http::serve(gated, app, std::future::pending()));
 
         let mut held = Vec::new();
         for _ in 0..3 {

@@ -173,7 +173,7 @@ mod tests {
     use axum::routing::get as route_get;
 
     use super::*;
-    use crate::{CountedRouter, Gate, GatedListener, ListenerKind, ListenerMetrics};
+    use crate::{Gate, GatedListener, ListenerKind, ListenerMetrics};
 
     fn app() -> Router {
         Router::new()
@@ -191,7 +191,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         let metrics = ListenerMetrics::default();
         let gate = Gate::new(ListenerKind::Probe.default_policy(), &metrics);
-        tokio::spawn(async move { axum::serve(GatedListener::new(listener, gate), CountedRouter::new(app())).await });
+        tokio::spawn(crate::http::serve(GatedListener::new(listener, gate), app(), std::future::pending()));
         assert_eq!(get(&path, "/healthz").await.unwrap(), (200, "ok\n".to_owned()));
         assert_eq!(get(&path, "/readyz").await.unwrap(), (503, "envoy: not connected\n".to_owned()));
         // A live socket is never taken over.
@@ -221,7 +221,7 @@ mod tests {
         let listener = runtime.block_on(async { bind(&path) }).unwrap();
         let metrics = ListenerMetrics::default();
         let gate = Gate::new(ListenerKind::Probe.default_policy(), &metrics);
-        runtime.spawn(async move { axum::serve(GatedListener::new(listener, gate), CountedRouter::new(app())).await });
+        runtime.spawn(crate::http::serve(GatedListener::new(listener, gate), app(), std::future::pending()));
         let args = |path: &str, socket: &Path| ProbeArgs {
             socket: socket.to_owned(),
             path: path.to_owned(),

@@ -5,7 +5,7 @@
 //! Each admitted connection ([`crate::GatedIo`]) carries a [`Requests`]. The connection's HTTP
 //! service is wrapped in [`CountRequests`], which marks a request in flight from the call of the
 //! service until its response (head) is ready. Served that way:
-//! - plain HTTP (axum): `axum::serve(gated, CountedRouter::new(router))` ([`crate::CountedRouter`]);
+//! - plain HTTP (an axum router): [`crate::http::serve`];
 //! - TLS (axum-server): [`crate::GatedAcceptor`] wraps the connection's service itself.
 //!
 //! A connection whose service was never wrapped keeps the byte rule only ([`Requests::state`] is
