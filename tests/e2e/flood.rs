@@ -38,19 +38,23 @@ const NODE: &str = "node-f";
 /// The bound on every wait of this file (not a timing assertion: things happen well within it).
 const WAIT: Duration = Duration::from_secs(20);
 
-/// The controller's open-files limit: the 128. Twice its caps (2 × (64 + 8)) would
-/// exhaust it; the caps plus its own descriptors (16 at rest here) fit.
+/// The controller's open-files limit: the 128. Twice its caps (2 × (64 + 8 + 4), the
+/// probe socket's among them) would exhaust it; the caps plus its own descriptors (16 to 20 at
+/// rest here) fit.
 const CONTROLLER_NOFILE: usize = 128;
 const WEBHOOK_CAP: usize = 64;
 const CONTROLLER_ADMIN_CAP: usize = 8;
 /// The controller's handshake and first-byte timeouts (seconds).
 const CONTROLLER_TIMEOUT_SECS: u64 = 3;
 
-/// The agent's open-files limit: twice its caps (2 × (16 + 4)) plus its own descriptors (16 at
-/// rest here) would exhaust it; the caps (Envoy's connection among them) and its own fit.
-const AGENT_NOFILE: usize = 48;
+/// The agent's open-files limit: twice its caps (2 × (16 + 4 + 4)) plus its own descriptors (16
+/// to 20 at rest here) would exhaust it; the caps (Envoy's connection and the probe socket's
+/// among them) and its own fit.
+const AGENT_NOFILE: usize = 56;
 const AGENT_ADMIN_CAP: usize = 16;
 const XDS_CAP: usize = 4;
+/// Both processes' probe socket cap (`--probe-socket`; not a flag).
+const PROBE_CAP: usize = aether_serve_policy::PROBE_MAX_CONNECTIONS;
 const XDS_FIRST_BYTE_SECS: u64 = 3;
 /// Long enough that the agent's admin flood is still held while Envoy starts and pulls its
 /// clusters (the bounded wait for that is shorter), then evicted.
@@ -368,10 +372,11 @@ fn the_processes_run_under_the_lowered_open_files_limit(env: &Env) -> anyhow::Re
     // fit, with room for the connections being accepted and closed over the cap.
     let (c_fds, a_fds) = (c.open_fds(), a.open_fds());
     eprintln!("open descriptors at rest: controller {c_fds}, agent {a_fds}");
-    ensure!(c_fds + 2 * (WEBHOOK_CAP + CONTROLLER_ADMIN_CAP) > CONTROLLER_NOFILE, "controller at rest: {c_fds}");
-    ensure!(c_fds + WEBHOOK_CAP + CONTROLLER_ADMIN_CAP + 8 < CONTROLLER_NOFILE, "controller at rest: {c_fds}");
-    ensure!(a_fds + 2 * (AGENT_ADMIN_CAP + XDS_CAP) > AGENT_NOFILE, "agent at rest: {a_fds}");
-    ensure!(a_fds + AGENT_ADMIN_CAP + XDS_CAP + 8 < AGENT_NOFILE, "agent at rest: {a_fds}");
+    let (c_caps, a_caps) = (WEBHOOK_CAP + CONTROLLER_ADMIN_CAP + PROBE_CAP, AGENT_ADMIN_CAP + XDS_CAP + PROBE_CAP);
+    ensure!(c_fds + 2 * c_caps > CONTROLLER_NOFILE, "controller at rest: {c_fds}");
+    ensure!(c_fds + c_caps + 8 < CONTROLLER_NOFILE, "controller at rest: {c_fds}");
+    ensure!(a_fds + 2 * a_caps > AGENT_NOFILE, "agent at rest: {a_fds}");
+    ensure!(a_fds + a_caps + 8 < AGENT_NOFILE, "agent at rest: {a_fds}");
     Ok(())
 }
 
