@@ -169,10 +169,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // The admin port first: a failure there must not leave an xDS socket behind.
     let (admin_policy, xds_policy) = (args.admin_listener.policy(), args.xds_listener.policy());
     // Logs a warning when the caps and the process's own files do not fit under `ulimit -n`.
-    let probe_policy =
-        args.probe.probe_socket.as_ref().map(|_| aether_serve_policy::ListenerKind::Probe.default_policy());
-    let _ =
-        aether_serve_policy::open_files::check(&[&[admin_policy, xds_policy][..], probe_policy.as_slice()].concat());
+    let _ = aether_serve_policy::open_files::check(
+        &[&[admin_policy, xds_policy][..], args.probe.policy().as_slice()].concat(),
+    );
     // [::] is one dual-stack socket (IPv4 and IPv6 clients); IPv4 only on a kernel without IPv6.
     let admin_listener =
         tokio::net::TcpListener::from_std(aether_serve_policy::bind_tcp("--admin-addr", args.admin_addr)?)?;
@@ -183,17 +182,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let debug_listener = aether_serve_policy::GatedListener::new(debug_listener, admin_gate.clone());
     let admin_listener = aether_serve_policy::GatedListener::new(admin_listener, admin_gate);
     // The kubelet's exec probes ask here, out of reach of the clients that can fill the admin port.
-    let probe_listener = match &args.probe.probe_socket {
-        None => None,
-        Some(path) => {
-            let probe_gate = aether_serve_policy::Gate::new(
-                aether_serve_policy::ListenerKind::Probe.default_policy(),
-                &metrics.listeners,
-            );
-            tracing::info!(socket = %path.display(), "probe endpoints (/healthz, /readyz) listening");
-            Some(aether_serve_policy::GatedListener::new(aether_serve_policy::probe::bind(path)?, probe_gate))
-        }
-    };
+    let probe_listener = args.probe.open(&metrics.listeners)?;
     let addr = XdsAddr::from_str(&args.xds_address).with_context(|| "--xds-address")?;
     let listener = XdsListener::bind(&addr).await.with_context(|| format!("--xds-address {addr}"))?;
     let xds_bound = Arc::new(AtomicBool::new(true));

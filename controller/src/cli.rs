@@ -14,8 +14,7 @@ pub use crate::logging::{LogFormat, LogLevel};
 
 /// Runs a subcommand to its end: `crd` here, `validate` in [`crate::offline::validate`], `run`
 /// in [`crate::startup::run`], `verify-install` in [`crate::verify::run`], `probe` in
-/// [`aether_serve_policy::probe::command`]. Returns the process
-/// exit code.
+/// [`aether_serve_policy::probe::command`]. Returns the process exit code.
 pub fn dispatch(command: Command) -> ExitCode {
     match command {
         Command::Crd => {

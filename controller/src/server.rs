@@ -76,8 +76,8 @@ pub struct RunConfig {
     /// webhook alone, with no Kubernetes client.
     pub status_writer: Option<StatusWriterConfig>,
     /// `--probe-socket`: also serve the admin routes on this pod-local Unix socket, for the
-    /// kubelet's exec probes ([`aether_serve_policy::probe`]); `None`: no probe socket.
-    pub probe_socket: Option<std::path::PathBuf>,
+    /// kubelet's exec probes ([`aether_serve_policy::probe`]); unset: no probe socket.
+    pub probe: aether_serve_policy::probe::ProbeSocketArgs,
 }
 
 /// Binds both listeners and serves until a shutdown signal, with the certificate loaded once.
@@ -158,9 +158,8 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
 
     let listeners = cfg.listeners;
     // Logs a warning when the caps and the process's own files do not fit under `ulimit -n`.
-    let probe_policy = cfg.probe_socket.as_ref().map(|_| ListenerKind::Probe.default_policy());
     let _ = aether_serve_policy::open_files::check(
-        &[&[listeners.webhook, listeners.admin][..], probe_policy.as_slice()].concat(),
+        &[&[listeners.webhook, listeners.admin][..], cfg.probe.policy().as_slice()].concat(),
     );
     // [::] is one dual-stack socket (IPv4 and IPv6 clients); IPv4 only on a kernel without IPv6.
     let admin_listener =
@@ -169,12 +168,8 @@ async fn serve(cfg: RunConfig, reload: Option<Duration>) -> anyhow::Result<()> {
     let admin_app =
         admin::router(AdminState { ready: ready.clone(), metrics: metrics.clone(), cluster: cluster.clone() });
     tracing::info!(addr = %cfg.admin_addr, "admin endpoints (/healthz, /readyz, /metrics) listening");
-    if let Some(path) = &cfg.probe_socket {
-        let probe_listener = aether_serve_policy::probe::bind(path)?;
-        let probe_listener =
-            GatedListener::new(probe_listener, Gate::new(ListenerKind::Probe.default_policy(), &metrics.listeners));
+    if let Some(probe_listener) = cfg.probe.open(&metrics.listeners)? {
         let probe_app = admin_app.clone();
-        tracing::info!(socket = %path.display(), "probe endpoints (/healthz, /readyz) listening");
         tokio::spawn(
             async move { aether_serve_policy::http::serve(probe_listener, probe_app, shutdown_signal()).await },
         );

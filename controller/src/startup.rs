@@ -46,7 +46,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         listeners,
         max_body_bytes: args.max_body_bytes,
         status_writer: writer,
-        probe_socket: args.probe.probe_socket,
+        probe: args.probe,
     };
     let served = match reload {
         Some(poll) => rt.block_on(server::run_reloading(cfg, poll)),

@@ -105,7 +105,7 @@ async fn start_reloading(dir: &std::path::Path) -> (tokio::task::JoinHandle<anyh
         listeners: Listeners::default(),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         status_writer: None,
-        probe_socket: None,
+        probe: Default::default(),
     };
     let (webhook, admin) = (cfg.webhook_addr, cfg.admin_addr);
     let task = tokio::spawn(server::run_reloading(cfg, Duration::from_millis(50)));

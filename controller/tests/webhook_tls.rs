@@ -61,7 +61,7 @@ impl Server {
                 listeners: Listeners::default(),
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
                 status_writer: None,
-                probe_socket: None,
+                probe: Default::default(),
             };
             let (webhook, admin) = (cfg.webhook_addr, cfg.admin_addr);
             let task = tokio::spawn(server::run(cfg));
@@ -473,7 +473,7 @@ async fn run_fails_naming_the_missing_certificate_file() {
         listeners: Listeners::default(),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         status_writer: None,
-        probe_socket: None,
+        probe: Default::default(),
     };
     let err = tokio::time::timeout(Duration::from_secs(10), server::run(cfg))
         .await
@@ -499,7 +499,7 @@ async fn run_fails_naming_the_webhook_address_in_use() {
         listeners: Listeners::default(),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         status_writer: None,
-        probe_socket: None,
+        probe: Default::default(),
     };
     let err = tokio::time::timeout(Duration::from_secs(10), server::run(cfg))
         .await

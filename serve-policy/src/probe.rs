@@ -29,6 +29,8 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
+use crate::{ConnectionPolicy, Gate, GatedListener, ListenerKind, ListenerMetrics};
+
 /// The `--help` section of [`ProbeSocketArgs`].
 pub const HELP_HEADING: &str = "Probes (docs/listeners.md, \"Probes\")";
 
@@ -47,6 +49,27 @@ pub struct ProbeSocketArgs {
     /// socket (probe through the admin port).
     #[arg(long, value_name = "PATH", env = "AETHER_PROBE_SOCKET")]
     pub probe_socket: Option<PathBuf>,
+}
+
+impl ProbeSocketArgs {
+    /// The probe socket's [`ConnectionPolicy`] when `--probe-socket` is set (for
+    /// [`crate::open_files::check`] with the process's other listeners).
+    pub fn policy(&self) -> Option<ConnectionPolicy> {
+        self.probe_socket.as_ref().map(|_| ListenerKind::Probe.default_policy())
+    }
+
+    /// Binds `--probe-socket` ([`bind`]) behind its own gate, counted in `metrics` under
+    /// `listener="probe"`, and logs where; `None` when the flag is unset. Serve it with
+    /// [`crate::http::serve`].
+    ///
+    /// # Errors
+    /// What [`bind`] returns. Must be called inside a Tokio runtime.
+    pub fn open(&self, metrics: &ListenerMetrics) -> io::Result<Option<GatedListener<tokio::net::UnixListener>>> {
+        let (Some(path), Some(policy)) = (&self.probe_socket, self.policy()) else { return Ok(None) };
+        let listener = GatedListener::new(bind(path)?, Gate::new(policy, metrics));
+        tracing::info!(socket = %path.display(), "probe endpoints (/healthz, /readyz) listening");
+        Ok(Some(listener))
+    }
 }
 
 /// The `probe` subcommand's flags: which socket, which path, how long to wait.
@@ -173,7 +196,6 @@ mod tests {
     use axum::routing::get as route_get;
 
     use super::*;
-    use crate::{Gate, GatedListener, ListenerKind, ListenerMetrics};
 
     fn app() -> Router {
         Router::new()
