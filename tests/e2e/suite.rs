@@ -49,7 +49,8 @@ macro_rules! cases {
 pub(crate) use cases;
 
 /// Runs `cases` against one environment from `setup` and exits with libtest's status. A failing
-/// trial's message is its error chain followed by `context(env)` (e.g. log tails).
+/// trial's message is its error chain, `context(env)` (e.g. log tails), and the error chain again:
+/// CI shows an output's tail, where the error must be.
 pub fn run<E: Send + Sync + 'static>(
     cases: Vec<Case<E>>,
     setup: fn() -> anyhow::Result<E>,
@@ -72,8 +73,11 @@ pub fn run<E: Send + Sync + 'static>(
         .into_iter()
         .map(|c| {
             let env = env.clone();
-            Trial::test(c.name, move || (c.body)(&env).map_err(|e| Failed::from(format!("{e:#}{}", context(&env)))))
-                .with_ignored_flag(c.ignored)
+            Trial::test(c.name, move || {
+                (c.body)(&env)
+                    .map_err(|e| Failed::from(format!("{e:#}{}\n--- the failure, again\n{e:#}", context(&env))))
+            })
+            .with_ignored_flag(c.ignored)
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);

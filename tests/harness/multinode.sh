@@ -402,17 +402,10 @@ down() {
   # 4. Cgroups (empty now), network, guard chain, sysctls.
   for nd in "$d"/nodes/*/; do
     name=$(basename "$nd")
-    # A process may take a moment to leave its cgroup after KILL.
-    for _ in $(seq 1 50); do
-      remove_empty_cgroups "$name"
-      c=$(ls -d /sys/fs/cgroup/*/"$name" 2>/dev/null | wc -l)
-      [ "$c" = 0 ] && break
-      sleep 0.1
-    done
-    [ "$c" = 0 ] || log "cgroups left: $(ls -d /sys/fs/cgroup/*/"$name" | tr '\n' ' ')"
+    remove_empty_cgroups "$name"   # waits while a killed process is still leaving it
     ip link del "$(veth_of "${name##*-}")" 2>/dev/null
   done
-  if [ -f "$d/bridge.created" ]; then ip link del "$bridge" 2>/dev/null; rm -f "$d/bridge.created"; fi
+  if [ -f "$d/bridge.created" ]; then remove_bridge "$bridge"; rm -f "$d/bridge.created"; fi
   restore_iptables "$d"
   restore_sysctls "$d"
   # 5. This cluster's state.

@@ -17,7 +17,12 @@
 #                                them from chains that existed before
 #   restore_sysctls DIR          writes back every sysctl remember_host saw with another value now
 #   remove_empty_cgroups NAME    rmdir (deepest first) of /sys/fs/cgroup/*/NAME: only empty
-#                                cgroups go, a cgroup that still holds a process stays
+#                                cgroups go, a cgroup that still holds a process stays; tries for
+#                                up to 5 s while one is left (a killed process leaves its cgroup
+#                                only once the kernel has reaped it)
+#   remove_bridge NAME           deletes the bridge NAME and the veths still attached to it (the
+#                                kernel deletes a pod's host-side veth only when it frees the pod's
+#                                network namespace, asynchronously, after `down` returns)
 
 # Sysctls kubelet (vm/kernel), kube-proxy (conntrack, route_localnet) and the harness (forwarding;
 # IPv6's for a dual-stack node: all/ before default/, as writing all/ also sets default/) may
@@ -211,9 +216,26 @@ restore_sysctls() {
 }
 
 remove_empty_cgroups() {
-  local h
-  for h in /sys/fs/cgroup/*/; do
-    [ -d "$h$1" ] && find "$h$1" -depth -type d -exec rmdir {} \; 2>/dev/null
+  local h try left
+  for try in $(seq 10); do
+    left=0
+    for h in /sys/fs/cgroup/*/; do
+      [ -d "$h$1" ] || continue
+      find "$h$1" -depth -type d -exec rmdir {} \; 2>/dev/null
+      [ ! -d "$h$1" ] || left=1
+    done
+    [ "$left" = 1 ] || return 0
+    sleep 0.5
   done
+  log "cgroups left (a process still in them): $(ls -d /sys/fs/cgroup/*/"$1" 2>/dev/null | tr '\n' ' ')"
+  return 0
+}
+
+remove_bridge() {
+  local ports p
+  ip link show "$1" >/dev/null 2>&1 || return 0
+  ports=$(ip -o link show master "$1" 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1)
+  ip link del "$1" 2>/dev/null
+  for p in $ports; do ip link del "$p" 2>/dev/null; done
   return 0
 }

@@ -456,8 +456,9 @@ down() {
   for m in $(findmnt -rn -o TARGET | grep -E "^/run/aether-pins/" | sort -r); do umount "$m" 2>/dev/null || umount -l "$m"; done
   if [ -f "$d/pins-mount.created" ]; then umount /run/aether-pins 2>/dev/null || umount -l /run/aether-pins; rm -f "$d/pins-mount.created"; fi
   log "mounts left under $kubelet_root and $d: $(findmnt -rn -o TARGET | grep -cE "^($kubelet_root|$d)(/|$)")"
-  # 5. Network: bridge (its routes go with it), guard chain, chains kubelet/kube-proxy added.
-  if [ -f "$d/bridge.created" ]; then ip link del "$bridge" 2>/dev/null; rm -f "$d/bridge.created"; fi
+  # 5. Network: bridge and the pods' veths on it (their routes go with them), guard chain, chains
+  #    kubelet/kube-proxy added.
+  if [ -f "$d/bridge.created" ]; then remove_bridge "$bridge"; rm -f "$d/bridge.created"; fi
   restore_iptables "$d"
   # 6. Sysctls.
   restore_sysctls "$d"

@@ -324,7 +324,7 @@ impl RealNode {
     /// When `node.sh down` fails (with its log) or the host cannot be read.
     pub fn down(&self) -> anyhow::Result<Vec<String>> {
         node_script("down", &self.dir, 1, Shape::DEFAULT)?;
-        Ok(self.before.diff(&HostState::capture()?))
+        self.before.diff_settled()
     }
 }
 
@@ -344,6 +344,9 @@ impl Drop for RealNode {
 pub struct HostState {
     items: BTreeSet<String>,
 }
+
+/// How long [`HostState::diff_settled`] waits for the host to settle after a teardown: 10 s.
+pub const HOST_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Sysctls kubelet, kube-proxy and node.sh may set.
 const SYSCTLS: &[&str] = &[
@@ -453,6 +456,24 @@ impl HostState {
         Ok(HostState { items })
     }
 
+    /// How the host differs from `self` once it has settled: captures again every 200 ms while
+    /// it differs, for up to [`HOST_SETTLE`], and returns the last difference (empty when
+    /// restored). What a teardown starts can end after it returns: the kernel frees a network
+    /// namespace (and a veth of its with it) and a killed process's cgroup asynchronously.
+    ///
+    /// # Errors
+    /// As [`HostState::capture`].
+    pub fn diff_settled(&self) -> anyhow::Result<Vec<String>> {
+        let deadline = std::time::Instant::now() + HOST_SETTLE;
+        loop {
+            let diff = self.diff(&HostState::capture()?);
+            if diff.is_empty() || std::time::Instant::now() >= deadline {
+                return Ok(diff);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
     /// What changed from `self` to `now`: `- item` gone, `+ item` new.
     pub fn diff(&self, now: &HostState) -> Vec<String> {
         let gone = self.items.difference(&now.items).map(|i| format!("- {i}"));
@@ -473,14 +494,15 @@ pub(crate) fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// Runs `AETHER_NODES=<nodes> tests/harness/node.sh <action> <dir>` with the shape's
-/// environment, its output in `<dir>/node-<action>.log` (`down` reads what `up` did from DIR,
+/// environment, its output appended to `<dir>/node-<action>.log` (`down` reads what `up` did from DIR,
 /// whatever the shape given).
 ///
 /// # Errors
 /// When it fails: the error carries the tail of that log.
 pub(crate) fn node_script(action: &str, dir: &Path, nodes: usize, shape: Shape) -> anyhow::Result<()> {
     let log = dir.join(format!("node-{action}.log"));
-    let out = std::fs::File::create(&log)?;
+    // Appended to: the suite's drop runs `down` a second time, which must not hide the first's log.
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
     let status = Command::new(repo_root().join("tests/harness/node.sh"))
         .arg(action)
         .arg(dir)

@@ -216,7 +216,7 @@ impl RealNodes {
     /// When `node.sh down` fails (with its log) or the host cannot be read.
     pub fn down(&self) -> anyhow::Result<Vec<String>> {
         node_script("down", &self.dir, self.nodes.len(), Shape::DEFAULT)?;
-        Ok(self.before.diff(&HostState::capture()?))
+        self.before.diff_settled()
     }
 }
 
