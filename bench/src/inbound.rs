@@ -24,7 +24,7 @@ const APP_TCP_PORT: u16 = 9090;
 /// A static bootstrap with one inbound listener as the agent renders it
 /// (`aether_agent_reconciler::xds::build_inbound_listener` with the default `BuildOptions`,
 /// written out by hand as JSON): 0.0.0.0:`port` bound in `netns` (`network_namespace_filepath`),
-/// `enable_reuse_port: false`, `connection_limit` (16384) then `tcp_proxy` (idle timeout 1 h) to a
+/// `enable_reuse_port: false`, `connection_limit` (4096) then `tcp_proxy` (idle timeout 1 h) to a
 /// STATIC cluster whose one endpoint is the app's socket (`pipe`), like `build_cluster` builds a
 /// pipe endpoint (connect timeout 1 s, panic threshold 0, no health check).
 fn inbound_bootstrap(admin: u16, netns: &str, port: u16, socket: &Path) -> serde_json::Value {
@@ -46,7 +46,7 @@ fn inbound_bootstrap(admin: u16, netns: &str, port: u16, socket: &Path) -> serde
                 "filter_chains": [{ "filters": [
                     { "name": "envoy.filters.network.connection_limit", "typed_config": {
                         "@type": "type.googleapis.com/envoy.extensions.filters.network.connection_limit.v3.ConnectionLimit",
-                        "stat_prefix": name, "max_connections": 16384 } },
+                        "stat_prefix": name, "max_connections": 4096 } },
                     { "name": "envoy.filters.network.tcp_proxy", "typed_config": {
                         "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
                         "stat_prefix": name, "cluster": cluster, "idle_timeout": "3600s" } }

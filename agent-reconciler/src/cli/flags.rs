@@ -535,8 +535,8 @@ mod tests {
             std::time::Duration::from_secs(defaults.inbound_idle_timeout_seconds),
             crate::xds::BuildOptions::default().inbound_idle_timeout
         );
-        let set = run_args(&["--inbound-max-connections", "4096", "--inbound-idle-timeout-seconds", "600"]);
-        assert_eq!((set.inbound_max_connections, set.inbound_idle_timeout_seconds), (4096, 600));
+        let set = run_args(&["--inbound-max-connections", "16384", "--inbound-idle-timeout-seconds", "600"]);
+        assert_eq!((set.inbound_max_connections, set.inbound_idle_timeout_seconds), (16384, 600));
         for (flag, bad) in [
             ("--inbound-max-connections", "0"),
             ("--inbound-max-connections", "1000001"),

@@ -3,10 +3,15 @@
 
 use std::time::Duration;
 
-/// Default cap on concurrent connections per inbound listener (one pod port): `--inbound-max-connections`.
-/// Kept at its first value: a change re-renders every pod's inbound listener, and Envoy closes
-/// a replaced listener's TCP-relayed connections after its drain time, on every node at once.
-pub const DEFAULT_INBOUND_MAX_CONNECTIONS: u64 = 16_384;
+/// Default cap on concurrent connections per inbound listener (one pod port):
+/// `--inbound-max-connections`, 4,096 (16,384 before 0.11.0). A fifth of the chart's global cap
+/// (`proxy.overload.maxConnections`, 20,000), so one pod's clients take at most that share of the
+/// node's connections, and 4,096 idle ones hold ~31 MiB of Envoy's heap (~7.7 KiB each,
+/// docs/listeners.md, "Memory"). A pod serving more clients at once through one node raises it
+/// (the chart's `agent.inbound.maxConnections`). A change re-renders every pod's inbound listener:
+/// Envoy closes the replaced listener's TCP-relayed connections after its drain time, as a proxy
+/// replacement does.
+pub const DEFAULT_INBOUND_MAX_CONNECTIONS: u64 = 4_096;
 
 /// Default idle timeout of inbound connections (`--inbound-idle-timeout-seconds`): 1 h, Envoy's
 /// own default for the TCP relay, kept explicitly.
