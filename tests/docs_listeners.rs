@@ -151,9 +151,15 @@ fn the_memory_column_states_the_http_limits_of_the_code() {
     ] {
         assert!(webhook.contains(&want), "the webhook row's memory column {webhook:?} does not say {want:?}");
     }
-    for label in ["`xds`", "`probe`"] {
-        assert!(!memory(label).is_empty(), "{label}: an empty memory column");
-    }
+    use aether_agent_reconciler::xds::{XDS_MAX_REQUEST_BYTES, XDS_MAX_STREAMS, XDS_WINDOW_BYTES};
+    let xds = memory("`xds`");
+    let want = format!(
+        "HTTP/2: {XDS_MAX_STREAMS} streams, {} windows, a request decoded up to {} MiB per stream",
+        kib(u64::from(XDS_WINDOW_BYTES)),
+        XDS_MAX_REQUEST_BYTES / (1024 * 1024)
+    );
+    assert!(xds.contains(&want), "the xds row's memory column {xds:?} does not say {want:?}");
+    assert!(!memory("`probe`").is_empty(), "`probe`: an empty memory column");
 }
 
 #[test]

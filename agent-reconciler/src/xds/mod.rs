@@ -89,5 +89,7 @@ pub use resource_set::{
     CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL, LISTENER_TYPE_URL, NamedResource, Rejected, ResourceSet,
     TypedResources, resource_version,
 };
-pub use server::{Drained, serve, serve_listener};
+pub use server::{
+    Drained, XDS_MAX_HEADER_BYTES, XDS_MAX_REQUEST_BYTES, XDS_MAX_STREAMS, XDS_WINDOW_BYTES, serve, serve_listener,
+};
 pub use service::XdsServer;

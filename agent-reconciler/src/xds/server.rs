@@ -9,6 +9,11 @@
 //! `max_connections` at once (more are closed at once and counted), the first byte within the
 //! first-byte timeout of accept, then no idle timeout (the ADS stream is quiet between pushes):
 //! HTTP/2 PINGs every keepalive interval find a dead peer instead.
+//!
+//! Memory (docs/listeners.md, "Memory"): a connection has at most [`XDS_MAX_STREAMS`] streams,
+//! [`XDS_WINDOW_BYTES`] of request data the server has not read, and a request message being
+//! decoded of at most [`XDS_MAX_REQUEST_BYTES`] per stream; the gate's `max_connections` bounds
+//! the connections.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -19,6 +24,23 @@ use crate::shutdown::FileId;
 
 use super::listen::{ServeError, XdsAddr, XdsListener};
 use super::service::XdsServer;
+
+/// HTTP/2: most streams one ADS connection has open at once; one more is refused with
+/// `REFUSED_STREAM` (RFC 9113, section 5.1.2). Envoy opens one ADS stream per connection (delta or
+/// state of the world); the second is room for a stream being replaced.
+pub const XDS_MAX_STREAMS: u32 = 2;
+/// HTTP/2: the connection's and each stream's initial flow-control window (bytes): the most
+/// request data Envoy may send that the server has not read yet. Envoy's requests are ACKs,
+/// NACKs and subscriptions; a larger one takes more window updates, not more memory.
+pub const XDS_WINDOW_BYTES: u32 = 256 * 1024;
+/// The largest `DiscoveryRequest` or `DeltaDiscoveryRequest` decoded (bytes): 4 MiB, tonic's
+/// default, stated. A larger one ends its stream with `RESOURCE_EXHAUSTED`. Envoy's largest are a
+/// reconnect's `initial_resource_versions` (a name and a version per resource, ~200 KB at 2,000
+/// clusters) and a NACK's `error_detail`.
+pub const XDS_MAX_REQUEST_BYTES: usize = 4 << 20;
+/// HTTP/2 `SETTINGS_MAX_HEADER_LIST_SIZE` (bytes): a larger request header block is refused.
+/// Envoy's gRPC headers are a few hundred bytes.
+pub const XDS_MAX_HEADER_BYTES: u32 = 16 * 1024;
 
 /// How [`serve_listener`] shut down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,8 +119,12 @@ async fn serve_until(
     let keepalive = gate.policy().keepalive();
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(keepalive.map(|k| k.interval))
-        .http2_keepalive_timeout(keepalive.map(|k| k.timeout));
-    let router = builder.add_service(server.into_service());
+        .http2_keepalive_timeout(keepalive.map(|k| k.timeout))
+        .max_concurrent_streams(XDS_MAX_STREAMS)
+        .initial_stream_window_size(XDS_WINDOW_BYTES)
+        .initial_connection_window_size(XDS_WINDOW_BYTES)
+        .http2_max_header_list_size(XDS_MAX_HEADER_BYTES);
+    let router = builder.add_service(server.into_service().max_decoding_message_size(XDS_MAX_REQUEST_BYTES));
     match listener {
         XdsListener::Tcp(l) => router.serve_with_incoming_shutdown(GatedListener::new(l, gate).incoming(), stop).await,
         XdsListener::Unix(l, ..) => {
@@ -132,4 +158,65 @@ async fn drain_after(
     }
     server.close_streams();
     Drained { left_open }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::xds::ResourceSet;
+
+    /// A raw HTTP/2 client on the ADS socket: of [`XDS_MAX_STREAMS`] + 2 open streams (as Envoy's,
+    /// never ended), the first ones are live ADS streams (the server answers their headers) and
+    /// the rest are refused (`REFUSED_STREAM`), or held back by the client once the server's
+    /// SETTINGS announced the limit, which the client then reports.
+    #[tokio::test]
+    async fn ads_streams_past_the_limit_are_refused_while_the_first_ones_stay_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("xds.sock");
+        let listener = XdsListener::bind(&XdsAddr::Unix(path.clone())).await.unwrap();
+        let (_keep, resources) = tokio::sync::watch::channel(Arc::new(ResourceSet::default()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(serve_listener(listener, XdsServer::new(resources), async move {
+            let _ = stopped.await;
+        }));
+
+        let unix = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let (h2, connection) = h2::client::handshake(unix).await.unwrap();
+        tokio::spawn(connection);
+        let mut opened = Vec::new();
+        for _ in 0..(XDS_MAX_STREAMS + 2) {
+            let Ok(ready) = tokio::time::timeout(Duration::from_secs(1), h2.clone().ready()).await else {
+                break; // held back by the client: the server announced its limit
+            };
+            let request = http::Request::post(
+                "http://xds/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources",
+            )
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+            let (response, body) = ready.unwrap().send_request(request, false).unwrap();
+            opened.push((response, body));
+        }
+        let (mut answered, mut refused) = (0, 0);
+        for (response, _body) in opened {
+            match tokio::time::timeout(Duration::from_secs(5), response).await.expect("headers or a refusal") {
+                Ok(r) => {
+                    assert_eq!(r.status(), 200);
+                    answered += 1;
+                }
+                Err(e) => {
+                    assert_eq!(e.reason(), Some(h2::Reason::REFUSED_STREAM), "{e}");
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(answered, XDS_MAX_STREAMS, "live ADS streams ({refused} refused)");
+        assert_eq!(h2.current_max_send_streams(), XDS_MAX_STREAMS as usize, "the limit the server announced");
+        let _ = stop.send(());
+        served.await.unwrap().unwrap();
+    }
 }
