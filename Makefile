@@ -5,7 +5,7 @@ CRD_CHART_COPY := charts/aether-crds/templates/endpointpolicy-crd.yaml
 TOOLS_BIN = $${AETHER_TOOLS_DIR:-.cache/tools}/bin
 HELM = $(TOOLS_BIN)/helm
 
-.PHONY: all deps build install tools images charts crds chart-docs rbac-report test test-unit test-e2e test-node test-nodes test-roll-loop soak test-matrix lint demo bench bench-compare attack fresh-check clean help
+.PHONY: all deps build install tools images charts release-rehearsal crds chart-docs rbac-report test test-unit test-e2e test-node test-nodes test-roll-loop soak test-matrix lint demo bench bench-compare attack fresh-check clean help
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -98,6 +98,9 @@ bench: deps tools ## Measure agent scale and memory, webhook, convergence, per-c
 bench-compare: ## The agent's criterion benches at BENCH_BASE and BENCH_HEAD (default HEAD), interleaved in BENCH_ROUNDS (2) rounds on this machine: each round's median, the spread between rounds, the change (release; ~4 min for 2 rounds once built)
 	@[ -n "$(BENCH_BASE)" ] || { echo "make bench-compare: set BENCH_BASE to the commit to compare with, e.g. BENCH_BASE=main~3" >&2; exit 2; }
 	@scripts/bench-compare.py --rounds $${BENCH_ROUNDS:-2} $(BENCH_BASE) $${BENCH_HEAD:-HEAD}
+
+release-rehearsal: tools images ## The release workflow's publishing steps (scripts/release-artifacts.sh) against a registry on loopback: charts and images pushed, pulled back and checked, SHA256SUMS; as root, then the Quickstart on the real node from the pulled charts and images (scripts/release-rehearsal.sh; docs/release.md)
+	scripts/release-rehearsal.sh
 
 test-matrix: root ## The node shapes make test does not run, one make demo each (root; IPv6-only, dual-stack IPv4 or IPv6 first, Debian's containerd 1.6, two nodes IPv4 and dual-stack, CRI-O; LANES="ipv6 dual" for some): one line per lane (scripts/test-matrix.sh)
 	scripts/test-matrix.sh $(LANES)

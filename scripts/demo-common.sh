@@ -4,10 +4,17 @@
 #   indent         indents standard input by four spaces
 #   kubectl, helm  the tools dir's, helm with its cache, config and data under $work
 #   crds_chart, aether_chart
-#                  the packaged charts `make charts` wrote (.cache/charts/<name>-<version>.tgz),
-#                  which the README's Quickstart installs
+#                  arrays: the packaged charts `make charts` wrote (.cache/charts/<name>-<version>.tgz),
+#                  which the README's Quickstart installs; with AETHER_DEMO_REGISTRY=HOST:PORT
+#                  (`make release-rehearsal`), `oci://HOST:PORT/charts/<name> --version <version>
+#                  --plain-http` instead
 #   images         `-f examples/quickstart/local-images.yaml`: the Quickstart's values pointing
-#                  the chart at the images `make images` built here (never pulled)
+#                  the chart at the images `make images` built here (never pulled); with
+#                  AETHER_DEMO_REGISTRY, the controller and agent images (and so the launcher)
+#                  pulled from HOST:PORT/<name>:<appVersion> (pullPolicy Always)
+#   registry_hosts CONTAINERD_DIR
+#                  with AETHER_DEMO_REGISTRY: CONTAINERD_DIR/certs.d/HOST:PORT/hosts.toml, so the
+#                  node's containerd pulls from it over plain HTTP (containerd's docs/hosts.md)
 #   url_host IP    IP as a URL writes it (IPv6 in brackets)
 #   dual_service NS NAME APP
 #                  applies Service NS/NAME (ipFamilyPolicy RequireDualStack, IPv4 then IPv6, port
@@ -21,12 +28,32 @@ helm() { HELM_CACHE_HOME=$work/helm HELM_CONFIG_HOME=$work/helm HELM_DATA_HOME=$
 
 # chart_version NAME: the version in charts/NAME/Chart.yaml.
 chart_version() { sed -n 's/^version: *//p' "$repo/charts/$1/Chart.yaml"; }
-crds_chart=$repo/.cache/charts/aether-crds-$(chart_version aether-crds).tgz
-aether_chart=$repo/.cache/charts/aether-$(chart_version aether).tgz
-for chart in "$crds_chart" "$aether_chart"; do
-  [ -f "$chart" ] || { echo "demo: $chart is missing: run make charts (make demo does)" >&2; exit 1; }
-done
 images=(-f "$repo/examples/quickstart/local-images.yaml")
+if [ -n "${AETHER_DEMO_REGISTRY:-}" ]; then
+  reg=$AETHER_DEMO_REGISTRY
+  crds_chart=("oci://$reg/charts/aether-crds" --version "$(chart_version aether-crds)" --plain-http)
+  aether_chart=("oci://$reg/charts/aether" --version "$(chart_version aether)" --plain-http)
+  app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$repo/charts/aether/Chart.yaml")
+  for i in controller:aether-controller webhookCerts:aether-controller agent:aether-agent; do
+    images+=(--set "images.${i%%:*}.repository=$reg/${i#*:},images.${i%%:*}.tag=$app_version,images.${i%%:*}.pullPolicy=Always")
+  done
+else
+  crds_chart=("$repo/.cache/charts/aether-crds-$(chart_version aether-crds).tgz")
+  aether_chart=("$repo/.cache/charts/aether-$(chart_version aether).tgz")
+  for chart in "${crds_chart[0]}" "${aether_chart[0]}"; do
+    [ -f "$chart" ] || { echo "demo: $chart is missing: run make charts (make demo does)" >&2; exit 1; }
+  done
+fi
+
+registry_hosts() {
+  [ -n "${AETHER_DEMO_REGISTRY:-}" ] || return 0
+  mkdir -p "$1/certs.d/$AETHER_DEMO_REGISTRY"
+  cat >"$1/certs.d/$AETHER_DEMO_REGISTRY/hosts.toml" <<TOML
+server = "http://$AETHER_DEMO_REGISTRY"
+[host."http://$AETHER_DEMO_REGISTRY"]
+  capabilities = ["pull", "resolve"]
+TOML
+}
 # The images `make images` built: release binaries. node.sh imports .cache/images, rebuilding a
 # tarball only if its inputs changed, with this profile.
 export AETHER_IMAGE_PROFILE=release

@@ -16,6 +16,7 @@
 # routes to the pod CIDRs and the chain AETHER-NODES in ip6tables); everything is restored on exit,
 # Ctrl-C included.
 set -euo pipefail
+[ -z "${AETHER_DEMO_REGISTRY:-}" ] || { echo "demo-nodes: AETHER_DEMO_REGISTRY is for the one-node demo" >&2; exit 1; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
 tools=${AETHER_TOOLS_DIR:-$repo/.cache/tools}/bin
 NS=aether-system
@@ -52,10 +53,10 @@ in_node() { local pid=$1; shift; nsenter -t "$pid" -n -m -- "$@"; }
 envoy_admin() { local pid=$1; shift; in_node "$pid" curl -s --unix-socket /run/aether/envoy/admin.sock "http://localhost$1"; }
 
 step "helm install aether-crds; helm install aether -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs (the README's install)"
-helm install aether-crds "$crds_chart" --wait | grep -E '^(NAME|STATUS)' | indent
+helm install aether-crds "${crds_chart[@]}" --wait | grep -E '^(NAME|STATUS)' | indent
 echo "  \$ kubectl create namespace $NS    (the controller's; the chart makes $NODE_NS for the node pods, labelled privileged)"
 kubectl create namespace $NS | indent
-helm install aether "$aether_chart" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
+helm install aether "${aether_chart[@]}" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" \
   | grep -E '^(NAME|STATUS)' | indent
 kubectl rollout status -n $NODE_NS daemonset/aether-node --timeout=120s >/dev/null
 kubectl rollout status -n $NODE_NS daemonset/aether-proxy --timeout=120s >/dev/null

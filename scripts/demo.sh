@@ -47,19 +47,38 @@ step "bringing up a real node (${AETHER_RUNTIME:-containerd}, kubelet, controlle
 # shellcheck disable=SC1091
 . "$work/env"
 kubectl get nodes -o wide | indent
+if [ -n "${AETHER_DEMO_REGISTRY:-}" ]; then
+  [ "${AETHER_RUNTIME:-containerd}" = containerd ] || { echo "demo: AETHER_DEMO_REGISTRY needs containerd" >&2; exit 1; }
+  registry_hosts "$work/containerd"
+  echo "  (charts and the controller and agent images from the registry at $AETHER_DEMO_REGISTRY)"
+fi
 # What the chart needs to know of this node beyond the README's install (node.sh's
 # AETHER_CHART_SETS: CRI-O's socket, no priority class where critical pods cannot start).
 node_values=()
 for s in $AETHER_CHART_SETS; do node_values+=(--set "$s"); done
 [ ${#node_values[@]} -eq 0 ] || echo "  (this node: ${node_values[*]})"
 
-step "helm install aether-crds; helm install aether -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs (the README's install: the packaged charts of make charts, the release images of make images)"
-helm install aether-crds "$crds_chart" --wait | grep -E '^(NAME|STATUS)' | indent
+from="the packaged charts of make charts, the release images of make images"
+[ -z "${AETHER_DEMO_REGISTRY:-}" ] || from="the charts and the controller and agent images pulled from $AETHER_DEMO_REGISTRY"
+step "helm install aether-crds; helm install aether -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs (the README's install: $from)"
+helm install aether-crds "${crds_chart[@]}" --wait | grep -E '^(NAME|STATUS)' | indent
 echo "  \$ kubectl create namespace $NS    (the controller's; the chart makes $NODE_NS for the node pods, labelled privileged)"
 kubectl create namespace $NS | indent
-helm install aether "$aether_chart" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" "${node_values[@]}" \
+helm install aether "${aether_chart[@]}" -n $NS --set daemonset.namespace=$NODE_NS --wait --wait-for-jobs --timeout 300s "${images[@]}" "${node_values[@]}" \
   | grep -E '^(NAME|STATUS)' | indent
 kubectl get pods -A -o wide | indent
+if [ -n "${AETHER_DEMO_REGISTRY:-}" ]; then
+  # Each container of the release's controller and agent images, pulled from the registry: its
+  # imageID is the registry's digest reference (an image imported by hand has none there).
+  ids=$(kubectl get pods -n $NS -o jsonpath='{range .items[*]}{range .status.initContainerStatuses[*]}{.image} {.imageID}{"\n"}{end}{range .status.containerStatuses[*]}{.image} {.imageID}{"\n"}{end}{end}'
+    kubectl get pods -n $NODE_NS -o jsonpath='{range .items[*]}{range .status.initContainerStatuses[*]}{.image} {.imageID}{"\n"}{end}{range .status.containerStatuses[*]}{.image} {.imageID}{"\n"}{end}{end}')
+  pulled=$(grep -E "^$AETHER_DEMO_REGISTRY/aether-(controller|agent):" <<<"$ids" | sort -u || true)
+  printf '%s\n' "$pulled" | indent
+  bad=$(awk -v r="$AETHER_DEMO_REGISTRY/" '$2 !~ "^" r { print }' <<<"$pulled")
+  if [ -z "$pulled" ] || [ -n "$bad" ]; then
+    failed+=("the controller and agent containers run images pulled from $AETHER_DEMO_REGISTRY (got: ${bad:-none})")
+  fi
+fi
 echo "  \$ helm test aether -n $NS    (aether-controller verify-install: webhook denial, admission, every agent's /readyz)"
 helm test aether -n $NS 2>&1 | grep -E '^(TEST SUITE|Phase|Error)' | sort -u | indent || true
 

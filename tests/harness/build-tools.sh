@@ -8,7 +8,8 @@
 # only check that it is there. On request only (not in the default set): actionlint
 # (github.com/rhysd/actionlint, `make lint`'s check of .github/workflows), helm4 (helm.sh/helm/v4,
 # into <tools>/bin/helm4, beside the Helm 3 `helm`: the chart tests run against it with
-# AETHER_HELM=<tools>/bin/helm4, see CONTRIBUTING.md). The real node's runtime,
+# AETHER_HELM=<tools>/bin/helm4, see CONTRIBUTING.md), crane (github.com/google/go-containerregistry:
+# pushes image tarballs and serves a registry for `make release-rehearsal`). The real node's runtime,
 # which `make tools` asks for: containerd2 (containerd, ctr and containerd-shim-runc-v2 of
 # github.com/containerd/containerd/v2, built with the release's tags, into
 # <tools>/containerd-<version>/bin, linked as <tools>/containerd2) and runc
@@ -23,7 +24,7 @@
 # it runs and which also installs Debian's conmon, CRI-O's container monitor). Built, not yet run
 # by any suite.
 #
-# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint, helm4, containerd2, runc or crio)
+# Usage: tests/harness/build-tools.sh [NAME ...]   (default: all nine, not actionlint, helm4, crane, containerd2, runc or crio)
 # Env:   AETHER_TOOLS_DIR  cache folder (default: <repo>/.cache/tools)
 set -euo pipefail
 
@@ -33,6 +34,7 @@ HELM_VERSION=${HELM_VERSION:-v3.21.4}
 HELM4_VERSION=${HELM4_VERSION:-v4.3.2}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
 ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
+CRANE_VERSION=${CRANE_VERSION:-v0.22.1}
 # containerd's long-term-support line (RELEASES.md: 2.3 supported to 2028-04).
 CONTAINERD2_VERSION=${CONTAINERD2_VERSION:-v2.3.7}
 RUNC_VERSION=${RUNC_VERSION:-v1.4.3}
@@ -157,6 +159,10 @@ for t in "${want[@]}"; do
       [ -x "$tools/bin/actionlint-$ACTIONLINT_VERSION" ] || (cd "$d" && go get "github.com/rhysd/actionlint@$ACTIONLINT_VERSION" >&2)
       build actionlint "$ACTIONLINT_VERSION" "$d" github.com/rhysd/actionlint/cmd/actionlint \
         "-X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION" ;;
+    crane)
+      d="$tools/src/crane-$CRANE_VERSION"; new_module "$d"
+      [ -x "$tools/bin/crane-$CRANE_VERSION" ] || (cd "$d" && go get "github.com/google/go-containerregistry@$CRANE_VERSION" >&2)
+      build crane "$CRANE_VERSION" "$d" github.com/google/go-containerregistry/cmd/crane ;;
     containerd2)
       # Tags and flags of containerd's own Makefile and BUILDING.md: no cgo snapshotters (btrfs
       # is the only cgo one), the shim without gRPC; the version stamped as its release build does.
@@ -234,6 +240,6 @@ for t in "${want[@]}"; do
       # blobinfocache; no flag moves it), so keep a host clean with
       # `unshare --mount --propagation private sh -c 'mount -t tmpfs tmpfs /var/lib && exec copyimg ...'`.
       ln -sfn "crio-$CRIO_VERSION" "$tools/crio" ;;
-    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm helm4 coredns actionlint containerd2 runc crio)"; exit 2 ;;
+    *) log "unknown tool '$t' (known: ${kube_cmds[*]} etcd helm helm4 coredns actionlint crane containerd2 runc crio)"; exit 2 ;;
   esac
 done

@@ -129,6 +129,10 @@ state = "$d/containerd/state"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$d/cni/net.d"
+  # Registry hosts (containerd's docs/hosts.md): none by default; make release-rehearsal adds
+  # its loopback registry's hosts.toml here.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$d/containerd/certs.d"
 TOML
 }
 
@@ -148,6 +152,10 @@ state = "$d/containerd/state"
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "localhost/aether/pause:dev"
+  # Registry hosts (containerd's docs/hosts.md): none by default; make release-rehearsal adds
+  # its loopback registry's hosts.toml here.
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "$d/containerd/certs.d"
 [plugins.'io.containerd.cri.v1.runtime']
   # Pod netns at /run/netns/cni-*, where the chart's proxy mounts them (not under the state dir).
   netns_mounts_under_state_dir = false
