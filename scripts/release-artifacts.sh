@@ -10,8 +10,15 @@
 #   scripts/release-artifacts.sh images REGISTRY DIST VERSION
 #       crane push of the aether-controller and aether-agent image tarballs
 #       (tests/harness/images.sh list; build them first) to REGISTRY/<name>:VERSION, after checking
-#       that each carries org.opencontainers.image.version=VERSION. Appends
+#       that each carries org.opencontainers.image.version=VERSION and was built at HEAD
+#       (org.opencontainers.image.revision). Appends
 #       "<reference>@<digest>" per image to DIST/pushed.txt.
+#   scripts/release-artifacts.sh plugin DIST VERSION OS ARCH BINARY
+#       DIST/kubectl-aether_vVERSION_OS_ARCH.tar.gz: BINARY (a kubectl-aether built for OS/ARCH,
+#       e.g. linux amd64) as kubectl-aether, and LICENSE.
+#   scripts/release-artifacts.sh krew DIST VERSION
+#       DIST/aether.yaml: krew/aether.yaml.tmpl with one platform per plugin archive in DIST (its
+#       URL on the GitHub release of vVERSION, its sha256).
 #   scripts/release-artifacts.sh checksums DIST
 #       DIST/SHA256SUMS: the sha256 of every other file in DIST (sha256sum -c reads it).
 #
@@ -51,28 +58,73 @@ charts() {
 }
 
 images() {
-  local registry=$1 dist=$2 version=$3 ref tar name labelled digest
+  local registry=$1 dist=$2 version=$3 ref tar name labelled digest revision
+  revision=$(git -C "$repo" rev-parse HEAD)
   mkdir -p "$dist"
   while IFS=$'\t' read -r ref tar; do
     name=${ref##*/}; name=${name%%:*}
     case $name in aether-controller | aether-agent) ;; *) continue ;; esac
     [ -f "$tar" ] || die "$tar missing: build the images first (make images)"
-    # The tarball's own config: the version label the image would be published with.
+    # The tarball's own config: the version and revision labels it would be published with.
     labelled=$(python3 - "$tar" <<'EOF'
 import json, sys, tarfile
 with tarfile.open(sys.argv[1]) as t:
     manifest = json.load(t.extractfile("manifest.json"))
     config = json.load(t.extractfile(manifest[0]["Config"]))
-print((config.get("config", {}).get("Labels") or {}).get("org.opencontainers.image.version", ""))
+labels = config.get("config", {}).get("Labels") or {}
+print(labels.get("org.opencontainers.image.version", ""), labels.get("org.opencontainers.image.revision", ""))
 EOF
     )
-    [ "$labelled" = "$version" ] || die "$tar is labelled version '$labelled', not $version"
+    [ "${labelled% *}" = "$version" ] || die "$tar is labelled version '${labelled% *}', not $version"
+    [ "${labelled#* }" = "$revision" ] || die "$tar was built at ${labelled#* }, not at HEAD ($revision): rebuild it (make images)"
     "$CRANE" push "${insecure[@]}" "$tar" "$registry/$name:$version" >/dev/null
     digest=$("$CRANE" digest "${insecure[@]}" "$registry/$name:$version")
     [[ $digest == sha256:* ]] || die "crane digest $registry/$name:$version: $digest"
     echo "$registry/$name:$version@$digest" >>"$dist/pushed.txt"
     log "image $name:$version -> $registry/$name@$digest"
   done < <("$repo/tests/harness/images.sh" list)
+}
+
+plugin() {
+  local dist=$1 version=$2 os=$3 arch=$4 binary=$5 stage
+  [ -x "$binary" ] || die "$binary: not an executable"
+  mkdir -p "$dist"
+  stage=$(mktemp -d)
+  cp "$binary" "$stage/kubectl-aether"
+  cp "$repo/LICENSE" "$stage/LICENSE"
+  tar -C "$stage" --owner=0 --group=0 --numeric-owner --mtime='1970-01-01' -czf \
+    "$dist/kubectl-aether_v${version}_${os}_${arch}.tar.gz" kubectl-aether LICENSE
+  rm -rf "$stage"
+  log "plugin $os/$arch -> $dist/kubectl-aether_v${version}_${os}_${arch}.tar.gz"
+}
+
+krew() {
+  local dist=$1 version=$2 archive os_arch os arch platforms="" sha
+  for archive in "$dist"/kubectl-aether_v"$version"_*.tar.gz; do
+    [ -f "$archive" ] || die "no kubectl-aether_v${version}_<os>_<arch>.tar.gz in $dist (run plugin first)"
+    os_arch=${archive##*/kubectl-aether_v"$version"_}; os_arch=${os_arch%.tar.gz}
+    os=${os_arch%%_*}; arch=${os_arch#*_}
+    sha=$(sha256sum "$archive" | cut -d' ' -f1)
+    platforms+="  - selector:
+      matchLabels: {os: $os, arch: $arch}
+    uri: https://github.com/aether-mesh/aether/releases/download/v$version/${archive##*/}
+    sha256: $sha
+    bin: kubectl-aether
+    files:
+      - {from: kubectl-aether, to: .}
+      - {from: LICENSE, to: .}
+"
+  done
+  python3 - "$repo/krew/aether.yaml.tmpl" "$version" "$platforms" >"$dist/aether.yaml" <<'EOF'
+import sys
+lines = open(sys.argv[1]).read().splitlines(keepends=True)
+while lines and lines[0].startswith("#"):  # the template's own comment
+    lines.pop(0)
+version, platforms = sys.argv[2], sys.argv[3].rstrip("\n")
+print(f"# kubectl-aether {version}: rendered from krew/aether.yaml.tmpl by scripts/release-artifacts.sh krew")
+print("".join(lines).replace("@VERSION@", version).replace("@PLATFORMS@", platforms), end="")
+EOF
+  log "krew manifest $dist/aether.yaml ($(grep -c 'selector:' "$dist/aether.yaml") platforms)"
 }
 
 checksums() {
@@ -86,6 +138,8 @@ checksums() {
 case ${1:-} in
   charts) [ $# = 3 ] || die "usage: $0 charts REGISTRY DIST"; charts "$2" "$3" ;;
   images) [ $# = 4 ] || die "usage: $0 images REGISTRY DIST VERSION"; images "$2" "$3" "$4" ;;
+  plugin) [ $# = 6 ] || die "usage: $0 plugin DIST VERSION OS ARCH BINARY"; plugin "$2" "$3" "$4" "$5" "$6" ;;
+  krew) [ $# = 3 ] || die "usage: $0 krew DIST VERSION"; krew "$2" "$3" ;;
   checksums) [ $# = 2 ] || die "usage: $0 checksums DIST"; checksums "$2" ;;
-  *) die "usage: $0 charts REGISTRY DIST | images REGISTRY DIST VERSION | checksums DIST" ;;
+  *) die "usage: $0 charts REGISTRY DIST | images REGISTRY DIST VERSION | plugin DIST VERSION OS ARCH BINARY | krew DIST VERSION | checksums DIST" ;;
 esac

@@ -13,6 +13,9 @@
 # every check (the webhook, a UDS-only pod served over its socket, a policy switch, metrics,
 # uninstall), plus that each of those containers' imageID is the registry's.
 #
+# It also builds kubectl-aether (release) for this machine's platform: its archive runs and the
+# rendered krew manifest (krew/aether.yaml.tmpl) names it with its sha256.
+#
 # Needs the release images (`make images`) and builds helm and crane (build-tools.sh) if missing;
 # the install also needs `make tools`. Not rehearsed yet (docs/release.md): signatures (cosign
 # cannot be built here), an SBOM, other architectures than the host's.
@@ -59,6 +62,11 @@ log "registry at $registry (PID $registry_pid), version $version"
 
 "$repo/scripts/release-artifacts.sh" charts "$registry" "$dist"
 "$repo/scripts/release-artifacts.sh" images "$registry" "$dist" "$version"
+# The kubectl plugin for this machine's platform, and its krew manifest.
+(cd "$repo" && cargo build -q --locked --release -p kubectl-aether)
+case $(uname -m) in x86_64) arch=amd64 ;; aarch64) arch=arm64 ;; *) arch=$(uname -m) ;; esac
+"$repo/scripts/release-artifacts.sh" plugin "$dist" "$version" linux "$arch" "${CARGO_TARGET_DIR:-$repo/target}/release/kubectl-aether"
+"$repo/scripts/release-artifacts.sh" krew "$dist" "$version"
 "$repo/scripts/release-artifacts.sh" checksums "$dist"
 
 failed=0
@@ -95,6 +103,17 @@ while read -r pushed; do
     *) check "image ${pushed%@*} is the pushed tarball's (digest, OCI labels)" image_as_pushed "$pushed" ;;
   esac
 done <"$dist/pushed.txt"
+plugin_runs() { # the archive's binary prints the release's version; the krew manifest names it
+  local archive=$dist/kubectl-aether_v${version}_linux_$arch.tar.gz out
+  mkdir -p "$work/plugin" && tar -C "$work/plugin" -xzf "$archive" || return 1
+  out=$("$work/plugin/kubectl-aether" --version) || return 1
+  [[ $out == *"$version"* ]] || { echo "--version printed: $out"; return 1; }
+  # The manifest as krew reads it: the version, and this platform's entry with the archive's sha256.
+  grep -qx "  version: v$version" "$dist/aether.yaml" || { echo "no 'version: v$version' in aether.yaml"; return 1; }
+  grep -A2 "matchLabels: {os: linux, arch: $arch}" "$dist/aether.yaml" |
+    grep -qx "    sha256: $(sha256sum "$archive" | cut -d' ' -f1)" || { echo "aether.yaml: no linux/$arch entry with the archive's sha256"; return 1; }
+}
+check "kubectl-aether linux/$arch from its archive prints $version; the krew manifest has its sha256" plugin_runs
 check "SHA256SUMS verifies every artefact" bash -c "cd '$dist' && sha256sum --quiet -c SHA256SUMS"
 charts=$(grep -c /charts/ "$dist/pushed.txt" || true)
 images=$(grep -vc /charts/ "$dist/pushed.txt" || true)
