@@ -233,7 +233,10 @@ step "helm uninstall aether: no release object, nothing of ours on the host"
 kubectl delete -f "$repo/examples/quickstart/client.yaml" -f "$repo/examples/quickstart/echo.yaml" --wait=true >/dev/null
 kubectl delete pod shop long --wait=true >/dev/null
 ls -l /run/aether | indent
-helm uninstall aether -n $NS --wait | indent
+# --wait includes the node pods' namespace: a namespace controller that found a pod still running
+# there checks again only after that pod's terminationGracePeriodSeconds (the proxy's 420 s), even
+# when the pods are gone sooner, so helm's default 5 minutes is not always enough.
+helm uninstall aether -n $NS --wait --timeout 10m | indent
 kubectl get all,secrets,leases -n $NS 2>&1 | indent
 echo "  namespace $NODE_NS: $(kubectl get namespace $NODE_NS -o name 2>&1)"
 echo "  /run/aether: $(ls -A /run/aether 2>/dev/null | wc -l) entries"
