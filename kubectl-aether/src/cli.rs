@@ -21,7 +21,13 @@ pub const DEFAULT_AGENT_DEBUG_PORT: u16 = 9092;
 /// `kubectl aether`: why the node agent delivers a pod the way it does, the webhook's decision
 /// offline, and the socket-path budget.
 #[derive(Parser, Debug)]
-#[command(name = "kubectl-aether", bin_name = "kubectl-aether", version, about, long_about = None)]
+#[command(
+    name = "kubectl-aether",
+    bin_name = "kubectl-aether",
+    version = aether_process::build_info::VERSION_LINE,
+    about,
+    long_about = None
+)]
 pub struct Cli {
     /// Path to the kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).
     #[arg(long, global = true)]
@@ -200,6 +206,15 @@ mod tests {
     #[test]
     fn the_command_line_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn version_names_the_release_and_the_commit() {
+        let Err(err) = parse(&["--version"]) else { panic!("--version exits through clap") };
+        assert_eq!(err.kind(), clap::error::ErrorKind::DisplayVersion);
+        let shown = err.to_string();
+        let want = format!("{} (git {})", env!("CARGO_PKG_VERSION"), aether_process::build_info::GIT_SHA);
+        assert!(shown.contains(&want), "--version printed {shown:?}, not {want:?}");
     }
 
     #[test]
