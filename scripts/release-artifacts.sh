@@ -65,16 +65,12 @@ images() {
     name=${ref##*/}; name=${name%%:*}
     case $name in aether-controller | aether-agent) ;; *) continue ;; esac
     [ -f "$tar" ] || die "$tar missing: build the images first (make images)"
-    # The tarball's own config: the version and revision labels it would be published with.
-    labelled=$(python3 - "$tar" <<'EOF'
-import json, sys, tarfile
-with tarfile.open(sys.argv[1]) as t:
-    manifest = json.load(t.extractfile("manifest.json"))
-    config = json.load(t.extractfile(manifest[0]["Config"]))
-labels = config.get("config", {}).get("Labels") or {}
-print(labels.get("org.opencontainers.image.version", ""), labels.get("org.opencontainers.image.revision", ""))
-EOF
-    )
+    # The tarball's own config (mkimage.py inspect): the version and revision labels it would be
+    # published with.
+    labelled=$(python3 "$repo/tests/harness/mkimage.py" inspect "$tar" | python3 -c '
+import json, sys
+labels = json.load(sys.stdin)["config"].get("Labels") or {}
+print(labels.get("org.opencontainers.image.version", ""), labels.get("org.opencontainers.image.revision", ""))')
     [ "${labelled% *}" = "$version" ] || die "$tar is labelled version '${labelled% *}', not $version"
     [ "${labelled#* }" = "$revision" ] || die "$tar was built at ${labelled#* }, not at HEAD ($revision): rebuild it (make images)"
     "$CRANE" push "${insecure[@]}" "$tar" "$registry/$name:$version" >/dev/null
