@@ -10,7 +10,8 @@
 #        FRESH_COLD=1      reuse nothing: the clone builds its own tools into its own .cache
 #        FRESH_DIR         where to clone (default: a new mktemp -d folder); kept afterwards,
 #                          with make-demo.log and make-test.log, for reading
-#        FRESH_STEPS       the commands to run (default: "demo test"; e.g. "lint test" for CI's)
+#        FRESH_STEPS       the make targets to run (default: "demo test"); the step `ci` runs
+#                          .ci/run itself, as CI does (make lint, make tools, make test)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 dir=${FRESH_DIR:-$(mktemp -d /tmp/aether-fresh-XXXX)}
@@ -34,7 +35,8 @@ for step in ${FRESH_STEPS:-demo test}; do
   log "make $step (log: $dir/make-$step.log) ..."
   start=$SECONDS
   rc=0
-  make "$step" </dev/null >"$dir/make-$step.log" 2>&1 || rc=$?
+  if [ "$step" = ci ]; then run=(.ci/run); else run=(make "$step"); fi
+  "${run[@]}" </dev/null >"$dir/make-$step.log" 2>&1 || rc=$?
   summary+=("make $step: exit $rc in $((SECONDS - start)) s")
   log "${summary[-1]}"
   if [ $rc -ne 0 ]; then
