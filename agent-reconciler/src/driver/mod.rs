@@ -120,10 +120,11 @@ impl Driver {
         with: Collaborators,
     ) -> Self {
         let Collaborators { notices, clock, cluster_metrics, decisions, sockets, netns } = with;
+        let policies_known = !index.settings().uds_workloads();
         Driver {
             index,
             netns: Netns::new(netns, cni),
-            sockets: Sockets::new(sockets),
+            sockets: Sockets::new(sockets, policies_known),
             notices: Notices::new(notices),
             said: DeliveryLog::default(),
             out: Publisher::new(snapshot, status, clock, cluster_metrics),
@@ -270,6 +271,7 @@ impl Driver {
         // The CRD is served: no key is stranded any more; re-observe the pods that were.
         let was = self.notices.unstrand();
         self.after(change, true);
+        self.policies_now_known();
         if !was.is_empty() {
             self.save_events();
             let keys = self.pods_of(|k| was.contains_key(k));
@@ -285,6 +287,24 @@ impl Driver {
         let change = self.index.reset_policies(Vec::new());
         self.out.status(|s| s.crd_installed = Some(false));
         self.after(change, true);
+        self.policies_now_known();
+    }
+
+    /// The first time the policies are known: the pods without a socket are re-checked, so that
+    /// a pin kept for want of the policy list (a pod no policy names any more) goes.
+    fn policies_now_known(&mut self) {
+        if self.sockets.policies_known() {
+            let tcp: Vec<PodKey> = self
+                .index
+                .snapshot()
+                .iter()
+                .filter(|(_, e)| e.delivery.path.is_none())
+                .map(|(k, _)| k.clone())
+                .collect();
+            if !self.check_pipes(&tcp).is_empty() {
+                self.publish();
+            }
+        }
     }
 
     fn netns_answered(&mut self, updates: Vec<NetnsUpdate>) {

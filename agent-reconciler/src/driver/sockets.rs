@@ -80,12 +80,29 @@ pub struct Sockets {
     /// Pods delivered over a socket that does not exist yet (the app has not bound it, or cannot
     /// start): they are logged as delivered over their socket once it is verified.
     awaiting: HashSet<PodKey>,
+    /// Whether the policies are known (listed, or the CRD found absent): until then a pod
+    /// without a socket may be one whose policy is not in yet, and its pin stays (below).
+    policies_known: bool,
 }
 
 impl Sockets {
-    /// Verdicts kept by `check`, none yet.
-    pub fn new(check: SocketCheck) -> Self {
-        Sockets { check, refused: HashMap::new(), link_refused: HashMap::new(), awaiting: HashSet::new() }
+    /// Verdicts kept by `check`, none yet. `policies_known`: whether a pod's socket can come
+    /// from an EndpointPolicy the loop has not seen yet (false while the policy watch has not
+    /// listed; true without one, `--uds-workloads=false`).
+    pub fn new(check: SocketCheck, policies_known: bool) -> Self {
+        Sockets {
+            check,
+            refused: HashMap::new(),
+            link_refused: HashMap::new(),
+            awaiting: HashSet::new(),
+            policies_known,
+        }
+    }
+
+    /// Records that the policies are known now; true the first time (the caller then re-checks
+    /// the pods without a socket, whose pins may be stale).
+    pub fn policies_known(&mut self) -> bool {
+        !std::mem::replace(&mut self.policies_known, true)
     }
 
     /// The on-disk refusal of each refused pod.
@@ -146,6 +163,11 @@ impl Sockets {
                 }
                 (verdict, present)
             }
+            // A replaced agent lists pods before policies (its state dir starts empty): a pod
+            // whose socket comes from a policy has none until the policy list is in, while the
+            // node's Envoy still dials its pin (this agent serves Envoy only once its state is
+            // complete). Removing the pin then failed those connections; it waits for the list.
+            (Some(_), None) if !self.policies_known => (None, true),
             (Some(pinner), None) => {
                 pinner.unpin(&key.uid);
                 self.check.unwatch(&key.uid);

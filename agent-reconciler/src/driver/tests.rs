@@ -783,3 +783,67 @@ fn the_cluster_cap_is_metered_told_and_kept_across_an_agent_restart() {
     d.handle(deleted(dated("b", UID_B, 300)));
     assert_eq!(names(&rx), ["app_shop_a_8080", "app_shop_late_8080", "health_shop_a", "health_shop_late"]);
 }
+
+/// Removes every pin of a pin dir when dropped (they are mounts), whatever the test's outcome.
+struct PinsRemoved(crate::pin::Pinner);
+
+impl Drop for PinsRemoved {
+    fn drop(&mut self) {
+        self.0.retain(&std::collections::HashSet::new());
+    }
+}
+
+/// A replaced agent (its state dir starts empty) lists the pods before the policies. A pod whose
+/// socket comes from a policy keeps the pin the previous agent made until the policy list is in:
+/// the node's Envoy dials that pin meanwhile, and removing it failed those connections (seen as
+/// a lone reset under load at every agent pod replacement). Once the policies are listed, a pin
+/// that no policy names any more goes. Real sockets and real pins (mounts: root, as CI runs).
+#[test]
+fn a_replaced_agent_keeps_a_policy_pods_pin_until_the_policies_are_listed() {
+    use std::os::unix::net::{UnixListener, UnixStream};
+    let dir = tempfile::Builder::new().prefix("apin").tempdir_in("/tmp").unwrap();
+    let (pods, pins) = (dir.path().join("pods"), dir.path().join("pins"));
+    let _cleanup = PinsRemoved(crate::pin::Pinner::new(&pods, &pins).unwrap());
+    // The apps of pods a and b have bound their sockets.
+    let _apps: Vec<UnixListener> = [UID_A, UID_B]
+        .iter()
+        .map(|uid| {
+            let volume = pods.join(uid).join("volumes/kubernetes.io~empty-dir/s");
+            std::fs::create_dir_all(&volume).unwrap();
+            UnixListener::bind(volume.join("app.sock")).unwrap()
+        })
+        .collect();
+    let agent = |state: &std::path::Path| {
+        let settings =
+            Settings::new(pods.to_str().unwrap(), true).with_pin_dir(Some(pins.to_str().unwrap().to_owned()));
+        let pinner = crate::pin::Pinner::new(&pods, &pins).unwrap();
+        let with = Collaborators { sockets: SocketCheck::Pinned(pinner), ..Collaborators::detached() };
+        driver_wired(state, settings, with).0
+    };
+    let reaches = |uid: &str| UnixStream::connect(pins.join(format!("{uid}.sock"))).is_ok();
+    let pods_now = || vec![cart("a", UID_A).ip("10.0.0.1").build(), cart("b", UID_B).ip("10.0.0.2").build()];
+
+    let first = tempfile::tempdir().unwrap();
+    let mut old = agent(first.path());
+    old.handle(listed(pods_now()));
+    old.handle(Event::PoliciesListed(vec![cart_policy()]));
+    assert!(reaches(UID_A) && reaches(UID_B), "the first agent pinned both policy pods");
+    drop(old);
+
+    let second = tempfile::tempdir().unwrap();
+    let mut new = agent(second.path());
+    new.handle(listed(pods_now()));
+    assert!(reaches(UID_A) && reaches(UID_B), "a replaced agent removed the pins before the policies were listed");
+    new.handle(Event::PoliciesListed(vec![cart_policy()]));
+    assert!(reaches(UID_A) && reaches(UID_B), "the pins after the policy list");
+    drop(new);
+
+    // The policy was deleted while no agent ran: its pods' pins go once the (empty) list is in.
+    let third = tempfile::tempdir().unwrap();
+    let mut next = agent(third.path());
+    next.handle(listed(pods_now()));
+    assert!(reaches(UID_A), "kept until the policies are known");
+    next.handle(Event::PoliciesListed(Vec::new()));
+    assert!(!pins.join(format!("{UID_A}.sock")).exists(), "a pin no policy names stays after the list");
+    assert!(!pins.join(format!("{UID_B}.sock")).exists(), "a pin no policy names stays after the list");
+}
