@@ -5,7 +5,7 @@ CRD_CHART_COPY := charts/aether-crds/templates/endpointpolicy-crd.yaml
 TOOLS_BIN = $${AETHER_TOOLS_DIR:-.cache/tools}/bin
 HELM = $(TOOLS_BIN)/helm
 
-.PHONY: all deps build install tools images charts release-rehearsal crds chart-docs rbac-report test test-unit test-e2e test-node test-nodes test-roll-loop soak test-matrix lint demo bench bench-compare attack fresh-check clean help
+.PHONY: all deps build install tools images charts release-rehearsal crds chart-docs rbac-report test test-unit test-e2e test-node test-nodes test-roll-loop test-upgrade soak test-matrix lint demo bench bench-compare attack fresh-check clean help
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -63,6 +63,10 @@ test-nodes: root tools build ## The multi-node suite alone (root: two real nodes
 
 test-roll-loop: root tools build ## 20 rolls in a row of both node DaemonSets on two real nodes under load (root; ~20 min), no failed request tolerated in any
 	AETHER_ROLLS=$${AETHER_ROLLS:-20} $(CARGO) test -p aether-tests --test e2e_nodes -- a_rolling_upgrade_of_every_node_daemonset_fails_no_request
+
+test-upgrade: root tools build ## The previous release (0.10.0, built from its commit by scripts/prev-release.sh, cached in .cache/prev-release) on the real node under load, upgraded to this tree with helm upgrade, rolled back, upgraded again (root; ~25 min the first time): no failed request
+	scripts/prev-release.sh >/dev/null
+	$(CARGO) test -p aether-tests --test e2e_upgrade -- --ignored --nocapture
 
 soak: root tools build ## The field load on a UDS-only pod of the real node for AETHER_SOAK_SECS (1200) with no event (root; not in CI): 0 failed requests, each timed-out one printed with its phases
 	AETHER_SOAK_SECS=$${AETHER_SOAK_SECS:-1200} $(CARGO) test -p aether-tests --test e2e_node -- --ignored --nocapture a_quiet_soak_under_load_fails_no_request

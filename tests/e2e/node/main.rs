@@ -62,56 +62,9 @@ fn setup() -> anyhow::Result<Env> {
     // suite reads the node pods in NS.
     env.kube().ok(&release_namespace_command(NS))?;
     env.kube().ok(&privileged_label_command(NS))?;
-    env.helm_aether("install", &[]).with_context(|| context(&env))?;
+    env.helm_aether("install", &[]).with_context(|| env::context(&env))?;
     eprintln!("helm install --wait in {} s", t1.elapsed().as_secs());
     Ok(Env { installed_at: Instant::now(), ..env })
-}
-
-/// What a failed install needs to be understood, most telling last (CI shows an output's tail):
-/// component log tails (without the scheduler's and controller-manager's every-20-s
-/// `configmap_cafile_content` noise), the node pod's logs, the node's conditions and taints, the
-/// release namespace's pods that are not Running described (events included), all pods, and the
-/// newest events.
-fn context(env: &Env) -> String {
-    let text = |args: &[&str]| match env.kube().run(args) {
-        Ok(o) => format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
-        Err(e) => format!("(kubectl {}: {e:#})", args.join(" ")),
-    };
-    let tails: String = env
-        .node
-        .log_tails(15)
-        .lines()
-        .filter(|l| !l.contains("configmap_cafile_content"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let node = text(&[
-        "get",
-        "node",
-        "-o",
-        "jsonpath={range .items[*]}{.metadata.name} taints={.spec.taints}{range .status.conditions[*]}\n  {.type}={.status} {.reason}: {.message}{end}{end}",
-    ]);
-    let launchers: Vec<String> =
-        text(&["logs", "-n", NS, "-l", "app.kubernetes.io/component=proxy", "-c", "envoy", "--tail=-1", "--prefix"])
-            .lines()
-            .filter(|l| l.contains("aether_proxy_launcher"))
-            .map(str::to_owned)
-            .collect();
-    // Every container of the node pods (agent and proxy), with `extra` flags.
-    let node_logs = |extra: &[&str]| {
-        let selector = ["logs", "-n", NS, "-l", "app.kubernetes.io/component in (node,proxy)", "--all-containers"];
-        text(&[&selector[..], extra, &["--prefix"]].concat())
-    };
-    let previous = node_logs(&["--previous", "--tail=20"]);
-    let events = text(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
-    let events: Vec<&str> = events.lines().rev().take(25).collect();
-    format!(
-        "{tails}\n--- node pod logs (agent and proxy)\n{}\n--- the proxy launchers' lines\n{}\n--- restarted node containers' previous logs\n{previous}\n--- node conditions\n{node}\n--- kubectl get pods -n {NS} (not Running)\n{}\n--- kubectl get pods -A\n{}\n--- recent events (newest first)\n{}",
-        node_logs(&["--tail=15"]),
-        launchers.join("\n"),
-        text(&["get", "pods", "-n", NS, "--field-selector=status.phase!=Running", "-o", "wide"]),
-        text(&["get", "pods", "-A", "-o", "wide"]),
-        events.join("\n"),
-    )
 }
 
 fn main() {
@@ -152,5 +105,5 @@ fn main() {
         suite::case("a_quiet_soak_under_load_fails_no_request", restarts::a_quiet_soak_under_load_fails_no_request)
             .ignored(),
     );
-    suite::run(cases, setup, context)
+    suite::run(cases, setup, env::context)
 }

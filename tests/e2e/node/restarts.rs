@@ -458,7 +458,7 @@ pub(crate) fn served_echo_app(env: &Env, name: &str, inbound: &str) -> anyhow::R
 }
 
 /// One second of the field load on `target`, for a readiness check before measuring.
-fn under_load_quick(target: SocketAddr, expect: &str) -> anyhow::Result<Report> {
+pub(crate) fn under_load_quick(target: SocketAddr, expect: &str) -> anyhow::Result<Report> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let load = Load { keepalive: 0, ..Load::field(target, "/ready", expect) };
     Ok(rt.block_on(async { continuity::run(&load, tokio::time::sleep(Duration::from_secs(1))).await }))

@@ -16,9 +16,8 @@ use std::time::Duration;
 
 use aether_tests::eventually;
 use anyhow::{Context, ensure};
-use serde_json::Value;
 
-use crate::env::{Env, NS, PINS, RELEASE, WAIT, active_listener_netns, check_release_settled, uid};
+use crate::env::{Env, NS, PINS, RELEASE, WAIT, active_listener_netns, check_release_settled, current_revision, uid};
 use crate::restarts::{launcher_lines, pins, proxy_rollout_done, served_echo_app, the_minute_after, under_load};
 
 /// What a GitOps tool syncing the chart does to the node proxy: `helm template` (no cluster: its
@@ -38,16 +37,6 @@ fn gitops_apply(env: &Env) -> anyhow::Result<()> {
     let rendered = env.node.helm(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
     ensure!(rendered.contains("maxSurge: 1"), "helm template rendered no surge:\n{rendered}");
     env.kube().apply(&rendered)
-}
-
-/// The release's revision now (`helm history`).
-fn current_revision(env: &Env) -> anyhow::Result<u64> {
-    let history: Value = serde_json::from_str(&env.node.helm(&["history", RELEASE, "-n", NS, "-o", "json"])?)?;
-    history
-        .as_array()
-        .and_then(|h| h.last())
-        .and_then(|r| r["revision"].as_u64())
-        .context("no revision in helm history")
 }
 
 /// How revision `rev` renders the proxy DaemonSet: (its `aether.io/proxy-hand-over` annotation,
