@@ -118,7 +118,7 @@ toolchain() {
     [ -x "$d/bin/rustc" ] && [ ! -L "$d" ] || continue
     if [[ "$("$d/bin/rustc" --version) " == "$want"* ]]; then found=$d; break; fi
   done
-  [ -n "$found" ] || die "the pinned toolchain $pin (rust-toolchain.toml) is not installed and no installed toolchain is rustc $pin: rustup toolchain install $pin (needs network), or change the pin with the workspace's rust-version and the Dockerfiles"
+  [ -n "$found" ] || die "the pinned toolchain $pin (rust-toolchain.toml) is not installed and no installed toolchain is rustc $pin: rustup toolchain install $pin (needs network), or change the pin with the workspace's rust-version"
   for d in cargo-clippy cargo-fmt rustdoc; do
     [ -x "$found/bin/$d" ] || die "toolchain $(basename "$found") is rustc $pin but lacks $d (rustup component add clippy rustfmt)"
   done

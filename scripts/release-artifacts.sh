@@ -9,10 +9,16 @@
 #       oci://REGISTRY/charts. Appends "<reference>@<digest>" per chart to DIST/pushed.txt.
 #   scripts/release-artifacts.sh images REGISTRY DIST VERSION
 #       crane push of the aether-controller and aether-agent image tarballs
-#       (tests/harness/images.sh list; build them first) to REGISTRY/<name>:VERSION, after checking
-#       that each carries org.opencontainers.image.version=VERSION and was built at HEAD
-#       (org.opencontainers.image.revision). Appends
-#       "<reference>@<digest>" per image to DIST/pushed.txt.
+#       (tests/harness/images.sh list; build them first) to REGISTRY/<name>:VERSION-<arch>, the
+#       architecture the tarball's config names (amd64, arm64), after checking that each carries
+#       org.opencontainers.image.version=VERSION and was built at HEAD
+#       (org.opencontainers.image.revision). Appends "<reference>@<digest>" per image to
+#       DIST/pushed.txt. Each architecture's images are built and pushed on a machine of it.
+#   scripts/release-artifacts.sh index REGISTRY DIST VERSION ARCH...
+#       For each of the two images, the multi-platform index REGISTRY/<name>:VERSION of
+#       <name>:VERSION-<arch> for every ARCH (crane index append; each manifest's platform is its
+#       config's, checked to be linux/ARCH). Appends "<reference>@<digest>" per index to
+#       DIST/pushed.txt.
 #   scripts/release-artifacts.sh plugin DIST VERSION OS ARCH BINARY
 #       DIST/kubectl-aether_vVERSION_OS_ARCH.tar.gz: BINARY (a kubectl-aether built for OS/ARCH,
 #       e.g. linux amd64) as kubectl-aether, and LICENSE.
@@ -58,7 +64,7 @@ charts() {
 }
 
 images() {
-  local registry=$1 dist=$2 version=$3 ref tar name labelled digest revision
+  local registry=$1 dist=$2 version=$3 ref tar name labelled digest revision arch got_version got_revision
   revision=$(git -C "$repo" rev-parse HEAD)
   mkdir -p "$dist"
   while IFS=$'\t' read -r ref tar; do
@@ -69,16 +75,40 @@ images() {
     # published with.
     labelled=$(python3 "$repo/tests/harness/mkimage.py" inspect "$tar" | python3 -c '
 import json, sys
-labels = json.load(sys.stdin)["config"].get("Labels") or {}
-print(labels.get("org.opencontainers.image.version", ""), labels.get("org.opencontainers.image.revision", ""))')
-    [ "${labelled% *}" = "$version" ] || die "$tar is labelled version '${labelled% *}', not $version"
-    [ "${labelled#* }" = "$revision" ] || die "$tar was built at ${labelled#* }, not at HEAD ($revision): rebuild it (make images)"
-    "$CRANE" push "${insecure[@]}" "$tar" "$registry/$name:$version" >/dev/null
+image = json.load(sys.stdin)
+labels = image["config"].get("Labels") or {}
+print(labels.get("org.opencontainers.image.version", ""), labels.get("org.opencontainers.image.revision", ""),
+      image["architecture"])')
+    read -r got_version got_revision arch <<<"$labelled"
+    [ "$got_version" = "$version" ] || die "$tar is labelled version '$got_version', not $version"
+    [ "$got_revision" = "$revision" ] || die "$tar was built at $got_revision, not at HEAD ($revision): rebuild it (make images)"
+    "$CRANE" push "${insecure[@]}" "$tar" "$registry/$name:$version-$arch" >/dev/null
+    digest=$("$CRANE" digest "${insecure[@]}" "$registry/$name:$version-$arch")
+    [[ $digest == sha256:* ]] || die "crane digest $registry/$name:$version-$arch: $digest"
+    echo "$registry/$name:$version-$arch@$digest" >>"$dist/pushed.txt"
+    log "image $name:$version-$arch -> $registry/$name@$digest"
+  done < <("$repo/tests/harness/images.sh" list)
+}
+
+index() {
+  local registry=$1 dist=$2 version=$3 name arch platform digest
+  shift 3
+  [ $# -gt 0 ] || die "index: name at least one architecture"
+  for name in aether-controller aether-agent; do
+    local manifests=()
+    for arch in "$@"; do
+      platform=$("$CRANE" config "${insecure[@]}" "$registry/$name:$version-$arch" |
+        python3 -c 'import json, sys; c = json.load(sys.stdin); print(c.get("os", ""), c.get("architecture", ""))') \
+        || die "no $registry/$name:$version-$arch: push it first (images, on a linux/$arch machine)"
+      [ "$platform" = "linux $arch" ] || die "$registry/$name:$version-$arch is for '$platform', not linux $arch"
+      manifests+=(-m "$registry/$name:$version-$arch")
+    done
+    "$CRANE" index append "${insecure[@]}" "${manifests[@]}" -t "$registry/$name:$version" >/dev/null
     digest=$("$CRANE" digest "${insecure[@]}" "$registry/$name:$version")
     [[ $digest == sha256:* ]] || die "crane digest $registry/$name:$version: $digest"
     echo "$registry/$name:$version@$digest" >>"$dist/pushed.txt"
-    log "image $name:$version -> $registry/$name@$digest"
-  done < <("$repo/tests/harness/images.sh" list)
+    log "index $name:$version ($*) -> $registry/$name@$digest"
+  done
 }
 
 plugin() {
@@ -134,8 +164,9 @@ checksums() {
 case ${1:-} in
   charts) [ $# = 3 ] || die "usage: $0 charts REGISTRY DIST"; charts "$2" "$3" ;;
   images) [ $# = 4 ] || die "usage: $0 images REGISTRY DIST VERSION"; images "$2" "$3" "$4" ;;
+  index) [ $# -ge 5 ] || die "usage: $0 index REGISTRY DIST VERSION ARCH..."; index "$2" "$3" "$4" "${@:5}" ;;
   plugin) [ $# = 6 ] || die "usage: $0 plugin DIST VERSION OS ARCH BINARY"; plugin "$2" "$3" "$4" "$5" "$6" ;;
   krew) [ $# = 3 ] || die "usage: $0 krew DIST VERSION"; krew "$2" "$3" ;;
   checksums) [ $# = 2 ] || die "usage: $0 checksums DIST"; checksums "$2" ;;
-  *) die "usage: $0 charts REGISTRY DIST | images REGISTRY DIST VERSION | plugin DIST VERSION OS ARCH BINARY | krew DIST VERSION | checksums DIST" ;;
+  *) die "usage: $0 charts REGISTRY DIST | images REGISTRY DIST VERSION | index REGISTRY DIST VERSION ARCH... | plugin DIST VERSION OS ARCH BINARY | krew DIST VERSION | checksums DIST" ;;
 esac

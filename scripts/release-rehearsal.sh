@@ -62,9 +62,12 @@ log "registry at $registry (PID $registry_pid), version $version"
 
 "$repo/scripts/release-artifacts.sh" charts "$registry" "$dist"
 "$repo/scripts/release-artifacts.sh" images "$registry" "$dist" "$version"
+case $(uname -m) in x86_64) arch=amd64 ;; aarch64) arch=arm64 ;; *) arch=$(uname -m) ;; esac
+# The multi-platform index of each image, as the workflow's index job makes it (there of amd64 and
+# arm64; here of this machine's architecture only).
+"$repo/scripts/release-artifacts.sh" index "$registry" "$dist" "$version" "$arch"
 # The kubectl plugin for this machine's platform, and its krew manifest.
 (cd "$repo" && cargo build -q --locked --release -p kubectl-aether)
-case $(uname -m) in x86_64) arch=amd64 ;; aarch64) arch=arm64 ;; *) arch=$(uname -m) ;; esac
 "$repo/scripts/release-artifacts.sh" plugin "$dist" "$version" linux "$arch" "${CARGO_TARGET_DIR:-$repo/target}/release/kubectl-aether"
 "$repo/scripts/release-artifacts.sh" krew "$dist" "$version"
 "$repo/scripts/release-artifacts.sh" checksums "$dist"
@@ -94,12 +97,30 @@ if bad or "org.opencontainers.image.source" not in labels:
 EOF
 }
 
+index_as_pushed() { # index_as_pushed REF@DIGEST: the tag resolves to the digest; its one manifest
+  # is this architecture's pushed image
+  local ref=${1%@*} digest=${1#*@} got manifest image
+  got=$("$CRANE" digest --insecure "$ref") || return 1
+  [ "$got" = "$digest" ] || { echo "tag $ref is $got, pushed $digest"; return 1; }
+  image=$(grep -F "$ref-$arch@" "$dist/pushed.txt") || { echo "no $ref-$arch in pushed.txt"; return 1; }
+  manifest=$("$CRANE" manifest --insecure "$ref@$digest") || return 1
+  python3 - "$manifest" "${image#*@}" "$arch" <<'EOF'
+import json, sys
+m = json.loads(sys.argv[1])
+entries = [(e["digest"], e.get("platform", {})) for e in m.get("manifests", [])]
+want = [(sys.argv[2], {"architecture": sys.argv[3], "os": "linux"})]
+if entries != want:
+    sys.exit(f"index entries (digest, platform): {entries}, want {want}")
+EOF
+}
+
 while read -r pushed; do
   case $pushed in
     */charts/*)
       name=${pushed#*/charts/}; name=${name%%:*}
       chart_version=${pushed#*/charts/"$name":}; chart_version=${chart_version%%@*}
       check "chart $name $chart_version pulled from oci://$registry/charts is the packaged one" chart_pulled "$name" "$chart_version" ;;
+    *:"$version"@*) check "index ${pushed%@*} holds the linux/$arch image" index_as_pushed "$pushed" ;;
     *) check "image ${pushed%@*} is the pushed tarball's (digest, OCI labels)" image_as_pushed "$pushed" ;;
   esac
 done <"$dist/pushed.txt"
@@ -118,12 +139,13 @@ check "SHA256SUMS verifies every artefact" bash -c "cd '$dist' && sha256sum --qu
 charts=$(grep -c /charts/ "$dist/pushed.txt" || true)
 images=$(grep -vc /charts/ "$dist/pushed.txt" || true)
 [ "$charts" = 2 ] || { echo "FAIL 2 charts pushed: $charts"; failed=$((failed + 1)); }
-[ "$images" = 2 ] || { echo "FAIL 2 images pushed: $images"; failed=$((failed + 1)); }
+# Two images of this architecture and their two indexes.
+[ "$images" = 4 ] || { echo "FAIL 4 images and indexes pushed: $images"; failed=$((failed + 1)); }
 if [ "$failed" != 0 ]; then
   log "release rehearsal: $failed checks failed"
   exit 1
 fi
-log "release rehearsal: $charts charts and $images images pushed, pulled back and checked"
+log "release rehearsal: $charts charts, 2 images and their indexes pushed, pulled back and checked"
 if [ "${AETHER_REHEARSAL_INSTALL:-1}" = 0 ]; then
   log "the install on the real node skipped (AETHER_REHEARSAL_INSTALL=0)"
 elif [ "$(id -u)" != 0 ]; then

@@ -43,6 +43,9 @@
 #                           or release/ folder (the profile's)
 #      AETHER_TOOLS_DIR     build-tools.sh's folder, for CoreDNS (default: <repo>/.cache/tools)
 #      AETHER_IMAGES_NO_CARGO=1  skip the cargo build (the binaries must already be there)
+#      AETHER_IMAGES_ONLY   build only these images (names, space-separated), e.g.
+#                           "aether-controller aether-agent": the release workflow's images, which
+#                           need neither Envoy nor the Go-built tools
 #      CARGO, PYTHON        the cargo and python3 to run (defaults: cargo, python3)
 # Concurrent builds into one folder take turns (flock on <folder>/.lock).
 set -euo pipefail
@@ -73,6 +76,11 @@ static_launcher=$static_dir/$host_triple/$profile/aether-proxy-launcher
 
 # The six images: short name (the tarball is <name>.tar).
 names=(aether-controller aether-agent envoy uds-echo pause coredns)
+for n in ${AETHER_IMAGES_ONLY:-}; do
+  [[ " ${names[*]} " == *" $n "* ]] || { printf '[images] error: AETHER_IMAGES_ONLY names %s, not one of: %s\n' "$n" "${names[*]}" >&2; exit 1; }
+done
+# want NAME: whether this run builds image NAME (AETHER_IMAGES_ONLY, else all).
+want() { [ -z "${AETHER_IMAGES_ONLY:-}" ] || [[ " $AETHER_IMAGES_ONLY " == *" $1 "* ]]; }
 
 list() {
   local n
@@ -123,10 +131,10 @@ build() {
     if [ "$profile" = release ]; then
       # Only the images' binaries: the tests crate's other binaries (the bench) are not shipped.
       log "cargo build --release of the image binaries ..."
-      (cd "$repo" && "$CARGO" build -q --locked --release -p aether-controller -p aether-webhook-certs \
-        -p aether-agent-reconciler -p aether-proxy-launcher -p aether-tests \
-        --bin aether-controller --bin aether-webhook-certs --bin aether-agent --bin aether-proxy-launcher \
-        --bin uds-echo --bin aether-pause)
+      local bins=(-p aether-controller -p aether-webhook-certs -p aether-agent-reconciler -p aether-proxy-launcher
+        --bin aether-controller --bin aether-webhook-certs --bin aether-agent --bin aether-proxy-launcher)
+      if want uds-echo || want pause; then bins+=(-p aether-tests --bin uds-echo --bin aether-pause); fi
+      (cd "$repo" && "$CARGO" build -q --locked --release "${bins[@]}")
     else
       log "cargo build (debug) of the image binaries ..."
       (cd "$repo" && "$CARGO" build -q -p aether-controller -p aether-webhook-certs \
@@ -150,35 +158,37 @@ build() {
   mapfile -t pause_labels < <(labels aether-pause "aether's pod sandbox (pause) image for its test node")
   [ ${#controller_labels[@]} -ge 14 ] || die "could not work out the image labels (Cargo.toml, git)"
   local envoy
-  envoy=$("$repo/tests/harness/install-envoy.sh")
-  # CoreDNS: built from its Go module the first time (minutes); later runs only check it is there.
-  AETHER_TOOLS_DIR=$tools "$repo/tests/harness/build-tools.sh" coredns \
-    || die "could not build CoreDNS (tests/harness/build-tools.sh coredns)"
-  [ -x "$tools/bin/coredns" ] || die "$tools/bin/coredns missing after build-tools.sh coredns"
+  if want envoy; then envoy=$("$repo/tests/harness/install-envoy.sh"); fi
+  if want coredns; then
+    # CoreDNS: built from its Go module the first time (minutes); later runs only check it is there.
+    AETHER_TOOLS_DIR=$tools "$repo/tests/harness/build-tools.sh" coredns \
+      || die "could not build CoreDNS (tests/harness/build-tools.sh coredns)"
+    [ -x "$tools/bin/coredns" ] || die "$tools/bin/coredns missing after build-tools.sh coredns"
+  fi
   mkdir -p "$out"
   # One build at a time per folder (a tarball and its .inputs stamp must come from the same run).
   exec 9>"$out/.lock"
   flock -n 9 || { log "waiting for another images.sh build in $out ..."; flock 9; }
   local nonroot='65532:65532' lines=()
-  lines+=("$("${mkimage[@]}" build --ref "$prefix/aether-controller:$tag" --out "$out/aether-controller.tar" \
+  want aether-controller && lines+=("$("${mkimage[@]}" build --ref "$prefix/aether-controller:$tag" --out "$out/aether-controller.tar" \
     --dockerfile "$repo/controller/Dockerfile" --bin-dir "$bin_dir" "${controller_labels[@]}")")
-  lines+=("$("${mkimage[@]}" build --ref "$prefix/aether-agent:$tag" --out "$out/aether-agent.tar" \
+  want aether-agent && lines+=("$("${mkimage[@]}" build --ref "$prefix/aether-agent:$tag" --out "$out/aether-agent.tar" \
     --dockerfile "$repo/agent-reconciler/Dockerfile" --bin-dir "$bin_dir" \
     --add "$static_launcher:/usr/local/bin/aether-proxy-launcher" "${agent_labels[@]}")")
   # The chart runs Envoy as root (proxy.securityContext.runAsUser: 0) under the launcher that an
   # initContainer copies from the agent image. The launcher is static, so this image carries only
   # what Envoy loads, as an upstream Envoy image has nothing of the launcher's either.
-  lines+=("$("${mkimage[@]}" build --ref "$prefix/envoy:$tag" --out "$out/envoy.tar" \
+  want envoy && lines+=("$("${mkimage[@]}" build --ref "$prefix/envoy:$tag" --out "$out/envoy.tar" \
     --add "$envoy:/usr/local/bin/envoy" --entrypoint '["/usr/local/bin/envoy"]' \
     --cmd '["--config-path","/etc/envoy/envoy.yaml"]' --user 0:0)")
-  lines+=("$("${mkimage[@]}" build --ref "$prefix/uds-echo:$tag" --out "$out/uds-echo.tar" \
+  want uds-echo && lines+=("$("${mkimage[@]}" build --ref "$prefix/uds-echo:$tag" --out "$out/uds-echo.tar" \
     --add "$bin_dir/uds-echo:/usr/local/bin/uds-echo" --entrypoint '["/usr/local/bin/uds-echo"]' \
     --user "$nonroot" "${echo_labels[@]}")")
-  lines+=("$("${mkimage[@]}" build --ref "$prefix/pause:$tag" --out "$out/pause.tar" \
+  want pause && lines+=("$("${mkimage[@]}" build --ref "$prefix/pause:$tag" --out "$out/pause.tar" \
     --add "$bin_dir/aether-pause:/usr/local/bin/aether-pause" \
     --entrypoint '["/usr/local/bin/aether-pause"]' --user "$nonroot" "${pause_labels[@]}")")
   # Root (0:0): CoreDNS binds port 53, below 1024, and the image has no file capabilities.
-  lines+=("$("${mkimage[@]}" build --ref "$prefix/coredns:$tag" --out "$out/coredns.tar" \
+  want coredns && lines+=("$("${mkimage[@]}" build --ref "$prefix/coredns:$tag" --out "$out/coredns.tar" \
     --add "$tools/bin/coredns:/usr/local/bin/coredns" --entrypoint '["/usr/local/bin/coredns"]' \
     --user 0:0)")
   local line ref tar size state

@@ -50,11 +50,16 @@ import tempfile
 
 PATH_ENV = "PATH=/usr/local/bin:/usr/bin:/bin"
 CREATED = "1970-01-01T00:00:00Z"
+# The image's architecture: the build machine's, whose binaries and libraries go in (GOARCH
+# names, as OCI image configs use them). The release builds each architecture on a machine of it.
+ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64"}
 # Directories the dynamic loader searches when neither RPATH nor RUNPATH names the library
-# (glibc's trusted dirs on Debian/Ubuntu x86-64, then the generic ones).
+# (glibc's trusted dirs on Debian/Ubuntu x86-64 and arm64, then the generic ones).
 DEFAULT_LIB_DIRS = [
     "/lib/x86_64-linux-gnu",
     "/usr/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
     "/lib64",
     "/usr/lib64",
     "/lib",
@@ -421,7 +426,7 @@ def cmd_build(args):
             write_layer(layer, files, dirs, texts)
         diff_id = sha256_file(layer_path)
         config = {
-            "architecture": "amd64",
+            "architecture": host_architecture(),
             "os": "linux",
             "created": spec["created"],
             "config": {"Env": [PATH_ENV], "Entrypoint": spec["entrypoint"], "WorkingDir": "/"},
@@ -588,6 +593,14 @@ def cmd_inspect(args):
             layer.close()
     json.dump(report, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
+
+
+def host_architecture():
+    """The OCI architecture name (amd64, arm64) of this machine; exits naming an unknown one."""
+    machine = os.uname().machine
+    if machine not in ARCHITECTURES:
+        sys.exit(f"mkimage.py: no OCI architecture name for this machine's {machine!r} (known: {sorted(ARCHITECTURES)})")
+    return ARCHITECTURES[machine]
 
 
 def main():
