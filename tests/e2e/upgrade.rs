@@ -42,7 +42,10 @@ use aether_tests::{eventually, node::release_namespace_command};
 use anyhow::{Context, ensure};
 use serde_json::Value;
 
-use crate::env::{Env, NS, RELEASE, WAIT, active_listener_netns, check_release_settled, current_revision, uid};
+use crate::env::{
+    Env, NS, RELEASE, WAIT, active_listener_netns, check_release_settled, current_revision, envoy_stats, stats_changes,
+    uid,
+};
 use crate::restarts::{proxy_rollout_done, under_load};
 
 /// The previous release as `scripts/prev-release.sh` built it.
@@ -110,15 +113,9 @@ fn setup() -> anyhow::Result<Upgrade> {
     env.node.helm(&["install", "aether-crds", &path(&prev.crds_chart)?, "--wait"])?;
     env.kube().ok(&release_namespace_command(NS))?;
     env.kube().ok(&privileged_label_command(NS))?;
-    let aether = path(&prev.aether_chart)?;
-    let mut args: Vec<String> = ["install", RELEASE, aether.as_str(), "-n", NS, "--wait", "--wait-for-jobs"]
-        .iter()
-        .chain(&["--timeout", "300s"])
-        .map(|s| (*s).to_owned())
-        .collect();
-    for s in prev.chart_sets().into_iter().chain(env.chart_sets(&[]).into_iter().map(str::to_owned)) {
-        args.extend(["--set".to_owned(), s]);
-    }
+    let prev_sets = prev.chart_sets();
+    let sets: Vec<&str> = prev_sets.iter().map(String::as_str).chain(env.chart_sets(&[])).collect();
+    let args = aether_tests::node::chart_args("install", RELEASE, &prev.aether_chart, NS, &sets)?;
     let t1 = Instant::now();
     env.node.helm(&args.iter().map(String::as_str).collect::<Vec<_>>()).with_context(|| env::context(&env))?;
     eprintln!("release {} installed (helm install --wait) in {} s", prev.tag, t1.elapsed().as_secs());
@@ -151,25 +148,17 @@ fn policy_conditions(env: &Env) -> anyhow::Result<Vec<(String, String, String, i
 /// a Unix socket ([`env::envoy_admin`]).
 const PREV_ENVOY_ADMIN_PORT: u16 = 9901;
 
-/// The node Envoy's `listener_manager.*` counters and those of the app's listener, cluster and TCP
-/// proxy (names with `default_upg_`), from whichever admin answers (this tree's socket, else the
-/// previous release's port). A hot restart child carries its parent's counters on.
-fn envoy_counters() -> BTreeMap<String, String> {
-    let filter = format!("/stats?filter=%5Elistener_manager%5C.%7Cdefault_{APP}_");
-    let body = env::envoy_admin(&filter)
-        .or_else(|_| aether_tests::http_get(PREV_ENVOY_ADMIN_PORT, &filter, &[]))
-        .map(|(_, body)| body)
-        .unwrap_or_default();
-    body.lines().filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_owned(), v.to_owned())).collect()
+/// `GET path` on the previous release's Envoy admin (TCP).
+fn prev_envoy_admin(path: &str) -> anyhow::Result<(u16, String)> {
+    aether_tests::http_get(PREV_ENVOY_ADMIN_PORT, path, &[])
 }
 
-/// The counters of `after` that differ from `before`, as `name before -> after`.
-fn changed(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
-    after
-        .iter()
-        .filter(|(k, v)| before.get(*k) != Some(*v) && !v.starts_with("P0("))
-        .map(|(k, v)| format!("{k} {} -> {v}", before.get(k).map_or("(none)", String::as_str)))
-        .collect()
+/// The node Envoy's `listener_manager.*` counters and those of the app's listener, cluster and TCP
+/// proxy (names with `default_upg_`), from whichever admin answers (this tree's socket, else the
+/// previous release's port); empty when neither does.
+fn envoy_counters() -> BTreeMap<String, String> {
+    let filter = format!("/stats?filter=%5Elistener_manager%5C.%7Cdefault_{APP}_");
+    envoy_stats(env::envoy_admin, &filter).or_else(|_| envoy_stats(prev_envoy_admin, &filter)).unwrap_or_default()
 }
 
 /// Samples the node Envoys' counters of the app's cluster and listener ([`envoy_counters`]: this
@@ -182,17 +171,14 @@ fn sample_counters(started: Instant, stop: &std::sync::atomic::AtomicBool) -> Ve
         "/stats?filter=%5Elistener_manager%5C.listener_%7Cdefault_{APP}_.*(fail%7Chealth%7Cnone%7Creset%7Cdestroy_remote%7Cdrain%7Cmodified%7Coverflow)"
     );
     let read = |which: &str| -> BTreeMap<String, String> {
-        let body = match which {
-            "socket" => env::envoy_admin(&filter),
-            _ => aether_tests::http_get(PREV_ENVOY_ADMIN_PORT, &filter, &[]),
+        let stats = match which {
+            "socket" => envoy_stats(env::envoy_admin, &filter),
+            _ => envoy_stats(prev_envoy_admin, &filter),
         };
-        body.map(|(_, b)| b)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split_once(": "))
-            .filter(|(_, v)| !v.starts_with("P0(") && !v.contains("No recorded values"))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect()
+        // Counters only (a histogram with no sample reads "No recorded values").
+        let mut stats = stats.unwrap_or_default();
+        stats.retain(|_, v| !v.starts_with("P0(") && !v.contains("No recorded values"));
+        stats
     };
     let mut last: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
     let mut timeline = Vec::new();
@@ -202,7 +188,7 @@ fn sample_counters(started: Instant, stop: &std::sync::atomic::AtomicBool) -> Ve
             let at = started.elapsed().as_secs_f64();
             let before = last.entry(which).or_default();
             if !before.is_empty() || !now.is_empty() {
-                for line in changed(before, &now) {
+                for line in stats_changes(before, &now) {
                     timeline.push(format!("+{at:.2} s {which}: {line}"));
                 }
             }
@@ -213,10 +199,10 @@ fn sample_counters(started: Instant, stop: &std::sync::atomic::AtomicBool) -> Ve
     timeline
 }
 
-/// The time of day in UTC with milliseconds (`HH:MM:SS.mmm`), to line the load's `+s` up with the
-/// components' logs.
-fn utc_now() -> String {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+/// The time of day of `at` in UTC with milliseconds (`HH:MM:SS.mmm`), to line the load's `+s` up
+/// with the components' logs.
+fn utc(at: SystemTime) -> String {
+    let t = at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let s = t.as_secs();
     format!("{:02}:{:02}:{:02}.{:03} UTC", s / 3600 % 24, s / 60 % 60, s % 60, t.subsec_millis())
 }
@@ -277,32 +263,33 @@ fn prev_agent_pin_gap_only(env: &Env, what: &str, report: &Report, load_start: S
     Ok(())
 }
 
-/// The check of one step's report: the planned-event rule, or [`prev_agent_pin_gap_only`] for
-/// a step that starts the previous release's agent.
+/// Which release a step ends on, which says how it is checked.
 #[derive(Clone, Copy)]
-enum Rule {
-    Planned,
-    PrevAgentPinGap,
+enum Lands {
+    /// This tree's: the planned-event rule, and the 60 s after with Envoy's counters (its admin
+    /// socket).
+    ThisTree,
+    /// The previous release's (its agent starts): [`prev_agent_pin_gap_only`], and the 60 s after
+    /// by the planned-event rule alone (its admin is on TCP, which the helpers do not read).
+    Previous,
 }
 
 /// One planned operation `what` under the field load to `target`: `event`, then the proxy
-/// DaemonSet's rollout and the old proxy pod gone. Checked by `rule`, printed as docs/upgrade.md
-/// quotes it; then the 60 s after it under the same load, checked by the planned-event rule
-/// (with Envoy's counters printed when `current` says the tree's release now runs: the previous
-/// one has its admin on TCP, which the helpers do not read).
+/// DaemonSet's rollout and the old proxy pod gone; checked as `lands` says, printed as
+/// docs/upgrade.md quotes it, then the 60 s after it under the same load.
 fn step(
     env: &Env,
     target: std::net::SocketAddr,
     expect: &str,
     what: &str,
-    (current, rule): (bool, Rule),
+    lands: Lands,
     event: impl FnOnce() -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let old = env.proxy_pod()?;
     let started = Instant::now();
     let counters = envoy_counters();
-    println!("{what}: the load starts at {} (+0 s; the event at +2 s)", utc_now());
     let load_start = SystemTime::now();
+    println!("{what}: the load starts at {} (+0 s; the event at +2 s)", utc(load_start));
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (report, timeline) = std::thread::scope(|s| {
         let sampler = s.spawn(|| sample_counters(started, &stop));
@@ -321,12 +308,12 @@ fn step(
     if report.failed() > 0 {
         println!("{what}: the node Envoys' counters, every 100 ms:\n  {}", timeline.join("\n  "));
     }
-    println!("{what}: Envoy's counters changed: {:?}", changed(&counters, &envoy_counters()));
-    match rule {
-        Rule::Planned => continuity::check_planned(&[(what, &report)]).map(|_| ())?,
-        Rule::PrevAgentPinGap => prev_agent_pin_gap_only(env, what, &report, load_start)?,
+    println!("{what}: Envoy's counters changed: {:?}", stats_changes(&counters, &envoy_counters()));
+    match lands {
+        Lands::ThisTree => continuity::check_planned(&[(what, &report)]).map(|_| ())?,
+        Lands::Previous => prev_agent_pin_gap_only(env, what, &report, load_start)?,
     }
-    if current {
+    if let Lands::ThisTree = lands {
         eventually("the pod's inbound listener active", WAIT, || {
             Ok(active_listener_netns(&format!("inbound_default_{APP}_8080"))?.is_some())
         })?;
@@ -384,12 +371,12 @@ fn an_upgrade_from_the_previous_release_and_its_rollback_fail_no_request(u: &Upg
         env.helm_aether("upgrade", &[]).map(|_| ())
     };
     let what = format!("helm upgrade from release {} to this tree's", u.prev.tag);
-    step(env, target, &expect, &what, (true, Rule::Planned), upgrade)?;
+    step(env, target, &expect, &what, Lands::ThisTree, upgrade)?;
     check_release_settled(env)?;
     unchanged(&what)?;
 
     let what = format!("helm rollback to release {} (revision {previous})", u.prev.tag);
-    step(env, target, &expect, &what, (false, Rule::PrevAgentPinGap), || {
+    step(env, target, &expect, &what, Lands::Previous, || {
         env.node
             .helm(&["rollback", RELEASE, &previous.to_string(), "-n", NS, "--wait", "--timeout", "300s"])
             .map(|_| ())
@@ -397,7 +384,7 @@ fn an_upgrade_from_the_previous_release_and_its_rollback_fail_no_request(u: &Upg
     unchanged(&what)?;
 
     let what = format!("helm upgrade from release {} again, after the rollback", u.prev.tag);
-    step(env, target, &expect, &what, (true, Rule::Planned), || env.helm_aether("upgrade", &[]).map(|_| ()))?;
+    step(env, target, &expect, &what, Lands::ThisTree, || env.helm_aether("upgrade", &[]).map(|_| ()))?;
     check_release_settled(env)?;
     unchanged(&what)?;
 

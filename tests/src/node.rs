@@ -96,13 +96,30 @@ pub fn packaged_chart(name: &str) -> anyhow::Result<PathBuf> {
 /// What [`packaged_chart`] returns; when the path is not UTF-8.
 pub fn aether_chart_args(verb: &str, release: &str, namespace: &str, extra: &[&str]) -> anyhow::Result<Vec<String>> {
     let chart = packaged_chart("aether")?;
+    let sets: Vec<&str> = CHART_IMAGE_SETS.iter().chain(extra).copied().collect();
+    chart_args(verb, release, &chart, namespace, &sets)
+}
+
+/// The arguments of `helm install|upgrade RELEASE CHART -n NAMESPACE` with `sets` as `--set`
+/// flags, waiting (300 s at most) for every workload and hook Job; `upgrade` resets the values to
+/// the chart's. [`aether_chart_args`] with another chart (e.g. a previous release's).
+///
+/// # Errors
+/// When `chart` is not UTF-8.
+pub fn chart_args(
+    verb: &str,
+    release: &str,
+    chart: &std::path::Path,
+    namespace: &str,
+    sets: &[&str],
+) -> anyhow::Result<Vec<String>> {
     let chart = chart.to_str().context("chart path is not UTF-8")?;
     let mut args: Vec<String> = [verb, release, chart, "-n", namespace].map(String::from).to_vec();
     if verb != "install" {
         args.push("--reset-values".into());
     }
     args.extend(["--wait", "--wait-for-jobs", "--timeout", "300s"].map(String::from));
-    for s in CHART_IMAGE_SETS.iter().chain(extra) {
+    for s in sets {
         args.extend(["--set".to_owned(), (*s).to_owned()]);
     }
     Ok(args)

@@ -32,6 +32,32 @@ pub(crate) fn envoy_admin(path: &str) -> anyhow::Result<(u16, String)> {
     aether_tests::unix_http_get(Path::new(ENVOY_ADMIN), path)
 }
 
+/// Envoy's admin `/stats` answer (a `GET path` on `admin`, e.g. `/stats?filter=...`) as
+/// `name -> value`, histograms included (their value starts with `P0(`).
+///
+/// # Errors
+/// When the admin cannot be read.
+pub(crate) fn envoy_stats(
+    admin: impl FnOnce(&str) -> anyhow::Result<(u16, String)>,
+    path: &str,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let (_, body) = admin(path)?;
+    Ok(body.lines().filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_owned(), v.to_owned())).collect())
+}
+
+/// The counters of `after` that differ from `before`, as `name before -> after`; histograms are
+/// left out (their quantiles change with every window).
+pub(crate) fn stats_changes(
+    before: &std::collections::BTreeMap<String, String>,
+    after: &std::collections::BTreeMap<String, String>,
+) -> Vec<String> {
+    after
+        .iter()
+        .filter(|(k, v)| before.get(*k) != Some(*v) && !v.starts_with("P0("))
+        .map(|(k, v)| format!("{k} {} -> {v}", before.get(k).map_or("(none)", String::as_str)))
+        .collect()
+}
+
 /// The shared environment: the node, and when the chart was installed.
 pub(crate) struct Env {
     pub(crate) node: RealNode,

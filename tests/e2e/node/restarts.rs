@@ -22,8 +22,8 @@ use anyhow::{Context, ensure};
 use serde_json::Value;
 
 use crate::env::{
-    AGENT_ADMIN, Env, NS, PINS, WAIT, active_listener_netns, check_release_settled, envoy_admin, pod_name, restarts,
-    uid,
+    AGENT_ADMIN, Env, NS, PINS, WAIT, active_listener_netns, check_release_settled, envoy_admin, envoy_stats, pod_name,
+    restarts, stats_changes, uid,
 };
 
 /// A file's status-change time (set when the file is created).
@@ -487,10 +487,7 @@ pub(crate) fn the_minute_after(target: SocketAddr, expect: &str, event: &str, po
 fn quiet_load(target: SocketAddr, expect: &str, what: &str, pod: &str, quiet: Duration) -> anyhow::Result<()> {
     // ^listener_manager\.|default_<pod>_, percent-encoded (Envoy decodes the query string).
     let filter = format!("/stats?filter=%5Elistener_manager%5C.%7Cdefault_{pod}_");
-    let counters = || -> anyhow::Result<std::collections::BTreeMap<String, String>> {
-        let (_, body) = envoy_admin(&filter)?;
-        Ok(body.lines().filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_owned(), v.to_owned())).collect())
-    };
+    let counters = || envoy_stats(envoy_admin, &filter);
     let before = counters()?;
     // The kernel's side, for a lost request: the client's netns (the host's) and the pod's,
     // where Envoy's inbound listener accepts.
@@ -519,12 +516,7 @@ fn quiet_load(target: SocketAddr, expect: &str, what: &str, pod: &str, quiet: Du
         let grew = aether_tests::tcp_counters::deltas(&tcp_before[i], &tcp_after[i]);
         println!("{what}, {ns} netns TCP counters: {grew}");
     }
-    let changed: Vec<String> = counters()?
-        .into_iter()
-        // Counters only: a histogram's quantiles change with every window.
-        .filter(|(k, v)| before.get(k) != Some(v) && !v.starts_with("P0("))
-        .map(|(k, v)| format!("{k} {} -> {v}", before.get(&k).map_or("(none)", String::as_str)))
-        .collect();
+    let changed = stats_changes(&before, &counters()?);
     println!("{what}: {}; listener counters changed: {changed:?}", after.summary());
     continuity::check_planned(&[(what, &after)])?;
     Ok(())
